@@ -1,0 +1,112 @@
+"""``alchemi list-plugins`` and ``alchemi list-components``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+#: Version of the ``--json`` output of the listing commands.
+JSON_SCHEMA_VERSION = 1
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain fixed-width table (no third-party dependency)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    line = "  ".join("-" * w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*headers), line]
+    out.extend(fmt.format(*row) for row in rows)
+    return "\n".join(s.rstrip() for s in out)
+
+
+@click.command("list-plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON object instead of a table.")
+@click.option("-v", "--verbose", is_flag=True, help="Show entry points, modules and full errors.")
+@click.option("--kind", default=None, help="Only show components of this kind (model, integrator, ...).")
+@click.option("--strict", is_flag=True, help="Exit with status 1 when a plugin failed to load.")
+@click.option("--all", "show_all", is_flag=True, help="Include core's built-in components.")
+def list_plugins(as_json: bool, verbose: bool, kind: str | None, strict: bool, show_all: bool) -> None:
+    """List installed plugins, their status and what they provide."""
+    from alchemi_core import __version__, registry
+
+    records = [r for r in registry.plugins() if show_all or not r.builtin]
+    failed = [r for r in records if r.status == "failed"]
+    if as_json:
+        payload: dict[str, Any] = {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "alchemi_core": __version__,
+            "plugins": [],
+        }
+        for r in records:
+            d = r.as_dict(verbose=verbose)
+            if kind:
+                d["provides"] = [p for p in d["provides"] if p.split(":")[0] == kind]
+            payload["plugins"].append(d)
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        rows = []
+        for r in records:
+            provides = [p for p in r.provides if not kind or p.split(":")[0] == kind]
+            text = ", ".join(provides) if provides else ("-" if r.status == "ok" else r.error)
+            rows.append([r.name, r.version, r.status, text])
+        if rows:
+            click.echo(render_table(["Plugin", "Version", "Status", "Provides"], rows))
+        else:
+            click.echo("No plugins installed (core's built-ins: alchemi list-plugins --all).")
+        if verbose:
+            for r in records:
+                click.echo(f"\n{r.name}: entry point {r.entry_point or '-'}, module {r.module or '-'}")
+                if r.traceback:
+                    click.echo(r.traceback.rstrip())
+        elif failed:
+            click.echo(f"\n{len(failed)} plugin(s) failed to load; alchemi list-plugins -v shows why.", err=True)
+    if strict and failed:
+        raise SystemExit(1)
+
+
+@click.command("list-components")
+@click.argument("kind", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON object instead of a table.")
+def list_components(kind: str | None, as_json: bool) -> None:
+    """List registered components (optionally of one KIND), with the plugin providing each."""
+    from alchemi_core import registry
+
+    recs = registry.available(kind)
+    pm = registry.manager()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "schema_version": JSON_SCHEMA_VERSION,
+                    "components": [
+                        {
+                            "spec": r.spec,
+                            "kind": r.kind,
+                            "name": r.name,
+                            "target": r.target,
+                            "plugin": r.plugin,
+                            "summary": r.summary,
+                            "providers": [p.plugin for p in pm.components[r.spec]],
+                        }
+                        for r in recs
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return
+    rows = []
+    for r in recs:
+        providers = pm.components[r.spec]
+        plugin = r.plugin if len(providers) == 1 else "CONFLICT: " + " and ".join(p.plugin for p in providers)
+        rows.append([r.spec, plugin, r.summary])
+    if not rows:
+        kinds = sorted({r.kind for r in registry.available()})
+        click.echo(f"No components of kind {kind!r}; kinds are: {', '.join(kinds)}")
+        return
+    click.echo(render_table(["Component", "Plugin", "Summary"], rows))

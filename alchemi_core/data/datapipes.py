@@ -1,0 +1,156 @@
+"""Datasets the dynamics engine streams structures from.
+
+A dataset has ``__len__``, ``__getitem__(i)`` returning an ``AtomicData`` (an ``(AtomicData,
+metadata)`` pair is accepted too) and ``get_metadata(i)`` returning ``(num_atoms, num_edges)``
+cheaply, without loading the structure; ``get_all_metadata()``, when present, returns both for
+every structure at once. :class:`Dataset` wraps any *reader* with that shape and moves
+structures to a device; :class:`ListDataset` holds structures in memory.
+
+``AtomicDataZarrReader`` and ``AtomicDataZarrWriter`` come from the ``alchemi-zarr`` plugin and
+import from here when it is installed.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.data import AtomicData
+    >>> from alchemi_core.data.datapipes import ListDataset
+    >>> ds = ListDataset([AtomicData(atomic_numbers=torch.tensor([1, 1]), positions=torch.zeros(2, 3))])
+    >>> len(ds), ds.get_metadata(0)
+    (1, (2, 0))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from alchemi_core.data.atomic_data import AtomicData
+from alchemi_core.errors import InvalidDataError
+
+
+@runtime_checkable
+class StructureSource(Protocol):
+    """What ``SizeAwareSampler`` needs of a dataset."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    def get_metadata(self, index: int) -> tuple[int, int]: ...
+
+
+def as_atomic_data(item: Any, index: int) -> AtomicData:
+    """The ``AtomicData`` in a dataset item (``data`` or ``(data, metadata)``)."""
+    if isinstance(item, tuple) and item and isinstance(item[0], AtomicData):
+        item = item[0]
+    if not isinstance(item, AtomicData):
+        raise InvalidDataError(
+            f"dataset item {index} is a {type(item).__name__}; a dataset must return AtomicData "
+            "(or an (AtomicData, metadata) pair) from __getitem__"
+        )
+    return item
+
+
+def all_metadata(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(num_atoms, num_edges)`` arrays for every structure of ``dataset``."""
+    bulk = getattr(dataset, "get_all_metadata", None)
+    if bulk is not None:
+        atoms, edges = bulk()
+        return np.asarray(atoms, dtype=np.int64), np.asarray(edges, dtype=np.int64)
+    if not hasattr(dataset, "get_metadata"):
+        raise InvalidDataError(
+            f"{type(dataset).__name__} has no get_metadata(i); a dataset for SizeAwareSampler must "
+            "return (num_atoms, num_edges) for each structure without loading it"
+        )
+    n = len(dataset)
+    atoms = np.empty(n, dtype=np.int64)
+    edges = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        meta = dataset.get_metadata(i)
+        atoms[i], edges[i] = int(meta[0]), int(meta[1])
+    return atoms, edges
+
+
+class ListDataset:
+    """Structures held in memory.
+
+    Args:
+        structures: ``AtomicData`` objects.
+        device: Where ``__getitem__`` puts them (default: where they are).
+    """
+
+    def __init__(self, structures: Sequence[AtomicData], device: torch.device | str | None = None) -> None:
+        self._items = list(structures)
+        for i, s in enumerate(self._items):
+            as_atomic_data(s, i)
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: int) -> AtomicData:
+        item = self._items[index]
+        return item.to(self.device) if self.device is not None else item
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        item = self._items[index]
+        return item.num_nodes, item.num_edges
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        return (
+            np.fromiter((s.num_nodes for s in self._items), dtype=np.int64, count=len(self._items)),
+            np.fromiter((s.num_edges for s in self._items), dtype=np.int64, count=len(self._items)),
+        )
+
+
+class Dataset:
+    """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), putting
+    structures on ``device``.
+
+    Args:
+        reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
+        device: Target device of the returned structures.
+
+    Example:
+        >>> from alchemi_core.data.datapipes import Dataset, ListDataset
+        >>> ds = Dataset(ListDataset([]), device="cpu")
+        >>> len(ds)
+        0
+    """
+
+    def __init__(self, reader: Any, device: torch.device | str | None = None) -> None:
+        for attr in ("__len__", "__getitem__"):
+            if not hasattr(reader, attr):
+                raise InvalidDataError(f"Dataset reader {type(reader).__name__} lacks {attr}")
+        self.reader = reader
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> AtomicData:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
+        data = as_atomic_data(self.reader[index], index)
+        return data.to(self.device) if self.device is not None else data
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        meta = getattr(self.reader, "get_metadata", None)
+        if meta is not None:
+            out = meta(index)
+            return int(out[0]), int(out[1])
+        data = as_atomic_data(self.reader[index], index)
+        return data.num_nodes, data.num_edges
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        return all_metadata(self.reader) if hasattr(self.reader, "get_metadata") or hasattr(
+            self.reader, "get_all_metadata"
+        ) else all_metadata(self)
+
+
+def __getattr__(name: str) -> Any:
+    from alchemi_core.registry import resolve_export
+
+    return resolve_export(__name__, name)

@@ -1,0 +1,266 @@
+"""``BaseDynamics``: the integrator base class, and ``BufferConfig`` for pipeline buffers.
+
+An integrator subclasses :class:`BaseDynamics` and implements ``pre_update`` (before the model
+forward: e.g. half-kick and drift) and ``post_update`` (after it: e.g. the second half-kick),
+plus ``setup``/``init_state`` when it keeps per-system state. Inside those methods,
+``self.node_weight`` (``[V, 1]`` 1.0/0.0, or None for all atoms) and ``self.system_mask``
+(``[B]`` bool, or None) say which atoms and systems this stage integrates; ``self.inv_mass``
+gives ``ACCELERATION / mass`` per atom; ``self.dt`` is the time step in fs. Keep persistent state
+in system- or atom-level batch fields so it travels with each system through sinks and ranks.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.dynamics import BaseDynamics
+    >>> class Euler(BaseDynamics):
+    ...     def pre_update(self, batch):
+    ...         step = self.dt * batch.velocities
+    ...         batch.positions.add_(step if self.node_weight is None else step * self.node_weight)
+    ...     def post_update(self, batch):
+    ...         acc = batch.forces * self.inv_mass * self.dt
+    ...         batch.velocities.add_(acc if self.node_weight is None else acc * self.node_weight)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from alchemi_core.dynamics.convergence import ConvergenceHook
+from alchemi_core.dynamics.hook import check_hook
+from alchemi_core.errors import AlchemiError, ConfigurationError
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_core.dynamics.engine import Engine, SubStage
+    from alchemi_core.dynamics.fused import FusedStage
+    from alchemi_core.dynamics.pipeline import DistributedPipeline
+    from alchemi_core.dynamics.sampler import SizeAwareSampler
+    from alchemi_core.dynamics.sinks import DataSink
+
+COMM_MODES = ("sync", "async_recv", "fully_async")
+
+
+@attrs.frozen
+class BufferConfig:
+    """Capacities of a pipeline stage's pre-allocated send and receive buffers.
+
+    Adjacent stages of a ``DistributedPipeline`` must use identical values.
+
+    Attributes:
+        num_systems: Most systems per transfer.
+        num_nodes: Most atoms per transfer, over all systems.
+        num_edges: Most edges per transfer, over all systems.
+    """
+
+    num_systems: int = attrs.field(validator=attrs.validators.ge(1))
+    num_nodes: int = attrs.field(validator=attrs.validators.ge(1))
+    num_edges: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+
+class BaseDynamics:
+    """A dynamics stage: an integrator, a model, hooks, and where systems come from and go.
+
+    Args:
+        model: Callable returning ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]`` for a batch.
+        n_steps: Steps of a plain ``run()``; inside a fused stage or pipeline, each system's step
+            budget in this stage (it moves on when it converges or has used them).
+        dt: Time step in fs.
+        hooks: Per-step hooks (see ``alchemi_core.dynamics.Hook``).
+        convergence_hook: Moves converged systems on (see ``ConvergenceHook``).
+        sampler: Feeds the run from a dataset; graduated systems' slots are refilled.
+        refill_frequency: Steps between graduation/refill checks.
+        sinks: Where graduated systems go, first sink with room first.
+        comm_mode: ``"sync"``, ``"async_recv"`` or ``"fully_async"`` (pipelines only).
+        buffer_config: Send/receive buffer capacities (pipelines only).
+        name: A label for logs (default: the class name).
+
+    Raises:
+        ConfigurationError: A value that cannot work (negative steps, unknown comm mode, ...).
+    """
+
+    #: Whether the integrator needs the model's stress every step (NPT-style integrators).
+    needs_stress: bool = False
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: float = 1.0,
+        hooks: Sequence[Any] | None = None,
+        convergence_hook: ConvergenceHook | None = None,
+        sampler: SizeAwareSampler | None = None,
+        refill_frequency: int = 1,
+        sinks: Sequence[DataSink] | None = None,
+        comm_mode: str = "async_recv",
+        buffer_config: BufferConfig | None = None,
+        name: str | None = None,
+    ) -> None:
+        if model is None or not callable(model):
+            raise ConfigurationError(f"{type(self).__name__} needs a callable model, got {model!r}")
+        if int(n_steps) < 0:
+            raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
+        if comm_mode not in COMM_MODES:
+            raise ConfigurationError(f"comm_mode must be one of {COMM_MODES}, got {comm_mode!r}")
+        if int(refill_frequency) < 1:
+            raise ConfigurationError(f"refill_frequency must be >= 1, got {refill_frequency}")
+        if buffer_config is not None and not isinstance(buffer_config, BufferConfig):
+            raise ConfigurationError("buffer_config must be a BufferConfig")
+        hooks = list(hooks or [])
+        for h in list(hooks):
+            if isinstance(h, ConvergenceHook):
+                if convergence_hook is not None:
+                    raise ConfigurationError(
+                        "a ConvergenceHook is in hooks and another is given as convergence_hook; pass one"
+                    )
+                convergence_hook = h
+                hooks.remove(h)
+            else:
+                check_hook(h)
+        if convergence_hook is not None and not isinstance(convergence_hook, ConvergenceHook):
+            raise ConfigurationError("convergence_hook must be a ConvergenceHook")
+        self.model = model
+        self.n_steps = int(n_steps)
+        self.dt = self._check_dt(dt)
+        self.hooks: list[Any] = hooks
+        self.convergence_hook = convergence_hook
+        self.sampler = sampler
+        self.refill_frequency = int(refill_frequency)
+        self.sinks: list[DataSink] = list(sinks or [])
+        self.comm_mode = comm_mode
+        self.buffer_config = buffer_config
+        self.name = name or type(self).__name__
+        # Set by the engine while running.
+        self.step_count = 0
+        self.system_mask: torch.Tensor | None = None
+        self.node_weight: torch.Tensor | None = None
+        self.converged_mask: torch.Tensor | None = None
+        self.status_code = 0
+        self._engine: Engine | None = None
+        self._stream: Any = None
+        self._in_context = False
+        self._compile_kwargs: dict[str, Any] | None = None
+
+    @staticmethod
+    def _check_dt(dt: Any) -> Any:
+        if isinstance(dt, torch.Tensor):
+            if not bool((dt > 0).all()):
+                raise ConfigurationError("dt must be positive")
+            return dt
+        if float(dt) <= 0:
+            raise ConfigurationError(f"dt must be positive (fs), got {dt}")
+        return float(dt)
+
+    # ------------------------------------------------------------------ integrator API
+    def setup(self, batch: Batch) -> None:
+        """Called once per run, before the first step: create persistent state fields."""
+
+    def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+        """Reset per-system state for systems that just entered this stage (``[B]`` bool);
+        must not read back from the device."""
+
+    def pre_update(self, batch: Batch) -> None:
+        """The part of the step before the model forward."""
+        raise NotImplementedError(f"{type(self).__name__} must implement pre_update(batch)")
+
+    def post_update(self, batch: Batch) -> None:
+        """The part of the step after the model forward (forces are fresh)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement post_update(batch)")
+
+    @property
+    def inv_mass(self) -> torch.Tensor:
+        """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""
+        if self._engine is None:
+            raise AlchemiError(f"{self.name}.inv_mass is only available during a run")
+        return self._engine.inv_mass()
+
+    @property
+    def active_batch(self) -> Batch | None:
+        """The batch of the current (or last) run."""
+        return self._engine.batch if self._engine is not None else None
+
+    def _attach(self, engine: Engine, sub: SubStage) -> None:
+        self._engine = engine
+        self.status_code = sub.code
+
+    # ------------------------------------------------------------------ running
+    def _make_engine(self) -> Engine:
+        from alchemi_core.dynamics.engine import Engine
+
+        return Engine(
+            [(0, self)],
+            entry_status=0,
+            exit_status=1,
+            sinks=self.sinks,
+            sampler=self.sampler,
+            refill_frequency=self.refill_frequency,
+            graduate_on_budget=self.sampler is not None,
+            owner=self,
+        )
+
+    def run(self, batch: Batch | None = None, n_steps: int | None = None) -> Batch | None:
+        """Integrate ``batch`` in place (or stream from the sampler) and return it.
+
+        Without a sampler, runs ``n_steps`` steps (or until every system converged). With one,
+        runs until the dataset is drained: each system gets ``n_steps`` steps or converges, then
+        goes to the sinks. Returns the batch; with a sampler and no sinks, a batch of every
+        finished system; with a sampler and sinks, None (the results are in the sinks).
+        """
+        from alchemi_core.dynamics.runner import execute
+
+        engine = self._make_engine()
+        steps = self.n_steps if n_steps is None else int(n_steps)
+        return execute(self, engine, batch, None if self.sampler is not None else steps)
+
+    def step(self, batch: Batch) -> Batch:
+        """One step of this stage on ``batch`` (prepares it on first use)."""
+        engine = self._engine
+        if engine is None or engine.batch is not batch or engine.owner is not self:
+            engine = self._make_engine()
+            engine.prepare(batch)
+            self._engine = engine
+        with engine.stream_context(self._stream):
+            engine.step()
+        return batch
+
+    # ------------------------------------------------------------------ composition
+    def __add__(self, other: BaseDynamics | FusedStage) -> FusedStage:
+        from alchemi_core.dynamics.fused import FusedStage
+
+        if isinstance(other, FusedStage):
+            return FusedStage([(0, self)] + [(i + 1, s) for i, (_, s) in enumerate(other.sub_stages)])
+        if not isinstance(other, BaseDynamics):
+            return NotImplemented
+        return FusedStage([(0, self), (1, other)])
+
+    def __or__(self, other: Any) -> DistributedPipeline:
+        from alchemi_core.dynamics.pipeline import DistributedPipeline
+
+        if isinstance(other, DistributedPipeline):
+            return DistributedPipeline.chain([self, *other.ordered_stages()])
+        if not isinstance(other, BaseDynamics):
+            return NotImplemented
+        return DistributedPipeline.chain([self, other])
+
+    # ------------------------------------------------------------------ streams and compile
+    def compile(self, **kwargs: Any) -> BaseDynamics:
+        """Capture the step as a CUDA graph when the run is on a GPU (see ``FusedStage.compile``)."""
+        self._compile_kwargs = dict(kwargs)
+        return self
+
+    def __enter__(self) -> BaseDynamics:
+        self._in_context = True
+        if torch.cuda.is_available():
+            self._stream = torch.cuda.Stream()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._stream = None
+        self._in_context = False
+
+    def __repr__(self) -> str:
+        return f"{self.name}(n_steps={self.n_steps}, dt={self.dt}, hooks={len(self.hooks)})"

@@ -1,0 +1,581 @@
+"""The loop behind ``BaseDynamics.run`` and ``FusedStage.run``: stages sharing one batch.
+
+Each system carries a ``status``; a sub-stage integrates the systems whose status equals its
+code. One model forward per step serves every sub-stage. At *check* steps (every
+``check_interval`` steps) convergence criteria move systems on, systems that used their step
+budget move on too, and graduated systems (``status >= exit_status``) go to the sinks while the
+sampler refills their slots. Checks are the only places that read values back from the device;
+the steps between them are a fixed sequence of device operations on fixed buffers.
+
+The engine keeps on the batch the fields it needs: ``status``, ``system_id``, ``velocities``,
+``forces``, ``energy``, ``atomic_masses``, ``stage_steps`` (steps used in the current stage), and
+``fmax``/``energy_change``/``energy_prev`` when a criterion names them. They travel with each
+system through sinks, refills and ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.data.elements import masses_for
+from alchemi_core.dynamics.convergence import ConvergenceHook
+from alchemi_core.dynamics.hook import build_hook_table
+from alchemi_core.dynamics.stage import INNER_POINTS, DynamicsStage
+from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.units import ACCELERATION
+
+if TYPE_CHECKING:
+    from alchemi_core.dynamics.base import BaseDynamics
+    from alchemi_core.dynamics.sampler import SizeAwareSampler
+    from alchemi_core.dynamics.sinks import DataSink
+
+_P = DynamicsStage
+
+
+class SubStage:
+    """One stage inside an engine: its status code, budget and where its systems go next."""
+
+    __slots__ = ("code", "dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight")
+
+    def __init__(self, code: int, dynamics: BaseDynamics, target: int) -> None:
+        self.code = int(code)
+        self.dynamics = dynamics
+        self.budget = int(dynamics.n_steps)
+        self.target = int(target)
+        self.conv: ConvergenceHook | None = dynamics.convergence_hook
+        self.source = self.code
+        if self.conv is not None:
+            if self.conv.source_status is not None:
+                self.source = self.conv.source_status
+            if self.conv.target_status is not None:
+                self.target = self.conv.target_status
+        self.sys_mask: torch.Tensor | None = None
+        self.node_weight: torch.Tensor | None = None
+
+
+class Engine:
+    """Runs sub-stages on one batch (see the module docstring).
+
+    Args:
+        stages: ``(status_code, dynamics)`` pairs, in order.
+        entry_status: Status of systems entering (from the sampler or a fresh batch).
+        exit_status: Status at which a system has graduated.
+        sinks: Graduated systems go to the first sink with room, in order.
+        sampler: Refills graduated slots when given.
+        refill_frequency: Steps between graduation/refill checks.
+        graduate_on_budget: Whether a system that used a stage's ``n_steps`` moves on. False for a
+            plain single stage, which instead runs ``n_steps`` steps in all.
+        owner: The object users called ``run`` on (for lifecycle hooks and messages).
+        hooks: Extra hooks applying to all systems (a fused stage's own).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[tuple[int, BaseDynamics]],
+        *,
+        entry_status: int,
+        exit_status: int,
+        sinks: Sequence[DataSink] = (),
+        sampler: SizeAwareSampler | None = None,
+        refill_frequency: int = 1,
+        graduate_on_budget: bool = True,
+        owner: Any = None,
+        hooks: Sequence[Any] = (),
+    ) -> None:
+        if not stages:
+            raise ConfigurationError("an engine needs at least one stage")
+        codes = [int(c) for c, _ in stages]
+        if len(set(codes)) != len(codes):
+            raise ConfigurationError(f"sub-stage status codes must differ, got {codes}")
+        self.entry_status = int(entry_status)
+        self.exit_status = int(exit_status)
+        if self.exit_status in codes:
+            raise ConfigurationError(f"exit_status {exit_status} is also a sub-stage's status code")
+        self.subs: list[SubStage] = []
+        for i, (code, dyn) in enumerate(stages):
+            nxt = codes[i + 1] if i + 1 < len(codes) else self.exit_status
+            self.subs.append(SubStage(code, dyn, nxt))
+        self.sinks = list(sinks)
+        self.sampler = sampler
+        self.refill_frequency = max(1, int(refill_frequency))
+        self.graduate_on_budget = bool(graduate_on_budget)
+        self.owner = owner
+        self.extra_hooks = list(hooks)
+        self.models = list({id(s.dynamics.model): s.dynamics.model for s in self.subs}.values())
+        self.masked = len(self.subs) > 1 or graduate_on_budget or any(s.conv is not None for s in self.subs)
+        freqs = [s.conv.frequency for s in self.subs if s.conv is not None]
+        if sampler is not None or (graduate_on_budget and self.sinks):
+            freqs.append(self.refill_frequency)
+        if graduate_on_budget and not freqs:
+            freqs.append(1)
+        self.check_interval = math.gcd(*freqs) if freqs else 0
+        keys: set[str] = set()
+        for s in self.subs:
+            if s.conv is not None:
+                keys |= s.conv.keys
+        self.track_fmax = "fmax" in keys
+        self.track_energy_change = "energy_change" in keys
+        self.needs_stress = any(getattr(s.dynamics, "needs_stress", False) for s in self.subs) or any(
+            getattr(h, "needs_stress", False) for h in self._all_hooks()
+        )
+        self.batch: Batch | None = None
+        self.step_count = 0
+        self.table: tuple = ()
+        self.host_results: DataSink | None = None
+        self._masks_version = -1
+        self._inv_mass: torch.Tensor | None = None
+        self._inv_mass_version = -1
+        self._inner_hooks = False
+        self.done = False
+        #: False on pipeline ranks that pass graduates downstream instead of to sinks.
+        self.graduate_to_sinks = True
+        #: Systems moved out to sinks so far.
+        self.written_count = 0
+        #: Systems taken in from the initial batch and the sampler so far.
+        self.loaded_count = 0
+
+    # ------------------------------------------------------------------ hooks
+    def _all_hooks(self) -> list[Any]:
+        out = list(self.extra_hooks)
+        for s in self.subs:
+            out.extend(s.dynamics.hooks)
+        return out
+
+    def _dispatch(self, point: int, step: int) -> None:
+        batch = self.batch
+        for freq, hook, stage in self.table[point]:
+            if step % freq == 0:
+                hook(batch, stage)
+
+    # ------------------------------------------------------------------ preparation
+    def prepare(self, batch: Batch | None) -> Batch:
+        """Make ``batch`` (or the sampler's first batch) ready: defaults, capacity, state, forces."""
+        if batch is None:
+            if self.sampler is None:
+                raise ConfigurationError(
+                    "run() without a batch needs a sampler: pass sampler=SizeAwareSampler(...) to "
+                    "the first stage, or call run(batch)"
+                )
+            batch = self.sampler.build_initial_batch()
+        if not isinstance(batch, Batch):
+            raise InvalidDataError(f"run() takes a Batch, got {type(batch).__name__}")
+        if batch.num_graphs == 0 and self.sampler is None:
+            raise InvalidDataError("run() got an empty batch and has no sampler to fill it")
+        self._fill_defaults(batch, first=True)
+        if self.sampler is not None:
+            batch = self._with_capacity(batch)
+        self.batch = batch
+        for m in self.models:
+            check = getattr(m, "check_batch", None)
+            if check is not None:
+                check(batch)
+        for s in self.subs:
+            s.dynamics._attach(self, s)
+            s.dynamics.setup(batch)
+        self._init_entering(batch.status.new_ones(batch.num_graphs, dtype=torch.bool))
+        self._update_masks()
+        self.forward()
+        if self.track_energy_change:
+            batch.energy_prev.copy_(batch.energy)
+        owners: list[tuple[Any, Sequence[Any]]] = [(s.dynamics, s.dynamics.hooks) for s in self.subs]
+        if self.extra_hooks:
+            owners.insert(0, (self.owner, self.extra_hooks))
+        self.table = build_hook_table(owners)
+        self._inner_hooks = any(self.table[int(p)] for p in INNER_POINTS)
+        self.step_count = 0
+        self.done = False
+        self.loaded_count = batch.num_graphs
+        return batch
+
+    def prepare_empty(self, template: Batch, num_systems: int, num_nodes: int, num_edges: int) -> Batch:
+        """Start with no systems (a downstream pipeline rank): buffers shaped like ``template``."""
+        batch = Batch.empty(num_systems=num_systems, num_nodes=num_nodes, num_edges=num_edges, template=template)
+        self._fill_defaults(batch, first=True)
+        self.batch = batch
+        for s in self.subs:
+            s.dynamics._attach(self, s)
+            s.dynamics.setup(batch)
+        self._update_masks()
+        owners: list[tuple[Any, Sequence[Any]]] = [(s.dynamics, s.dynamics.hooks) for s in self.subs]
+        if self.extra_hooks:
+            owners.insert(0, (self.owner, self.extra_hooks))
+        self.table = build_hook_table(owners)
+        self._inner_hooks = any(self.table[int(p)] for p in INNER_POINTS)
+        self.step_count = 0
+        self.done = False
+        return batch
+
+    def _fill_defaults(self, batch: Batch, first: bool) -> None:
+        """Give ``batch`` every field the engine and integrators read."""
+        n, dev = batch.num_graphs, batch.device
+        ftype = batch.positions.dtype
+        if "status" not in batch:
+            batch.set_field("status", torch.full((n,), self.entry_status, dtype=torch.long, device=dev), "system")
+        elif not first:
+            batch.status.fill_(self.entry_status)
+        if "system_id" not in batch:
+            batch.set_field("system_id", torch.arange(n, dtype=torch.long, device=dev), "system")
+        if "velocities" not in batch:
+            batch.set_field("velocities", torch.zeros_like(batch.positions), "node")
+        if "forces" not in batch:
+            batch.set_field("forces", torch.zeros_like(batch.positions), "node")
+        if "energy" not in batch:
+            batch.set_field("energy", torch.zeros(n, 1, dtype=ftype, device=dev), "system")
+        if "atomic_masses" not in batch:
+            batch.set_field("atomic_masses", masses_for(batch.atomic_numbers, ftype), "node")
+        if "stage_steps" not in batch or not first:
+            batch.set_field("stage_steps", torch.zeros(n, dtype=torch.long, device=dev), "system")
+        if self.track_fmax and ("fmax" not in batch or not first):
+            batch.set_field("fmax", torch.full((n,), math.inf, dtype=ftype, device=dev), "system")
+        if self.track_energy_change:
+            if "energy_change" not in batch or not first:
+                batch.set_field("energy_change", torch.full((n,), math.inf, dtype=ftype, device=dev), "system")
+            if "energy_prev" not in batch or not first:
+                batch.set_field("energy_prev", batch.energy.clone(), "system")
+        self._check_finite(batch)
+
+    @staticmethod
+    def _check_finite(batch: Batch) -> None:
+        bad = ~torch.isfinite(batch.positions).all(dim=1)
+        if bool(bad.any()):
+            systems = torch.unique(batch.batch_idx[bad]).tolist()
+            ids = batch.system_id[systems].tolist() if "system_id" in batch else systems
+            raise InvalidDataError(f"positions are NaN or infinite in systems with system_id {ids[:10]}")
+
+    def _with_capacity(self, batch: Batch) -> Batch:
+        """Move the sampler's batch into buffers sized for the sampler's budgets."""
+        s = self.sampler
+        assert s is not None
+        atoms, edges = s._atoms, s._edges
+        cap_sys = s.max_batch_size or len(s)
+        cap_sys = min(cap_sys, s.max_atoms // max(1, int(atoms.min()) if len(atoms) else 1))
+        cap_sys = max(cap_sys, batch.num_graphs)
+        if s.max_edges is not None:
+            cap_edges = s.max_edges
+        else:  # the most edges cap_sys systems can bring
+            cap_edges = int(np.sort(edges)[::-1][:cap_sys].sum()) if len(edges) else 0
+        buf = Batch.empty(
+            num_systems=cap_sys,
+            num_nodes=max(s.max_atoms, batch.num_nodes),
+            num_edges=max(cap_edges, batch.num_edges),
+            template=batch,
+        )
+        buf.put(batch)
+        return buf
+
+    def _init_entering(self, entering: torch.Tensor) -> None:
+        """Let each stage set up integrator state for systems that just entered it."""
+        status = self.batch.status
+        for s in self.subs:
+            s.dynamics.init_state(self.batch, entering & (status == s.code))
+
+    def inv_mass(self) -> torch.Tensor:
+        """``[V, 1]`` acceleration per unit force (Å/fs² per eV/Å) for every atom."""
+        batch = self.batch
+        if self._inv_mass_version != batch.version or self._inv_mass is None:
+            self._inv_mass = (ACCELERATION / batch.atomic_masses).unsqueeze(-1)
+            self._inv_mass_version = batch.version
+        return self._inv_mass
+
+    def _update_masks(self) -> None:
+        """Which systems (and atoms) each stage integrates until the next check."""
+        batch = self.batch
+        if not self.masked:
+            for s in self.subs:
+                s.sys_mask = s.node_weight = None
+                s.dynamics.system_mask = s.dynamics.node_weight = None
+            return
+        status, steps, idx = batch.status, batch.stage_steps, batch.batch_idx
+        dtype = batch.positions.dtype
+        for s in self.subs:
+            m = status == s.code
+            if self.graduate_on_budget:
+                m &= steps < s.budget
+            s.sys_mask = m
+            s.node_weight = m.index_select(0, idx).to(dtype).unsqueeze(-1)
+            s.dynamics.system_mask = s.sys_mask
+            s.dynamics.node_weight = s.node_weight
+
+    # ------------------------------------------------------------------ the step
+    def forward(self) -> None:
+        """One model evaluation per distinct model; results written into the batch buffers."""
+        batch = self.batch
+        if len(self.models) == 1:
+            out = self.models[0](batch, compute_stress=self.needs_stress) if self.needs_stress else self.models[0](batch)
+            self._store(batch, out)
+            return
+        # Several models: each system takes the forces of its own stage's model.
+        base = self.models[0](batch)
+        self._store(batch, base)
+        for m in self.models[1:]:
+            out = m(batch)
+            for s in self.subs:
+                if s.dynamics.model is m and s.sys_mask is not None:
+                    nm = s.node_weight.bool()
+                    batch.forces.copy_(torch.where(nm, out["forces"], batch.forces))
+                    batch.energy.copy_(torch.where(s.sys_mask.unsqueeze(-1), out["energy"], batch.energy))
+
+    @staticmethod
+    def _store(batch: Batch, out: Any) -> None:
+        try:
+            energy, forces = out["energy"], out["forces"]
+        except (KeyError, TypeError):
+            raise InvalidDataError(
+                "a model must return a mapping with 'energy' [B, 1] and 'forces' [V, 3]"
+            ) from None
+        f = batch.forces
+        if forces is not f:
+            f.copy_(forces)
+        e = batch.energy
+        if energy is not e:
+            e.copy_(energy.reshape(e.shape))
+        stress = out.get("stress") if hasattr(out, "get") else None
+        if stress is not None:
+            if "stress" in batch:
+                batch.stress.copy_(stress)
+            else:
+                batch.set_field("stress", stress.detach().clone(), "system")
+
+    def step(self) -> None:
+        """One step of every sub-stage, then the checks that are due."""
+        k = self.step_count
+        d = self._dispatch
+        table = self.table
+        subs = self.subs
+        for s in subs:
+            s.dynamics.step_count = k
+        if table[0]:
+            d(0, k)
+        with torch.no_grad():
+            for s in subs:
+                if table[1]:
+                    d(1, k)
+                s.dynamics.pre_update(self.batch)
+                if table[2]:
+                    d(2, k)
+        if table[3]:
+            d(3, k)
+        self.forward()
+        if self.track_energy_change:
+            b = self.batch
+            torch.sub(b.energy.view(-1), b.energy_prev.view(-1), out=b.energy_change).abs_()
+            b.energy_prev.copy_(b.energy)
+        if table[4]:
+            d(4, k)
+        with torch.no_grad():
+            for s in subs:
+                if table[5]:
+                    d(5, k)
+                s.dynamics.post_update(self.batch)
+                if table[6]:
+                    d(6, k)
+            if self.masked:
+                steps = self.batch.stage_steps
+                for s in subs:
+                    steps.add_(s.sys_mask)
+        if table[7]:
+            d(7, k)
+        self.step_count = k + 1
+        if self.check_interval and k % self.check_interval == 0:
+            self.check(k)
+
+    # ------------------------------------------------------------------ checks
+    def _update_fmax(self) -> None:
+        b = self.batch
+        norms = torch.linalg.vector_norm(b.forces, dim=-1)
+        b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)
+
+    def check(self, k: int) -> None:
+        """Convergence, budgets, graduation and refill (the only device read-backs)."""
+        batch = self.batch
+        status = batch.status
+        before = status.clone()
+        if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
+            self._update_fmax()
+        for s in self.subs:
+            if s.conv is not None and k % s.conv.frequency == 0:
+                conv = s.conv.evaluate(batch) & (before == s.source)
+                s.dynamics.converged_mask = conv
+                status.masked_fill_(conv, s.target)
+                for freq, hook, stage in self.table[int(_P.ON_CONVERGE)]:
+                    if stage is s.dynamics and k % freq == 0:
+                        hook(batch, stage)
+            if self.graduate_on_budget:
+                done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
+                status.masked_fill_(done, s.target)
+        moved = status != before
+        batch.stage_steps.masked_fill_(moved, 0)
+        self._init_entering(moved)
+        if self.sampler is not None or self.sinks:
+            if k % self.refill_frequency == 0:
+                self._graduate_and_refill()
+        self._update_masks()
+        self._check_done()
+
+    def _check_done(self) -> None:
+        batch = self.batch
+        if self.sampler is not None and not self.sampler.exhausted:
+            return
+        if batch.num_graphs == 0:
+            self.done = True
+            return
+        if self.graduate_on_budget:
+            self.done = bool((batch.status >= self.exit_status).all())
+        else:
+            active = torch.zeros_like(batch.status, dtype=torch.bool)
+            for s in self.subs:
+                active |= batch.status == s.code
+            self.done = not bool(active.any())
+
+    def graduated_mask(self) -> torch.Tensor:
+        return self.batch.status >= self.exit_status
+
+    def _graduate_and_refill(self) -> None:
+        batch = self.batch
+        if self.graduate_to_sinks:
+            grad = self.graduated_mask().cpu().numpy()
+            if grad.any():
+                self.write_to_sinks(np.nonzero(grad)[0])
+        if self.sampler is not None and not self.sampler.exhausted:
+            self.refill()
+
+    def sink_list(self) -> list[DataSink]:
+        if self.sinks:
+            return self.sinks
+        if self.host_results is None:
+            from alchemi_core.dynamics.sinks import HostMemory
+
+            self.host_results = HostMemory(capacity=None)
+        return [self.host_results]
+
+    def write_to_sinks(self, rows: np.ndarray) -> None:
+        """Move systems ``rows`` out of the batch into the sinks, first sink with room first.
+
+        Raises:
+            CapacityError: Every sink is full; the systems that did not fit stay in the batch.
+        """
+        batch = self.batch
+        remaining = list(rows.tolist())
+        written: list[int] = []
+        for sink in self.sink_list():
+            if not remaining:
+                break
+            room = sink.free
+            if room <= 0:
+                continue
+            take, remaining = remaining[:room], remaining[room:]
+            mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
+            mask[take] = True
+            sink.write(batch, mask.to(batch.device))
+            written.extend(take)
+        if written:
+            mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
+            mask[written] = True
+            batch.defrag(mask.to(batch.device))
+            self.written_count += len(written)
+        if remaining:
+            ids = batch.system_id[batch.status >= self.exit_status].tolist()
+            caps = ", ".join(f"{type(s).__name__} {len(s)}/{s.capacity}" for s in self.sink_list())
+            raise CapacityError(
+                f"every sink is full ({caps}): {len(remaining)} graduated systems (system_id "
+                f"{ids[:10]}{'...' if len(ids) > 10 else ''}) stay in the active batch "
+                "(dynamics.active_batch). Everything written before is in the sinks; add a sink or "
+                "raise a capacity and run again"
+            )
+
+    def refill(self) -> None:
+        """Fill free slots from the sampler (best fit within the remaining budgets)."""
+        batch, s = self.batch, self.sampler
+        assert s is not None
+        free_sys = batch.system_capacity - batch.num_graphs
+        free_atoms = min(s.max_atoms, batch.node_capacity) - batch.num_nodes
+        edge_room = batch.edge_capacity - batch.num_edges
+        free_edges = min(s.max_edges, edge_room) if s.max_edges is not None else edge_room
+        if free_sys <= 0 or free_atoms <= 0:
+            return
+        has_edges = batch.edge_capacity > 0
+        new = s.request_many(free_sys, free_atoms, free_edges if has_edges else None)
+        if not new:
+            return
+        incoming = Batch.from_data_list(new, device=batch.device)
+        self.admit(incoming)
+        self.loaded_count += incoming.num_graphs
+
+    def admit(self, incoming: Batch, partial: bool = False) -> int:
+        """Put new systems into the batch at ``entry_status`` and refresh forces.
+
+        Args:
+            incoming: The systems (a batch or a receive buffer; its status fields are reset).
+            partial: Copy as many as fit instead of requiring all to fit.
+
+        Returns:
+            How many were copied (``incoming._copied_mask`` says which).
+
+        Raises:
+            CapacityError: Not all fit and ``partial`` is False.
+        """
+        batch = self.batch
+        self._fill_defaults(incoming, first=False)
+        for m in self.models:
+            check = getattr(m, "check_batch", None)
+            if check is not None:
+                check(incoming)
+        n0 = batch.num_graphs
+        copied = batch.put(incoming)
+        if copied != incoming.num_graphs and not partial:
+            raise CapacityError(
+                f"{incoming.num_graphs - copied} incoming systems do not fit the active batch "
+                f"({batch.num_graphs}/{batch.system_capacity} systems, {batch.num_nodes}/"
+                f"{batch.node_capacity} atoms)"
+            )
+        if copied:
+            new = torch.zeros(batch.num_graphs, dtype=torch.bool, device=batch.device)
+            new[n0:] = True
+            self._init_entering(new)
+            self._update_masks()
+            self.forward()
+            if self.track_energy_change:
+                batch.energy_prev.copy_(batch.energy)
+        return copied
+
+    def after_removal(self) -> None:
+        """Refresh masks after systems were taken out of the batch."""
+        self._update_masks()
+
+    # ------------------------------------------------------------------ running
+    def run(self, max_steps: int | None) -> None:
+        """Step until done (every system graduated and the sampler empty) or ``max_steps``."""
+        while not self.done:
+            if max_steps is not None and self.step_count >= max_steps:
+                break
+            self.step()
+
+    def start_hooks(self) -> None:
+        for s in self.subs:
+            for h in s.dynamics.hooks:
+                getattr(h, "on_run_start", _noop)(self.batch, s.dynamics)
+        for h in self.extra_hooks:
+            getattr(h, "on_run_start", _noop)(self.batch, self.owner)
+
+    def end_hooks(self) -> None:
+        for s in self.subs:
+            for h in s.dynamics.hooks:
+                getattr(h, "on_run_end", _noop)(self.batch, s.dynamics)
+        for h in self.extra_hooks:
+            getattr(h, "on_run_end", _noop)(self.batch, self.owner)
+
+    def stream_context(self, stream: Any) -> Any:
+        if stream is not None and self.batch is not None and self.batch.device.type == "cuda":
+            return torch.cuda.stream(stream)
+        return nullcontext()
+
+
+def _noop(*_: Any) -> None:
+    return None

@@ -1,0 +1,192 @@
+"""``FusedStage``: several dynamics stages on one device, sharing one model forward per step.
+
+Systems carry a status; sub-stage *i* integrates the systems whose status is its code. A system
+moves to the next stage when the stage's convergence hook says it converged or when it has used
+the stage's ``n_steps``; at ``exit_status`` it has graduated: it goes to the sinks (when there are
+any, or a sampler refills its slot) or stays, frozen, in the returned batch.
+
+Example:
+    >>> from alchemi_core.dynamics import DemoDynamics, ConvergenceHook
+    >>> from alchemi_core.models.demo import DemoModelWrapper
+    >>> model = DemoModelWrapper()
+    >>> opt = DemoDynamics(model=model, n_steps=100, dt=1.0, convergence_hook=ConvergenceHook.from_fmax(0.05))
+    >>> md = DemoDynamics(model=model, n_steps=500, dt=0.5)
+    >>> fused = opt + md
+    >>> [code for code, _ in fused.sub_stages], fused.exit_status
+    ([0, 1], 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from alchemi_core.dynamics.base import BaseDynamics
+from alchemi_core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.pipeline import DistributedPipeline
+    from alchemi_core.dynamics.sinks import DataSink
+
+
+class FusedStage:
+    """Sub-stages by status code on one device (see the module docstring).
+
+    Args:
+        sub_stages: ``(status_code, dynamics)`` pairs in the order systems pass through them.
+        entry_status: Status of systems entering the fused stage.
+        exit_status: Graduation status; -1 means ``len(sub_stages)``.
+        compile_step: Capture the step as a CUDA graph on the first run on a GPU.
+        compile_kwargs: Options kept for ``compile()`` (``mode``, ``fullgraph``).
+        sinks: The fused stage's own sinks (after those of its sub-stages).
+        hooks: Hooks that see every system.
+    """
+
+    def __init__(
+        self,
+        sub_stages: Sequence[tuple[int, BaseDynamics]],
+        entry_status: int = 0,
+        exit_status: int = -1,
+        compile_step: bool = False,
+        compile_kwargs: dict[str, Any] | None = None,
+        sinks: Sequence[DataSink] | None = None,
+        hooks: Sequence[Any] | None = None,
+    ) -> None:
+        subs = [(int(c), s) for c, s in sub_stages]
+        if not subs:
+            raise ConfigurationError("FusedStage needs at least one sub-stage")
+        for code, stage in subs:
+            if not isinstance(stage, BaseDynamics):
+                raise ConfigurationError(f"sub-stage {code} is a {type(stage).__name__}, not a BaseDynamics")
+        codes = [c for c, _ in subs]
+        if len(set(codes)) != len(codes):
+            raise ConfigurationError(f"sub-stage status codes must be distinct, got {codes}")
+        if sum(1 for _, s in subs if s.sampler is not None) > 1:
+            raise ConfigurationError("only one sub-stage of a FusedStage may have a sampler")
+        self.sub_stages: list[tuple[int, BaseDynamics]] = subs
+        self.entry_status = int(entry_status)
+        self.exit_status = len(subs) if int(exit_status) == -1 else int(exit_status)
+        self.compile_step = bool(compile_step)
+        self.compile_kwargs = dict(compile_kwargs or {})
+        self.own_sinks: list[DataSink] = list(sinks or [])
+        self.hooks: list[Any] = list(hooks or [])
+        self._engine: Engine | None = None
+        self._stream: Any = None
+        self._in_context = False
+
+    # ------------------------------------------------------------------ composition
+    @property
+    def stages(self) -> list[BaseDynamics]:
+        return [s for _, s in self.sub_stages]
+
+    @property
+    def sampler(self) -> Any:
+        for s in self.stages:
+            if s.sampler is not None:
+                return s.sampler
+        return None
+
+    @property
+    def refill_frequency(self) -> int:
+        for s in self.stages:
+            if s.sampler is not None:
+                return s.refill_frequency
+        return min(s.refill_frequency for s in self.stages)
+
+    @property
+    def sinks(self) -> list[DataSink]:
+        """Graduation sinks in priority order: the sampler stage's, the other stages', then the
+        fused stage's own (each sink once)."""
+        ordered = sorted(self.stages, key=lambda s: s.sampler is None)
+        out: list[DataSink] = []
+        for s in ordered:
+            out.extend(x for x in s.sinks if all(x is not y for y in out))
+        out.extend(x for x in self.own_sinks if all(x is not y for y in out))
+        return out
+
+    def __add__(self, other: BaseDynamics | FusedStage) -> FusedStage:
+        n = len(self.sub_stages)
+        if isinstance(other, FusedStage):
+            extra = [(n + i, s) for i, (_, s) in enumerate(other.sub_stages)]
+        elif isinstance(other, BaseDynamics):
+            extra = [(n, other)]
+        else:
+            return NotImplemented
+        subs = [(i, s) for i, (_, s) in enumerate(self.sub_stages)] + extra
+        return FusedStage(subs, entry_status=0, compile_step=self.compile_step, compile_kwargs=self.compile_kwargs,
+                          sinks=self.own_sinks, hooks=self.hooks)
+
+    def __or__(self, other: Any) -> DistributedPipeline:
+        from alchemi_core.dynamics.pipeline import DistributedPipeline
+
+        if isinstance(other, DistributedPipeline):
+            return DistributedPipeline.chain([self, *other.ordered_stages()])
+        return DistributedPipeline.chain([self, other])
+
+    # ------------------------------------------------------------------ running
+    def make_engine(self) -> Engine:
+        from alchemi_core.dynamics.engine import Engine
+
+        return Engine(
+            self.sub_stages,
+            entry_status=self.entry_status,
+            exit_status=self.exit_status,
+            sinks=self.sinks,
+            sampler=self.sampler,
+            refill_frequency=self.refill_frequency,
+            graduate_on_budget=True,
+            owner=self,
+            hooks=self.hooks,
+        )
+
+    def run(self, batch: Batch | None = None) -> Batch | None:
+        """Run until every system has graduated and the sampler (if any) is drained.
+
+        Returns:
+            Without a sampler, the batch (graduated systems not sent to sinks stay in it, at
+            ``exit_status``); with a sampler and no sinks, a batch of every finished system;
+            with a sampler and sinks, None.
+        """
+        from alchemi_core.dynamics.runner import execute
+
+        return execute(self, self.make_engine(), batch, None)
+
+    @property
+    def active_batch(self) -> Batch | None:
+        return self._engine.batch if self._engine is not None else None
+
+    @property
+    def step_count(self) -> int:
+        return self._engine.step_count if self._engine is not None else 0
+
+    def compile(self, **kwargs: Any) -> FusedStage:
+        """Capture the fused step as a CUDA graph when running on a GPU.
+
+        The capture happens lazily, on the first steps of a run inside ``with fused:``; steps
+        where a hook fires inside the step, and the checks, run eagerly; the graph is captured
+        again after the set of systems changes. Options such as ``mode`` and ``fullgraph`` are
+        accepted for compatibility. On a CPU the step runs eagerly.
+        """
+        self.compile_step = True
+        self.compile_kwargs = dict(kwargs)
+        return self
+
+    def __enter__(self) -> FusedStage:
+        import torch
+
+        self._in_context = True
+        if torch.cuda.is_available():
+            self._stream = torch.cuda.Stream()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._stream = None
+        self._in_context = False
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{c}: {s!r}" for c, s in self.sub_stages)
+        return f"FusedStage([{inner}], exit_status={self.exit_status})"

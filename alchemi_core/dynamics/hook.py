@@ -1,0 +1,100 @@
+"""Hooks: plain callables the engine runs at a point of every N-th step.
+
+A hook has a ``stage`` (a :class:`DynamicsStage`), a ``frequency`` (run when the step index is a
+multiple of it) and is called as ``hook(batch, dynamics)``; ``dynamics`` is the stage the hook
+belongs to, whose ``system_mask`` says which systems that stage integrates (None: all). Optional
+``on_run_start(batch, dynamics)`` and ``on_run_end(batch, dynamics)`` run once per run (open and
+close files there, not per step).
+
+Hooks are not pluggy calls: each run builds, per point, a tuple of ``(frequency, hook, stage)``
+once, so an empty point costs nothing and a full one a Python call per hook.
+
+Example:
+    >>> from alchemi_core.dynamics import Hook, DynamicsStage
+    >>> class CountSteps(Hook):
+    ...     stage = DynamicsStage.AFTER_STEP
+    ...     def __init__(self):
+    ...         super().__init__(frequency=1)
+    ...         self.count = 0
+    ...     def __call__(self, batch, dynamics):
+    ...         self.count += 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from alchemi_core.dynamics.stage import DynamicsStage
+from alchemi_core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+@runtime_checkable
+class HookProtocol(Protocol):
+    """What the engine needs of a hook."""
+
+    stage: DynamicsStage
+    frequency: int
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None: ...
+
+
+class Hook:
+    """Base class for hooks: set ``stage`` (class attribute or argument) and implement ``__call__``.
+
+    Args:
+        frequency: Run at steps whose index is a multiple of this (1 = every step).
+        stage: Override the class's hook point.
+    """
+
+    stage: DynamicsStage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, frequency: int = 1, stage: DynamicsStage | None = None) -> None:
+        if int(frequency) < 1:
+            raise ConfigurationError(f"{type(self).__name__}: frequency must be >= 1, got {frequency}")
+        self.frequency = int(frequency)
+        if stage is not None:
+            self.stage = DynamicsStage(stage)
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(batch, dynamics)")
+
+    def on_run_start(self, batch: Batch, dynamics: Any) -> None:
+        """Called once when a run starts."""
+
+    def on_run_end(self, batch: Batch, dynamics: Any) -> None:
+        """Called once when a run ends (also after an error)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(stage={self.stage.name}, frequency={self.frequency})"
+
+
+def check_hook(hook: Any) -> None:
+    """Reject an object that cannot serve as a hook, saying what it lacks."""
+    missing = [a for a in ("stage", "frequency") if not hasattr(hook, a)]
+    if missing or not callable(hook):
+        what = ", ".join(missing) if missing else "__call__(batch, dynamics)"
+        raise ConfigurationError(
+            f"{hook!r} is not a hook: it lacks {what}. Subclass alchemi_core.dynamics.Hook"
+        )
+    try:
+        DynamicsStage(hook.stage)
+    except ValueError:
+        raise ConfigurationError(f"{hook!r} has stage {hook.stage!r}, not a DynamicsStage") from None
+    if int(hook.frequency) < 1:
+        raise ConfigurationError(f"{hook!r} has frequency {hook.frequency}; it must be >= 1")
+
+
+HookTable = tuple[tuple[tuple[int, Any, Any], ...], ...]
+
+
+def build_hook_table(owners: Iterable[tuple[Any, Iterable[Any]]]) -> HookTable:
+    """Per hook point, the ``(frequency, hook, stage)`` entries, in registration order."""
+    points: list[list[tuple[int, Any, Any]]] = [[] for _ in DynamicsStage]
+    for stage, hooks in owners:
+        for hook in hooks:
+            points[int(hook.stage)].append((int(hook.frequency), hook, stage))
+    return tuple(tuple(p) for p in points)

@@ -1,0 +1,210 @@
+"""``SizeAwareSampler``: hand out structures from a dataset so batches stay within atom, edge and
+system budgets, for inflight batching.
+
+Structures are grouped into bins of ``bin_width`` atoms. A request for a replacement with a
+budget of ``num_atoms``/``num_edges`` takes the largest structure that fits (best fit keeps the
+batch full); the initial batch is packed greedily the same way. Every structure is handed out
+exactly once; one that could never fit the budgets is rejected when the sampler is made, with
+its index, not skipped.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.data import AtomicData
+    >>> from alchemi_core.data.datapipes import ListDataset
+    >>> from alchemi_core.dynamics import SizeAwareSampler
+    >>> ds = ListDataset([AtomicData(atomic_numbers=torch.ones(n, dtype=torch.long),
+    ...                              positions=torch.zeros(n, 3)) for n in (3, 5, 8, 2)])
+    >>> sampler = SizeAwareSampler(ds, max_atoms=12, max_edges=None, max_batch_size=3, bin_width=2)
+    >>> batch = sampler.build_initial_batch()
+    >>> batch.num_nodes_list, sampler.exhausted
+    ([8, 3], False)
+    >>> sampler.request_replacement(num_atoms=2, num_edges=0).num_nodes
+    2
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from alchemi_core.data import AtomicData, Batch
+from alchemi_core.data.datapipes import all_metadata, as_atomic_data
+from alchemi_core.errors import ConfigurationError, InvalidDataError
+
+#: Rough device bytes per atom of a running simulation, for ``max_atoms=None``.
+BYTES_PER_ATOM_ESTIMATE = 8192
+#: ``max_atoms`` when there is no GPU to size from.
+CPU_DEFAULT_MAX_ATOMS = 100_000
+
+
+class SizeAwareSampler:
+    """Bin-packing access to a dataset (see the module docstring).
+
+    Args:
+        dataset: ``__len__``, ``__getitem__`` and ``get_metadata(i) -> (num_atoms, num_edges)``.
+        max_atoms: Most atoms in a batch (None: estimated from free GPU memory).
+        max_edges: Most edges in a batch (None: no limit).
+        max_batch_size: Most systems in a batch (None: no limit).
+        bin_width: Atoms per size bin.
+        shuffle: Hand out structures of a bin in random order (``seed``) instead of index order.
+        max_gpu_memory_fraction: Share of free GPU memory ``max_atoms=None`` may plan for.
+        seed: Seed of the shuffle.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        max_atoms: int | None = None,
+        max_edges: int | None = None,
+        max_batch_size: int | None = None,
+        bin_width: int = 10,
+        shuffle: bool = False,
+        max_gpu_memory_fraction: float = 0.8,
+        seed: int = 0,
+    ) -> None:
+        if bin_width < 1:
+            raise ConfigurationError(f"bin_width must be >= 1, got {bin_width}")
+        if not 0 < max_gpu_memory_fraction <= 1:
+            raise ConfigurationError("max_gpu_memory_fraction must be in (0, 1]")
+        self.dataset = dataset
+        self.bin_width = int(bin_width)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.max_gpu_memory_fraction = float(max_gpu_memory_fraction)
+        self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
+        self.max_edges = int(max_edges) if max_edges is not None else None
+        self.max_batch_size = int(max_batch_size) if max_batch_size is not None else None
+        if self.max_atoms < 1 or (self.max_batch_size is not None and self.max_batch_size < 1):
+            raise ConfigurationError("max_atoms and max_batch_size must be >= 1")
+        self._atoms, self._edges = all_metadata(dataset)
+        self._check_fits()
+        self._bins: dict[int, deque[int]] = {}
+        self._reset_bins()
+
+    # ------------------------------------------------------------------ setup
+    def _auto_max_atoms(self) -> int:
+        if torch.cuda.is_available():
+            free, _total = torch.cuda.mem_get_info()
+            return max(1, int(free * self.max_gpu_memory_fraction / BYTES_PER_ATOM_ESTIMATE))
+        return CPU_DEFAULT_MAX_ATOMS
+
+    def _check_fits(self) -> None:
+        too_big = np.nonzero(self._atoms > self.max_atoms)[0]
+        if len(too_big):
+            i = int(too_big[0])
+            raise InvalidDataError(
+                f"structure {i} has {int(self._atoms[i])} atoms but max_atoms is {self.max_atoms} "
+                f"({len(too_big)} structures are too large); raise max_atoms or remove them"
+            )
+        if self.max_edges is not None:
+            too_many = np.nonzero(self._edges > self.max_edges)[0]
+            if len(too_many):
+                i = int(too_many[0])
+                raise InvalidDataError(
+                    f"structure {i} has {int(self._edges[i])} edges but max_edges is {self.max_edges}; "
+                    "raise max_edges or remove it"
+                )
+
+    def _reset_bins(self, handed_out: np.ndarray | None = None) -> None:
+        order = np.arange(len(self._atoms), dtype=np.int64)
+        if self.shuffle:
+            order = np.random.default_rng(self.seed).permutation(order)
+        if handed_out is not None:
+            order = order[~np.isin(order, handed_out)]
+        bins: dict[int, deque[int]] = {}
+        for i in order.tolist():
+            bins.setdefault(int(self._atoms[i]) // self.bin_width, deque()).append(i)
+        self._bins = bins
+        self._handed: list[int] = [] if handed_out is None else handed_out.tolist()
+
+    # ------------------------------------------------------------------ state
+    def __len__(self) -> int:
+        return len(self._atoms)
+
+    @property
+    def remaining(self) -> int:
+        """Structures not handed out yet."""
+        return sum(len(b) for b in self._bins.values())
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every structure has been handed out."""
+        return self.remaining == 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume the sampler (plain data)."""
+        return {"handed_out": list(self._handed), "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        self.shuffle = bool(state["shuffle"])
+        self._reset_bins(np.asarray(state["handed_out"], dtype=np.int64))
+
+    # ------------------------------------------------------------------ handing out
+    def _take(self, num_atoms: int, num_edges: int | None) -> int | None:
+        """Index of the largest remaining structure within the budgets, removed from its bin."""
+        if num_atoms < 1:
+            return None
+        top = num_atoms // self.bin_width
+        for b in sorted((k for k in self._bins if k <= top), reverse=True):
+            queue = self._bins[b]
+            for pos, i in enumerate(queue):
+                if self._atoms[i] <= num_atoms and (num_edges is None or self._edges[i] <= num_edges):
+                    del queue[pos]
+                    if not queue:
+                        del self._bins[b]
+                    self._handed.append(i)
+                    return i
+        return None
+
+    def _load(self, index: int) -> AtomicData:
+        data = as_atomic_data(self.dataset[index], index)
+        if data.num_nodes != self._atoms[index]:
+            raise InvalidDataError(
+                f"structure {index} has {data.num_nodes} atoms but get_metadata said "
+                f"{int(self._atoms[index])}; the dataset's metadata is stale"
+            )
+        if "system_id" not in data:
+            data.system_id = torch.tensor([index], dtype=torch.long)
+        return data
+
+    def request_replacement(self, num_atoms: int, num_edges: int | None = None) -> AtomicData | None:
+        """The largest remaining structure with at most ``num_atoms`` atoms and ``num_edges``
+        edges, or None when none fits (or the dataset is exhausted)."""
+        i = self._take(int(num_atoms), None if num_edges is None else int(num_edges))
+        return None if i is None else self._load(i)
+
+    def request_many(self, max_systems: int, num_atoms: int, num_edges: int | None) -> list[AtomicData]:
+        """Greedily take structures while systems, atoms and edges remain in the budgets."""
+        out: list[AtomicData] = []
+        while len(out) < max_systems:
+            data = self.request_replacement(num_atoms, num_edges)
+            if data is None:
+                break
+            out.append(data)
+            num_atoms -= data.num_nodes
+            if num_edges is not None:
+                num_edges -= data.num_edges
+        return out
+
+    def build_initial_batch(self, device: torch.device | str | None = None) -> Batch:
+        """A batch packed greedily up to ``max_batch_size`` systems, ``max_atoms`` atoms and
+        ``max_edges`` edges.
+
+        Raises:
+            RuntimeError: The dataset is empty or exhausted.
+        """
+        systems = self.max_batch_size if self.max_batch_size is not None else len(self)
+        data = self.request_many(systems, self.max_atoms, self.max_edges)
+        if not data:
+            raise RuntimeError("SizeAwareSampler has no structures left to build a batch from")
+        return Batch.from_data_list(data, device=device)
+
+    def __repr__(self) -> str:
+        return (
+            f"SizeAwareSampler({len(self)} structures, {self.remaining} left, max_atoms={self.max_atoms}, "
+            f"max_edges={self.max_edges}, max_batch_size={self.max_batch_size})"
+        )

@@ -1,0 +1,97 @@
+"""``DemoModelWrapper``: a small deterministic model with exact forces, for tests and examples.
+
+Every pair of atoms in a system interacts through a Morse potential
+
+    phi(r) = D * ((1 - exp(-a (r - r0)))**2 - 1),   r0 = 0.5 + 0.1 * (sqrt(Z_i) + sqrt(Z_j)) Å
+
+with D = 0.2 eV and a = 1.5 / Å by default: finite at every distance, one minimum per pair, and
+analytic forces (so energy is conserved to integrator accuracy). No cutoff and no periodicity:
+it suits the small molecules of the seed examples, not bulk crystals (use ``model:lennard-jones``).
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.data import AtomicData, Batch
+    >>> from alchemi_core.models.demo import DemoModelWrapper
+    >>> batch = Batch.from_data_list([AtomicData(atomic_numbers=torch.tensor([6, 8]),
+    ...                                          positions=torch.tensor([[0., 0, 0], [1.3, 0, 0]]))])
+    >>> out = DemoModelWrapper()(batch)
+    >>> out["energy"].shape, out["forces"].shape
+    (torch.Size([1, 1]), torch.Size([2, 3]))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from alchemi_core.models.base import BaseModel, ModelCard
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+class DemoModelWrapper(BaseModel):
+    """All-pairs Morse model (see the module docstring).
+
+    Args:
+        depth: Well depth D in eV.
+        stiffness: Width parameter a in 1/Å.
+    """
+
+    card = ModelCard(name="demo", cutoff=None, periodic=False, stress=False)
+
+    def __init__(self, depth: float = 0.2, stiffness: float = 1.5) -> None:
+        super().__init__()
+        self.depth = float(depth)
+        self.stiffness = float(stiffness)
+        self._cache_key: tuple[int, int, torch.device, torch.dtype] | None = None
+        self._pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _pair_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ordered pairs (i, j), each pair's system and ``a * r0``; rebuilt when systems change."""
+        pos = batch.positions
+        key = (id(batch), batch.version, pos.device, pos.dtype)
+        if key != self._cache_key or self._pairs is None:
+            counts = batch.num_nodes_per_system
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+            ii, jj, ss = [], [], []
+            for s, (o, n) in enumerate(zip(starts, counts)):
+                if n < 2:
+                    continue
+                a = np.arange(n, dtype=np.int64)
+                i = np.repeat(a, n)
+                j = np.tile(a, n)
+                keep = i != j
+                ii.append(o + i[keep])
+                jj.append(o + j[keep])
+                ss.append(np.full(int(keep.sum()), s, dtype=np.int64))
+            cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+            dev = pos.device
+            i_t = torch.from_numpy(cat(ii)).to(dev)
+            j_t = torch.from_numpy(cat(jj)).to(dev)
+            s_t = torch.from_numpy(cat(ss)).to(dev)
+            root = batch.atomic_numbers.to(pos.dtype).sqrt()
+            r0 = 0.5 + 0.1 * (root[i_t] + root[j_t])
+            self._pairs = (i_t, j_t, s_t, self.stiffness * r0)
+            self._cache_key = key
+        return self._pairs
+
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        if compute_stress:
+            from alchemi_core.errors import ConfigurationError
+
+            raise ConfigurationError("DemoModelWrapper is not periodic and gives no stress")
+        i, j, sys, a_r0 = self._pair_table(batch)
+        pos = batch.positions
+        d = pos.index_select(0, i) - pos.index_select(0, j)
+        r = torch.linalg.vector_norm(d, dim=-1).clamp_min_(1e-6)
+        x = torch.exp(torch.sub(a_r0, r, alpha=self.stiffness))  # exp(-a (r - r0))
+        energy = torch.zeros(batch.num_graphs, 1, dtype=pos.dtype, device=pos.device)
+        # Each unordered pair appears twice: half of phi = D x (x - 2) per ordered pair.
+        energy.index_add_(0, sys, (x * (x - 2.0)).unsqueeze(-1), alpha=0.5 * self.depth)
+        # F_i = -dphi/dr * d / r with dphi/dr = 2 D a x (1 - x).
+        coef = (x - x * x).div_(r).mul_(-2.0 * self.depth * self.stiffness)
+        forces = torch.zeros_like(pos).index_add_(0, i, d * coef.unsqueeze(-1))
+        return {"energy": energy, "forces": forces}

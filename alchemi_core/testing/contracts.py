@@ -1,0 +1,221 @@
+"""Contract test classes every sink, integrator and comm backend must pass.
+
+Subclass one in a plugin's test suite and implement its factory method; pytest collects the
+inherited tests. Each test states a behaviour a user relies on, so a wrong implementation fails.
+
+Example::
+
+    class TestHostMemory(SinkContract):
+        def make_sink(self, capacity):
+            return HostMemory(capacity=capacity)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.dynamics.base import BaseDynamics
+from alchemi_core.dynamics.sinks import DataSink
+from alchemi_core.testing.factories import make_batch
+
+
+def assert_same_systems(a: Batch, b: Batch) -> None:
+    """Equal fields, dtypes, levels and per-system sizes (order as given)."""
+    assert a.num_graphs == b.num_graphs
+    assert a.num_nodes_list == b.num_nodes_list
+    assert a.num_edges_list == b.num_edges_list
+    for k in a.keys():
+        assert k in b, f"field {k!r} was lost"
+        x, y = getattr(a, k), getattr(b, k)
+        assert x.dtype == y.dtype, f"field {k!r} changed dtype {x.dtype} -> {y.dtype}"
+        assert a.level_of(k) == b.level_of(k)
+        assert torch.equal(x.cpu(), y.cpu()), f"field {k!r} changed"
+
+
+class SinkContract:
+    """What every ``DataSink`` does. Implement ``make_sink(capacity)``; override ``device``."""
+
+    device = "cpu"
+
+    def make_sink(self, capacity: int) -> DataSink:  # pragma: no cover - implemented by subclasses
+        raise NotImplementedError
+
+    def batch(self, sizes: list[int] | None = None, **kwargs: Any) -> Batch:
+        return make_batch(sizes or [3, 1, 4, 2], edges=True, extras=True, **kwargs).to(self.device)
+
+    def test_round_trip_keeps_every_dtype(self) -> None:
+        sink = self.make_sink(capacity=10)
+        b = self.batch()
+        sink.write(b)
+        assert len(sink) == b.num_graphs
+        assert_same_systems(b, sink.read())
+
+    def test_float64_positions_round_trip(self) -> None:
+        sink = self.make_sink(capacity=10)
+        b = self.batch([2, 3], dtype=torch.float64)
+        sink.write(b)
+        out = sink.read()
+        assert out.positions.dtype == torch.float64
+        assert_same_systems(b, out)
+
+    def test_mask_selects_systems_in_order(self) -> None:
+        sink = self.make_sink(capacity=10)
+        b = self.batch()
+        mask = torch.tensor([True, False, True, False], device=b.device)
+        sink.write(b, mask)
+        assert len(sink) == 2
+        assert_same_systems(b.index_select(mask), sink.read())
+        assert sink.read().system_id.tolist() == [0, 2]
+
+    def test_appends_across_writes(self) -> None:
+        sink = self.make_sink(capacity=10)
+        a, b = self.batch([2, 3]), self.batch([4])
+        b.system_id.fill_(7)
+        sink.write(a)
+        sink.write(b)
+        assert len(sink) == 3
+        assert sink.read().system_id.tolist() == [0, 1, 7]
+
+    def test_capacity_overflow_raises_and_writes_nothing(self) -> None:
+        sink = self.make_sink(capacity=3)
+        sink.write(self.batch([2, 2]))
+        with pytest.raises(RuntimeError):
+            sink.write(self.batch([1, 1]))
+        assert len(sink) == 2
+        assert sink.read().num_graphs == 2
+        assert not sink.is_full()
+        sink.write(self.batch([1]))
+        assert sink.is_full() and len(sink) == sink.capacity == 3
+
+    def test_wrong_mask_length_is_a_value_error(self) -> None:
+        sink = self.make_sink(capacity=10)
+        with pytest.raises(ValueError):
+            sink.write(self.batch(), torch.tensor([True, False], device=self.device))
+        assert len(sink) == 0
+
+    def test_drain_returns_everything_and_empties(self) -> None:
+        sink = self.make_sink(capacity=10)
+        b = self.batch()
+        sink.write(b)
+        assert_same_systems(b, sink.drain())
+        assert len(sink) == 0
+        sink.write(b)
+        assert len(sink) == b.num_graphs
+
+    def test_zero_empties_and_read_of_empty_raises(self) -> None:
+        sink = self.make_sink(capacity=10)
+        sink.write(self.batch())
+        sink.zero()
+        assert len(sink) == 0
+        with pytest.raises(RuntimeError):
+            sink.read()
+
+    def test_empty_mask_writes_nothing(self) -> None:
+        sink = self.make_sink(capacity=10)
+        b = self.batch()
+        sink.write(b, torch.zeros(b.num_graphs, dtype=torch.bool, device=b.device))
+        assert len(sink) == 0
+
+
+class IntegratorContract:
+    """What every integrator does. Implement ``make_integrator(model, n_steps, **kwargs)``."""
+
+    device = "cpu"
+    #: Keyword arguments every test passes (e.g. a temperature).
+    integrator_kwargs: dict[str, Any] = {}
+
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> BaseDynamics:  # pragma: no cover
+        raise NotImplementedError
+
+    def model(self) -> Any:
+        from alchemi_core.models.demo import DemoModelWrapper
+
+        return DemoModelWrapper()
+
+    def batch(self, sizes: list[int], dtype: torch.dtype = torch.float64) -> Batch:
+        return make_batch(sizes, dtype=dtype).to(self.device)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_runs_and_stays_finite(self, dtype: torch.dtype) -> None:
+        b = self.batch([3, 5], dtype=dtype)
+        out = self.make_integrator(self.model(), 20, **self.integrator_kwargs).run(b)
+        assert out.positions.dtype == dtype
+        assert bool(torch.isfinite(out.positions).all())
+        assert bool(torch.isfinite(out.velocities).all())
+
+    def test_moves_the_atoms(self) -> None:
+        b = self.batch([4])
+        start = b.positions.clone()
+        self.make_integrator(self.model(), 10, **self.integrator_kwargs).run(b)
+        assert not torch.allclose(b.positions, start)
+
+    def test_systems_are_independent(self) -> None:
+        """A system's trajectory does not depend on which other systems share the batch."""
+        together = self.batch([3, 4, 2])
+        alone = together.index_select([1])
+        kwargs = dict(self.integrator_kwargs)
+        self.make_integrator(self.model(), 15, **kwargs).run(together)
+        self.make_integrator(self.model(), 15, **kwargs).run(alone)
+        if self.deterministic:
+            torch.testing.assert_close(together.index_select([1]).positions, alone.positions)
+
+    #: False for stochastic integrators (whose noise depends on the batch layout).
+    deterministic = True
+
+    def test_graduated_systems_do_not_move(self) -> None:
+        """In a fused stage, a system that finished this stage stops changing here."""
+        b = self.batch([3, 3])
+        first = self.make_integrator(self.model(), 5, **self.integrator_kwargs)
+        second = self.make_integrator(self.model(), 50, **self.integrator_kwargs)
+        fused = first + second
+        out = fused.run(b)
+        assert out.status.tolist() == [2, 2]
+        final = out.positions.clone()
+        # Running again does nothing: every system has graduated.
+        fused.run(out)
+        torch.testing.assert_close(out.positions, final)
+
+
+class CommBackendContract:
+    """What every comm backend does. Implement ``run_group(world_size, fn)``: call ``fn(backend)``
+    on every rank (threads or processes) and return the results in rank order."""
+
+    def run_group(self, world_size: int, fn: Callable[[Any], Any]) -> list[Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def test_point_to_point_keeps_dtype_and_values(self) -> None:
+        results = self.run_group(2, _exchange_dtypes)
+        assert results[1] == [[0, 1, 2], [True, False, True], [0.5, 1.5], [0.25, -2.0]]
+
+    def test_all_reduce_max(self) -> None:
+        assert self.run_group(3, _reduce_rank) == [2, 2, 2]
+
+    def test_rank_and_world_size(self) -> None:
+        assert self.run_group(2, lambda b: (b.rank, b.world_size)) == [(0, 2), (1, 2)]
+
+
+def _exchange_dtypes(backend: Any) -> Any:
+    dev = backend.device
+    tensors = [
+        torch.tensor([0, 1, 2], dtype=torch.long, device=dev),
+        torch.tensor([True, False, True], device=dev),
+        torch.tensor([0.5, 1.5], dtype=torch.float32, device=dev),
+        torch.tensor([0.25, -2.0], dtype=torch.float64, device=dev),
+    ]
+    if backend.rank == 0:
+        for t in tensors:
+            backend.isend_tensor(t, 1).wait()
+        return None
+    out = [torch.zeros_like(t) for t in tensors]
+    for t in out:
+        backend.irecv_tensor(t, 0).wait()
+    return [t.cpu().tolist() for t in out]
+
+
+def _reduce_rank(backend: Any) -> int:
+    return backend.all_reduce_max(backend.rank)

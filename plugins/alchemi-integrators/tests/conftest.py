@@ -1,0 +1,1 @@
+pytest_plugins = ["alchemi_core.testing.fixtures"]
