@@ -395,6 +395,10 @@ class Engine:
     def check(self, k: int) -> None:
         """Convergence, budgets, graduation and refill (the only device read-backs)."""
         batch = self.batch
+        for m in self.models:
+            verify = getattr(m, "verify", None)
+            if verify is not None:
+                verify(batch)
         status = batch.status
         before = status.clone()
         if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):

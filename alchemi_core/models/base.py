@@ -8,7 +8,9 @@ A model is a callable ``model(batch, compute_stress=False)`` returning a mapping
 
 A model declares what it needs through :class:`ModelCard` (its cutoff, whether it handles
 periodic cells, whether it can give stress) and keeps whatever neighbour data it needs itself,
-rebuilt when ``batch.version`` changes: a user never wires a neighbour list by hand.
+rebuilt when ``batch.version`` changes: a user never wires a neighbour list by hand. The engine
+calls ``check_batch(batch)`` when systems enter and ``verify(batch)`` at check steps (the only
+places a model may read values back from the device to raise an error).
 
 For speed on a GPU a model's forward should make no host synchronisation and, after the first
 call for a given ``batch.version``, allocate nothing, so a step can be captured as a CUDA graph.
@@ -91,6 +93,15 @@ class BaseModel(torch.nn.Module):
                 f"model {self.card.name!r} has no parameters for atomic numbers {unknown}; "
                 f"it knows {sorted(species)}"
             )
+
+
+    def verify(self, batch: Batch) -> None:
+        """Raise errors the model detected on the device since the last call (a neighbour list
+        that overflowed, a cutoff beyond what it was built for).
+
+        The engine calls it at check steps only, where reading back from the device is allowed;
+        the forward itself never synchronises. The default does nothing.
+        """
 
 
 def model_card(model: Any) -> ModelCard:
