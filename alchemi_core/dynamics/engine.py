@@ -116,6 +116,9 @@ class Engine:
         if graduate_on_budget and not freqs:
             freqs.append(1)
         self.check_interval = math.gcd(*freqs) if freqs else 0
+        # Between checks, budgets are enforced on the device so that every system gets exactly
+        # n_steps in a stage whatever the check interval (a fused stage and a pipeline then agree).
+        self._freeze_on_budget = self.graduate_on_budget and self.check_interval > 1
         keys: set[str] = set()
         for s in self.subs:
             if s.conv is not None:
@@ -380,11 +383,21 @@ class Engine:
                 steps = self.batch.stage_steps
                 for s in subs:
                     steps.add_(s.sys_mask)
+                if self._freeze_on_budget:
+                    self._freeze_spent(steps)
         if table[7]:
             d(7, k)
         self.step_count = k + 1
         if self.check_interval and k % self.check_interval == 0:
             self.check(k)
+
+    def _freeze_spent(self, steps: torch.Tensor) -> None:
+        """Stop integrating systems that used their stage's budget (in place, no read-back);
+        they graduate at the next check."""
+        idx = self.batch.batch_idx
+        for s in self.subs:
+            s.sys_mask.logical_and_(steps < s.budget)
+            s.node_weight.copy_(s.sys_mask.index_select(0, idx).unsqueeze(-1))
 
     # ------------------------------------------------------------------ checks
     def _update_fmax(self) -> None:
