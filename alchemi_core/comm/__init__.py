@@ -11,6 +11,6 @@ Example:
 
 from __future__ import annotations
 
-from alchemi_core.comm.base import CommBackend, DoneWork, Work
+from alchemi_core.comm.base import CommBackend, DoneWork, PeerError, Work
 
-__all__ = ["CommBackend", "DoneWork", "Work"]
+__all__ = ["CommBackend", "DoneWork", "PeerError", "Work"]

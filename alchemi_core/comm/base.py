@@ -1,64 +1,86 @@
 """The communication-backend interface ``DistributedPipeline`` uses between ranks.
 
-A backend moves pre-allocated ``Batch`` buffers point to point. A transfer is a fixed-size
-header (``int64``: counts, flags and per-system sizes) followed by every field's whole buffer,
-so a receive can be posted before the sender knows what it will send, and an empty transfer
-costs the same as a full one: the receiver never waits on a message that does not come. Before
-the first transfer, the sender tells the receiver the buffer's schema (field names, dtypes,
-shapes, capacities) as JSON bytes: data, never code.
+A backend moves contiguous tensors point to point (``isend_tensor``/``irecv_tensor``, matched in
+order per pair of ranks), reduces small integer flags over all ranks, and carries the pipeline's
+failure signals: a rank that fails calls :meth:`CommBackend.notify_failure`, and a rank waiting on
+a peer asks :meth:`CommBackend.peer_failure` so it can stop with the failed rank's message instead
+of waiting for a timeout. What moves between pipeline ranks is one fixed-size byte frame per
+iteration (see ``alchemi_core.comm.frame``).
 
-Example (two threads in one process)::
+Implementations: ``comm:inprocess`` (threads of one process, for tests) here, ``comm:gloo`` and
+``comm:nccl`` (torch.distributed) in ``alchemi-nccl``. ``DistributedPipeline`` builds one with
+``registry.build(spec, timeout_s=...)`` and calls ``init()`` before use and ``shutdown()`` (or
+``abort()`` after a failure) at the end.
+
+Example (two ranks as threads of one process)::
 
     from alchemi_core.comm.inprocess import InProcessBackend
-    group = InProcessBackend.group(world_size=2)   # one backend per rank
+    rank0, rank1 = InProcessBackend.group(world_size=2)
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
-from typing import Any
 
-import numpy as np
 import torch
 
-from alchemi_core.data import Batch
-from alchemi_core.data.fields import Level
 from alchemi_core.errors import PipelineError
 
-#: Header slots before the per-system counts.
-HEADER_FIXED = 4  # num_systems, num_nodes, num_edges, flags
-FLAG_DONE = 1  # the sender has finished: nothing more will come on this link
-FLAG_ERROR = 2  # the sender failed; the receiver must stop with an error
+
+class PeerError(PipelineError):
+    """This rank stops because another rank failed or went away.
+
+    Attributes:
+        peer: The rank that failed or was lost, when known.
+    """
+
+    def __init__(self, message: str, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class Work(ABC):
     """A pending transfer."""
 
     @abstractmethod
-    def wait(self) -> None:
-        """Block until the transfer completed (raises PipelineError on failure or timeout)."""
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the transfer completed.
+
+        Args:
+            timeout_s: Give up after this long (default: the backend's timeout). A transfer
+                that timed out leaves the link unusable; only failure handling passes one.
+
+        Raises:
+            PeerError: The peer failed or went away, or the timeout passed.
+        """
 
 
 class DoneWork(Work):
     """A transfer that already completed."""
 
-    def wait(self) -> None:
+    def wait(self, timeout_s: float | None = None) -> None:
         return None
 
 
 class CommBackend(ABC):
-    """Point-to-point transport of batch buffers between ranks, plus a flag reduction."""
+    """Point-to-point transport between the ranks of a pipeline, plus flag reductions and
+    failure signalling.
+
+    Subclasses implement the abstract members; the failure and lifecycle methods have working
+    defaults for transports without an out-of-band channel.
+    """
 
     name = "base"
 
     @property
     @abstractmethod
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """This process's rank, 0..world_size-1."""
 
     @property
     @abstractmethod
-    def world_size(self) -> int: ...
+    def world_size(self) -> int:
+        """Number of ranks."""
 
     @property
     def device(self) -> torch.device:
@@ -69,99 +91,48 @@ class CommBackend(ABC):
         """Join the group (idempotent)."""
 
     def shutdown(self) -> None:
-        """Leave the group."""
+        """Leave the group after a normal end."""
+
+    def abort(self) -> None:
+        """Leave the group after a failure, without waiting on peers (default: ``shutdown``)."""
+        self.shutdown()
 
     @abstractmethod
     def isend_tensor(self, tensor: torch.Tensor, dst: int) -> Work:
-        """Start sending a contiguous tensor to ``dst``."""
+        """Start sending a contiguous tensor to ``dst``; the tensor must not change until the
+        returned work completed."""
 
     @abstractmethod
     def irecv_tensor(self, tensor: torch.Tensor, src: int) -> Work:
-        """Start receiving into a contiguous tensor from ``src``."""
+        """Start receiving into a contiguous tensor (same dtype and size as sent) from ``src``."""
 
     @abstractmethod
     def all_reduce_max(self, value: int) -> int:
         """The largest ``value`` over all ranks (blocks until every rank calls it)."""
 
     def all_reduce_sum(self, value: int) -> int:
-        """The sum of ``value`` over all ranks (default: built from gathering maxima)."""
-        raise NotImplementedError
+        """The sum of ``value`` over all ranks (blocks until every rank calls it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement all_reduce_sum")
 
     @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
 
+    # ------------------------------------------------------------------ failure signalling
+    def notify_failure(self, message: str) -> None:
+        """Tell every rank that this one failed with ``message`` (best effort, never raises)."""
 
-# ---------------------------------------------------------------------- schema and framing
-def schema_of(batch: Batch) -> dict[str, Any]:
-    """The JSON-able description a receiver needs to allocate a matching buffer."""
-    return {
-        "capacity": [batch.system_capacity, batch.node_capacity, batch.edge_capacity],
-        "fields": [
-            {
-                "name": k,
-                "dtype": str(batch.storage(k).dtype).replace("torch.", ""),
-                "shape": list(batch.storage(k).shape[1:]),
-                "level": batch.level_of(k).value,
-            }
-            for k in sorted(batch.keys())
-        ],
-    }
+    def peer_failure(self) -> str | None:
+        """The message of a rank that reported a failure, or None (cheap; never raises)."""
+        return None
 
+    def heartbeat(self) -> None:
+        """Say this rank is alive (called between iterations; must be cheap)."""
 
-def empty_from_schema(schema: dict[str, Any], device: torch.device) -> Batch:
-    """A zeroed buffer matching ``schema`` (no code is run from the schema)."""
-    out = Batch(device=device)
-    cap = [int(c) for c in schema["capacity"]]
-    caps = {Level.SYSTEM: cap[0], Level.NODE: cap[1], Level.EDGE: cap[2]}
-    for f in schema["fields"]:
-        dtype = getattr(torch, str(f["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise PipelineError(f"received a schema with unknown dtype {f['dtype']!r}")
-        level = Level(f["level"])
-        out._store[str(f["name"])] = torch.zeros((caps[level], *[int(s) for s in f["shape"]]), dtype=dtype, device=device)
-        out._level[str(f["name"])] = level
-    out.__dict__["_cap"] = cap
-    out.__dict__["_ncount"] = np.zeros(cap[0], dtype=np.int64)
-    out.__dict__["_ecount"] = np.zeros(cap[0], dtype=np.int64)
-    out._touch()
-    return out
+    def finish(self) -> None:
+        """Called once by a rank that ended normally: return when every rank has finished, so
+        no rank tears down a connection a peer still uses.
 
-
-def encode_schema(schema: dict[str, Any]) -> torch.Tensor:
-    raw = json.dumps(schema, sort_keys=True).encode()
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
-
-
-def decode_schema(raw: torch.Tensor) -> dict[str, Any]:
-    return json.loads(bytes(raw.cpu().numpy().tobytes()).decode())
-
-
-def header_size(batch: Batch) -> int:
-    return HEADER_FIXED + 2 * batch.system_capacity
-
-
-def write_header(batch: Batch, header: torch.Tensor, flags: int) -> None:
-    """Fill ``header`` (host int64) with the buffer's counts and ``flags``."""
-    n = batch.num_graphs
-    h = header.numpy()
-    h[:] = 0
-    h[0], h[1], h[2], h[3] = n, batch.num_nodes, batch.num_edges, flags
-    cap = batch.system_capacity
-    h[HEADER_FIXED : HEADER_FIXED + n] = batch.num_nodes_per_system
-    h[HEADER_FIXED + cap : HEADER_FIXED + cap + n] = batch.num_edges_per_system
-
-
-def apply_header(batch: Batch, header: torch.Tensor) -> int:
-    """Set the buffer's counts from a received header; returns the flags."""
-    h = header.cpu().numpy()
-    n, flags = int(h[0]), int(h[3])
-    cap = batch.system_capacity
-    if n > cap:
-        raise PipelineError(f"received {n} systems for a buffer of {cap}: the ranks' BufferConfigs differ")
-    ncount = np.zeros(cap, dtype=np.int64)
-    ecount = np.zeros(cap, dtype=np.int64)
-    ncount[:n] = h[HEADER_FIXED : HEADER_FIXED + n]
-    ecount[:n] = h[HEADER_FIXED + cap : HEADER_FIXED + cap + n]
-    batch._set_counts(n, ncount, ecount, exact=False)
-    return flags
+        Raises:
+            PipelineError: A peer failed or stopped answering meanwhile.
+        """

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core.comm.base import CommBackend, DoneWork, Work
+from alchemi_core.comm.base import CommBackend, DoneWork, PeerError, Work
 from alchemi_core.errors import PipelineError
 
 
@@ -35,6 +35,7 @@ class _Group:
         self.reduce_barrier = threading.Barrier(world_size, timeout=timeout_s)
         self.reduce_values: list[int] = [0] * world_size
         self.failed = threading.Event()
+        self.failure: str | None = None
 
     def link(self, src: int, dst: int) -> queue.Queue[torch.Tensor]:
         with self.lock:
@@ -45,7 +46,8 @@ class _RecvWork(Work):
     def __init__(self, group: _Group, q: queue.Queue[torch.Tensor], out: torch.Tensor, src: int) -> None:
         self.group, self.q, self.out, self.src = group, q, out, src
 
-    def wait(self) -> None:
+    def wait(self, timeout_s: float | None = None) -> None:
+        limit = self.group.timeout_s if timeout_s is None else timeout_s
         waited = 0.0
         while True:
             try:
@@ -54,9 +56,9 @@ class _RecvWork(Work):
             except queue.Empty:
                 waited += 0.05
                 if self.group.failed.is_set():
-                    raise PipelineError(f"rank {self.src} failed; stopping") from None
-                if waited >= self.group.timeout_s:
-                    raise PipelineError(f"no message from rank {self.src} within {self.group.timeout_s:.0f} s") from None
+                    raise PeerError(f"stopping: {self.group.failure or f'rank {self.src} failed'}") from None
+                if waited >= limit:
+                    raise PeerError(f"no message from rank {self.src} within {limit:g} s", self.src) from None
         if data.shape != self.out.shape or data.dtype != self.out.dtype:
             raise PipelineError(
                 f"received {data.dtype} {list(data.shape)} from rank {self.src} into a buffer of "
@@ -114,7 +116,17 @@ class InProcessBackend(CommBackend):
     def barrier(self) -> None:
         self._reduce(0, max)
 
+    def notify_failure(self, message: str) -> None:
+        """Mark the group failed so every waiting rank stops with ``message``."""
+        g = self._group
+        if g.failure is None:
+            g.failure = message
+        g.failed.set()
+        g.reduce_barrier.abort()
+
+    def peer_failure(self) -> str | None:
+        return self._group.failure
+
     def abort(self) -> None:
         """Mark the group failed so every waiting rank stops with an error."""
-        self._group.failed.set()
-        self._group.reduce_barrier.abort()
+        self.notify_failure(self._group.failure or f"rank {self._rank} aborted")

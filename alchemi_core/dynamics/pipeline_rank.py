@@ -1,0 +1,571 @@
+"""``PipelineRank``: one rank of a ``DistributedPipeline`` and the protocol it follows.
+
+A rank owns the three buffer layers of the seed: the *active batch* its stage integrates, the
+*transfer frames* to its neighbours (``send_buffer`` / ``recv_buffer``, allocated once), and
+*overflow sinks* that stage received systems while the active batch is full. Each iteration it
+follows four phases:
+
+1. ``_prestep_sync_buffers``: finish the previous send (``fully_async``), post the receive of
+   this iteration's frame (``sync``: and wait for it).
+2. ``_complete_pending_recv``: wait for the frame (``async_recv``, ``fully_async``), pull staged
+   systems back from the overflow sinks (oldest first), then admit the new arrivals; what does not
+   fit goes to the overflow sinks.
+3. ``step``: integrate until the next convergence/budget check (systems only graduate there).
+4. ``_poststep_sync_buffers``: move graduated systems into the send frame, as many as fit; the
+   rest stay in the active batch, frozen, until there is room (back-pressure); send the frame,
+   even when empty, so the next rank's receive always completes. The last rank writes graduated
+   systems to its stage's sinks instead.
+
+Blocking: ``sync`` waits for the receive in phase 1 and for the send in phase 4; ``async_recv``
+posts the receive in phase 1 and waits in phase 2, staging overflow systems meanwhile;
+``fully_async`` also defers the wait for the send to the next iteration's phase 1. Every mode
+admits systems in the same order, so results do not depend on the mode.
+
+A rank has finished when its upstream said so (the *done* flag of its last frame), its sampler is
+drained and nothing is left in its active batch or overflow sinks; its last frame carries the done
+flag, so ending needs no extra message. A rank that fails reports it through the backend and sends
+an *error* frame downstream; see ``docs/pipelines.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from alchemi_core.comm.base import CommBackend, PeerError, Work
+from alchemi_core.comm.frame import FLAG_DONE, FLAG_ERROR, HEADER_FIXED, Frame, decode_schema, encode_schema
+from alchemi_core.dynamics.base import BufferConfig
+from alchemi_core.errors import CapacityError, ConfigurationError, PipelineError
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.sinks import DataSink
+
+#: Sent instead of a schema length when the sender failed before its first frame.
+SCHEMA_FAILED = -1
+#: Longest wait for the downstream rank to take a failure notice, in seconds.
+NOTICE_TIMEOUT_S = 10.0
+
+
+def stage_comm_mode(stage: Any) -> str:
+    """A stage's ``comm_mode`` (a fused stage's is its first sub-stage's)."""
+    from alchemi_core.dynamics.fused import FusedStage
+
+    if isinstance(stage, FusedStage):
+        return stage.stages[0].comm_mode
+    return stage.comm_mode
+
+
+def stage_buffer_config(stage: Any) -> BufferConfig | None:
+    """A stage's ``BufferConfig`` (a fused stage's sub-stages must agree)."""
+    from alchemi_core.dynamics.fused import FusedStage
+
+    if isinstance(stage, FusedStage):
+        cfgs = {s.buffer_config for s in stage.stages if s.buffer_config is not None}
+        if len(cfgs) > 1:
+            raise ConfigurationError("the sub-stages of a FusedStage in a pipeline give different BufferConfigs")
+        return next(iter(cfgs), None)
+    return stage.buffer_config
+
+
+def engine_for(stage: Any, last: bool) -> Engine:
+    """An engine for ``stage`` on a pipeline rank: systems graduate on budget or convergence;
+    only the last rank writes graduates to the stage's sinks (the others pass them on)."""
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.fused import FusedStage
+
+    if isinstance(stage, FusedStage):
+        subs, entry, exit_, hooks = stage.sub_stages, stage.entry_status, stage.exit_status, stage.hooks
+    else:
+        subs, entry, exit_, hooks = [(0, stage)], 0, 1, []
+    engine = Engine(
+        subs, entry_status=entry, exit_status=exit_, sinks=stage.sinks if last else (), sampler=stage.sampler,
+        refill_frequency=stage.refill_frequency, graduate_on_budget=True, owner=stage, hooks=hooks,
+    )
+    engine.graduate_to_sinks = last
+    return engine
+
+
+class PipelineRank:
+    """The state and protocol of one pipeline rank (what the seed calls the communication mixin).
+
+    Args:
+        stage: The ``BaseDynamics`` or ``FusedStage`` this rank runs.
+        backend: Transport to the neighbouring ranks (its ``rank`` is this rank).
+        world_size: Number of ranks in the pipeline.
+        synchronized: Add an all-reduce per iteration so every rank stops together (debugging).
+        device: Where this rank's batch lives.
+    """
+
+    def __init__(
+        self,
+        stage: Any,
+        backend: CommBackend,
+        world_size: int,
+        synchronized: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.stage = stage
+        self.backend = backend
+        self.rank = backend.rank
+        self.world_size = world_size
+        self.first = self.rank == 0
+        self.last = self.rank == world_size - 1
+        self.synchronized = bool(synchronized)
+        self.device = torch.device(device)
+        self.comm_mode = stage_comm_mode(stage)
+        self.buffer_config = stage_buffer_config(stage)
+        self.engine = engine_for(stage, self.last)
+        #: Overflow sinks in priority order: a non-last stage's own sinks, else a HostMemory.
+        self.overflow: list[DataSink] = [] if self.last else list(stage.sinks)
+        self._own_overflow: DataSink | None = None
+        self.send_frame: Frame | None = None
+        self.recv_frame: Frame | None = None
+        self._pending_recv: Work | None = None
+        self._pending_send: Work | None = None
+        self._incoming_flags = 0
+        self._drained = False
+        self._schema_sent = False
+        self.upstream_done = self.first
+        self.sent_done = False
+        #: Systems received from the previous rank.
+        self.received = 0
+        #: Systems passed on (to the next rank or, on the last, to the sinks).
+        self.left = 0
+        #: Systems staged in the overflow sinks because the active batch was full.
+        self.staged = 0
+        #: Graduated systems that waited an iteration because the send frame was full.
+        self.held_back = 0
+        self.iterations = 0
+        #: Passes of ``run``'s loop (with ``synchronized``, equal on every rank: one all-reduce each).
+        self.rounds = 0
+        stage._engine = self.engine
+        stage._pipeline_rank = self
+
+    # ------------------------------------------------------------------ views
+    @property
+    def active_batch(self) -> Batch | None:
+        """The systems this rank integrates."""
+        return self.engine.batch
+
+    @property
+    def send_buffer(self) -> Batch | None:
+        """The batch view of the send frame."""
+        return self.send_frame.batch if self.send_frame is not None else None
+
+    @property
+    def recv_buffer(self) -> Batch | None:
+        """The batch view of the receive frame."""
+        return self.recv_frame.batch if self.recv_frame is not None else None
+
+    @property
+    def entered(self) -> int:
+        """Systems that came into this rank: initial batch, sampler refills and receipts."""
+        return self.engine.loaded_count + self.received
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, batch: Batch | None) -> None:
+        """Prepare the active batch and agree on frame layouts with the neighbours.
+
+        The first rank prepares ``batch`` (or its sampler's first batch); every other rank
+        receives the previous rank's frame schema and starts with an empty active batch of the
+        same fields. Each non-last rank then sends its own schema downstream.
+
+        Raises:
+            ConfigurationError: The first rank has neither a batch nor a sampler.
+        """
+        engine = self.engine
+        if self.first:
+            if batch is None and engine.sampler is None:
+                raise ConfigurationError(
+                    "the first pipeline stage needs input: pass a batch to pipeline.run(batch) on "
+                    "rank 0 or give the first stage a sampler"
+                )
+            engine.prepare(batch.to(self.device) if batch is not None else None)
+        else:
+            schema = self._recv_schema()
+            self.recv_frame = Frame(schema["buffer"], self.device)
+            if self.recv_frame.names:
+                active = [max(a, b) for a, b in zip(schema["active"], self.recv_frame.capacity)]
+                engine.prepare_empty(self.recv_frame.batch, num_systems=active[0], num_nodes=active[1], num_edges=active[2])
+        if not self.last:
+            self._send_schema()
+        engine.start_hooks()
+
+    def _frame_capacity(self) -> tuple[int, int, int]:
+        cfg = self.buffer_config
+        if cfg is not None:
+            return cfg.num_systems, cfg.num_nodes, cfg.num_edges
+        b = self.engine.batch
+        assert b is not None
+        return b.system_capacity, b.node_capacity, b.edge_capacity
+
+    def _send_schema(self) -> None:
+        b = self.engine.batch
+        if b is None:  # nothing will ever come: a header-only frame
+            schema: dict[str, Any] = {"capacity": [0, 0, 0], "fields": []}
+            self.send_frame = Frame(schema, self.device)
+            active = [0, 0, 0]
+        else:
+            self.send_frame = Frame.like(b, *self._frame_capacity(), device=self.device)
+            active = [b.system_capacity, b.node_capacity, b.edge_capacity]
+        raw = encode_schema({"buffer": self.send_frame.schema, "active": active})
+        dev = self.backend.device
+        length = torch.tensor([raw.numel()], dtype=torch.long, device=dev)
+        self.backend.isend_tensor(length, self.rank + 1).wait()
+        self.backend.isend_tensor(raw.to(dev), self.rank + 1).wait()
+        self._schema_sent = True
+
+    def _recv_schema(self) -> dict[str, Any]:
+        dev = self.backend.device
+        length = torch.zeros(1, dtype=torch.long, device=dev)
+        self.backend.irecv_tensor(length, self.rank - 1).wait()
+        n = int(length[0])
+        if n == SCHEMA_FAILED:
+            raise PeerError(self._upstream_failure("before the pipeline started"), self.rank - 1)
+        if n <= 0:
+            raise PipelineError(f"received a buffer schema of {n} bytes from rank {self.rank - 1}")
+        raw = torch.zeros(n, dtype=torch.uint8, device=dev)
+        self.backend.irecv_tensor(raw, self.rank - 1).wait()
+        schema = decode_schema(raw)
+        if "buffer" not in schema or "active" not in schema:
+            raise PipelineError("received a buffer schema without 'buffer' and 'active'")
+        return schema
+
+    def _upstream_failure(self, when: str) -> str:
+        told = self.backend.peer_failure()
+        return f"rank {self.rank - 1} reported a failure {when}" + (f": {told}" if told else "; see its log")
+
+    # ------------------------------------------------------------------ the four phases
+    def _prestep_sync_buffers(self) -> None:
+        """Finish the previous send (``fully_async``) and post this iteration's receive."""
+        self._finish_send()
+        if self.upstream_done or self.recv_frame is None:
+            return
+        self.recv_frame.rebind()
+        self._pending_recv = self.backend.irecv_tensor(self.recv_frame.arena, self.rank - 1)
+        if self.comm_mode == "sync":
+            self._wait_recv()
+        else:
+            # The frame is in flight: stage overflow systems back in meanwhile.
+            self._drain_sinks_to_batch()
+            self._drained = True
+
+    def _wait_recv(self) -> None:
+        work, self._pending_recv = self._pending_recv, None
+        assert work is not None and self.recv_frame is not None
+        work.wait()
+        flags = self.recv_frame.read()
+        if flags & FLAG_ERROR:
+            raise PeerError(self._upstream_failure("and stopped"), self.rank - 1)
+        self._incoming_flags = flags
+
+    def _complete_pending_recv(self) -> None:
+        """Finish the receive, drain overflow sinks back, then admit the new arrivals."""
+        if self._pending_recv is not None:
+            self._wait_recv()
+        if not self._drained:
+            self._drain_sinks_to_batch()
+        self._drained = False
+        flags, self._incoming_flags = self._incoming_flags, 0
+        frame = self.recv_frame
+        if frame is not None and frame.batch.num_graphs:
+            self.received += frame.batch.num_graphs
+            self._recv_to_batch(frame.batch)
+            frame.clear(zero=False)
+        if flags & FLAG_DONE:
+            self.upstream_done = True
+
+    def step(self) -> None:
+        """Integrate the active batch up to and including the next check step (systems graduate
+        only at checks, so nothing could be sent earlier); refill an empty first rank."""
+        engine = self.engine
+        batch = engine.batch
+        if batch is None:
+            return
+        if not batch.num_graphs and engine.sampler is not None and not engine.sampler.exhausted:
+            engine.refill()
+        if not batch.num_graphs:
+            return
+        interval = max(1, engine.check_interval)
+        while True:
+            k = engine.step_count
+            engine.step()
+            if k % interval == 0:
+                return
+
+    def _poststep_sync_buffers(self, converged_indices: torch.Tensor | Sequence[int] | None = None) -> None:
+        """Send graduated systems downstream (the last rank writes them to its sinks).
+
+        Args:
+            converged_indices: Rows of the active batch to send; default every graduated system.
+        """
+        engine = self.engine
+        batch = engine.batch
+        if self.last:
+            if batch is not None and batch.num_graphs:
+                if converged_indices is None:
+                    rows = np.nonzero(engine.graduated_mask().cpu().numpy())[0]
+                else:
+                    rows = np.asarray(torch.as_tensor(converged_indices).cpu(), dtype=np.int64).reshape(-1)
+                if len(rows):
+                    engine.write_to_sinks(rows)
+                    engine.after_removal()
+            self.left = engine.written_count
+            return
+        if self.sent_done:
+            return
+        assert self.send_frame is not None
+        if batch is not None and batch.num_graphs:
+            if converged_indices is None:
+                mask = engine.graduated_mask()
+            else:
+                mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
+                mask[torch.as_tensor(converged_indices, dtype=torch.long).cpu()] = True
+            self._batch_to_buffer(mask)
+        else:
+            self.send_frame.clear()
+        finished = self.finished()
+        self._send(FLAG_DONE if finished else 0)
+        self.sent_done = finished
+
+    # ------------------------------------------------------------------ routing (the seed's names)
+    def _recv_to_batch(self, incoming: Batch) -> None:
+        """Route received systems (the receive frame's batch) into the active batch."""
+        self._buffer_to_batch(incoming)
+
+    def _buffer_to_batch(self, incoming: Batch) -> None:
+        """Add systems to the active batch; those that do not fit go to the overflow sinks."""
+        copied = self.engine.admit(incoming, partial=True)
+        if copied < incoming.num_graphs:
+            self._overflow_to_sinks(incoming, ~incoming._copied_mask)
+
+    def _batch_to_buffer(self, mask: torch.Tensor) -> int:
+        """Copy the systems of the active batch selected by ``mask`` into the send frame, as many
+        as fit in order, and remove them from the active batch.
+
+        Returns:
+            How many were moved; the others stay, frozen, for a later iteration.
+
+        Raises:
+            CapacityError: The first selected system does not fit even an empty frame.
+        """
+        frame = self.send_frame
+        assert frame is not None
+        frame.clear()
+        batch = self.engine.batch
+        if batch is None or not batch.num_graphs:
+            return 0
+        host = mask.detach().to("cpu")  # the one read-back of this phase
+        sel = np.nonzero(host.numpy())[0]
+        if not len(sel):
+            return 0
+        sent = frame.batch.put(batch, host)
+        frame.check_fields()
+        if sent == 0:
+            raise self._too_large(batch, int(sel[0]))
+        self.held_back += len(sel) - sent
+        moved = np.zeros(batch.num_graphs, dtype=bool)
+        moved[sel[:sent]] = True
+        batch.defrag(torch.from_numpy(moved))
+        self.engine.after_removal()
+        self.left += sent
+        return sent
+
+    def _too_large(self, batch: Batch, row: int) -> CapacityError:
+        sid = int(batch.system_id[row]) if "system_id" in batch else row
+        cap = self.send_frame.capacity if self.send_frame is not None else (0, 0, 0)
+        return CapacityError(
+            f"rank {self.rank}: system {sid} ({int(batch.num_nodes_per_system[row])} atoms, "
+            f"{int(batch.num_edges_per_system[row])} edges) does not fit the send buffer (systems, "
+            f"atoms, edges = {tuple(cap)}); raise BufferConfig(num_nodes=..., num_edges=...) on "
+            f"ranks {self.rank} and {self.rank + 1}"
+        )
+
+    def _overflow_sinks(self) -> list[DataSink]:
+        if self.overflow:
+            return self.overflow
+        if self._own_overflow is None:
+            from alchemi_core.dynamics.sinks import HostMemory
+
+            self._own_overflow = HostMemory(capacity=None)
+        return [self._own_overflow]
+
+    def _overflow_to_sinks(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
+        """Stage systems in the overflow sinks, first sink with room first.
+
+        Raises:
+            CapacityError: Every overflow sink is full (what did not fit is named).
+        """
+        rows = np.arange(batch.num_graphs) if mask is None else np.nonzero(mask.cpu().numpy())[0]
+        for sink in self._overflow_sinks():
+            if not len(rows):
+                return
+            take, rows = rows[: sink.free], rows[sink.free :]
+            if len(take):
+                m = torch.zeros(batch.num_graphs, dtype=torch.bool)
+                m[take] = True
+                sink.write(batch, m.to(batch.device))
+                self.staged += len(take)
+        if len(rows):
+            ids = batch.system_id[torch.as_tensor(rows, device=batch.device)].tolist() if "system_id" in batch else rows.tolist()
+            raise CapacityError(
+                f"rank {self.rank}: the overflow sinks are full; systems {ids[:10]} have nowhere to "
+                "go. Give the stage a larger sink (or none: a HostMemory without limit is used)"
+            )
+
+    def _drain_sinks_to_batch(self) -> None:
+        """Pull staged systems back into the active batch while there is room.
+
+        Raises:
+            CapacityError: A staged system does not fit even an empty active batch.
+        """
+        batch = self.engine.batch
+        if batch is None:
+            return
+        for sink in self._overflow_sinks():
+            if len(sink) == 0 or batch.num_graphs >= batch.system_capacity:
+                continue
+            was_empty = batch.num_graphs == 0
+            staged = sink.drain().to(batch.device)
+            copied = self.engine.admit(staged, partial=True)
+            if copied < staged.num_graphs:
+                sink.write(staged, ~staged._copied_mask)
+                if copied == 0 and was_empty:
+                    sid = int(staged.system_id[0]) if "system_id" in staged else 0
+                    raise CapacityError(
+                        f"rank {self.rank}: system {sid} ({staged.num_nodes_list[0]} atoms) does not fit "
+                        f"the empty active batch ({batch.system_capacity} systems, {batch.node_capacity} "
+                        f"atoms, {batch.edge_capacity} edges); give rank {self.rank - 1} a larger batch"
+                    )
+
+    # ------------------------------------------------------------------ sending
+    def _send(self, flags: int) -> None:
+        frame = self.send_frame
+        assert frame is not None
+        frame.stamp(flags)
+        work = self.backend.isend_tensor(frame.arena, self.rank + 1)
+        if self.comm_mode == "fully_async":
+            self._pending_send = work
+        else:
+            work.wait()
+
+    def _finish_send(self) -> None:
+        work, self._pending_send = self._pending_send, None
+        if work is not None:
+            work.wait()
+
+    # ------------------------------------------------------------------ running
+    def finished(self) -> bool:
+        """Upstream is done, the sampler drained, the active batch and overflow sinks empty."""
+        engine = self.engine
+        if not self.upstream_done:
+            return False
+        if engine.sampler is not None and not engine.sampler.exhausted:
+            return False
+        if engine.batch is not None and engine.batch.num_graphs:
+            return False
+        return all(len(s) == 0 for s in self._overflow_sinks())
+
+    def iterate(self) -> None:
+        """One pipeline iteration: the four phases."""
+        self._prestep_sync_buffers()
+        self._complete_pending_recv()
+        self.step()
+        self._poststep_sync_buffers()
+        self.iterations += 1
+
+    def ready_to_stop(self) -> bool:
+        """Finished, and (unless last) the done flag has gone downstream."""
+        return self.finished() and (self.last or self.sent_done)
+
+    def run(self) -> Batch | None:
+        """Iterate until this rank is finished (its own process), then wait for the others.
+
+        Raises:
+            PeerError: Another rank failed or went away.
+        """
+        backend = self.backend
+        try:
+            while True:
+                self.rounds += 1
+                done = self.ready_to_stop()
+                if self.synchronized:
+                    if backend.all_reduce_max(0 if done else 1) == 0:
+                        break
+                    if done:
+                        continue
+                elif done:
+                    break
+                self.iterate()
+                backend.heartbeat()
+            self.close()
+            backend.finish()
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        return self.result()
+
+    def close(self) -> None:
+        """Finish the pending send, run the hooks' end, and check that nothing was lost.
+
+        Raises:
+            PipelineError: This rank took in more systems than it passed on.
+        """
+        self._finish_send()
+        self.engine.end_hooks()
+        if self.finished() and self.entered != self.left:
+            raise PipelineError(
+                f"rank {self.rank} took in {self.entered} systems but passed on {self.left}: a system was lost"
+            )
+
+    def fail(self, exc: BaseException) -> None:
+        """Report ``exc`` to the other ranks and drop pending transfers (never raises).
+
+        A rank whose own stage failed tells every rank through the backend; every failing rank
+        sends an error frame downstream unless that link is the one that broke.
+        """
+        lost = exc.peer if isinstance(exc, PeerError) else None
+        if not isinstance(exc, PeerError):
+            name = getattr(self.stage, "name", type(self.stage).__name__)
+            self.backend.notify_failure(f"rank {self.rank} ({name}) failed: {type(exc).__name__}: {exc}")
+        if not self.last and lost != self.rank + 1 and not self.sent_done:
+            try:
+                self._notify_downstream()
+            except Exception:  # the link may be gone too; peers then see it close
+                pass
+        self._pending_send = self._pending_recv = None
+        try:
+            self.engine.end_hooks()
+        except Exception:
+            pass
+
+    def _notify_downstream(self) -> None:
+        dst, dev = self.rank + 1, self.backend.device
+        if not self._schema_sent or self.send_frame is None:
+            notice = torch.full((1,), SCHEMA_FAILED, dtype=torch.long, device=dev)
+        else:
+            notice = torch.zeros_like(self.send_frame.arena)
+            notice[: 8 * HEADER_FIXED].view(torch.int64)[3] = FLAG_ERROR
+        self.backend.isend_tensor(notice, dst).wait(timeout_s=NOTICE_TIMEOUT_S)
+
+    def result(self) -> Batch | None:
+        """On the last rank without sinks, every finished system; else None."""
+        engine = self.engine
+        if not self.last or engine.sinks:
+            return None
+        held = engine.host_results
+        return held.drain() if held is not None and len(held) else None
+
+    def __repr__(self) -> str:
+        return (
+            f"PipelineRank(rank={self.rank}/{self.world_size}, mode={self.comm_mode!r}, "
+            f"entered={self.entered}, left={self.left}, iterations={self.iterations})"
+        )
+
+
+__all__ = ["PipelineRank", "engine_for", "stage_buffer_config", "stage_comm_mode"]
