@@ -30,6 +30,7 @@ import torch
 
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
+from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
 from alchemi_core.errors import AlchemiError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class BufferConfig:
     num_edges: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
-class BaseDynamics:
+class BaseDynamics(PipelineStageMixin):
     """A dynamics stage: an integrator, a model, hooks, and where systems come from and go.
 
     Args:

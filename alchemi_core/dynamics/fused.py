@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.base import BaseDynamics
+from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from alchemi_core.dynamics.sinks import DataSink
 
 
-class FusedStage:
+class FusedStage(PipelineStageMixin):
     """Sub-stages by status code on one device (see the module docstring).
 
     Args:
