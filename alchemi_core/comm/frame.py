@@ -12,6 +12,9 @@ per-system sizes), so a whole transfer is a single message of a fixed size:
 - every dtype (bool masks, integer atomic numbers, float32, float64) travels as raw bytes, so
   nothing is converted and nothing is lost, whatever the transport accepts.
 
+When fields appear at the sender after setup, it sends an empty frame flagged ``FLAG_SCHEMA``
+followed by a new schema, and both sides reshape their frames (``PipelineRank`` does this).
+
 Example:
     >>> from alchemi_core.testing import make_batch
     >>> from alchemi_core.comm.frame import Frame
@@ -21,9 +24,7 @@ Example:
     2
     >>> frame.stamp(flags=0)
     >>> copy = Frame(frame.schema, device="cpu")
-    >>> copy.arena.copy_(frame.arena)  # what a transport does
-    ... # doctest: +ELLIPSIS
-    tensor(...)
+    >>> _ = copy.arena.copy_(frame.arena)  # what a transport does: the bytes, nothing else
     >>> copy.read(), copy.batch.num_nodes_list, copy.batch.frozen.dtype
     (0, [3, 2], torch.bool)
 """
@@ -44,6 +45,7 @@ from alchemi_core.errors import PipelineError
 HEADER_FIXED = 4  # num_systems, num_nodes, num_edges, flags
 FLAG_DONE = 1  # the sender has finished: nothing more will come on this link
 FLAG_ERROR = 2  # the sender failed; the receiver must stop with an error
+FLAG_SCHEMA = 4  # a new schema follows this (empty) frame: fields appeared at the sender
 #: Byte alignment of each field in the arena (enough for any dtype and for coalesced access).
 ALIGN = 64
 
@@ -242,6 +244,7 @@ class Frame:
 __all__ = [
     "FLAG_DONE",
     "FLAG_ERROR",
+    "FLAG_SCHEMA",
     "HEADER_FIXED",
     "Frame",
     "decode_schema",

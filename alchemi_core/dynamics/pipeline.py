@@ -156,11 +156,13 @@ class DistributedPipeline:
         if self._backend is None and (self.launched() or isinstance(self.backend_spec, CommBackend)):
             backend, owned = self._make_backend()
             self._backend, self._owns_backend = backend, owned
-            if backend.world_size != self.world_size:
+            launched = backend.world_size
+            if launched != self.world_size:
                 self.__exit__(None, None, None)
                 raise ConfigurationError(
-                    f"the pipeline has {self.world_size} stages but {backend.world_size} ranks were "
-                    f"launched; run torchrun --nproc-per-node={self.world_size} (in all, over every node)"
+                    f"the pipeline has {self.world_size} stages but {launched} ranks were launched; "
+                    f"start {self.world_size} processes in all (torchrun --nproc-per-node={self.world_size} "
+                    "on one node)"
                 )
         return self
 

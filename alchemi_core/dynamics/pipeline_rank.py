@@ -21,6 +21,10 @@ posts the receive in phase 1 and waits in phase 2, staging overflow systems mean
 ``fully_async`` also defers the wait for the send to the next iteration's phase 1. Every mode
 admits systems in the same order, so results do not depend on the mode.
 
+Frames are shaped once, from a schema the sender sends before the first one; if fields appear
+in the active batch later (a hook, a model's stress), the sender sends a frame flagged
+``FLAG_SCHEMA`` and a new schema, so they travel on.
+
 A rank has finished when its upstream said so (the *done* flag of its last frame), its sampler is
 drained and nothing is left in its active batch or overflow sinks; its last frame carries the done
 flag, so ending needs no extra message. A rank that fails reports it through the backend and sends
@@ -36,7 +40,15 @@ import numpy as np
 import torch
 
 from alchemi_core.comm.base import CommBackend, PeerError, Work
-from alchemi_core.comm.frame import FLAG_DONE, FLAG_ERROR, HEADER_FIXED, Frame, decode_schema, encode_schema
+from alchemi_core.comm.frame import (
+    FLAG_DONE,
+    FLAG_ERROR,
+    FLAG_SCHEMA,
+    HEADER_FIXED,
+    Frame,
+    decode_schema,
+    encode_schema,
+)
 from alchemi_core.dynamics.base import BufferConfig
 from alchemi_core.errors import CapacityError, ConfigurationError, PipelineError
 
@@ -143,6 +155,8 @@ class PipelineRank:
         self.iterations = 0
         #: Passes of ``run``'s loop (with ``synchronized``, equal on every rank: one all-reduce each).
         self.rounds = 0
+        #: Schemas sent or received after setup, because fields appeared mid-run.
+        self.schema_renewals = 0
         stage._engine = self.engine
         stage._pipeline_rank = self
 
@@ -185,7 +199,9 @@ class PipelineRank:
                     "the first pipeline stage needs input: pass a batch to pipeline.run(batch) on "
                     "rank 0 or give the first stage a sampler"
                 )
-            engine.prepare(batch.to(self.device) if batch is not None else None)
+            if batch is None:  # the sampler's first batch, on this rank's device like refills
+                batch = engine.sampler.build_initial_batch()
+            engine.prepare(batch.to(self.device))
         else:
             schema = self._recv_schema()
             self.recv_frame = Frame(schema["buffer"], self.device)
@@ -262,6 +278,9 @@ class PipelineRank:
         flags = self.recv_frame.read()
         if flags & FLAG_ERROR:
             raise PeerError(self._upstream_failure("and stopped"), self.rank - 1)
+        if flags & FLAG_SCHEMA:  # the upstream's fields changed: its next frames are shaped anew
+            self.recv_frame = Frame(self._recv_schema()["buffer"], self.device)
+            self.schema_renewals += 1
         self._incoming_flags = flags
 
     def _complete_pending_recv(self) -> None:
@@ -320,6 +339,9 @@ class PipelineRank:
         if self.sent_done:
             return
         assert self.send_frame is not None
+        if batch is not None and batch.num_graphs and not set(batch.keys()) <= set(self.send_frame.names):
+            self._renew_schema()  # this iteration's message; graduates go in the next one
+            return
         if batch is not None and batch.num_graphs:
             if converged_indices is None:
                 mask = engine.graduated_mask()
@@ -375,6 +397,18 @@ class PipelineRank:
         self.engine.after_removal()
         self.left += sent
         return sent
+
+    def _renew_schema(self) -> None:
+        """Fields appeared in the active batch after the schema went out (a hook, a model's
+        stress): send an empty frame flagged ``FLAG_SCHEMA`` as this iteration's message, then a
+        schema with them, and shape the send frame anew, so they travel on instead of being
+        lost. One message per iteration still holds, so ``synchronized`` runs cannot deadlock."""
+        assert self.send_frame is not None
+        self.send_frame.clear()
+        self.send_frame.stamp(FLAG_SCHEMA)
+        self.backend.isend_tensor(self.send_frame.arena, self.rank + 1).wait()
+        self._send_schema()
+        self.schema_renewals += 1
 
     def _too_large(self, batch: Batch, row: int) -> CapacityError:
         sid = int(batch.system_id[row]) if "system_id" in batch else row
@@ -524,10 +558,12 @@ class PipelineRank:
             )
 
     def fail(self, exc: BaseException) -> None:
-        """Report ``exc`` to the other ranks and drop pending transfers (never raises).
+        """Report ``exc`` to the other ranks, drop pending transfers and abort the backend
+        (never raises).
 
         A rank whose own stage failed tells every rank through the backend; every failing rank
-        sends an error frame downstream unless that link is the one that broke.
+        sends an error frame downstream unless that link is the one that broke. The backend is
+        unusable afterwards (its links hold unmatched messages); make a new one.
         """
         lost = exc.peer if isinstance(exc, PeerError) else None
         if not isinstance(exc, PeerError):
@@ -541,6 +577,11 @@ class PipelineRank:
         self._pending_send = self._pending_recv = None
         try:
             self.engine.end_hooks()
+        except Exception:
+            pass
+        # The links hold unmatched messages now: leave the group so peers see it close at once.
+        try:
+            self.backend.abort()
         except Exception:
             pass
 
