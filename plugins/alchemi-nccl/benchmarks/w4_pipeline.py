@@ -1,0 +1,258 @@
+"""W4 of BENCHMARKS.md: W3's relax-then-MD workload as a two-rank ``DistributedPipeline``.
+
+Rank 0 relaxes (FIRE from alchemi-integrators, else ``DemoDynamics``) structures fed by a
+``SizeAwareSampler``; every structure that converged (or used its relaxation budget) moves to
+rank 1 for NVT MD (Langevin from alchemi-integrators, else ``DemoDynamics``). The model is
+Lennard-Jones argon from alchemi-potentials, else ``DemoModelWrapper``. The script prints which
+it used, the throughput, and the checks that go with every figure: structures out = in, and how
+many left the relaxation at or below the force threshold.
+
+On two GPUs (NCCL)::
+
+    torchrun --nproc-per-node=2 plugins/alchemi-nccl/benchmarks/w4_pipeline.py --json w4.json
+
+The W3 baseline on one GPU (the same stages fused), for W4's speed-up::
+
+    python plugins/alchemi-nccl/benchmarks/w4_pipeline.py --fused --json w3.json
+
+A quick check on CPUs (gloo, a handful of small cells)::
+
+    torchrun --nproc-per-node=2 plugins/alchemi-nccl/benchmarks/w4_pipeline.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from alchemi_core import registry
+from alchemi_core.data import AtomicData, Batch
+from alchemi_core.dynamics import ConvergenceHook, DataSink, DemoDynamics, DistributedPipeline, FusedStage
+from alchemi_core.dynamics.base import BufferConfig
+from alchemi_core.dynamics.sampler import SizeAwareSampler
+from alchemi_core.errors import CapacityError
+
+ARGON = {"epsilon": 0.0104, "sigma": 3.405, "cutoff": 8.5125}
+LATTICE = 5.26  # Å, FCC argon, cubic cell of 4 atoms
+REPEATS = (2, 3, 4, 6)  # 32, 108, 256, 864 atoms
+
+
+class ArgonCells:
+    """W3's structures, built on demand: FCC argon repeated n x n x n with n drawn from
+    {2, 3, 4, 6} (seed 0), rattled by 0.1 Å (seed = index)."""
+
+    def __init__(self, count: int, repeats: tuple[int, ...] = REPEATS, dtype: torch.dtype = torch.float32) -> None:
+        from ase.build import bulk
+
+        self.n = np.random.default_rng(0).choice(repeats, size=count)
+        self.dtype = dtype
+        self.templates = {}
+        for n in repeats:
+            atoms = bulk("Ar", "fcc", a=LATTICE, cubic=True).repeat((n, n, n))
+            self.templates[n] = (torch.tensor(atoms.positions, dtype=torch.float64), torch.tensor(atoms.cell.array, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def __getitem__(self, index: int) -> AtomicData:
+        pos, cell = self.templates[int(self.n[index])]
+        g = torch.Generator().manual_seed(int(index))
+        rattled = pos + 0.1 * torch.randn(pos.shape, generator=g, dtype=torch.float64)
+        return AtomicData(
+            atomic_numbers=torch.full((len(pos),), 18, dtype=torch.long), positions=rattled.to(self.dtype),
+            cell=cell.unsqueeze(0), pbc=torch.ones(1, 3, dtype=torch.bool),
+        )
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        return 4 * int(self.n[index]) ** 3, 0
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        return (4 * self.n.astype(np.int64) ** 3), np.zeros(len(self.n), dtype=np.int64)
+
+
+class Tally(DataSink):
+    """Counts finished structures (and which left the relaxation below the force threshold)
+    without copying them off the GPU."""
+
+    def __init__(self, fmax: float) -> None:
+        self.fmax = fmax
+        self.ids: list[torch.Tensor] = []
+        self.relaxed = 0
+
+    def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
+        sel = torch.ones(batch.num_graphs, dtype=torch.bool, device=batch.device) if mask is None else mask
+        self.ids.append(batch.system_id[sel].cpu())
+        if "fmax" in batch:
+            self.relaxed += int((batch.fmax[sel] <= self.fmax).sum())
+
+    def read(self) -> Batch:
+        raise CapacityError("Tally keeps counts only")
+
+    def zero(self) -> None:
+        self.ids, self.relaxed = [], 0
+
+    def __len__(self) -> int:
+        return 0  # never full
+
+    @property
+    def capacity(self) -> int:
+        return 2**62
+
+    def finished_ids(self) -> np.ndarray:
+        return torch.cat(self.ids).numpy() if self.ids else np.zeros(0, dtype=np.int64)
+
+
+def has(spec: str) -> bool:
+    kind = spec.split(":")[0]
+    return any(r.spec == spec for r in registry.available(kind))
+
+
+def make_model(dtype: torch.dtype) -> tuple[Any, str]:
+    if has("model:lennard-jones"):
+        return registry.build("model:lennard-jones", **ARGON), "lennard-jones (alchemi-potentials)"
+    from alchemi_core.models.demo import DemoModelWrapper
+
+    return DemoModelWrapper(), "demo (all pairs; install alchemi-potentials for W4's LJ argon)"
+
+
+def make_stages(args: argparse.Namespace, model: Any, count: int, device: torch.device) -> tuple[Any, Any, Tally, dict[str, str]]:
+    conv = ConvergenceHook.from_fmax(args.fmax, frequency=args.check_every)
+    buffer = BufferConfig(num_systems=args.buffer_systems, num_nodes=args.buffer_atoms, num_edges=0)
+    common = {"comm_mode": args.comm_mode, "buffer_config": buffer}
+    dataset = ArgonCells(count, args.repeats, dtype=args.torch_dtype)
+    sampler = SizeAwareSampler(dataset, max_atoms=args.max_atoms, max_batch_size=args.max_batch, bin_width=32)
+    relax_kw = {"model": model, "n_steps": args.relax_steps, "convergence_hook": conv, "sampler": sampler,
+                "refill_frequency": args.check_every, **common}
+    if has("integrator:fire"):
+        relax, relax_name = registry.build("integrator:fire", dt=args.fire_dt, **relax_kw), "fire"
+    else:
+        relax, relax_name = DemoDynamics(dt=args.fire_dt, **relax_kw), "demo (NVE; install alchemi-integrators for FIRE)"
+    tally = Tally(args.fmax)
+    md_kw = {"model": model, "n_steps": args.md_steps, "sinks": [tally], "refill_frequency": args.check_every, **common}
+    if has("integrator:langevin"):
+        md = registry.build("integrator:langevin", dt=5.0, temperature=50.0, friction=0.01, **md_kw)
+        md_name = "langevin 50 K"
+    else:
+        md, md_name = DemoDynamics(dt=5.0, **md_kw), "demo (NVE; install alchemi-integrators for Langevin)"
+    return relax, md, tally, {"relax": relax_name, "md": md_name}
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    line = (f"{result['workload']} {result['mode']}: {result['structures_out']}/{result['structures_in']} structures "
+            f"in {result['seconds']:.2f} s = {result['structures_per_hour']:.3g} structures/h "
+            f"({result['relaxed_below_fmax']} left the relaxation at fmax <= {args.fmax}); "
+            f"model {result['model']}, relax {result['relax']}, md {result['md']}")
+    print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def summarise(args: argparse.Namespace, mode: str, seconds: float, tally: Tally, names: dict[str, str], count: int) -> dict[str, Any]:
+    ids = tally.finished_ids()
+    if len(ids) != count or len(np.unique(ids)) != count:
+        raise SystemExit(f"accounting failed: {len(ids)} structures out ({len(np.unique(ids))} distinct) of {count}")
+    return {
+        "workload": "W4" if mode == "pipeline" else "W3", "mode": mode, "structures_in": count,
+        "structures_out": int(len(ids)), "relaxed_below_fmax": tally.relaxed, "seconds": seconds,
+        "structures_per_hour": 3600.0 * count / seconds, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        **names, "comm_mode": args.comm_mode, "dtype": args.dtype, "md_steps": args.md_steps,
+    }
+
+
+def run_fused(args: argparse.Namespace, device: torch.device) -> None:
+    model, model_name = make_model(args.torch_dtype)
+    for count, timed in ((args.warmup, False), (args.structures, True)):
+        if not count:
+            continue
+        relax, md, tally, names = make_stages(args, model, count, device)
+        fused = relax + md
+        first = relax.sampler.build_initial_batch().to(device)
+        sync(device)
+        start = time.perf_counter()
+        fused.run(first)
+        sync(device)
+        if timed:
+            report(args, summarise(args, "fused", time.perf_counter() - start, tally, {"model": model_name, **names}, count))
+
+
+def run_pipeline(args: argparse.Namespace) -> None:
+    spec = args.backend or ("comm:nccl" if torch.cuda.is_available() else "comm:gloo")
+    backend = registry.build(spec, timeout_s=args.timeout)
+    backend.init()
+    rank = backend.rank
+    device = backend.device if backend.device.type == "cuda" else torch.device("cpu")
+    model, model_name = make_model(args.torch_dtype)
+    try:
+        for count, timed in ((args.warmup, False), (args.structures, True)):
+            if not count:
+                continue
+            relax, md, tally, names = make_stages(args, model, count, device)
+            pipeline = DistributedPipeline({0: relax, 1: md}, backend=backend, timeout_s=args.timeout, device=device)
+            backend.barrier()
+            start = time.perf_counter()
+            pipeline.run()
+            sync(device)
+            seconds = time.perf_counter() - start
+            if timed and rank == 1:
+                report(args, summarise(args, "pipeline", seconds, tally, {"model": model_name, **names, "backend": spec}, count))
+            elif timed:
+                stats = relax.pipeline_rank
+                print(f"rank 0: relaxed and sent {stats.left} structures in {seconds:.2f} s "
+                      f"({stats.held_back} waits for room in the send buffer)", flush=True)
+    finally:
+        backend.shutdown()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fused", action="store_true", help="W3: both stages fused on one device (no torchrun)")
+    p.add_argument("--smoke", action="store_true", help="a few 32-atom cells, short stages (CPU check)")
+    p.add_argument("--structures", type=int, default=10_000)
+    p.add_argument("--warmup", type=int, default=64, help="structures run first, untimed (kernel compilation)")
+    p.add_argument("--md-steps", type=int, default=500)
+    p.add_argument("--relax-steps", type=int, default=2000, help="FIRE budget per structure")
+    p.add_argument("--fmax", type=float, default=0.05)
+    p.add_argument("--fire-dt", type=float, default=1.0, help="fs")
+    p.add_argument("--check-every", type=int, default=5, help="steps between convergence/refill checks")
+    p.add_argument("--max-atoms", type=int, default=None, help="sampler atom budget (default: from free GPU memory)")
+    p.add_argument("--max-batch", type=int, default=1024, help="most structures per batch")
+    p.add_argument("--buffer-systems", type=int, default=128)
+    p.add_argument("--buffer-atoms", type=int, default=128 * 864)
+    p.add_argument("--comm-mode", default="fully_async", choices=["sync", "async_recv", "fully_async"])
+    p.add_argument("--backend", default=None, help="comm:nccl (default on GPUs) or comm:gloo")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for its peer")
+    p.add_argument("--json", default=None, help="also write the result here (rank 1 / fused)")
+    args = p.parse_args(argv)
+    args.repeats = REPEATS
+    if args.smoke:
+        args.structures, args.warmup, args.md_steps, args.relax_steps = 12, 0, 20, 30
+        args.repeats, args.max_atoms, args.max_batch = (2,), args.max_atoms or 4 * 32, 4
+        args.buffer_systems, args.buffer_atoms = 2, 64
+    args.torch_dtype = getattr(torch, args.dtype)
+    if args.fused:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        run_fused(args, device)
+    elif "RANK" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != 2:
+            sys.exit("W4 runs on two ranks: torchrun --nproc-per-node=2 ...")
+        run_pipeline(args)
+    else:
+        sys.exit("launch with torchrun --nproc-per-node=2 (or pass --fused for the one-device baseline)")
+
+
+if __name__ == "__main__":
+    main()

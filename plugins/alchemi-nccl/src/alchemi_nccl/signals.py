@@ -1,0 +1,175 @@
+"""Out-of-band signals between pipeline ranks through the c10d rendezvous store.
+
+The data links (gloo sockets, NCCL channels) carry frames; they cannot say *why* a peer stopped,
+and NCCL cannot notice a dead peer at all until its timeout. The rendezvous store every rank is
+already connected to (torchrun's agent store, or the one rank 0 hosts) carries three things:
+
+- a failure record (``{"rank": r, "message": ...}`` as JSON: data, never code) that a failing
+  rank writes once and waiting ranks poll, so they stop with the origin's message;
+- per-rank heartbeat counters, bumped between iterations at most once per ``beat_s``;
+- per-run *finished* marks, so a rank that ends early waits for the others before tearing down a
+  connection (or the store it hosts) that a peer still uses.
+
+Every store operation is best effort: a lost store never fails a healthy run by itself.
+
+Example::
+
+    signals = StoreSignals(store, rank=0, world_size=2, timeout_s=60)
+    signals.beat()               # between iterations
+    signals.failure()            # None, or (rank, message)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from alchemi_core.comm.base import PeerError
+
+FAILURE_KEY = "alchemi/pipeline/failure"
+_ALIVE = "alchemi/pipeline/alive/{rank}"
+_FINISHED = "alchemi/pipeline/run{run}/finished/{rank}"
+_SEEN = "alchemi/pipeline/run{run}/seen/{rank}"
+#: How long the store-hosting rank lingers for the others to read the final marks, in seconds.
+LINGER_S = 30.0
+
+
+class StoreSignals:
+    """Failure record, heartbeats and finish marks of one rank (see the module docstring).
+
+    Args:
+        store: A ``torch.distributed.Store`` shared by all ranks (None: every signal is a no-op).
+        rank: This rank.
+        world_size: Number of ranks.
+        timeout_s: A peer whose heartbeat has not moved for this long is considered gone.
+        beat_s: Least time between two heartbeats.
+        hosts_store: This rank hosts the store, so it leaves last.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        beat_s: float = 1.0,
+        hosts_store: bool = False,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = float(timeout_s)
+        self.beat_s = float(beat_s)
+        self.hosts_store = hosts_store
+        self._next_beat = 0.0
+        self._runs = 0
+        self._origin: tuple[int, str] | None = None
+
+    # ------------------------------------------------------------------ failure record
+    def notify(self, message: str) -> None:
+        """Record this rank's failure (the first record wins; never raises)."""
+        if self.store is None:
+            return
+        record = json.dumps({"rank": self.rank, "message": str(message)})
+        try:
+            if not self.store.check([FAILURE_KEY]):
+                self.store.set(FAILURE_KEY, record)
+        except Exception:
+            pass
+
+    def failure(self) -> tuple[int, str] | None:
+        """``(rank, message)`` of a recorded failure, or None (one store round trip)."""
+        if self._origin is not None:
+            return self._origin
+        if self.store is None:
+            return None
+        try:
+            if not self.store.check([FAILURE_KEY]):
+                return None
+            record = json.loads(self.store.get(FAILURE_KEY).decode())
+            self._origin = (int(record["rank"]), str(record["message"]))
+        except Exception:
+            return None
+        return self._origin
+
+    def raise_if_failed(self) -> None:
+        """Raise a ``PeerError`` carrying a recorded failure of another rank."""
+        origin = self.failure()
+        if origin is not None and origin[0] != self.rank:
+            raise PeerError(origin[1], origin[0])
+
+    # ------------------------------------------------------------------ liveness
+    def beat(self) -> None:
+        """Bump this rank's heartbeat (at most once per ``beat_s``) and check for failures.
+
+        Raises:
+            PeerError: Another rank recorded a failure.
+        """
+        if self.store is None:
+            return
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.beat_s
+        try:
+            self.store.add(_ALIVE.format(rank=self.rank), 1)
+        except Exception:
+            return
+        self.raise_if_failed()
+
+    def finish(self) -> None:
+        """Mark this run finished here and return when every rank has.
+
+        Raises:
+            PeerError: A peer recorded a failure, or its heartbeat stopped for ``timeout_s``.
+        """
+        if self.store is None:
+            return
+        self._runs += 1
+        run = self._runs
+        try:
+            self.store.set(_FINISHED.format(run=run, rank=self.rank), "1")
+        except Exception:
+            return
+        pending = set(range(self.world_size)) - {self.rank}
+        last_beat: dict[int, tuple[int, float]] = {}
+        delay = 0.01
+        while pending:
+            try:
+                pending = {r for r in pending if not self.store.check([_FINISHED.format(run=run, rank=r)])}
+                if not pending:
+                    break
+                self.raise_if_failed()
+                now = time.monotonic()
+                for r in pending:
+                    count = int(self.store.add(_ALIVE.format(rank=r), 0))
+                    seen = last_beat.get(r)
+                    if seen is None or seen[0] != count:
+                        last_beat[r] = (count, now)
+                    elif now - seen[1] > self.timeout_s:
+                        raise PeerError(
+                            f"rank {r} stopped answering: no heartbeat for {self.timeout_s:g} s "
+                            "(it may have been killed; see its log)",
+                            r,
+                        )
+            except PeerError:
+                raise
+            except Exception as exc:  # the store went away: nobody can be waited for
+                raise PeerError(f"lost the rendezvous store while waiting for the other ranks ({exc})") from None
+            time.sleep(delay)
+            delay = min(0.5, delay * 2)
+        self._linger(run)
+
+    def _linger(self, run: int) -> None:
+        """Let the store's host leave last, once every rank has read the finish marks."""
+        try:
+            self.store.set(_SEEN.format(run=run, rank=self.rank), "1")
+            if not self.hosts_store:
+                return
+            keys = [_SEEN.format(run=run, rank=r) for r in range(self.world_size)]
+            deadline = time.monotonic() + LINGER_S
+            while time.monotonic() < deadline and not self.store.check(keys):
+                time.sleep(0.01)
+        except Exception:
+            pass
