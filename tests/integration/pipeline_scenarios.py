@@ -1,0 +1,211 @@
+"""Pipeline scenarios run on every rank of a real process group (and their single-rank
+references), shared by the tests in ``test_pipeline_*.py``.
+
+Each scenario function takes the rank's joined ``CommBackend`` (from ``alchemi_nccl.spawn``) and
+returns what the test checks. Run as a script, the file is one rank of a launched job (the
+environment torchrun sets), for the failure tests::
+
+    python pipeline_scenarios.py fail --fail-rank 1 --timeout 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.data.datapipes import ListDataset
+from alchemi_core.dynamics import DemoDynamics, DistributedPipeline, DynamicsStage, FusedStage, HostMemory
+from alchemi_core.dynamics.base import BufferConfig
+from alchemi_core.dynamics.sampler import SizeAwareSampler
+from alchemi_core.models.demo import DemoModelWrapper
+from alchemi_core.testing.factories import make_batch, random_structures
+
+#: Per-stage step budgets and time steps (fs); the stages differ so a mix-up would show.
+STEPS = (3, 5, 2)
+DTS = (0.5, 0.25, 0.4)
+#: Atoms per structure: uneven, so segment offsets and edge shifts matter.
+SIZES = (3, 5, 2, 4, 6, 3, 2, 5, 4)
+#: A send buffer far smaller than what graduates at once: forces back-pressure.
+TINY = BufferConfig(num_systems=2, num_nodes=9, num_edges=9)
+
+
+def structures() -> Batch:
+    """Every dtype the data model keeps: int64 atomic numbers, bool ``frozen``, float64
+    positions and ``charges``, int32 ``tag``, float64 ``dipole`` [1, 3], ring edges."""
+    return make_batch(list(SIZES), edges=True, extras=True, dtype=torch.float64)
+
+
+def sampler() -> SizeAwareSampler:
+    data = random_structures(list(SIZES), edges=True, extras=True, dtype=torch.float64)
+    return SizeAwareSampler(ListDataset(data), max_atoms=12, max_batch_size=3, bin_width=2)
+
+
+def make_stages(n_stages: int, mode: str, buffer: BufferConfig | None, with_sampler: bool) -> list[DemoDynamics]:
+    """``n_stages`` velocity-Verlet stages; the last writes to an unlimited HostMemory."""
+    model = DemoModelWrapper()
+    stages = []
+    for r in range(n_stages):
+        last = r == n_stages - 1
+        stages.append(DemoDynamics(
+            model=model, n_steps=STEPS[r], dt=DTS[r], comm_mode=mode, buffer_config=buffer,
+            sampler=sampler() if with_sampler and r == 0 else None,
+            sinks=[HostMemory(capacity=None)] if last else None,
+        ))
+    return stages
+
+
+def fused_reference(n_stages: int, with_sampler: bool) -> Batch:
+    """The same stages fused on one rank: what the pipeline must reproduce per system."""
+    stages = make_stages(n_stages, "sync", None, with_sampler)
+    stages[-1].sinks = []
+    fused = FusedStage([(i, s) for i, s in enumerate(stages)])
+    out = fused.run(None if with_sampler else structures())
+    assert out is not None
+    return out
+
+
+def by_system_id(batch: Batch) -> Batch:
+    """The systems of ``batch`` in ``system_id`` order."""
+    return batch.index_select(torch.argsort(batch.system_id.cpu()))
+
+
+def as_arrays(batch: Batch) -> dict[str, Any]:
+    """Every field as a numpy array (picklable), plus per-system sizes."""
+    fields = {k: getattr(batch, k).detach().cpu().numpy() for k in batch.keys()}
+    fields["__num_nodes"] = np.asarray(batch.num_nodes_list)
+    fields["__num_edges"] = np.asarray(batch.num_edges_list)
+    return fields
+
+
+def sink_contents(stage: Any) -> dict[str, Any]:
+    """The last stage's sink: the ids in arrival order and every field in ``system_id`` order."""
+    held = stage.sinks[0].read()
+    return {"arrival_ids": held.system_id.tolist(), "fields": as_arrays(by_system_id(held))}
+
+
+def _stats(rank: Any) -> dict[str, int]:
+    return {
+        "entered": rank.entered, "left": rank.left, "received": rank.received, "staged": rank.staged,
+        "held_back": rank.held_back, "iterations": rank.iterations, "rounds": rank.rounds,
+        "schema_renewals": rank.schema_renewals,
+    }
+
+
+def chain(
+    backend: Any, n_stages: int, mode: str, buffer: bool, with_sampler: bool, device: str | None = "cpu"
+) -> dict[str, Any]:
+    """Run ``n_stages`` stages over the group; the last rank returns its sink's contents.
+
+    ``device`` None lets the pipeline choose (the backend's GPU for NCCL)."""
+    stages = make_stages(n_stages, mode, TINY if buffer else None, with_sampler)
+    pipeline = DistributedPipeline(dict(enumerate(stages)), backend=backend, timeout_s=60.0, device=device)
+    rank = backend.rank
+    result = pipeline.run(structures() if rank == 0 and not with_sampler else None)
+    stage = stages[rank]
+    out: dict[str, Any] = {"rank": rank, "result_is_none": result is None, **_stats(stage.pipeline_rank)}
+    if rank == n_stages - 1:
+        out["sink"] = sink_contents(stage)
+    return out
+
+
+class AddSpin:
+    """Adds a float64 atom field ``spin`` (from the atomic numbers) once, mid-run: a field the
+    pipeline's buffers did not have at setup."""
+
+    stage = DynamicsStage.AFTER_STEP
+    frequency = 1
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if dynamics.step_count == 1 and "spin" not in batch:
+            batch.set_field("spin", batch.atomic_numbers.to(torch.float64) * 0.5, "node")
+
+
+def mixed_modes(backend: Any) -> dict[str, Any]:
+    """Three ranks, each in another comm mode, with the synchronized flag on; rank 0 adds a
+    field mid-run."""
+    stages = make_stages(3, "sync", TINY, False)
+    for s, mode in zip(stages, ("fully_async", "sync", "async_recv")):
+        s.comm_mode = mode
+    stages[0].hooks.append(AddSpin())
+    pipeline = DistributedPipeline(dict(enumerate(stages)), backend=backend, timeout_s=60.0, synchronized=True, device="cpu")
+    pipeline.run(structures() if backend.rank == 0 else None)
+    out: dict[str, Any] = {"rank": backend.rank, **_stats(stages[backend.rank].pipeline_rank)}
+    if backend.rank == 2:
+        out["sink"] = sink_contents(stages[2])
+    return out
+
+
+# ---------------------------------------------------------------------- failures
+class FailAt:
+    """A hook that raises (or hangs) at a given step of its stage."""
+
+    stage = DynamicsStage.AFTER_STEP
+    frequency = 1
+
+    def __init__(self, step: int, hang_s: float = 0.0) -> None:
+        self.step = step
+        self.hang_s = hang_s
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if dynamics.step_count == self.step:
+            print(f"FAIL_AT {time.time():.3f}", flush=True)
+            if self.hang_s:
+                time.sleep(self.hang_s)
+            else:
+                raise RuntimeError("injected failure in the stage")
+
+
+def raising(backend: Any, fail_rank: int) -> None:
+    """Three ranks; ``fail_rank``'s stage raises at its 6th step (the process lives on)."""
+    stages = make_stages(3, "async_recv", TINY, False)
+    for s in stages:
+        s.n_steps = 40
+    stages[fail_rank].hooks.append(FailAt(step=6))
+    pipeline = DistributedPipeline(dict(enumerate(stages)), backend=backend, timeout_s=60.0, device="cpu")
+    pipeline.run(structures() if backend.rank == 0 else None)
+
+
+def launched_main(argv: list[str]) -> int:
+    """One rank of a launched job: ``run`` a pipeline, or make ``--fail-rank`` raise (``fail``) or
+    hang (``hang``) mid-run. Prints ``EXIT_OK``/``EXIT_ERROR`` with a time stamp."""
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["run", "fail", "hang"])
+    p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--mode", default="async_recv")
+    p.add_argument("--backend", default="comm:gloo")
+    p.add_argument("--device", default="cpu", help="'auto': let the pipeline choose")
+    args = p.parse_args(argv)
+    stages = make_stages(args.stages, args.mode, TINY, False)
+    if args.what != "run":
+        for s in stages:
+            s.n_steps = 40  # long enough that every rank is mid-run when the failure comes
+        hang = 2 * args.timeout if args.what == "hang" else 0.0
+        stages[args.fail_rank].hooks.append(FailAt(step=6, hang_s=hang))
+    rank = int(os.environ["RANK"])
+    try:
+        device = None if args.device == "auto" else args.device
+        with DistributedPipeline(dict(enumerate(stages)), backend=args.backend, timeout_s=args.timeout, device=device) as pipeline:
+            pipeline.run(structures() if rank == 0 else None)
+    except BaseException as exc:
+        traceback.print_exc()
+        print(f"EXIT_ERROR {time.time():.3f} {type(exc).__name__}: {exc}", flush=True)
+        return 3
+    if rank == args.stages - 1:
+        ids = sorted(stages[-1].sinks[0].read().system_id.tolist())
+        print(f"SINK_IDS {ids}", flush=True)
+    print(f"EXIT_OK {time.time():.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(launched_main(sys.argv[1:]))
