@@ -120,7 +120,8 @@ class CommBackend(ABC):
 
     # ------------------------------------------------------------------ failure signalling
     def notify_failure(self, message: str) -> None:
-        """Tell every rank that this one failed with ``message`` (best effort, never raises)."""
+        """Tell every rank that this one failed with ``message``, unless a failure is already
+        recorded (best effort, never raises)."""
 
     def peer_failure(self) -> str | None:
         """The message of a rank that reported a failure, or None (cheap; never raises)."""

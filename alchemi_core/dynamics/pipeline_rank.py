@@ -561,12 +561,17 @@ class PipelineRank:
         """Report ``exc`` to the other ranks, drop pending transfers and abort the backend
         (never raises).
 
-        A rank whose own stage failed tells every rank through the backend; every failing rank
-        sends an error frame downstream unless that link is the one that broke. The backend is
+        The failure is recorded through the backend (the first record wins, so the origin's
+        message stays); every failing rank sends an error frame downstream unless that link is
+        the one that broke. The backend is
         unusable afterwards (its links hold unmatched messages); make a new one.
         """
         lost = exc.peer if isinstance(exc, PeerError) else None
-        if not isinstance(exc, PeerError):
+        if isinstance(exc, PeerError):
+            # Recorded only if nobody did yet (a killed or hung peer reports nothing itself), so
+            # ranks that no longer talk to the lost one learn of it too.
+            self.backend.notify_failure(f"rank {self.rank} stopped: {exc}")
+        else:
             name = getattr(self.stage, "name", type(self.stage).__name__)
             self.backend.notify_failure(f"rank {self.rank} ({name}) failed: {type(exc).__name__}: {exc}")
         if not self.last and lost != self.rank + 1 and not self.sent_done:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -150,13 +151,16 @@ class FailAt:
     stage = DynamicsStage.AFTER_STEP
     frequency = 1
 
-    def __init__(self, step: int, hang_s: float = 0.0) -> None:
+    def __init__(self, step: int, hang_s: float = 0.0, kill: bool = False) -> None:
         self.step = step
         self.hang_s = hang_s
+        self.kill = kill
 
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         if dynamics.step_count == self.step:
             print(f"FAIL_AT {time.time():.3f}", flush=True)
+            if self.kill:  # no error report, no error frame: the process just disappears
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.hang_s:
                 time.sleep(self.hang_s)
             else:
@@ -174,10 +178,11 @@ def raising(backend: Any, fail_rank: int) -> None:
 
 
 def launched_main(argv: list[str]) -> int:
-    """One rank of a launched job: ``run`` a pipeline, or make ``--fail-rank`` raise (``fail``) or
-    hang (``hang``) mid-run. Prints ``EXIT_OK``/``EXIT_ERROR`` with a time stamp."""
+    """One rank of a launched job: ``run`` a pipeline, or make ``--fail-rank`` raise (``fail``),
+    hang (``hang``) or be killed (``kill``) mid-run. Prints ``EXIT_OK``/``EXIT_ERROR`` with a
+    time stamp."""
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["run", "fail", "hang"])
+    p.add_argument("what", choices=["run", "fail", "hang", "kill"])
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0)
@@ -190,7 +195,7 @@ def launched_main(argv: list[str]) -> int:
         for s in stages:
             s.n_steps = 40  # long enough that every rank is mid-run when the failure comes
         hang = 2 * args.timeout if args.what == "hang" else 0.0
-        stages[args.fail_rank].hooks.append(FailAt(step=6, hang_s=hang))
+        stages[args.fail_rank].hooks.append(FailAt(step=6, hang_s=hang, kill=args.what == "kill"))
     rank = int(os.environ["RANK"])
     try:
         device = None if args.device == "auto" else args.device

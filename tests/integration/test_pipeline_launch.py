@@ -23,6 +23,8 @@ pytestmark = pytest.mark.multiprocess
 SCENARIOS = str(Path(__file__).with_name("pipeline_scenarios.py"))
 #: A raised error reaches every rank through closed sockets and error frames: well under this.
 RAISE_BOUND_S = 10.0
+#: A killed rank reports nothing: its heartbeat goes stale after 10 s.
+KILL_BOUND_S = 25.0
 
 
 def stamp(outcome: RankOutcome, tag: str) -> float:
@@ -48,6 +50,20 @@ def test_a_stage_that_raises_stops_every_rank_at_once(fail_rank: int) -> None:
     for o in outcomes:
         if o.rank != fail_rank:
             assert "PeerError" in exit_line(o) and f"rank {fail_rank}" in exit_line(o)
+
+
+def test_a_killed_rank_is_noticed_well_before_the_timeout() -> None:
+    """Rank 1 is SIGKILLed mid-run: no error report, no error frame. Rank 2 sees its connection
+    close at once; rank 0, done and only waiting for the others, sees its heartbeat stop
+    (stale after 10 s) or rank 2's report. All well before the 60 s timeout."""
+    outcomes = launch_script(SCENARIOS, 3, ["kill", "--fail-rank", "1", "--timeout", "60"], timeout_s=180)
+    killed_at = stamp(outcomes[1], "FAIL_AT")
+    assert outcomes[1].returncode == -9
+    for r in (0, 2):
+        o = outcomes[r]
+        assert o.returncode == 3, o.output[-3000:]
+        assert "PeerError" in exit_line(o) and "rank 1" in exit_line(o), exit_line(o)
+        assert stamp(o, "EXIT_ERROR") - killed_at < KILL_BOUND_S
 
 
 def test_a_hung_stage_makes_the_others_stop_after_the_timeout() -> None:

@@ -121,9 +121,63 @@ def test_finish_gives_up_on_a_silent_peer_after_the_timeout() -> None:
         waiting.finish()
 
 
+def test_a_beating_peer_is_waited_for_and_a_silent_one_given_up() -> None:
+    """The heartbeat thread keeps a rank alive however long its iterations are; once it stops
+    (the process died), a finished rank gives up after stale_s."""
+    import threading
+    import time
+
+    store = dist.HashStore()
+    waiting, busy = StoreSignals(store, 0, 2, timeout_s=0.6, beat_s=0.05), StoreSignals(store, 1, 2, timeout_s=0.6, beat_s=0.05)
+    assert waiting.stale_s == 0.6
+    busy.start()
+    errors: list[BaseException] = []
+    t = threading.Thread(target=lambda: _catch(waiting.finish, errors))
+    t.start()
+    time.sleep(1.5)  # well past stale_s: still waiting, because rank 1 beats
+    assert t.is_alive() and not errors
+    busy.stop()
+    t.join(5)
+    assert not t.is_alive()
+    assert errors and "rank 1 stopped answering" in str(errors[0])
+
+
+def _catch(fn: object, errors: list[BaseException]) -> None:
+    try:
+        fn()  # type: ignore[operator]
+    except BaseException as exc:
+        errors.append(exc)
+
+
 def test_signals_without_a_store_do_nothing() -> None:
     s = StoreSignals(None, 0, 2, timeout_s=1)
     s.notify("x")
     s.beat()
     s.finish()
     assert s.failure() is None
+
+
+@pytest.mark.multiprocess
+def test_joining_a_group_whose_peers_never_start_fails_after_the_timeout() -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from alchemi_nccl.spawn import free_port, rank_environ
+
+    code = (
+        "import time\n"
+        "from alchemi_nccl.backend import GlooBackend\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    GlooBackend(timeout_s=3).init()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, round(time.monotonic() - start, 1), exc)\n"
+    )
+    env = rank_environ(0, 2, free_port(), os.environ)  # rank 1 is never started
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    name, waited, *message = out.stdout.split()
+    assert name == "PipelineError", out.stdout + out.stderr
+    assert 2.5 <= float(waited) < 15.0
+    assert "same MASTER_ADDR/MASTER_PORT" in " ".join(message)

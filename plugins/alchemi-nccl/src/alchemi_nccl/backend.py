@@ -73,7 +73,8 @@ class TorchDistributedBackend(CommBackend):
         timeout_s: Longest wait for a peer; also the process group's timeout.
         rank, world_size, local_rank, master_addr, master_port: Override the launcher's
             environment (default: read ``RANK``, ``WORLD_SIZE``, ... at ``init()``).
-        heartbeat_s: Least time between two heartbeats in the rendezvous store.
+        heartbeat_s: Time between two heartbeats in the rendezvous store (a background thread),
+            and between two checks for a failure recorded by another rank.
     """
 
     name = "torch"
@@ -171,6 +172,7 @@ class TorchDistributedBackend(CommBackend):
             _default_store(), env.rank, env.world_size, self.timeout_s, self.heartbeat_s,
             hosts_store=env.rank == 0 and not _agent_store(),
         )
+        self._signals.start()
 
     def _require(self) -> LaunchEnv:
         if self.env is None:
@@ -189,6 +191,7 @@ class TorchDistributedBackend(CommBackend):
         """Leave the process group (only one this backend created)."""
         import torch.distributed as dist
 
+        self._signals.stop()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
@@ -198,6 +201,7 @@ class TorchDistributedBackend(CommBackend):
         """Leave the process group at once after a failure, without waiting on peers."""
         import torch.distributed as dist
 
+        self._signals.stop()
         if self._owns_group and dist.is_initialized():
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             try:
@@ -342,9 +346,9 @@ class NcclBackend(TorchDistributedBackend):
     """``comm:nccl``: NVLink/InfiniBand/sockets between GPUs, one GPU per rank (``LOCAL_RANK``).
 
     NCCL transfers run on the GPU; while one is in flight the host polls it and, every
-    ``POLL_CHECK_S``, the failure record, so a rank whose peer failed stops within about a
-    second instead of at NCCL's timeout. The process group's own timeout (``timeout_s`` plus a
-    margin) stays as the last resort.
+    ``POLL_CHECK_S``, the failure record and the peer's heartbeat, so a rank whose peer failed
+    stops within about a second (a killed peer: once its heartbeat is stale) instead of at NCCL's
+    timeout. The process group's own timeout (``timeout_s`` plus a margin) is the last resort.
     """
 
     name = "nccl"
@@ -384,7 +388,7 @@ class NcclBackend(TorchDistributedBackend):
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + POLL_CHECK_S
-                    self._signals.raise_if_failed()
+                    self._signals.watch(peer)  # NCCL never notices a dead peer by itself
                 if now - start > limit:
                     who = f"rank {peer}" if peer is not None else "the other ranks"
                     raise PeerError(f"comm:nccl: no progress with {who} within {limit:g} s", peer)

@@ -6,7 +6,10 @@ already connected to (torchrun's agent store, or the one rank 0 hosts) carries t
 
 - a failure record (``{"rank": r, "message": ...}`` as JSON: data, never code) that a failing
   rank writes once and waiting ranks poll, so they stop with the origin's message;
-- per-rank heartbeat counters, bumped between iterations at most once per ``beat_s``;
+- per-rank heartbeat counters, bumped every ``beat_s`` by a background thread, so a process
+  that was killed is noticed within ``stale_s`` even by a rank that no longer talks to it (a
+  process that hangs keeps beating: its neighbours' transfers time out instead, and they record
+  the failure);
 - per-run *finished* marks, so a rank that ends early waits for the others before tearing down a
   connection (or the store it hosts) that a peer still uses.
 
@@ -15,13 +18,16 @@ Every store operation is best effort: a lost store never fails a healthy run by 
 Example::
 
     signals = StoreSignals(store, rank=0, world_size=2, timeout_s=60)
-    signals.beat()               # between iterations
+    signals.start()              # heartbeats in the background
+    signals.beat()               # between iterations: raises if another rank failed
     signals.failure()            # None, or (rank, message)
+    signals.stop()
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -42,9 +48,12 @@ class StoreSignals:
         store: A ``torch.distributed.Store`` shared by all ranks (None: every signal is a no-op).
         rank: This rank.
         world_size: Number of ranks.
-        timeout_s: A peer whose heartbeat has not moved for this long is considered gone.
-        beat_s: Least time between two heartbeats.
+        timeout_s: The pipeline's timeout (bounds ``stale_s``).
+        beat_s: Time between two heartbeats, and between two failure checks from ``beat``.
         hosts_store: This rank hosts the store, so it leaves last.
+
+    Attributes:
+        stale_s: A peer whose heartbeat has not moved for this long is considered gone.
     """
 
     def __init__(
@@ -62,9 +71,38 @@ class StoreSignals:
         self.timeout_s = float(timeout_s)
         self.beat_s = float(beat_s)
         self.hosts_store = hosts_store
-        self._next_beat = 0.0
+        self.stale_s = min(self.timeout_s, max(10.0, 10 * self.beat_s))
+        self._next_check = 0.0
         self._runs = 0
         self._origin: tuple[int, str] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_beat: dict[int, tuple[int, float]] = {}
+
+    # ------------------------------------------------------------------ heartbeat thread
+    def start(self) -> None:
+        """Start beating in a daemon thread (idempotent; nothing without a store)."""
+        if self.store is None or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat_forever, name=f"alchemi-heartbeat-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.beat_s + 1.0)
+        self._thread = None
+
+    def _beat_forever(self) -> None:
+        key = _ALIVE.format(rank=self.rank)
+        while not self._stop.is_set():
+            try:
+                self.store.add(key, 1)
+            except Exception:  # the store went away: nothing left to tell
+                return
+            self._stop.wait(self.beat_s)
 
     # ------------------------------------------------------------------ failure record
     def notify(self, message: str) -> None:
@@ -101,7 +139,7 @@ class StoreSignals:
 
     # ------------------------------------------------------------------ liveness
     def beat(self) -> None:
-        """Bump this rank's heartbeat (at most once per ``beat_s``) and check for failures.
+        """Check for a recorded failure, at most once per ``beat_s`` (called between iterations).
 
         Raises:
             PeerError: Another rank recorded a failure.
@@ -109,20 +147,53 @@ class StoreSignals:
         if self.store is None:
             return
         now = time.monotonic()
-        if now < self._next_beat:
+        if now < self._next_check:
             return
-        self._next_beat = now + self.beat_s
-        try:
-            self.store.add(_ALIVE.format(rank=self.rank), 1)
-        except Exception:
-            return
+        self._next_check = now + self.beat_s
         self.raise_if_failed()
+
+    def check_alive(self, rank: int) -> None:
+        """Raise when ``rank``'s heartbeat has not moved for ``stale_s`` (one store round trip;
+        call it repeatedly: the first call only starts the clock).
+
+        Raises:
+            PeerError: The rank's process is gone.
+        """
+        if self.store is None:
+            return
+        count = int(self.store.add(_ALIVE.format(rank=rank), 0))
+        now = time.monotonic()
+        seen = self._last_beat.get(rank)
+        if seen is None or seen[0] != count:
+            self._last_beat[rank] = (count, now)
+        elif now - seen[1] > self.stale_s:
+            raise PeerError(
+                f"rank {rank} stopped answering: no heartbeat for {self.stale_s:g} s (its process is gone; see its log)",
+                rank,
+            )
+
+    def watch(self, peer: int | None) -> None:
+        """While waiting on ``peer``: raise if a failure is recorded or the peer's heartbeat is
+        stale. Store errors are ignored (this is a shortcut; timeouts remain the rule).
+
+        Raises:
+            PeerError: As ``raise_if_failed`` and ``check_alive``.
+        """
+        self.raise_if_failed()
+        if peer is None:
+            return
+        try:
+            self.check_alive(peer)
+        except PeerError:
+            raise
+        except Exception:
+            pass
 
     def finish(self) -> None:
         """Mark this run finished here and return when every rank has.
 
         Raises:
-            PeerError: A peer recorded a failure, or its heartbeat stopped for ``timeout_s``.
+            PeerError: A peer recorded a failure, or its heartbeat stopped for ``stale_s``.
         """
         if self.store is None:
             return
@@ -133,7 +204,6 @@ class StoreSignals:
         except Exception:
             return
         pending = set(range(self.world_size)) - {self.rank}
-        last_beat: dict[int, tuple[int, float]] = {}
         delay = 0.01
         while pending:
             try:
@@ -141,18 +211,8 @@ class StoreSignals:
                 if not pending:
                     break
                 self.raise_if_failed()
-                now = time.monotonic()
                 for r in pending:
-                    count = int(self.store.add(_ALIVE.format(rank=r), 0))
-                    seen = last_beat.get(r)
-                    if seen is None or seen[0] != count:
-                        last_beat[r] = (count, now)
-                    elif now - seen[1] > self.timeout_s:
-                        raise PeerError(
-                            f"rank {r} stopped answering: no heartbeat for {self.timeout_s:g} s "
-                            "(it may have been killed; see its log)",
-                            r,
-                        )
+                    self.check_alive(r)
             except PeerError:
                 raise
             except Exception as exc:  # the store went away: nobody can be waited for
