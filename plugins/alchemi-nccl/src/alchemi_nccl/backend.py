@@ -116,9 +116,6 @@ class TorchDistributedBackend(CommBackend):
     def _bind_device(self, env: LaunchEnv) -> None:
         """Select this rank's device before joining (NCCL)."""
 
-    def _init_kwargs(self, env: LaunchEnv) -> dict[str, Any]:
-        return {}
-
     def _group_timeout_s(self) -> float:
         """The process group's own timeout."""
         return self.timeout_s
@@ -158,7 +155,7 @@ class TorchDistributedBackend(CommBackend):
             try:
                 dist.init_process_group(
                     backend=self.transport, init_method=init_method, rank=env.rank, world_size=env.world_size,
-                    timeout=timedelta(seconds=self._group_timeout_s()), **self._init_kwargs(env),
+                    timeout=timedelta(seconds=self._group_timeout_s()),
                 )
             except (RuntimeError, ValueError) as exc:
                 raise PipelineError(
@@ -345,6 +342,10 @@ class GlooBackend(TorchDistributedBackend):
 class NcclBackend(TorchDistributedBackend):
     """``comm:nccl``: NVLink/InfiniBand/sockets between GPUs, one GPU per rank (``LOCAL_RANK``).
 
+    The group is joined without ``device_id``: communicators are then made lazily, a two-rank one
+    per neighbouring pair on its first transfer (an eager world communicator could be split for
+    point-to-point, which needs every rank), and the world one on the first flag reduction.
+
     NCCL transfers run on the GPU; while one is in flight the host polls it and, every
     ``POLL_CHECK_S``, the failure record and the peer's heartbeat, so a rank whose peer failed
     stops within about a second (a killed peer: once its heartbeat is stale) instead of at NCCL's
@@ -366,9 +367,6 @@ class NcclBackend(TorchDistributedBackend):
                 "GPUs; NCCL needs one GPU per rank (start at most that many processes per node)"
             )
         torch.cuda.set_device(env.local_rank)
-
-    def _init_kwargs(self, env: LaunchEnv) -> dict[str, Any]:
-        return {"device_id": torch.device("cuda", env.local_rank)}
 
     def _group_timeout_s(self) -> float:
         # The group's watchdog aborts after its timeout: leave room for our own error first.
