@@ -200,7 +200,7 @@ class DistributedPipeline:
             return self._run_rank(self._backend, batch)
         return self._run_in_process(batch)
 
-    def _rank_device(self, backend: CommBackend, batch: Batch | None) -> torch.device:
+    def _rank_device(self, backend: CommBackend) -> torch.device:
         if self.device is not None:
             return self.device
         if backend.device.type == "cuda":
@@ -215,7 +215,7 @@ class DistributedPipeline:
         from alchemi_core.registry import manager
 
         stage = self.stages[backend.rank]
-        device = self._rank_device(backend, batch)
+        device = self._rank_device(backend)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         pm = manager()

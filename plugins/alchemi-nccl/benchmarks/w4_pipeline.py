@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fmax", type=float, default=0.05)
     p.add_argument("--fire-dt", type=float, default=1.0, help="fs")
     p.add_argument("--check-every", type=int, default=5, help="steps between convergence/refill checks")
-    p.add_argument("--max-atoms", type=int, default=None, help="sampler atom budget (default: from free GPU memory)")
+    p.add_argument("--max-atoms", type=int, default=250_000, help="atoms per batch (sampler budget), both modes")
     p.add_argument("--max-batch", type=int, default=1024, help="most structures per batch")
     p.add_argument("--buffer-systems", type=int, default=128)
     p.add_argument("--buffer-atoms", type=int, default=128 * 864)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     args.repeats = REPEATS
     if args.smoke:
         args.structures, args.warmup, args.md_steps, args.relax_steps = 12, 0, 20, 30
-        args.repeats, args.max_atoms, args.max_batch = (2,), args.max_atoms or 4 * 32, 4
+        args.repeats, args.max_atoms, args.max_batch = (2,), 4 * 32, 4
         args.buffer_systems, args.buffer_atoms = 2, 64
     args.torch_dtype = getattr(torch, args.dtype)
     if args.fused:
