@@ -288,9 +288,11 @@ class Engine:
         """Which systems (and atoms) each stage integrates until the next check."""
         batch = self.batch
         if not self.masked:
+            inv_mass = self.inv_mass()
             for s in self.subs:
                 s.sys_mask = s.node_weight = None
                 s.dynamics.system_mask = s.dynamics.node_weight = None
+                s.dynamics.weighted_inv_mass = inv_mass
             return
         status, steps, idx = batch.status, batch.stage_steps, batch.batch_idx
         dtype = batch.positions.dtype
@@ -302,6 +304,7 @@ class Engine:
             s.node_weight = m.index_select(0, idx).to(dtype).unsqueeze(-1)
             s.dynamics.system_mask = s.sys_mask
             s.dynamics.node_weight = s.node_weight
+            s.dynamics.weighted_inv_mass = self.inv_mass() * s.node_weight
 
     # ------------------------------------------------------------------ the step
     def forward(self) -> None:
