@@ -300,3 +300,22 @@ def test_atomic_data_without_masses_gets_standard_ones():
     batch = Batch.from_data_list([AtomicData(atomic_numbers=[18, 1], positions=torch.tensor([[0.0, 0, 0], [1.5, 0, 0]]))])
     DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.5).run(batch)
     assert batch.atomic_masses.tolist() == pytest.approx([39.948, 1.008])
+
+
+def test_inner_hooks_run_once_per_step_for_their_own_stage():
+    calls: list[tuple[str, int]] = []
+
+    class Tag(Hook):
+        def __init__(self, name, stage):
+            super().__init__(frequency=1, stage=stage)
+            self.name = name
+
+        def __call__(self, batch, dynamics):
+            calls.append((self.name, int(dynamics.system_mask.sum())))
+
+    model = DemoModelWrapper()
+    a = DemoDynamics(model=model, n_steps=3, dt=0.5, hooks=[Tag("a", DynamicsStage.BEFORE_PRE_UPDATE)])
+    b = DemoDynamics(model=model, n_steps=2, dt=0.5, hooks=[Tag("b", DynamicsStage.AFTER_POST_UPDATE)])
+    (a + b).run(make_batch([2, 3]))
+    assert [c for c in calls if c[0] == "a"] == [("a", 2)] * 3 + [("a", 0)] * 2
+    assert [c for c in calls if c[0] == "b"] == [("b", 0)] * 3 + [("b", 2)] * 2
