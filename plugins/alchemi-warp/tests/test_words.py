@@ -52,4 +52,4 @@ def test_zero_rows_and_flat_words():
     empty = torch.zeros(0, 3, dtype=torch.bool)
     assert as_words(empty, 1).shape == (0, 3)
     flat = as_flat_words(torch.ones(4, 3, dtype=torch.float32))
-    assert flat.shape == (1, 6) and flat.dtype == torch.int64
+    assert flat.shape == (6,) and flat.dtype == torch.int64

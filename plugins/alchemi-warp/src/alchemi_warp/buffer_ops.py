@@ -25,11 +25,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import torch
 
 from alchemi_core.data.buffer_ops import TorchBufferOps
 from alchemi_core.errors import InvalidDataError
-from alchemi_warp import words
+from alchemi_warp import kernels, launch, words
 
 _TORCH = TorchBufferOps()
 _SHIFTABLE = (torch.int64, torch.int32)
@@ -58,8 +59,6 @@ class WarpBufferOps:
             return self.allow_cpu
         if device.type != "cuda":
             return False
-        from alchemi_warp import launch
-
         return launch.cuda_available()
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
@@ -75,8 +74,6 @@ class WarpBufferOps:
             return
         if out.numel() == 0:
             return
-        from alchemi_warp import kernels, launch
-
         width = words.word_bytes_for(src, out)
         out_words = words.as_words(out, width)
         launch.run(kernels.gather_rows, out_words.shape, words.as_words(src, width), index, out_words)
@@ -101,8 +98,6 @@ class WarpBufferOps:
             return
         if out.numel() == 0:
             return
-        from alchemi_warp import kernels, launch
-
         # The shift in the indices' own dtype: int64 shifts truncate to int32 exactly as torch's
         # in-place add casts its int64 result back (two's-complement wrap-around).
         shift = shift if shift.dtype == out.dtype else shift.to(out.dtype)
@@ -111,8 +106,6 @@ class WarpBufferOps:
 
     def zero(self, tensors: Sequence[torch.Tensor]) -> None:
         """Set every element of every tensor to zero (False for bool); one launch per tensor."""
-        from alchemi_warp import kernels, launch
-
         for t in tensors:
             if t.numel() == 0:
                 continue
@@ -120,11 +113,22 @@ class WarpBufferOps:
                 t.zero_()
                 continue
             flat = words.as_flat_words(t)
-            zero_word = kernels.WARP_WORDS[flat.element_size()](0)
-            launch.run(kernels.fill_words, flat.shape, flat, zero_word)
+            launch.run(kernels.fill_words, flat.shape, flat, _zero_word(flat))
 
     def __repr__(self) -> str:
         return f"WarpBufferOps(allow_cpu={self.allow_cpu})"
+
+
+_zero_words: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _zero_word(like: torch.Tensor) -> torch.Tensor:
+    """A one-element zero of ``like``'s word dtype on its device, made once and kept."""
+    key = (like.device, like.dtype)
+    zero = _zero_words.get(key)
+    if zero is None:
+        zero = _zero_words[key] = torch.zeros(1, dtype=like.dtype, device=like.device)
+    return zero
 
 
 def _check(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:

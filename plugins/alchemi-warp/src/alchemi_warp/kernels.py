@@ -1,6 +1,6 @@
 """Warp kernels for row copies: gather rows of words, gather with an index shift, fill words.
 
-Every kernel works on 2-D arrays of integer words (see :mod:`alchemi_warp.words`), so one
+Every kernel works on arrays of integer words (see :mod:`alchemi_warp.words`), so one
 compiled overload per word size (1, 2, 4, 8 bytes) covers every dtype and trailing shape. The
 overloads are declared here, once, so the module compiles a single time and is then loaded from
 Warp's kernel cache.
@@ -39,15 +39,19 @@ def gather_rows_shifted(
 
 
 @wp.kernel
-def fill_words(out: wp.array2d(dtype=Any), value: Any):
-    """``out[i, j] = value``; zeroing passes a zero word, which is 0, 0.0 and False alike."""
-    i, j = wp.tid()
-    out[i, j] = value
+def fill_words(out: wp.array(dtype=Any), value: wp.array(dtype=Any)):
+    """``out[i] = value[0]`` over a whole tensor seen as one run of words; zeroing passes a zero
+    word, which is 0, 0.0 and False alike.
+
+    The word comes in a one-element array rather than as a scalar argument, so every argument
+    of every kernel here is an array and a recorded launch can be replayed with new ones."""
+    i = wp.tid()
+    out[i] = value[0]
 
 
 for _word in WARP_WORDS.values():
     wp.overload(gather_rows, {"src": wp.array2d(dtype=_word), "out": wp.array2d(dtype=_word)})
-    wp.overload(fill_words, {"out": wp.array2d(dtype=_word), "value": _word})
+    wp.overload(fill_words, {"out": wp.array(dtype=_word), "value": wp.array(dtype=_word)})
 for _index in (wp.int32, wp.int64):
     wp.overload(
         gather_rows_shifted,

@@ -73,6 +73,6 @@ def as_words(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def as_flat_words(t: torch.Tensor) -> torch.Tensor:
-    """The whole contiguous tensor ``t`` as one row of the widest fitting words, ``[1, W]``."""
+    """The whole contiguous tensor ``t`` as a 1-D run of the widest fitting words."""
     whole = t.reshape(1, t.numel())
-    return as_words(whole, word_bytes_for(whole))
+    return as_words(whole, word_bytes_for(whole))[0]
