@@ -23,31 +23,31 @@ WARP = WarpBufferOps(allow_cpu=True)
 
 
 def storage_bytes(batch: Batch) -> dict[str, bytes]:
-    return {k: batch.storage(k).contiguous().view(torch.uint8).numpy().tobytes() for k in batch.keys()}
+    return {k: batch.storage(k).contiguous().view(torch.uint8).cpu().numpy().tobytes() for k in batch.keys()}
 
 
-def planted_batch(sizes, edges, dtype):
+def planted_batch(sizes, edges, dtype, device="cpu"):
     """A test batch with a NaN and a -0.0, which must travel bit for bit."""
-    batch = make_batch(sizes, edges=edges, extras=True, dtype=dtype)
+    batch = make_batch(sizes, edges=edges, extras=True, dtype=dtype).to(device)
     batch.positions[0, 0] = float("nan")
     batch.positions[-1, 2] = -0.0
     return batch
 
 
-def put_then_defrag(ops, sizes, edges, dtype, mask_bits, held):
+def put_then_defrag(ops, sizes, edges, dtype, mask_bits, held, device="cpu"):
     """Run the put/defrag sequence with ``ops``; returns (destination, source)."""
-    set_buffer_ops("cpu", ops)
+    set_buffer_ops(torch.device(device).type, ops)
     try:
-        src = planted_batch(sizes, edges, dtype)
+        src = planted_batch(sizes, edges, dtype, device)
         dest = Batch.empty(num_systems=len(sizes) + 3, num_nodes=sum(sizes) + 20, num_edges=sum(sizes) + 20, template=src)
         if held:
-            dest.put(make_batch(held, edges=edges, extras=True, dtype=dtype, system_ids=False))
-        mask = torch.tensor(mask_bits)
+            dest.put(make_batch(held, edges=edges, extras=True, dtype=dtype, system_ids=False).to(device))
+        mask = torch.tensor(mask_bits, device=device)
         dest.put(src, mask)
         src.defrag()
         return dest, src
     finally:
-        set_buffer_ops("cpu", None)
+        set_buffer_ops(torch.device(device).type, None)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,3 +91,15 @@ def test_every_dtype_survives_a_round_trip_through_warp(edges, warp_ops_on_cpu):
     dest.zero()
     assert len(dest) == 0
     assert not any(dest.storage(k).any() for k in dest.keys())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("edges", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_put_and_defrag_on_cuda_match_torch_bit_for_bit(edges, dtype):
+    sizes, mask_bits, held = [5, 1, 7, 3, 2, 6], [True, False, True, True, False, False], [2, 3]
+    dest_t, src_t = put_then_defrag(TorchBufferOps(), sizes, edges, dtype, mask_bits, held, "cuda")
+    dest_w, src_w = put_then_defrag(WarpBufferOps(), sizes, edges, dtype, mask_bits, held, "cuda")
+    assert storage_bytes(dest_t) == storage_bytes(dest_w)
+    assert storage_bytes(src_t) == storage_bytes(src_w)
+    assert dest_w.system_id[len(held) :].tolist() == [0, 2, 3]

@@ -64,8 +64,7 @@ class GPUBuffer(DataSink):
                     'pass device="cpu" on machines without a GPU'
                 )
             if device.index is None:
-                # Batches report "cuda:N"; a bare "cuda" would never compare equal and every
-                # write would copy the batch across "devices" first.
+                # One canonical name for the device ("cuda" and "cuda:0" compare unequal).
                 device = torch.device("cuda", torch.cuda.current_device())
         self._capacity = int(capacity)
         self._max_atoms = int(max_atoms)
@@ -111,8 +110,8 @@ class GPUBuffer(DataSink):
         """Copy the systems of ``batch`` where ``mask`` is True (all when None) into the buffer.
 
         Uses ``Batch.put`` (no allocation after the first write) and sets ``_copied_mask`` (which
-        systems of ``batch`` were copied) and ``_dest_mask`` (which slots were filled). As with
-        ``Batch.put``, a bare ``batch.defrag()`` afterwards removes the systems written here.
+        systems of ``batch`` were copied) and ``_dest_mask`` (which slots were filled). The batch's
+        contents are not changed.
 
         Raises:
             RuntimeError: The selected systems would exceed the capacity, or one of them has more
