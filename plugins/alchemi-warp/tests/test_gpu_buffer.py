@@ -192,7 +192,9 @@ def test_cuda_without_cuda_says_to_use_cpu():
 def test_bare_cuda_means_the_current_device_and_cpu_batches_are_moved():
     buffer = GPUBuffer(capacity=4, max_atoms=6, max_edges=6, device="cuda")
     assert buffer.device == torch.device("cuda", torch.cuda.current_device())
-    b = batch([2, 3])  # on the CPU
-    buffer.write(b)
+    b = batch([2, 3, 4])  # on the CPU
+    buffer.write(b, torch.tensor([True, False, True]))
     assert buffer.storage.positions.device.type == "cuda"
-    assert_same_systems(b, buffer.read().to("cpu"))
+    assert buffer._copied_mask.device.type == "cpu" and buffer._copied_mask.tolist() == [True, False, True]
+    assert buffer._dest_mask.tolist() == [True, True, False, False]
+    assert_same_systems(b.index_select([0, 2]), buffer.read().to("cpu"))

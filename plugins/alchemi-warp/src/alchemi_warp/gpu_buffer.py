@@ -124,7 +124,11 @@ class GPUBuffer(DataSink):
         self._check_fits(batch, selected)
         storage = self._allocate_like(batch)
         if len(selected):
-            copied = storage.put(batch, host_mask)
+            source, source_mask = batch, host_mask
+            if batch.device != self._device:
+                # Move only the selected systems, not the whole batch.
+                source, source_mask = batch.index_select(selected).to(self._device), None
+            copied = storage.put(source, source_mask)
             if copied != len(selected):  # pragma: no cover - _check_fits guarantees room
                 raise CapacityError(f"GPUBuffer copied {copied} of {len(selected)} systems; this is a bug")
             self._dest_mask = storage._dest_mask
