@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import atexit
 import queue
+import sys
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from alchemi_core.errors import AlchemiError
 
 from alchemi_zarr.records import HostRecords, Snapshot
 from alchemi_zarr.storage import AtomicStore
+
+
+def _at_exit(fn: Callable[[], object]) -> None:
+    register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
+    try:
+        register(fn) if register is not None else atexit.register(fn)
+    except RuntimeError:  # already shutting down: nothing can be scheduled any more
+        pass
 
 
 class BackgroundWriteError(AlchemiError, RuntimeError):
@@ -59,11 +68,12 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._run, name=f"alchemi-zarr-writer {store.where}", daemon=True)
         self._thread.start()
         self._closed = False
-        # Daemon threads still run while atexit handlers do: flush then, so a script that
-        # forgets close() keeps its data. The weak reference lets the writer be collected.
+        # Drain at interpreter exit, so a script that forgets close() keeps its data. This has to
+        # run before concurrent.futures shuts its thread pools down (zarr writes through them),
+        # which threading's exit callbacks do and plain atexit handlers would be too late for.
+        # The weak reference lets an unused writer be collected.
         ref = weakref.ref(self)
-        self._atexit = lambda: (w := ref()) is not None and w._close_quietly()
-        atexit.register(self._atexit)
+        _at_exit(lambda: (w := ref()) is not None and w._close_quietly())
 
     @property
     def pending(self) -> int:
@@ -163,13 +173,10 @@ class BackgroundWriter:
             self._closed = True
             self._queue.put(None)
             self._thread.join()
-            atexit.unregister(self._atexit)
         self.raise_errors()
 
     def _close_quietly(self) -> None:
         try:
             self.close()
         except BackgroundWriteError as exc:  # at exit there is no caller left to raise to
-            import sys
-
             print(f"alchemi-zarr: {exc}", file=sys.stderr)

@@ -3,7 +3,9 @@
 Each structure becomes one frame: numbers, positions, cell, pbc, masses and velocities, with
 energy, forces and stress as calculator results (what ``ase.io.read`` gives back as
 ``atoms.get_potential_energy()`` and friends). Other atom fields become per-atom arrays and other
-system fields ``atoms.info`` entries (``system_id``, ``status``, ...), under their own names.
+system fields ``atoms.info`` entries (``system_id``, ``status``, ...), under their own names
+(ASE reads a per-atom ``charges`` column back as the calculator's charges). Extended XYZ keeps
+positions and forces to 8 decimals; the store itself keeps every bit.
 
 Example:
     >>> import ase.io, tempfile, os
