@@ -33,11 +33,21 @@ def structures_zarr(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_every_structure_reaches_the_zarr_sink_exactly_once(structures_zarr, asynchronous):
+@pytest.mark.parametrize(
+    ("device", "asynchronous"),
+    [
+        ("cpu", False),
+        ("cpu", True),
+        pytest.param("cuda", True, marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ]),
+    ],
+)
+def test_every_structure_reaches_the_zarr_sink_exactly_once(structures_zarr, device, asynchronous):
     model = DemoModelWrapper()
     reader = AtomicDataZarrReader("structures.zarr")
-    dataset = Dataset(reader, device="cpu")
+    dataset = Dataset(reader, device=device)
     sampler = SizeAwareSampler(dataset=dataset, max_atoms=1000, max_edges=5000, max_batch_size=32)
     output = ZarrData("results.zarr", capacity=100000, asynchronous=asynchronous)
 

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,24 @@ def _compressors() -> Any:
 
     # The checksum makes a damaged chunk an error on reading instead of wrong numbers.
     return [ZstdCodec(level=1, checksum=True)]
+
+
+def _write_concurrently(writes: list[tuple[Any, slice, np.ndarray]]) -> None:
+    """Assign every ``array[rows] = values`` at once on zarr's event loop (their I/O overlaps),
+    returning when all are done; one by one where zarr's loop is not reachable."""
+    try:
+        from zarr.core.sync import sync
+    except ImportError:  # pragma: no cover - a zarr without its internal loop helper
+        for arr, rows, values in writes:
+            arr[rows] = values
+        return
+
+    async def assign_all() -> None:
+        await asyncio.gather(
+            *((getattr(arr, "async_array", None) or arr._async_array).setitem(rows, values) for arr, rows, values in writes)
+        )
+
+    sync(assign_all())
 
 
 class AtomicStore:
@@ -113,10 +132,12 @@ class AtomicStore:
                 raise InvalidDataError(f"{self.where} is damaged: field {name!r} has {rows} rows, fewer than committed")
 
     def _read_commit(self) -> tuple[int, int, int]:
-        try:
-            arr = self._group[layout.COMMIT]
-        except KeyError:
-            return (0, 0, 0)
+        arr = self._arrays.get(layout.COMMIT)
+        if arr is None:
+            try:
+                arr = self._arrays[layout.COMMIT] = self._group[layout.COMMIT]
+            except KeyError:
+                return (0, 0, 0)
         values = np.asarray(arr[:], dtype=np.int64)
         if values.shape != (3,) or np.any(values < 0):
             raise InvalidDataError(f"{self.where} is damaged: commit record {values.tolist()}")
@@ -262,15 +283,16 @@ class AtomicStore:
         s0, n0, e0 = self.counts
         k, n, e = records.num_systems, int(records.num_atoms.sum()), int(records.num_edges.sum())
         start = {Level.SYSTEM: s0, Level.NODE: n0, Level.EDGE: e0}
+        writes: list[tuple[str, int, np.ndarray]] = []
         for name, spec in self.header.fields.items():
-            lo = start[spec.level]
-            rows = records.fields[name]
-            self._grow(name, lo + len(rows))
-            self.array(name)[lo : lo + len(rows)] = rows
+            writes.append((name, start[spec.level], records.fields[name]))
         for name, first, counts in ((layout.ATOM_PTR, n0, records.num_atoms), (layout.EDGE_PTR, e0, records.num_edges)):
-            self._grow(name, s0 + k + 1)
-            self.array(name)[s0 + 1 : s0 + k + 1] = first + np.cumsum(counts, dtype=np.int64)
-        # The commit point: before this write, a reader (or a reopened writer) sees none of them.
+            writes.append((name, s0 + 1, first + np.cumsum(counts, dtype=np.int64)))
+        for name, lo, rows in writes:
+            self._grow(name, lo + len(rows))
+        _write_concurrently([(self.array(name), slice(lo, lo + len(rows)), rows) for name, lo, rows in writes])
+        # The commit point, after every data write has returned: before it, a reader (or a
+        # reopened writer) sees none of these records.
         self.array(layout.COMMIT)[:] = np.array([s0 + k, n0 + n, e0 + e], dtype=np.int64)
         self.counts = (s0 + k, n0 + n, e0 + e)
 
