@@ -171,6 +171,10 @@ def test_foreign_and_newer_stores_are_refused(tmp_path):
         AtomicDataZarrReader(path)
     with pytest.raises(InvalidDataError, match="no store at"):
         AtomicDataZarrReader(str(tmp_path / "missing.zarr"))
+    url = memory_url()
+    zarr.create_array(url, shape=(3,), dtype="int32")  # an array where the group would be
+    with pytest.raises(InvalidDataError, match="not an alchemi store"):
+        ZarrData(url)
 
 
 def test_file_urls_dicts_and_store_objects_are_stores(tmp_path):
@@ -183,6 +187,20 @@ def test_file_urls_dicts_and_store_objects_are_stores(tmp_path):
     store = zarr.storage.MemoryStore()
     ZarrData(store).write(batch_for([3]))
     assert len(AtomicDataZarrReader(store)) == 1
+
+
+def test_edge_fields_without_any_edges_and_tensors_with_grad():
+    url = memory_url()
+    lonely = make_batch([1, 1], edges=True)  # neighbor_list and shifts with zero rows
+    sink = ZarrData(url)
+    sink.write(lonely)
+    assert_same_systems(lonely, sink.read())
+    assert AtomicDataZarrReader(url)[1].neighbor_list.shape == (0, 2)
+    tracked = make_batch([3, 2])
+    tracked.positions.requires_grad_(True)
+    other = ZarrData(memory_url())
+    other.write(tracked)
+    assert torch.equal(other.read().positions, tracked.positions.detach())
 
 
 def test_large_appends_cross_chunk_boundaries():

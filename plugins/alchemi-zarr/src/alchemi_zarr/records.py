@@ -61,7 +61,7 @@ def snapshot(batch: Batch, copy: bool) -> Snapshot:
         t = getattr(batch, name)
         if on_gpu:
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
+            host.copy_(t.detach(), non_blocking=True)
             sources.append(t)
         else:
             host = t.detach().clone() if copy else t.detach()

@@ -83,12 +83,13 @@ class AtomicStore:
         self.zarr_store, self.where, self._lock_path = resolve_store(store, read_only, storage_options)
         try:
             self._group = zarr.open_group(self.zarr_store, mode="r" if read_only else "a", zarr_format=3)
-        except (FileNotFoundError, KeyError) as exc:
+        except (FileNotFoundError, KeyError) as exc:  # zarr's GroupNotFoundError is one
             raise InvalidDataError(f"no alchemi store at {self.where}: {exc}") from None
         except Exception as exc:
-            if type(exc).__name__ in ("GroupNotFoundError", "NodeNotFoundError", "ContainsArrayError"):
-                raise InvalidDataError(f"no alchemi store at {self.where}: {exc}") from None
-            raise
+            if not type(exc).__module__.startswith("zarr."):
+                raise
+            # An array where the group should be, unreadable metadata: zarr's own complaints.
+            raise InvalidDataError(f"{self.where} is not an alchemi store: {exc}") from exc
         self.header: Header | None = None
         self.counts = (0, 0, 0)  # committed systems, atoms, edges
         self._arrays: dict[str, Any] = {}
@@ -255,7 +256,11 @@ class AtomicStore:
         """Lay out an empty store for records with ``specs`` (replacing any uncommitted arrays)."""
         header = Header(dict(specs))
         self._group.attrs[layout.HEADER_KEY] = header.to_json()
-        groups = {lvl: self._group.require_group(name) for lvl, name in layout.LEVEL_GROUP.items()}
+        groups = {}
+        for lvl, name in layout.LEVEL_GROUP.items():
+            if name in self._group:  # arrays of an uncommitted or cleared schema: nothing to keep
+                del self._group[name]
+            groups[lvl] = self._group.create_group(name)
         self._arrays = {}
         for name, spec in specs.items():
             rows = layout.chunk_rows(spec.row_bytes)
