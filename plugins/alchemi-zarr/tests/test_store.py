@@ -150,6 +150,20 @@ def test_uncommitted_tail_is_ignored_and_overwritten(tmp_path):
     assert_same_systems(batch_for([0, 1, 2]), sink.read())
 
 
+def test_a_crashed_first_append_leaves_an_empty_store(tmp_path):
+    """Header written, arrays half made, nothing committed: readers see an empty store."""
+    path = str(tmp_path / "first.zarr")
+    store = ZarrData(path).store
+    store._group.attrs["alchemi"] = layout.Header(
+        {"positions": layout.FieldSpec.of("positions", "node", torch.zeros(1, 3))}
+    ).to_json()
+    reader = AtomicDataZarrReader(path)
+    assert len(reader) == 0 and reader.fields == {} and reader.get_all_metadata()[0].tolist() == []
+    sink = ZarrData(path)
+    sink.write(batch_for([0, 1]))
+    assert_same_systems(batch_for([0, 1]), AtomicDataZarrReader(path).read_batch())
+
+
 def test_damaged_pointers_are_reported(tmp_path):
     path = str(tmp_path / "damaged.zarr")
     ZarrData(path).write(batch_for([0, 1]))

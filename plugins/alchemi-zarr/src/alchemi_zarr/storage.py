@@ -116,8 +116,9 @@ class AtomicStore:
         counts = self._read_commit()
         self._arrays = {}
         if counts[0] == 0:
-            # Whatever an empty store's header says was never committed: the first append decides.
-            self.header, self.counts = header if header.fields else None, (0, 0, 0)
+            # Whatever an empty store's header says was never committed (a crashed first append,
+            # a cleared store): there are no fields yet, and the first append decides them.
+            self.header, self.counts = None, (0, 0, 0)
             return
         self.header = header
         self.counts = counts
@@ -149,10 +150,10 @@ class AtomicStore:
         counts = self._read_commit()
         if counts == self.counts:
             return False
-        if not self.read_only or self.header is None:
-            import zarr
+        import zarr
 
-            self._group = zarr.open_group(self.zarr_store, mode="r" if self.read_only else "a", zarr_format=3)
+        # Reopen: the header may have changed too (a cleared store that took new fields).
+        self._group = zarr.open_group(self.zarr_store, mode="r" if self.read_only else "a", zarr_format=3)
         self._load()
         return True
 
