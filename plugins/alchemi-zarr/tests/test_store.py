@@ -237,6 +237,20 @@ def test_negative_capacity_and_bad_store_arguments_are_refused():
         ZarrData(3.5)
 
 
+def test_an_s3_url_without_s3fs_says_what_to_install():
+    pytest.importorskip("fsspec")
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("s3fs is installed; this checks the message when it is not")
+    from alchemi_core.errors import MissingDependencyError
+
+    with pytest.raises(MissingDependencyError, match=r"pip install alchemi-zarr\[s3\]"):
+        ZarrData("s3://some-bucket/results.zarr")
+
+
 def test_chunk_rows_aim_at_a_fixed_chunk_size():
     assert layout.chunk_rows(12) == 8192  # float32 positions: ~96 KiB chunks
     assert layout.chunk_rows(8) == 16384

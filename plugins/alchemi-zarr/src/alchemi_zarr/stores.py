@@ -72,7 +72,7 @@ def resolve_store(
     except ImportError as exc:
         protocol = store.split("://", 1)[0]
         extra = "alchemi-zarr[s3]" if protocol in ("s3", "s3a") else f"the fsspec backend for {protocol}://"
-        raise MissingDependencyError(f"opening {store} needs {exc.name or 'a package'}: pip install {extra}") from exc
+        raise MissingDependencyError(f"opening {store} needs a package that is missing ({exc}): pip install {extra}") from exc
     return fs_store, store, None
 
 
