@@ -125,3 +125,18 @@ def test_pending_writes_survive_a_script_that_never_closes(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     assert AtomicDataZarrReader(str(path)).read_batch().system_id.tolist() == list(range(40))
 
+
+
+def test_a_dropped_sink_commits_its_pending_writes_and_ends_its_thread():
+    import gc
+
+    url = memory_url()
+    sink = ZarrData(url, asynchronous=True)
+    thread = sink._background._thread
+    for i in range(4):
+        sink.write(batch_for([i]))
+    del sink
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert AtomicDataZarrReader(url).read_batch().system_id.tolist() == [0, 1, 2, 3]

@@ -73,7 +73,7 @@ class BackgroundWriter:
         # which threading's exit callbacks do and plain atexit handlers would be too late for.
         # The weak reference lets an unused writer be collected.
         ref = weakref.ref(self)
-        _at_exit(lambda: (w := ref()) is not None and w._close_quietly())
+        _at_exit(lambda: (w := ref()) is not None and w.close_quietly())
 
     @property
     def pending(self) -> int:
@@ -175,8 +175,10 @@ class BackgroundWriter:
             self._thread.join()
         self.raise_errors()
 
-    def _close_quietly(self) -> None:
+    def close_quietly(self) -> None:
+        """``close()`` where no caller is left to raise to (exit, garbage collection): failures
+        go to stderr."""
         try:
             self.close()
-        except BackgroundWriteError as exc:  # at exit there is no caller left to raise to
+        except BackgroundWriteError as exc:
             print(f"alchemi-zarr: {exc}", file=sys.stderr)

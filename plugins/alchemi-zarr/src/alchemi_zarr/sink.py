@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ class ZarrData(DataSink):
             from alchemi_zarr.background import BackgroundWriter
 
             self._background = BackgroundWriter(self.store, self.units, max_pending)
+            # A sink dropped without close(): its thread still commits what is pending, then ends.
+            weakref.finalize(self, self._background.close_quietly)
 
     # ------------------------------------------------------------------ DataSink
     @property
