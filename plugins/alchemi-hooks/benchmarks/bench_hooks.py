@@ -3,7 +3,9 @@
 Runs velocity Verlet (``DemoDynamics`` with ``DemoModelWrapper``) on a batch of small clusters
 with: no hooks; ``LoggingHook`` every 100 steps; ``SnapshotHook`` (``HostMemory``) every 100
 steps; both; and the per-step hooks (``MaxForceClampHook``, ``FreezeAtomsHook``) for reference.
-Each case runs ``--repeats`` times after a warm-up run, the cases taking turns so that a busy
+A second table times single hook calls on a prepared batch (host time per call, no device
+synchronisation inside the timed loop, then one at its end): what a hook adds to a step when it
+fires. Each case runs ``--repeats`` times after a warm-up run, the cases taking turns so that a busy
 machine slows them alike; the fastest run is reported (the least disturbed) with its overhead
 over no hooks. On a GPU, timings end with ``torch.cuda.synchronize()``; on a CPU torch uses one
 thread (``--threads``) so that runs do not compete with each other's workers.
@@ -80,6 +82,25 @@ def seconds_per_step(hooks: list[Any], args: argparse.Namespace) -> float:
     return (time.perf_counter() - start) / args.steps
 
 
+def host_us_per_call(hook: Any, args: argparse.Namespace, calls: int) -> float:
+    """Median host time of ``calls`` calls of ``hook`` on a prepared batch (its run started)."""
+    batch = make_batch(args.systems, args.atoms, args.device)
+    md = DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.5)
+    md.run(batch)  # leaves the batch prepared and md's masks set
+    getattr(hook, "on_run_start", lambda b, d: None)(batch, md)
+    samples = []
+    try:
+        for _ in range(calls):
+            start = time.perf_counter()
+            hook(batch, md)
+            samples.append(time.perf_counter() - start)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    finally:
+        getattr(hook, "on_run_end", lambda b, d: None)(batch, md)
+    return 1e6 * statistics.median(samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -100,6 +121,11 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, make in made.items():
                 times.setdefault(name, []).append(seconds_per_step(make(), args))
+        per_call = {
+            "logging": host_us_per_call(LoggingHook(log_path=Path(tmp) / "calls.csv"), args, 200),
+            "snapshot": host_us_per_call(SnapshotHook(HostMemory(capacity=None)), args, 200),
+            "clamp": host_us_per_call(MaxForceClampHook(max_force=10.0), args, 200),
+        }
     results = {
         name: {"us_per_step": 1e6 * min(t), "median_us": 1e6 * statistics.median(t)} for name, t in times.items()
     }
@@ -111,12 +137,15 @@ def main() -> None:
         "torch": torch.__version__,
     }
     if args.json:
-        print(json.dumps({"meta": meta, "results": results}, indent=2))
+        print(json.dumps({"meta": meta, "results": results, "host_us_per_call": per_call}, indent=2))
         return
     print(f"bench_hooks: {meta}")
     print(f"{'case':<22} {'us/step':>10} {'median':>10} {'overhead':>9}")
     for name, r in results.items():
         print(f"{name:<22} {r['us_per_step']:>10.1f} {r['median_us']:>10.1f} {r['overhead_pct']:>8.1f}%")
+    print(f"{'hook call':<22} {'host us':>10}")
+    for name, us in per_call.items():
+        print(f"{name:<22} {us:>10.1f}")
 
 
 if __name__ == "__main__":
