@@ -19,7 +19,7 @@ HOOKS = (
     ("converged-snapshot", "alchemi_hooks.snapshot:ConvergedSnapshotHook", "write just-converged systems to a sink"),
     ("nan-detector", "alchemi_hooks.nonfinite:NaNDetectorHook", "stop on NaN/inf, naming the systems and atoms"),
     ("energy-drift", "alchemi_hooks.drift:EnergyDriftMonitorHook", "warn or raise when total energy per atom drifts"),
-    ("freeze-atoms", "alchemi_hooks.freeze:FreezeAtomsHook", "hold atoms marked frozen in place (node_weight + zeroed forces)"),
+    ("freeze-atoms", "alchemi_hooks.freeze:FreezeAtomsHook", "hold atoms marked frozen in place"),
     ("wrap-periodic", "alchemi_hooks.wrap:WrapPeriodicHook", "wrap positions into the cell along periodic axes"),
     ("progress", "alchemi_hooks.progress:ProgressHook", "live progress: steps, systems done/active, atom-steps/s"),
     ("stage-timing", "alchemi_hooks.timing:StageTimingHook", "time per phase of the step, with a summary table"),
