@@ -148,6 +148,8 @@ class Engine:
             getattr(owner, "_compile_kwargs", None) is not None
         )
         self.graph_captures = 0
+        #: Increases whenever the masks are rewritten (at checks and composition changes).
+        self.mask_version = 0
         self._graph: Any = None
         self._graph_key = -1
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.
@@ -311,35 +313,40 @@ class Engine:
         """Which systems (and atoms) each stage integrates until the next check.
 
         The masks live in buffers that are reallocated only when the set of systems changes,
-        and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them.
+        and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them; each
+        rewrite bumps ``mask_version`` so hooks can tell. Atoms of a batch field ``frozen``
+        get weight 0 in every stage: no integrator moves them.
         """
         batch = self.batch
         inv_mass = self.inv_mass()
-        if not self.masked:
-            for s in self.subs:
+        self.mask_version += 1
+        frozen = batch.frozen.reshape(-1).to(torch.bool) if "frozen" in batch else None
+        for s in self.subs:
+            if not self.masked and frozen is None:
                 s.sys_mask = s.node_weight = None
                 s.weighted_inv_mass = inv_mass
                 self._publish(s)
-            return
-        status, steps, idx = batch.status, batch.stage_steps, batch.batch_idx
-        dtype = batch.positions.dtype
-        for s in self.subs:
-            if s.buffers_version != batch.version or s.sys_mask is None:
-                s.sys_mask = torch.empty(batch.num_graphs, dtype=torch.bool, device=batch.device)
-                s.node_weight = torch.empty(batch.num_nodes, 1, dtype=dtype, device=batch.device)
+                continue
+            if s.buffers_version != batch.version or s.node_weight is None or s.weighted_inv_mass is None:
+                s.sys_mask = torch.empty(batch.num_graphs, dtype=torch.bool, device=batch.device) if self.masked else None
+                s.node_weight = torch.empty(batch.num_nodes, 1, dtype=batch.positions.dtype, device=batch.device)
                 s.weighted_inv_mass = torch.empty_like(s.node_weight)
                 s.buffers_version = batch.version
-            torch.eq(status, s.code, out=s.sys_mask)
-            if self.graduate_on_budget:
-                s.sys_mask.logical_and_(steps < s.budget)
-            s.node_weight.copy_(s.sys_mask.index_select(0, idx).unsqueeze(-1))
+            if s.sys_mask is not None:
+                torch.eq(batch.status, s.code, out=s.sys_mask)
+                if self.graduate_on_budget:
+                    s.sys_mask.logical_and_(batch.stage_steps < s.budget)
+                atoms = s.sys_mask.index_select(0, batch.batch_idx)
+                s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
+            else:
+                s.node_weight.copy_((~frozen).unsqueeze(-1))
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
             self._publish(s)
 
-    @staticmethod
-    def _publish(s: SubStage) -> None:
+    def _publish(self, s: SubStage) -> None:
         d = s.dynamics
         d.system_mask, d.node_weight, d.weighted_inv_mass = s.sys_mask, s.node_weight, s.weighted_inv_mass
+        d.mask_version = self.mask_version
 
     # ------------------------------------------------------------------ the step
     def forward(self) -> None:
@@ -356,7 +363,7 @@ class Engine:
             out = m(batch)
             for s in self.subs:
                 if s.dynamics.model is m and s.sys_mask is not None:
-                    nm = s.node_weight.bool()
+                    nm = s.sys_mask.index_select(0, batch.batch_idx).unsqueeze(-1)
                     batch.forces.copy_(torch.where(nm, out["forces"], batch.forces))
                     batch.energy.copy_(torch.where(s.sys_mask.unsqueeze(-1), out["energy"], batch.energy))
 
@@ -643,18 +650,29 @@ class Engine:
             self.step()
 
     def start_hooks(self) -> None:
+        """Every hook's ``on_run_start``; masks are then refreshed, as a hook may have marked
+        atoms (``frozen``) or changed fields the masks depend on."""
         for s in self.subs:
             for h in s.dynamics.hooks:
                 getattr(h, "on_run_start", _noop)(self.batch, s.dynamics)
         for h in self.extra_hooks:
             getattr(h, "on_run_start", _noop)(self.batch, self.owner)
+        if self.batch is not None:
+            self._update_masks()
 
     def end_hooks(self) -> None:
-        for s in self.subs:
-            for h in s.dynamics.hooks:
-                getattr(h, "on_run_end", _noop)(self.batch, s.dynamics)
-        for h in self.extra_hooks:
-            getattr(h, "on_run_end", _noop)(self.batch, self.owner)
+        """Every hook's ``on_run_end``, even when one raises (files get closed); the first
+        error is raised afterwards."""
+        calls = [(h, s.dynamics) for s in self.subs for h in s.dynamics.hooks]
+        calls += [(h, self.owner) for h in self.extra_hooks]
+        first: BaseException | None = None
+        for hook, stage in calls:
+            try:
+                getattr(hook, "on_run_end", _noop)(self.batch, stage)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                first = first or exc
+        if first is not None:
+            raise first
 
     def stream_context(self, stream: Any) -> Any:
         if stream is not None and self.batch is not None and self.batch.device.type == "cuda":

@@ -5,14 +5,13 @@ the hook are added to that field when a run starts, so the choice travels with e
 through refills, sinks and pipeline ranks (like ASE's ``FixAtoms``, indices count atoms of the
 batch the run starts with).
 
-The hook acts at two points. Before the integrator (``BEFORE_PRE_UPDATE``) it hands the stage a
-``node_weight`` that is 0 for frozen atoms: integrators apply every update (kicks, drifts,
-thermostat noise, FIRE mixing) through ``node_weight``, so frozen atoms are not moved by any of
-them. After the model forward (``AFTER_COMPUTE``) it zeroes the forces on frozen atoms, so force
-convergence criteria (``fmax``), logs and optimisers see only the atoms that move, as in ASE.
-Velocities of frozen atoms are zeroed whenever the set of systems changes. The per-step cost is
-one multiply of the forces; the weights are rebuilt only when the engine changes its masks.
-Temperatures reported by alchemi-hooks count 3 degrees of freedom per moving atom.
+The engine itself gives atoms marked ``frozen`` weight 0 in every stage (``node_weight`` and
+``weighted_inv_mass``), so no integrator moves them, whatever it updates (kicks, drifts,
+thermostat noise, FIRE mixing). The hook marks the atoms, zeroes their velocities when a run
+starts and whenever new systems enter, and zeroes their forces after each model forward
+(``AFTER_COMPUTE``), so force convergence criteria (``fmax``), logs and optimisers see only the
+atoms that move, as in ASE. The per-step cost is one multiply of the forces. Temperatures
+reported by alchemi-hooks count 3 degrees of freedom per moving atom.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -40,18 +39,6 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 FIELD = "frozen"
-
-
-class _Installed:
-    """The weight handed to one stage, and the engine's weight it was made from."""
-
-    __slots__ = ("stage", "base", "weight", "version")
-
-    def __init__(self, stage: Any, base: torch.Tensor | None, weight: torch.Tensor, version: int) -> None:
-        self.stage = stage
-        self.base = base
-        self.weight = weight
-        self.version = version
 
 
 class FreezeAtomsHook(Hook):
@@ -85,22 +72,15 @@ class FreezeAtomsHook(Hook):
         self._scope = Scope()
         self._free_key: Any = None
         self._free: torch.Tensor | None = None
-        self._installed: dict[int, _Installed] = {}
+        self._held_version: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         self._mark(batch)
-        self._installed = {}
         self._free_key = None
+        self._held_version = None
         self.hold(batch, dynamics)
-        batch.forces.mul_(self.free_weight(batch, dynamics))
-
-    def on_run_end(self, batch: Batch, dynamics: Any) -> None:
-        # Hand each stage back the engine's own weight.
-        for state in self._installed.values():
-            if state.stage.node_weight is state.weight:
-                state.stage.node_weight = state.base
-        self._installed = {}
+        self.zero_forces(batch, dynamics)
 
     def _mark(self, batch: Batch) -> None:
         """Write ``indices``/``mask`` into the batch's ``frozen`` field."""
@@ -151,23 +131,13 @@ class FreezeAtomsHook(Hook):
         return self._free
 
     def hold(self, batch: Batch, dynamics: Any) -> None:
-        """Give each stage a ``node_weight`` without the frozen atoms (when the engine changed it)."""
-        stages = getattr(dynamics, "stages", None) or [dynamics]
-        for stage in stages:
-            state = self._installed.get(id(stage))
-            current = stage.node_weight
-            if state is not None and current is state.weight and state.version == batch.version:
-                continue
-            free = self.free_weight(batch, dynamics)
-            base = current
-            if state is not None and current is state.weight:
-                # Same weight object but new systems: rebuild from the engine's one if it still fits.
-                base = state.base if state.base is not None and state.base.shape == free.shape else None
-            weight = free if base is None else base * free
-            stage.node_weight = weight
-            self._installed[id(stage)] = _Installed(stage, base, weight, batch.version)
-            batch.velocities.mul_(free)
-            batch.forces.mul_(free)
+        """Zero the velocities of frozen atoms when systems entered since the last call (the
+        engine's weights already keep frozen atoms from moving)."""
+        key = (id(batch), batch.version)
+        if key == self._held_version:
+            return
+        batch.velocities.mul_(self.free_weight(batch, dynamics))
+        self._held_version = key
 
     def zero_forces(self, batch: Batch, dynamics: Any) -> None:
         """Zero the forces on frozen atoms after the model forward."""

@@ -4,9 +4,9 @@ Inside a stage the engine sets ``dynamics.system_mask`` (``[B]`` bool, None for 
 systems that stage integrates; a hook must act on those only, so the same hook class works in a
 single stage, in each sub-stage of a ``FusedStage`` and while inflight refill changes the batch.
 A hook given to a ``FusedStage`` itself acts on the systems of any of its sub-stages (not the
-graduated ones that wait in the batch). The masks change only at check steps, so the per-atom
-views derived here are cached by the identity of the engine's mask and ``batch.version``: on
-other steps they cost nothing.
+graduated ones that wait in the batch). The engine rewrites its masks in place, only at check
+steps, and bumps ``dynamics.mask_version`` when it does; the views derived here are cached on
+that counter and ``batch.version``, so on other steps they cost nothing.
 
 Example:
     >>> import torch
@@ -39,6 +39,13 @@ def stage_system_mask(dynamics: Any) -> torch.Tensor | None | tuple[torch.Tensor
     return None
 
 
+def mask_key(dynamics: Any, batch: Batch) -> tuple[Any, ...]:
+    """Changes whenever the masks of ``dynamics`` (or of a fused stage's sub-stages) may have."""
+    stages = getattr(dynamics, "stages", None) if not hasattr(dynamics, "system_mask") else None
+    stages = stages or [dynamics]
+    return (id(batch), batch.version, *(getattr(s, "mask_version", None) for s in stages))
+
+
 class Scope:
     """Per-hook cache of the systems (``[B]`` bool) and atoms (``[V]`` bool) of its stage."""
 
@@ -57,15 +64,12 @@ class Scope:
         masks = [m for m in raw if m is not None]
         if len(masks) != len(raw):
             return None
-        # Hold the masks themselves (not ids), so an identity match cannot be a recycled id.
-        key = self._sys_key
-        if key is None or key[1] != batch.version or len(key[0]) != len(raw) or any(
-            a is not b for a, b in zip(key[0], raw, strict=True)
-        ):
+        key = mask_key(dynamics, batch)
+        if self._sys_key != key or self._sys is None:
             combined = masks[0].clone()
             for m in masks[1:]:
                 combined |= m
-            self._sys, self._sys_key = combined, (raw, batch.version)
+            self._sys, self._sys_key = combined, key
         return self._sys
 
     def atoms(self, batch: Batch, dynamics: Any) -> torch.Tensor | None:
@@ -79,13 +83,13 @@ class Scope:
         return self._outside
 
     def _refresh_atoms(self, batch: Batch, dynamics: Any) -> None:
-        sys = self.systems(batch, dynamics)
-        key = self._atom_key
-        if key is not None and key[0] is sys and key[1] == batch.version:
+        key = mask_key(dynamics, batch)
+        if self._atom_key == key:
             return
+        sys = self.systems(batch, dynamics)
         if sys is None:
             self._atoms = self._outside = None
         else:
             self._atoms = sys.index_select(0, batch.batch_idx)
             self._outside = (~self._atoms).unsqueeze(-1)
-        self._atom_key = (sys, batch.version)
+        self._atom_key = key
