@@ -1,0 +1,450 @@
+"""``BatchedNeighborList``: Verlet neighbour lists for every system of a batch, built by a cell
+list on the device and refreshed without ever asking the host.
+
+Each system has its own cell (triclinic allowed) and its own periodicity per axis (``batch.pbc``;
+a batch without ``pbc`` is not periodic, and then needs no ``cell``). Every atom keeps the atoms
+within ``cutoff + skin`` in a dense row of a ``[max_neighbors, atoms]`` matrix, with the lattice
+shift of the image it sees. Cutoffs larger than half the cell are fine: the search walks as many
+periodic images as the radius needs, so a cell smaller than twice the cutoff is handled exactly.
+
+Every call of :meth:`BatchedNeighborList.update` launches the same kernels: the atoms of each
+system check how far they moved since their system's last build, and a system rebuilds when one
+moved more than ``skin / 2`` or its cell or periodicity changed; the other systems' threads
+return at once. No value is read back, so the step can be captured in a CUDA graph. Buffers are
+allocated when the set of systems changes (``batch.version``) and reused otherwise.
+
+Errors found on the device (more neighbours than columns, a cell that lost its volume, atoms
+hundreds of cells outside theirs) are raised by :meth:`BatchedNeighborList.verify`, which the
+engine calls at check steps.
+
+Example:
+    >>> from ase.build import bulk
+    >>> from alchemi_core.data import Batch
+    >>> from alchemi_potentials.neighbors import BatchedNeighborList
+    >>> batch = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)])
+    >>> nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    >>> nbrs = nl.update(batch)
+    >>> int(nbrs.count.max()) > 70, nl.builds(batch).tolist()
+    (True, [1])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import torch
+
+from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_potentials import _warp
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: Columns kept beyond the most neighbours seen when the list sizes itself.
+HEADROOM = 1.2
+#: Atoms per bin of bin storage: a system gets ceil(atoms / ATOMS_PER_BIN) bins at most. (Bins
+#: half a list radius thick hold about 13 atoms of a dense liquid or solid at usual cutoffs; the
+#: cap matters for sparse systems, where it keeps memory and the per-step bin scan O(atoms).)
+ATOMS_PER_BIN = 2
+
+
+@attrs.frozen
+class NeighborMatrix:
+    """The neighbours of every atom, as the kernels read them.
+
+    Attributes:
+        index: ``[max_neighbors, atoms]`` int32; neighbour ``k`` of atom ``i`` is ``index[k, i]``.
+        shift: ``[max_neighbors, atoms]`` int32 packed lattice shifts (see :func:`decode_shifts`);
+            the neighbour's image is at ``x[j] + shift @ cell``.
+        count: ``[atoms]`` int32, how many entries of each column are valid.
+        warp_index, warp_shift, warp_count: The same memory as Warp arrays.
+        warp_atom_system: int32 Warp array, the system of every atom.
+    """
+
+    index: torch.Tensor
+    shift: torch.Tensor
+    count: torch.Tensor
+    warp_index: Any
+    warp_shift: Any
+    warp_count: Any
+    warp_atom_system: Any
+
+
+def decode_shifts(codes: torch.Tensor) -> torch.Tensor:
+    """Unpack shift codes into integer lattice shifts ``[..., 3]``.
+
+    Example:
+        >>> decode_shifts(torch.tensor([512 | 512 << 10 | 513 << 20])).tolist()
+        [[0, 0, 1]]
+    """
+    c = codes.to(torch.int64)
+    return torch.stack([(c & 1023) - 512, ((c >> 10) & 1023) - 512, ((c >> 20) & 1023) - 512], dim=-1)
+
+
+class _Layout:
+    """Device buffers for one set of systems (one ``batch.version``), reused while it lasts."""
+
+    def __init__(self, batch: Batch, columns: int) -> None:
+        dev = batch.device
+        self.device = dev
+        self.num_systems = batch.num_graphs
+        self.num_atoms = batch.num_nodes
+        s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
+        counts = batch.num_nodes_per_system
+        # Bin storage: each system's share, fixed while its atoms stay the same.
+        caps = np.maximum(1, -(-counts // ATOMS_PER_BIN)).astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(caps)[:-1])).astype(np.int64)
+        self.num_bins = int(caps.sum()) if len(caps) else 0
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=dev)
+
+        i32, f64 = torch.int32, torch.float64
+        t: dict[str, torch.Tensor] = {}
+        # One row per system.
+        t["moved"] = torch.ones(s_cap, dtype=i32, device=dev)  # everything builds first time
+        t["rebuild"] = zeros(s_cap)
+        t["builds"] = zeros(s_cap, dtype=torch.int64)
+        t["cell_ref"] = torch.full((s_cap, 3, 3), math.nan, dtype=f64, device=dev)
+        t["pbc_ref"] = torch.full((s_cap, 3), -1, dtype=i32, device=dev)
+        t["basis_inv"] = zeros(s_cap, 3, 3, dtype=f64)
+        t["spacing"] = zeros(s_cap, 3, dtype=f64)
+        t["lower"] = zeros(s_cap, 3, dtype=f64)
+        t["upper"] = zeros(s_cap, 3, dtype=f64)
+        t["bin_capacity"] = zeros(s_cap)
+        t["bin_start"] = zeros(s_cap)
+        t["dims"] = zeros(s_cap, 3)
+        t["reach"] = zeros(s_cap, 3)
+        t["origin"] = zeros(s_cap, 3, dtype=f64)
+        t["inv_width"] = zeros(s_cap, 3, dtype=f64)
+        t["bad_cell"] = zeros(s_cap)
+        t["most_neighbors"] = zeros(s_cap)
+        t["shift_out_of_range"] = zeros(s_cap)
+        # One row per atom.
+        t["atom_system"] = zeros(v_cap)
+        t["reference"] = zeros(v_cap, 3, dtype=f64)
+        t["fractional"] = zeros(v_cap, 3, dtype=f64)
+        t["wrap"] = zeros(v_cap, 3)
+        t["bin_of_atom"] = zeros(v_cap, 3)
+        t["slot"] = zeros(v_cap)
+        t["sorted_atoms"] = zeros(v_cap)
+        t["neighbor_count"] = zeros(v_cap)
+        # One row per bin.
+        t["bin_count"] = zeros(max(1, self.num_bins))
+        t["bin_end"] = zeros(max(1, self.num_bins))
+        n = self.num_systems
+        if n:
+            t["bin_capacity"][:n] = torch.from_numpy(caps).to(dev, i32)
+            t["bin_start"][:n] = torch.from_numpy(starts).to(dev, i32)
+            t["atom_system"][: self.num_atoms] = batch.batch_idx.to(i32)
+        self.tensors = t
+        self.allocate_columns(columns)
+
+    def allocate_columns(self, columns: int) -> None:
+        """(Re)allocate the neighbour matrix with ``columns`` rows and force a full rebuild."""
+        t = self.tensors
+        v_cap = t["atom_system"].shape[0]
+        # Indexed [k, i] everywhere. On a GPU the memory is [columns, atoms] (a warp of threads
+        # reads one row: coalesced); on a CPU, where one thread walks one atom's neighbours, it is
+        # [atoms, columns] seen through a transposed view, so each atom's neighbours are contiguous.
+        shape = (columns, v_cap) if self.device.type == "cuda" else (v_cap, columns)
+        for name in ("neighbor_index", "neighbor_shift"):
+            m = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            t[name] = m if self.device.type == "cuda" else m.t()
+        t["moved"].fill_(1)
+        t["most_neighbors"].zero_()
+        t["builds"].zero_()
+        self.columns = columns
+        wp = _warp.warp()
+        vec_types = {"reference": wp.vec3d, "fractional": wp.vec3d, "origin": wp.vec3d, "inv_width": wp.vec3d,
+                     "spacing": wp.vec3d, "wrap": wp.vec3i, "bin_of_atom": wp.vec3i, "pbc_ref": wp.vec3i,
+                     "dims": wp.vec3i, "reach": wp.vec3i, "cell_ref": wp.mat33d, "basis_inv": wp.mat33d}
+        self.arrays = {k: _warp.view(v, vec_types.get(k)) for k, v in t.items()}
+        n_atoms = self.num_atoms
+        self.matrix = NeighborMatrix(
+            index=t["neighbor_index"][:, :n_atoms],
+            shift=t["neighbor_shift"][:, :n_atoms],
+            count=t["neighbor_count"][:n_atoms],
+            warp_index=self.arrays["neighbor_index"],
+            warp_shift=self.arrays["neighbor_shift"],
+            warp_count=self.arrays["neighbor_count"],
+            warp_atom_system=self.arrays["atom_system"],
+        )
+        self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class BatchedNeighborList:
+    """Verlet neighbour lists of all systems of a batch (see the module docstring).
+
+    Args:
+        cutoff: Interaction range in Å; pairs closer than this are always in the list.
+        skin: Extra range in Å; a system rebuilds once one of its atoms moved more than
+            ``skin / 2`` since its last build. Larger skins rebuild less often but hold more pairs.
+        max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
+            the set of systems changes (one read-back then); a number never reads back, for CUDA
+            graphs, and :meth:`verify` raises if an atom ever has more neighbours.
+
+    Raises:
+        ConfigurationError: A non-positive cutoff or max_neighbors, or a negative skin.
+    """
+
+    def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None) -> None:
+        if not (cutoff > 0 and math.isfinite(cutoff)):
+            raise ConfigurationError(f"BatchedNeighborList needs a positive, finite cutoff in Å, got {cutoff!r}")
+        if not (skin >= 0 and math.isfinite(skin)):
+            raise ConfigurationError(f"BatchedNeighborList needs a skin >= 0 Å, got {skin!r}")
+        if max_neighbors is not None and int(max_neighbors) < 1:
+            raise ConfigurationError(f"max_neighbors must be a positive integer or None, got {max_neighbors!r}")
+        self._cutoff = float(cutoff)
+        self._skin = float(skin)
+        self._fixed_columns = None if max_neighbors is None else int(max_neighbors)
+        self._columns = self._fixed_columns or 32
+        self._layout: _Layout | None = None
+        self._key: tuple[Any, ...] | None = None
+        self.last_cell: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def cutoff(self) -> float:
+        """Interaction range in Å (the list holds pairs up to ``cutoff + skin``)."""
+        return self._cutoff
+
+    @property
+    def skin(self) -> float:
+        return self._skin
+
+    @property
+    def radius(self) -> float:
+        """``cutoff + skin``: the range of the stored pairs."""
+        return self._cutoff + self._skin
+
+    @property
+    def sizes_itself(self) -> bool:
+        """True when ``max_neighbors`` was None: columns follow the structures."""
+        return self._fixed_columns is None
+
+    @property
+    def max_neighbors(self) -> int:
+        """Columns of the neighbour matrix now (fixed, or sized from the structures)."""
+        return self._columns
+
+    def __repr__(self) -> str:
+        mode = "auto" if self._fixed_columns is None else "fixed"
+        return f"BatchedNeighborList(cutoff={self._cutoff}, skin={self._skin}, max_neighbors={self._columns} ({mode}))"
+
+    # ------------------------------------------------------------------ the step
+    def update(self, batch: Batch) -> NeighborMatrix:
+        """Bring every system's list up to date (rebuilding only where needed) and return it.
+
+        Makes no host synchronisation once buffers exist for this set of systems, except that
+        with ``max_neighbors=None`` the first build of a new set of systems reads back the most
+        neighbours any atom has, to size the matrix.
+        """
+        positions = batch.positions
+        if positions.dtype not in (torch.float32, torch.float64):
+            raise InvalidDataError(
+                f"BatchedNeighborList needs float32 or float64 positions, got {positions.dtype}"
+            )
+        key = (id(batch), batch.version, batch.system_capacity, batch.node_capacity, positions.device)
+        fresh = key != self._key or self._layout is None
+        if fresh:
+            self._layout = _Layout(batch, self._columns)
+            self._key = key
+        layout = self._layout
+        assert layout is not None
+        if layout.num_atoms == 0:
+            return layout.matrix
+        self._run(layout, batch)
+        if fresh and self._fixed_columns is None:
+            most = int(layout.tensors["most_neighbors"][: layout.num_systems].max())
+            if most > layout.columns:
+                self._columns = max(self._columns, int(math.ceil(most * HEADROOM)) + 8)
+                layout.allocate_columns(self._columns)
+                self._run(layout, batch)
+        return layout.matrix
+
+    def _inputs(self, layout: _Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions, cell ``[B, 3, 3]`` in the positions' dtype, and pbc ``[B, 3]`` bool."""
+        pos = batch.positions
+        n = layout.num_systems
+        store = layout.tensors
+        if "pbc" in batch:
+            pbc = batch.pbc
+            if pbc.dtype != torch.bool:
+                pbc = store.setdefault("pbc_bool", torch.zeros(pbc.shape, dtype=torch.bool, device=pbc.device))
+                pbc.copy_(batch.pbc)
+        else:
+            pbc = store.setdefault("no_pbc", torch.zeros((n, 3), dtype=torch.bool, device=pos.device))
+        if "cell" in batch:
+            cell = batch.cell
+            if cell.dtype != pos.dtype or not cell.is_contiguous():
+                buf = store.get("cell_cast")
+                if buf is None or buf.dtype != pos.dtype:
+                    buf = store["cell_cast"] = torch.empty((n, 3, 3), dtype=pos.dtype, device=pos.device)
+                buf.copy_(cell)
+                cell = buf
+        else:
+            # Periodic axes without a cell show up as a zero-volume cell in verify(); check_batch
+            # of the models rejects them before a run.
+            cell = store.get("no_cell")
+            if cell is None or cell.dtype != pos.dtype:
+                cell = store["no_cell"] = torch.zeros((n, 3, 3), dtype=pos.dtype, device=pos.device)
+        return pos, cell, pbc
+
+    def _run(self, layout: _Layout, batch: Batch) -> None:
+        from alchemi_potentials.neighbors import kernels as k
+
+        pos, cell, pbc = self._inputs(layout, batch)
+        self.last_cell = cell
+        ptrs = (pos.data_ptr(), cell.data_ptr(), pbc.data_ptr(), int(pos.dtype == torch.float64))
+        seqs = layout.launches.get(ptrs)
+        if seqs is None:
+            wp = _warp.warp()
+            vec, mat = (wp.vec3d, wp.mat33d) if pos.dtype == torch.float64 else (wp.vec3f, wp.mat33f)
+            P, C, Q = _warp.view(pos, vec), _warp.view(cell, mat), _warp.view(pbc)
+            a = layout.arrays
+            wdev = P.device
+            ns, na = layout.num_systems, layout.num_atoms
+            r = self.radius
+            before = _warp.LaunchSequence(wdev)
+            before.add(k.mark_moved, na, [P, a["reference"], a["atom_system"], wp.float64((self._skin / 2) ** 2), a["moved"]])
+            before.add(k.begin_build, ns, [C, Q, a["moved"], a["cell_ref"], a["pbc_ref"], a["rebuild"], a["builds"],
+                                           a["basis_inv"], a["spacing"], a["lower"], a["upper"], a["bad_cell"]])
+            before.add(k.fractional_coordinates, na, [P, a["atom_system"], a["rebuild"], a["pbc_ref"], a["basis_inv"],
+                                                      a["fractional"], a["wrap"], a["lower"], a["upper"]])
+            before.add(k.grid_layout, ns, [a["rebuild"], a["pbc_ref"], a["spacing"], a["lower"], a["upper"],
+                                           a["bin_capacity"], wp.float64(r), a["dims"], a["reach"], a["origin"],
+                                           a["inv_width"], a["bad_cell"]])
+            before.add(k.count_into_bins, na, [a["atom_system"], a["rebuild"], a["fractional"], a["dims"], a["origin"],
+                                               a["inv_width"], a["bin_start"], a["bin_of_atom"], a["slot"],
+                                               a["bin_count"]])
+            after = _warp.LaunchSequence(wdev)
+            after.add(k.sort_into_bins, na, [a["atom_system"], a["rebuild"], a["dims"], a["bin_start"], a["bin_of_atom"],
+                                             a["slot"], a["bin_end"], a["bin_count"], a["sorted_atoms"]])
+            after.add(k.search_neighbors, na, [P, a["atom_system"], a["rebuild"], a["cell_ref"], a["pbc_ref"], a["dims"],
+                                               a["reach"], a["bin_start"], a["bin_of_atom"], a["bin_end"],
+                                               a["sorted_atoms"], a["wrap"], wp.float64(r * r), a["neighbor_index"],
+                                               a["neighbor_shift"], a["neighbor_count"], a["reference"],
+                                               a["most_neighbors"], a["shift_out_of_range"], a["bad_cell"]])
+            seqs = layout.launches[ptrs] = (before, after)
+        stream = _warp.stream_for(pos.device)
+        before, after = seqs
+        before.run(stream)
+        nb = layout.num_bins
+        counts, ends = layout.tensors["bin_count"][:nb], layout.tensors["bin_end"][:nb]
+        torch.cumsum(counts, 0, dtype=torch.int32, out=ends)
+        after.run(stream)
+
+    # ------------------------------------------------------------------ checks
+    def most_neighbors(self, batch: Batch) -> np.ndarray:
+        """The most neighbours any atom of each system had at a build (reads back)."""
+        return self._require(batch).tensors["most_neighbors"][: batch.num_graphs].cpu().numpy()
+
+    def builds(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` how many times each system's list was built since its set of systems formed."""
+        return self._require(batch).tensors["builds"][: batch.num_graphs]
+
+    def verify(self, batch: Batch) -> None:
+        """Raise what the device recorded since the lists were allocated (reads back).
+
+        Raises:
+            CapacityError: An atom had more neighbours than ``max_neighbors`` columns.
+            InvalidDataError: A periodic cell lost its volume, or atoms sit hundreds of cells
+                outside their cell.
+        """
+        layout = self._layout
+        if layout is None or self._key is None or self._key[0] != id(batch) or layout.num_systems == 0:
+            return
+        n = layout.num_systems
+        t = layout.tensors
+        most = t["most_neighbors"][:n].cpu().numpy()
+        bad = t["bad_cell"][:n].cpu().numpy()
+        far = t["shift_out_of_range"][:n].cpu().numpy()
+        ids = _system_ids(batch)
+        if bad.any():
+            raise InvalidDataError(
+                f"systems {ids[np.nonzero(bad)[0]][:10].tolist()} have a periodic cell with (nearly) zero "
+                "volume or non-finite entries; their neighbour lists are empty and their forces wrong"
+            )
+        over = np.nonzero(most > layout.columns)[0]
+        if len(over):
+            need = int(most.max())
+            raise CapacityError(
+                f"neighbour list overflow: atoms of systems {ids[over][:10].tolist()} had up to {need} "
+                f"neighbours within cutoff + skin = {self.radius:g} Å, but max_neighbors is {layout.columns}, "
+                "so pairs were dropped and these forces are wrong; pass max_neighbors="
+                f"{int(math.ceil(need * HEADROOM))} (or None, to size it from the structures)"
+            )
+        if far.any():
+            raise InvalidDataError(
+                f"atoms of systems {ids[np.nonzero(far)[0]][:10].tolist()} lie more than 500 cells outside "
+                "their periodic cell; wrap the positions into the cell (hook:wrap-periodic)"
+            )
+
+    def _require(self, batch: Batch) -> _Layout:
+        if self._layout is None or self._key is None or self._key[0] != id(batch):
+            raise InvalidDataError("this neighbour list has not been built for this batch; call update(batch) first")
+        return self._layout
+
+    def memory_bytes(self) -> int:
+        """Device bytes held by the current buffers."""
+        return 0 if self._layout is None else self._layout.nbytes()
+
+
+def _system_ids(batch: Batch) -> np.ndarray:
+    if "system_id" in batch:
+        return batch.system_id.detach().cpu().numpy()
+    return np.arange(batch.num_graphs)
+
+
+def check_cells(batch: Batch, who: str) -> None:
+    """Reject periodic systems whose cell cannot define images (reads the cells back).
+
+    A periodic axis needs a cell row; the periodic rows of a system must span a line, a plane or
+    a volume (nonzero length, area or volume). Left-handed cells (negative determinant) are
+    valid, as in ASE: volumes are taken as ``|det(cell)|``.
+
+    Raises:
+        InvalidDataError: Periodic axes without a cell, or a degenerate or non-finite periodic cell.
+    """
+    if "pbc" not in batch or batch.num_graphs == 0:
+        return
+    pbc = batch.pbc.detach().to("cpu", torch.bool).numpy()
+    periodic = pbc.any(axis=1)
+    if not periodic.any():
+        return
+    ids = _system_ids(batch)
+    if "cell" not in batch:
+        raise InvalidDataError(
+            f"{who}: systems {ids[periodic][:10].tolist()} are periodic (pbc) but the batch has no cell; "
+            "give every periodic structure a cell"
+        )
+    cells = batch.cell.detach().to("cpu", torch.float64).numpy()
+    bad: list[int] = []
+    for s in np.nonzero(periodic)[0]:
+        rows = cells[s][pbc[s]]
+        if not np.isfinite(rows).all():
+            bad.append(s)
+            continue
+        lengths = np.linalg.norm(rows, axis=1)
+        if len(rows) == 1:
+            size, scale = lengths[0], 1.0
+        elif len(rows) == 2:
+            size, scale = np.linalg.norm(np.cross(rows[0], rows[1])), lengths.prod()
+        else:
+            size, scale = abs(np.linalg.det(rows)), lengths.prod()
+        if not (size > 1e-10 * scale and size > 0):
+            bad.append(s)
+    if bad:
+        detail = ", ".join(f"{ids[s]}: {cells[s].round(6).tolist()} (pbc {pbc[s].tolist()})" for s in bad[:3])
+        raise InvalidDataError(
+            f"{who}: systems {ids[bad][:10].tolist()} have a periodic cell with zero volume (the periodic "
+            f"cell vectors are zero, parallel or coplanar), so periodic images are undefined: {detail}; "
+            "fix the cell or set pbc False on axes that are not periodic"
+        )
