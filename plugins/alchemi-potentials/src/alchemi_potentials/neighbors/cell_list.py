@@ -84,13 +84,49 @@ def decode_shifts(codes: torch.Tensor) -> torch.Tensor:
     return torch.stack([(c & 1023) - 512, ((c >> 10) & 1023) - 512, ((c >> 20) & 1023) - 512], dim=-1)
 
 
+# Buffers of the kernels' SystemState and AtomState structs: name -> (trailing shape, dtype,
+# Warp element type name or None, initial value).
+_SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
+    "moved": ((), torch.int32, None, 1),  # 1: everything builds the first time
+    "rebuild": ((), torch.int32, None, 0),
+    "builds": ((), torch.int64, None, 0),
+    "cell": ((3, 3), torch.float64, "mat33d", math.nan),
+    "pbc": ((3,), torch.int32, "vec3i", -1),
+    "basis_inv": ((3, 3), torch.float64, "mat33d", 0),
+    "spacing": ((3,), torch.float64, "vec3d", 0),
+    "lower": ((3,), torch.float64, None, 0),
+    "upper": ((3,), torch.float64, None, 0),
+    "bin_capacity": ((), torch.int32, None, 0),
+    "bin_start": ((), torch.int32, None, 0),
+    "dims": ((3,), torch.int32, "vec3i", 0),
+    "reach": ((3,), torch.int32, "vec3i", 0),
+    "origin": ((3,), torch.float64, "vec3d", 0),
+    "inv_width": ((3,), torch.float64, "vec3d", 0),
+    "bad_cell": ((), torch.int32, None, 0),
+    "most_neighbors": ((), torch.int32, None, 0),
+    "shift_out_of_range": ((), torch.int32, None, 0),
+}
+_ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
+    "system": ((), torch.int32, None, 0),
+    "reference": ((3,), torch.float64, "vec3d", 0),
+    "fractional": ((3,), torch.float64, "vec3d", 0),
+    "wrap": ((3,), torch.int32, "vec3i", 0),
+    "bin": ((3,), torch.int32, "vec3i", 0),
+    "slot": ((), torch.int32, None, 0),
+    "sorted": ((), torch.int32, None, 0),
+}
+
+
 class _Layout:
     """Device buffers for one set of systems (one ``batch.version``), reused while it lasts."""
 
     def __init__(self, batch: Batch, columns: int) -> None:
+        from alchemi_potentials.neighbors import kernels
+
+        wp = _warp.warp()
         dev = batch.device
         self.device = dev
-        self.num_systems = batch.num_graphs
+        self.num_systems = n = batch.num_graphs
         self.num_atoms = batch.num_nodes
         s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
         counts = batch.num_nodes_per_system
@@ -99,84 +135,62 @@ class _Layout:
         starts = np.concatenate(([0], np.cumsum(caps)[:-1])).astype(np.int64)
         self.num_bins = int(caps.sum()) if len(caps) else 0
 
-        def zeros(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=dev)
+        def allocate(fields: dict, rows: int, struct: Any) -> dict[str, torch.Tensor]:
+            out = {}
+            for name, (shape, dtype, wtype, init) in fields.items():
+                t = out[name] = torch.full((rows, *shape), init, dtype=dtype, device=dev)
+                setattr(struct, name, _warp.view(t, getattr(wp, wtype) if wtype else None))
+            return out
 
-        i32, f64 = torch.int32, torch.float64
-        t: dict[str, torch.Tensor] = {}
-        # One row per system.
-        t["moved"] = torch.ones(s_cap, dtype=i32, device=dev)  # everything builds first time
-        t["rebuild"] = zeros(s_cap)
-        t["builds"] = zeros(s_cap, dtype=torch.int64)
-        t["cell_ref"] = torch.full((s_cap, 3, 3), math.nan, dtype=f64, device=dev)
-        t["pbc_ref"] = torch.full((s_cap, 3), -1, dtype=i32, device=dev)
-        t["basis_inv"] = zeros(s_cap, 3, 3, dtype=f64)
-        t["spacing"] = zeros(s_cap, 3, dtype=f64)
-        t["lower"] = zeros(s_cap, 3, dtype=f64)
-        t["upper"] = zeros(s_cap, 3, dtype=f64)
-        t["bin_capacity"] = zeros(s_cap)
-        t["bin_start"] = zeros(s_cap)
-        t["dims"] = zeros(s_cap, 3)
-        t["reach"] = zeros(s_cap, 3)
-        t["origin"] = zeros(s_cap, 3, dtype=f64)
-        t["inv_width"] = zeros(s_cap, 3, dtype=f64)
-        t["bad_cell"] = zeros(s_cap)
-        t["most_neighbors"] = zeros(s_cap)
-        t["shift_out_of_range"] = zeros(s_cap)
-        # One row per atom.
-        t["atom_system"] = zeros(v_cap)
-        t["reference"] = zeros(v_cap, 3, dtype=f64)
-        t["fractional"] = zeros(v_cap, 3, dtype=f64)
-        t["wrap"] = zeros(v_cap, 3)
-        t["bin_of_atom"] = zeros(v_cap, 3)
-        t["slot"] = zeros(v_cap)
-        t["sorted_atoms"] = zeros(v_cap)
-        t["neighbor_count"] = zeros(v_cap)
-        # One row per bin.
-        t["bin_count"] = zeros(max(1, self.num_bins))
-        t["bin_end"] = zeros(max(1, self.num_bins))
-        n = self.num_systems
+        self.systems = kernels.SystemState()
+        self.atoms = kernels.AtomState()
+        self.system_tensors = allocate(_SYSTEM_FIELDS, s_cap, self.systems)
+        self.atom_tensors = allocate(_ATOM_FIELDS, v_cap, self.atoms)
+        bins = max(1, self.num_bins)
+        self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
+        self.bin_end = torch.zeros(bins, dtype=torch.int32, device=dev)
+        self.atoms.bin_count, self.atoms.bin_end = _warp.view(self.bin_count), _warp.view(self.bin_end)
         if n:
-            t["bin_capacity"][:n] = torch.from_numpy(caps).to(dev, i32)
-            t["bin_start"][:n] = torch.from_numpy(starts).to(dev, i32)
-            t["atom_system"][: self.num_atoms] = batch.batch_idx.to(i32)
-        self.tensors = t
+            self.system_tensors["bin_capacity"][:n] = torch.from_numpy(caps).to(dev, torch.int32)
+            self.system_tensors["bin_start"][:n] = torch.from_numpy(starts).to(dev, torch.int32)
+            self.atom_tensors["system"][: self.num_atoms] = batch.batch_idx.to(torch.int32)
+        self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
 
     def allocate_columns(self, columns: int) -> None:
         """(Re)allocate the neighbour matrix with ``columns`` rows and force a full rebuild."""
-        t = self.tensors
-        v_cap = t["atom_system"].shape[0]
+        v_cap = self.atom_tensors["system"].shape[0]
         # Indexed [k, i] everywhere. On a GPU the memory is [columns, atoms] (a warp of threads
         # reads one row: coalesced); on a CPU, where one thread walks one atom's neighbours, it is
         # [atoms, columns] seen through a transposed view, so each atom's neighbours are contiguous.
-        shape = (columns, v_cap) if self.device.type == "cuda" else (v_cap, columns)
-        for name in ("neighbor_index", "neighbor_shift"):
-            m = torch.zeros(shape, dtype=torch.int32, device=self.device)
-            t[name] = m if self.device.type == "cuda" else m.t()
-        t["moved"].fill_(1)
-        t["most_neighbors"].zero_()
-        t["builds"].zero_()
+        gpu = self.device.type == "cuda"
+        matrices = []
+        for _ in ("index", "shift"):
+            m = torch.zeros((columns, v_cap) if gpu else (v_cap, columns), dtype=torch.int32, device=self.device)
+            matrices.append(m if gpu else m.t())
+        count = torch.zeros(v_cap, dtype=torch.int32, device=self.device)
+        self.matrix_tensors = (*matrices, count)
+        s = self.system_tensors
+        s["moved"].fill_(1)
+        s["most_neighbors"].zero_()
+        s["builds"].zero_()
         self.columns = columns
-        wp = _warp.warp()
-        vec_types = {"reference": wp.vec3d, "fractional": wp.vec3d, "origin": wp.vec3d, "inv_width": wp.vec3d,
-                     "spacing": wp.vec3d, "wrap": wp.vec3i, "bin_of_atom": wp.vec3i, "pbc_ref": wp.vec3i,
-                     "dims": wp.vec3i, "reach": wp.vec3i, "cell_ref": wp.mat33d, "basis_inv": wp.mat33d}
-        self.arrays = {k: _warp.view(v, vec_types.get(k)) for k, v in t.items()}
         n_atoms = self.num_atoms
         self.matrix = NeighborMatrix(
-            index=t["neighbor_index"][:, :n_atoms],
-            shift=t["neighbor_shift"][:, :n_atoms],
-            count=t["neighbor_count"][:n_atoms],
-            warp_index=self.arrays["neighbor_index"],
-            warp_shift=self.arrays["neighbor_shift"],
-            warp_count=self.arrays["neighbor_count"],
-            warp_atom_system=self.arrays["atom_system"],
+            index=matrices[0][:, :n_atoms],
+            shift=matrices[1][:, :n_atoms],
+            count=count[:n_atoms],
+            warp_index=_warp.view(matrices[0]),
+            warp_shift=_warp.view(matrices[1]),
+            warp_count=_warp.view(count),
+            warp_atom_system=self.atoms.system,
         )
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
+                *self.matrix_tensors, self.bin_count, self.bin_end]
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 class BatchedNeighborList:
@@ -262,7 +276,7 @@ class BatchedNeighborList:
             return layout.matrix
         self._run(layout, batch)
         if fresh and self._fixed_columns is None:
-            most = int(layout.tensors["most_neighbors"][: layout.num_systems].max())
+            most = int(layout.system_tensors["most_neighbors"][: layout.num_systems].max())
             if most > layout.columns:
                 self._columns = max(self._columns, int(math.ceil(most * HEADROOM)) + 8)
                 layout.allocate_columns(self._columns)
@@ -273,7 +287,7 @@ class BatchedNeighborList:
         """Positions, cell ``[B, 3, 3]`` in the positions' dtype, and pbc ``[B, 3]`` bool."""
         pos = batch.positions
         n = layout.num_systems
-        store = layout.tensors
+        store = layout.inputs
         if "pbc" in batch:
             pbc = batch.pbc
             if pbc.dtype != torch.bool:
@@ -302,53 +316,41 @@ class BatchedNeighborList:
 
         pos, cell, pbc = self._inputs(layout, batch)
         self.last_cell = cell
-        ptrs = (pos.data_ptr(), cell.data_ptr(), pbc.data_ptr(), int(pos.dtype == torch.float64))
-        seqs = layout.launches.get(ptrs)
+        key = (pos.data_ptr(), cell.data_ptr(), pbc.data_ptr(), int(pos.dtype == torch.float64))
+        seqs = layout.launches.get(key)
         if seqs is None:
             wp = _warp.warp()
             vec, mat = (wp.vec3d, wp.mat33d) if pos.dtype == torch.float64 else (wp.vec3f, wp.mat33f)
-            P, C, Q = _warp.view(pos, vec), _warp.view(cell, mat), _warp.view(pbc)
-            a = layout.arrays
-            wdev = P.device
-            ns, na = layout.num_systems, layout.num_atoms
-            r = self.radius
-            before = _warp.LaunchSequence(wdev)
-            before.add(k.mark_moved, na, [P, a["reference"], a["atom_system"], wp.float64((self._skin / 2) ** 2), a["moved"]])
-            before.add(k.begin_build, ns, [C, Q, a["moved"], a["cell_ref"], a["pbc_ref"], a["rebuild"], a["builds"],
-                                           a["basis_inv"], a["spacing"], a["lower"], a["upper"], a["bad_cell"]])
-            before.add(k.fractional_coordinates, na, [P, a["atom_system"], a["rebuild"], a["pbc_ref"], a["basis_inv"],
-                                                      a["fractional"], a["wrap"], a["lower"], a["upper"]])
-            before.add(k.grid_layout, ns, [a["rebuild"], a["pbc_ref"], a["spacing"], a["lower"], a["upper"],
-                                           a["bin_capacity"], wp.float64(r), a["dims"], a["reach"], a["origin"],
-                                           a["inv_width"], a["bad_cell"]])
-            before.add(k.count_into_bins, na, [a["atom_system"], a["rebuild"], a["fractional"], a["dims"], a["origin"],
-                                               a["inv_width"], a["bin_start"], a["bin_of_atom"], a["slot"],
-                                               a["bin_count"]])
-            after = _warp.LaunchSequence(wdev)
-            after.add(k.sort_into_bins, na, [a["atom_system"], a["rebuild"], a["dims"], a["bin_start"], a["bin_of_atom"],
-                                             a["slot"], a["bin_end"], a["bin_count"], a["sorted_atoms"]])
-            after.add(k.search_neighbors, na, [P, a["atom_system"], a["rebuild"], a["cell_ref"], a["pbc_ref"], a["dims"],
-                                               a["reach"], a["bin_start"], a["bin_of_atom"], a["bin_end"],
-                                               a["sorted_atoms"], a["wrap"], wp.float64(r * r), a["neighbor_index"],
-                                               a["neighbor_shift"], a["neighbor_count"], a["reference"],
-                                               a["most_neighbors"], a["shift_out_of_range"], a["bad_cell"]])
-            seqs = layout.launches[ptrs] = (before, after)
+            positions, cells, periodic = _warp.view(pos, vec), _warp.view(cell, mat), _warp.view(pbc)
+            g, a, m = layout.systems, layout.atoms, layout.matrix
+            ns, na, r = layout.num_systems, layout.num_atoms, self.radius
+            before = _warp.LaunchSequence(positions.device)
+            before.add(k.mark_moved, na, [positions, g, a, wp.float64((self._skin / 2) ** 2)])
+            before.add(k.begin_build, ns, [cells, periodic, g])
+            before.add(k.fractional_coordinates, na, [positions, g, a])
+            before.add(k.grid_layout, ns, [g, wp.float64(r)])
+            before.add(k.count_into_bins, na, [g, a])
+            after = _warp.LaunchSequence(positions.device)
+            after.add(k.sort_into_bins, na, [g, a])
+            after.add(k.search_neighbors, na, [positions, g, a, wp.float64(r * r), m.warp_index, m.warp_shift,
+                                               m.warp_count])
+            seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs
         before.run(stream)
+        # Bin ends: the one step that needs every bin's count at once.
         nb = layout.num_bins
-        counts, ends = layout.tensors["bin_count"][:nb], layout.tensors["bin_end"][:nb]
-        torch.cumsum(counts, 0, dtype=torch.int32, out=ends)
+        torch.cumsum(layout.bin_count[:nb], 0, dtype=torch.int32, out=layout.bin_end[:nb])
         after.run(stream)
 
     # ------------------------------------------------------------------ checks
     def most_neighbors(self, batch: Batch) -> np.ndarray:
         """The most neighbours any atom of each system had at a build (reads back)."""
-        return self._require(batch).tensors["most_neighbors"][: batch.num_graphs].cpu().numpy()
+        return self._require(batch).system_tensors["most_neighbors"][: batch.num_graphs].cpu().numpy()
 
     def builds(self, batch: Batch) -> torch.Tensor:
         """``[B]`` how many times each system's list was built since its set of systems formed."""
-        return self._require(batch).tensors["builds"][: batch.num_graphs]
+        return self._require(batch).system_tensors["builds"][: batch.num_graphs]
 
     def verify(self, batch: Batch) -> None:
         """Raise what the device recorded since the lists were allocated (reads back).
@@ -362,7 +364,7 @@ class BatchedNeighborList:
         if layout is None or self._key is None or self._key[0] != id(batch) or layout.num_systems == 0:
             return
         n = layout.num_systems
-        t = layout.tensors
+        t = layout.system_tensors
         most = t["most_neighbors"][:n].cpu().numpy()
         bad = t["bad_cell"][:n].cpu().numpy()
         far = t["shift_out_of_range"][:n].cpu().numpy()

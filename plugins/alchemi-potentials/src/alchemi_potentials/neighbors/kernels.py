@@ -202,73 +202,93 @@ def wrap_image(c: int, n: int, periodic: int):
     return c, 0
 
 
+@wp.struct
+class SystemState:
+    """Per-system state of the cell list (one row per system)."""
+
+    moved: wp.array(dtype=wp.int32)  # an atom moved beyond skin/2 (set by atoms, read once)
+    rebuild: wp.array(dtype=wp.int32)  # this step builds
+    builds: wp.array(dtype=wp.int64)  # builds so far
+    cell: wp.array(dtype=wp.mat33d)  # the cell of the last build
+    pbc: wp.array(dtype=wp.vec3i)  # the periodicity of the last build
+    basis_inv: wp.array(dtype=wp.mat33d)  # inverse of the binning basis
+    spacing: wp.array(dtype=wp.vec3d)  # plane spacing of each basis axis
+    lower: wp.array2d(dtype=wp.float64)  # bounding box (fractional) of non-periodic axes
+    upper: wp.array2d(dtype=wp.float64)
+    bin_capacity: wp.array(dtype=wp.int32)  # bins this system may use
+    bin_start: wp.array(dtype=wp.int32)  # its first bin
+    dims: wp.array(dtype=wp.vec3i)  # bins per axis
+    reach: wp.array(dtype=wp.vec3i)  # bins searched either side
+    origin: wp.array(dtype=wp.vec3d)  # fractional coordinate of bin 0's edge
+    inv_width: wp.array(dtype=wp.vec3d)  # bins per unit fractional coordinate
+    bad_cell: wp.array(dtype=wp.int32)  # a degenerate periodic cell was seen
+    most_neighbors: wp.array(dtype=wp.int32)  # most neighbours of one atom at a build
+    shift_out_of_range: wp.array(dtype=wp.int32)  # an image shift beyond +-511 cells
+
+
+@wp.struct
+class AtomState:
+    """Per-atom state of the cell list, and the bins (one row per atom or per bin)."""
+
+    system: wp.array(dtype=wp.int32)
+    reference: wp.array(dtype=wp.vec3d)  # position at the last build
+    fractional: wp.array(dtype=wp.vec3d)  # wrapped fractional coordinates (build only)
+    wrap: wp.array(dtype=wp.vec3i)  # lattice vectors removed by wrapping
+    bin: wp.array(dtype=wp.vec3i)  # bin coordinates
+    slot: wp.array(dtype=wp.int32)  # place within the bin
+    sorted: wp.array(dtype=wp.int32)  # atoms in bin order
+    bin_count: wp.array(dtype=wp.int32)
+    bin_end: wp.array(dtype=wp.int32)  # inclusive cumulative sum of bin_count
+
+
 @wp.kernel
-def mark_moved(
-    positions: wp.array(dtype=Any),
-    reference: wp.array(dtype=wp.vec3d),
-    atom_system: wp.array(dtype=wp.int32),
-    half_skin_sq: wp.float64,
-    moved: wp.array(dtype=wp.int32),
-):
+def mark_moved(positions: wp.array(dtype=Any), g: SystemState, a: AtomState, half_skin_sq: wp.float64):
     i = wp.tid()
-    d = vec3d_of(positions[i]) - reference[i]
+    d = vec3d_of(positions[i]) - a.reference[i]
     if wp.dot(d, d) > half_skin_sq:
-        moved[atom_system[i]] = 1
+        g.moved[a.system[i]] = 1
 
 
 @wp.kernel
-def begin_build(
-    cell: wp.array(dtype=Any),
-    pbc: wp.array2d(dtype=wp.bool),
-    moved: wp.array(dtype=wp.int32),
-    cell_ref: wp.array(dtype=wp.mat33d),
-    pbc_ref: wp.array(dtype=wp.vec3i),
-    rebuild: wp.array(dtype=wp.int32),
-    builds: wp.array(dtype=wp.int64),
-    basis_inv: wp.array(dtype=wp.mat33d),
-    spacing: wp.array(dtype=wp.vec3d),
-    lower: wp.array2d(dtype=wp.float64),
-    upper: wp.array2d(dtype=wp.float64),
-    bad_cell: wp.array(dtype=wp.int32),
-):
+def begin_build(cell: wp.array(dtype=Any), pbc: wp.array2d(dtype=wp.bool), g: SystemState):
     s = wp.tid()
     m = mat33d_of(cell[s])
     pa = flag_of(pbc[s, 0])
     pb = flag_of(pbc[s, 1])
     pc = flag_of(pbc[s, 2])
-    ref = pbc_ref[s]
-    old = cell_ref[s]
-    flag = moved[s]
-    moved[s] = 0
+    ref = g.pbc[s]
+    old = g.cell[s]
+    flag = g.moved[s]
+    g.moved[s] = 0
     if pa != ref[0] or pb != ref[1] or pc != ref[2]:
         flag = 1
     # A change of a periodic row changes distances without moving any atom.
     if (pa != 0 and row_changed(m, old, 0)) or (pb != 0 and row_changed(m, old, 1)) or (pc != 0 and row_changed(m, old, 2)):
         flag = 1
-    rebuild[s] = flag
+    g.rebuild[s] = flag
     if flag == 0:
         return
-    builds[s] = builds[s] + wp.int64(1)
-    cell_ref[s] = m
-    pbc_ref[s] = wp.vec3i(pa, pb, pc)
+    g.builds[s] = g.builds[s] + wp.int64(1)
+    g.cell[s] = m
+    g.pbc[s] = wp.vec3i(pa, pb, pc)
     basis = binning_basis(m, pa, pb, pc)
     det = wp.determinant(basis)
     scale = wp.length(basis[0]) * wp.length(basis[1]) * wp.length(basis[2])
     if not (wp.abs(det) > wp.float64(1.0e-10) * scale):
         # No volume (or NaN): search nothing and report it from verify().
-        bad_cell[s] = 1
+        g.bad_cell[s] = 1
         basis = wp.identity(n=3, dtype=wp.float64)
     inv = wp.inverse(basis)
-    basis_inv[s] = inv
+    g.basis_inv[s] = inv
     # Distance between lattice planes of axis a: 1 / |column a of the inverse|.
-    spacing[s] = wp.vec3d(
+    g.spacing[s] = wp.vec3d(
         wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 0], inv[1, 0], inv[2, 0])),
         wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 1], inv[1, 1], inv[2, 1])),
         wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 2], inv[1, 2], inv[2, 2])),
     )
-    for a in range(3):
-        lower[s, a] = wp.float64(1.0e300)
-        upper[s, a] = wp.float64(-1.0e300)
+    for k in range(3):
+        g.lower[s, k] = wp.float64(1.0e300)
+        g.upper[s, k] = wp.float64(-1.0e300)
 
 
 @wp.func
@@ -279,58 +299,37 @@ def wrapped(f: wp.float64, periodic: int):
 
 
 @wp.kernel
-def fractional_coordinates(
-    positions: wp.array(dtype=Any),
-    atom_system: wp.array(dtype=wp.int32),
-    rebuild: wp.array(dtype=wp.int32),
-    pbc_ref: wp.array(dtype=wp.vec3i),
-    basis_inv: wp.array(dtype=wp.mat33d),
-    fractional: wp.array(dtype=wp.vec3d),
-    wrap: wp.array(dtype=wp.vec3i),
-    lower: wp.array2d(dtype=wp.float64),
-    upper: wp.array2d(dtype=wp.float64),
-):
+def fractional_coordinates(positions: wp.array(dtype=Any), g: SystemState, a: AtomState):
     i = wp.tid()
-    s = atom_system[i]
-    if rebuild[s] == 0:
+    s = a.system[i]
+    if g.rebuild[s] == 0:
         return
-    f = vec3d_of(positions[i]) * basis_inv[s]
-    p = pbc_ref[s]
+    f = vec3d_of(positions[i]) * g.basis_inv[s]
+    p = g.pbc[s]
     fx, wx = wrapped(f[0], p[0])
     fy, wy = wrapped(f[1], p[1])
     fz, wz = wrapped(f[2], p[2])
-    fractional[i] = wp.vec3d(fx, fy, fz)
-    wrap[i] = wp.vec3i(wx, wy, wz)
-    for a in range(3):
-        if p[a] == 0:
-            wp.atomic_min(lower, s, a, f[a])
-            wp.atomic_max(upper, s, a, f[a])
+    a.fractional[i] = wp.vec3d(fx, fy, fz)
+    a.wrap[i] = wp.vec3i(wx, wy, wz)
+    for k in range(3):
+        if p[k] == 0:
+            wp.atomic_min(g.lower, s, k, f[k])
+            wp.atomic_max(g.upper, s, k, f[k])
 
 
 @wp.kernel
-def grid_layout(
-    rebuild: wp.array(dtype=wp.int32),
-    pbc_ref: wp.array(dtype=wp.vec3i),
-    spacing: wp.array(dtype=wp.vec3d),
-    lower: wp.array2d(dtype=wp.float64),
-    upper: wp.array2d(dtype=wp.float64),
-    bin_capacity: wp.array(dtype=wp.int32),
-    radius: wp.float64,
-    dims: wp.array(dtype=wp.vec3i),
-    reach: wp.array(dtype=wp.vec3i),
-    origin: wp.array(dtype=wp.vec3d),
-    inv_width: wp.array(dtype=wp.vec3d),
-    bad_cell: wp.array(dtype=wp.int32),
-):
+def grid_layout(g: SystemState, radius: wp.float64):
     s = wp.tid()
-    if rebuild[s] == 0:
+    if g.rebuild[s] == 0:
         return
-    p = pbc_ref[s]
-    h = spacing[s]
-    cap = bin_capacity[s]
-    nx = axis_bins(p[0], h[0], lower[s, 0], upper[s, 0], radius, wp.float64(cap))
-    ny = axis_bins(p[1], h[1], lower[s, 1], upper[s, 1], radius, wp.float64(cap))
-    nz = axis_bins(p[2], h[2], lower[s, 2], upper[s, 2], radius, wp.float64(cap))
+    p = g.pbc[s]
+    h = g.spacing[s]
+    cap = g.bin_capacity[s]
+    lo = wp.vec3d(g.lower[s, 0], g.lower[s, 1], g.lower[s, 2])
+    hi = wp.vec3d(g.upper[s, 0], g.upper[s, 1], g.upper[s, 2])
+    nx = axis_bins(p[0], h[0], lo[0], hi[0], radius, wp.float64(cap))
+    ny = axis_bins(p[1], h[1], lo[1], hi[1], radius, wp.float64(cap))
+    nz = axis_bins(p[2], h[2], lo[2], hi[2], radius, wp.float64(cap))
     # At most the system's share of bin storage: halve the finest axis until it fits.
     while nx * ny * nz > cap:
         if nx >= ny and nx >= nz:
@@ -339,21 +338,23 @@ def grid_layout(
             ny = wp.max(1, ny / 2)
         else:
             nz = wp.max(1, nz / 2)
-    kx = axis_reach(p[0], nx, h[0], lower[s, 0], upper[s, 0], radius)
-    ky = axis_reach(p[1], ny, h[1], lower[s, 1], upper[s, 1], radius)
-    kz = axis_reach(p[2], nz, h[2], lower[s, 2], upper[s, 2], radius)
+    kx = axis_reach(p[0], nx, h[0], lo[0], hi[0], radius)
+    ky = axis_reach(p[1], ny, h[1], lo[1], hi[1], radius)
+    kz = axis_reach(p[2], nz, h[2], lo[2], hi[2], radius)
     if kx < 0 or ky < 0 or kz < 0:
-        bad_cell[s] = 1
+        g.bad_cell[s] = 1
         kx = wp.max(kx, 0)
         ky = wp.max(ky, 0)
         kz = wp.max(kz, 0)
-    dims[s] = wp.vec3i(nx, ny, nz)
-    reach[s] = wp.vec3i(kx, ky, kz)
-    origin[s] = wp.vec3d(lower[s, 0] * wp.float64(1 - p[0]), lower[s, 1] * wp.float64(1 - p[1]), lower[s, 2] * wp.float64(1 - p[2]))
-    inv_width[s] = wp.vec3d(
-        axis_inverse_width(p[0], nx, lower[s, 0], upper[s, 0]),
-        axis_inverse_width(p[1], ny, lower[s, 1], upper[s, 1]),
-        axis_inverse_width(p[2], nz, lower[s, 2], upper[s, 2]),
+    g.dims[s] = wp.vec3i(nx, ny, nz)
+    g.reach[s] = wp.vec3i(kx, ky, kz)
+    g.origin[s] = wp.vec3d(
+        lo[0] * wp.float64(1 - p[0]), lo[1] * wp.float64(1 - p[1]), lo[2] * wp.float64(1 - p[2])
+    )
+    g.inv_width[s] = wp.vec3d(
+        axis_inverse_width(p[0], nx, lo[0], hi[0]),
+        axis_inverse_width(p[1], ny, lo[1], hi[1]),
+        axis_inverse_width(p[2], nz, lo[2], hi[2]),
     )
 
 
@@ -363,99 +364,65 @@ def linear_bin(start: int, n: wp.vec3i, cx: int, cy: int, cz: int):
 
 
 @wp.kernel
-def count_into_bins(
-    atom_system: wp.array(dtype=wp.int32),
-    rebuild: wp.array(dtype=wp.int32),
-    fractional: wp.array(dtype=wp.vec3d),
-    dims: wp.array(dtype=wp.vec3i),
-    origin: wp.array(dtype=wp.vec3d),
-    inv_width: wp.array(dtype=wp.vec3d),
-    bin_start: wp.array(dtype=wp.int32),
-    bin_of_atom: wp.array(dtype=wp.vec3i),
-    slot: wp.array(dtype=wp.int32),
-    bin_count: wp.array(dtype=wp.int32),
-):
+def count_into_bins(g: SystemState, a: AtomState):
     i = wp.tid()
-    s = atom_system[i]
-    if rebuild[s] == 0:
+    s = a.system[i]
+    if g.rebuild[s] == 0:
         return
-    f = fractional[i]
-    n = dims[s]
-    o = origin[s]
-    w = inv_width[s]
+    f = a.fractional[i]
+    n = g.dims[s]
+    o = g.origin[s]
+    w = g.inv_width[s]
     cx = axis_bin(f[0], o[0], w[0], n[0])
     cy = axis_bin(f[1], o[1], w[1], n[1])
     cz = axis_bin(f[2], o[2], w[2], n[2])
-    bin_of_atom[i] = wp.vec3i(cx, cy, cz)
-    slot[i] = wp.atomic_add(bin_count, linear_bin(bin_start[s], n, cx, cy, cz), 1)
+    a.bin[i] = wp.vec3i(cx, cy, cz)
+    a.slot[i] = wp.atomic_add(a.bin_count, linear_bin(g.bin_start[s], n, cx, cy, cz), 1)
 
 
 @wp.kernel
-def sort_into_bins(
-    atom_system: wp.array(dtype=wp.int32),
-    rebuild: wp.array(dtype=wp.int32),
-    dims: wp.array(dtype=wp.vec3i),
-    bin_start: wp.array(dtype=wp.int32),
-    bin_of_atom: wp.array(dtype=wp.vec3i),
-    slot: wp.array(dtype=wp.int32),
-    bin_end: wp.array(dtype=wp.int32),
-    bin_count: wp.array(dtype=wp.int32),
-    sorted_atoms: wp.array(dtype=wp.int32),
-):
+def sort_into_bins(g: SystemState, a: AtomState):
     i = wp.tid()
-    s = atom_system[i]
-    if rebuild[s] == 0:
+    s = a.system[i]
+    if g.rebuild[s] == 0:
         return
-    c = bin_of_atom[i]
-    b = linear_bin(bin_start[s], dims[s], c[0], c[1], c[2])
+    c = a.bin[i]
+    b = linear_bin(g.bin_start[s], g.dims[s], c[0], c[1], c[2])
     first = int(0)
     if b > 0:
-        first = bin_end[b - 1]
-    sorted_atoms[first + slot[i]] = i
+        first = a.bin_end[b - 1]
+    a.sorted[first + a.slot[i]] = i
     # The counts were consumed by the cumulative sum: leave them zero for the next build.
-    bin_count[b] = 0
+    a.bin_count[b] = 0
 
 
 @wp.kernel
 def search_neighbors(
     positions: wp.array(dtype=Any),
-    atom_system: wp.array(dtype=wp.int32),
-    rebuild: wp.array(dtype=wp.int32),
-    cell_ref: wp.array(dtype=wp.mat33d),
-    pbc_ref: wp.array(dtype=wp.vec3i),
-    dims: wp.array(dtype=wp.vec3i),
-    reach: wp.array(dtype=wp.vec3i),
-    bin_start: wp.array(dtype=wp.int32),
-    bin_of_atom: wp.array(dtype=wp.vec3i),
-    bin_end: wp.array(dtype=wp.int32),
-    sorted_atoms: wp.array(dtype=wp.int32),
-    wrap: wp.array(dtype=wp.vec3i),
+    g: SystemState,
+    a: AtomState,
     radius_sq: wp.float64,
     neighbor_index: wp.array2d(dtype=wp.int32),
     neighbor_shift: wp.array2d(dtype=wp.int32),
     neighbor_count: wp.array(dtype=wp.int32),
-    reference: wp.array(dtype=wp.vec3d),
-    most_neighbors: wp.array(dtype=wp.int32),
-    shift_out_of_range: wp.array(dtype=wp.int32),
-    bad_cell: wp.array(dtype=wp.int32),
 ):
     i = wp.tid()
-    s = atom_system[i]
-    if rebuild[s] == 0:
+    s = a.system[i]
+    if g.rebuild[s] == 0:
         return
     xi = vec3d_of(positions[i])
-    reference[i] = xi
-    if bad_cell[s] != 0:
+    a.reference[i] = xi
+    if g.bad_cell[s] != 0:
         neighbor_count[i] = 0  # no images without a cell; verify() reports it
         return
     columns = neighbor_index.shape[0]
-    m = cell_ref[s]
-    p = pbc_ref[s]
-    n = dims[s]
-    k = reach[s]
-    ci = bin_of_atom[i]
-    wi = wrap[i]
-    start = bin_start[s]
+    m = g.cell[s]
+    p = g.pbc[s]
+    n = g.dims[s]
+    k = g.reach[s]
+    ci = a.bin[i]
+    wi = a.wrap[i]
+    start = g.bin_start[s]
     found = int(0)
     for ox in range(-k[0], k[0] + 1):
         bx, mx = wrap_image(ci[0] + ox, n[0], p[0])
@@ -472,13 +439,13 @@ def search_neighbors(
                 b = linear_bin(start, n, bx, by, bz)
                 first = int(0)
                 if b > 0:
-                    first = bin_end[b - 1]
-                for q in range(first, bin_end[b]):
-                    j = sorted_atoms[q]
+                    first = a.bin_end[b - 1]
+                for q in range(first, a.bin_end[b]):
+                    j = a.sorted[q]
                     if j == i and mx == 0 and my == 0 and mz == 0:
                         continue
                     # The image of j next to i, in unwrapped coordinates.
-                    wj = wrap[j]
+                    wj = a.wrap[j]
                     sx = mx + wi[0] - wj[0]
                     sy = my + wi[1] - wj[1]
                     sz = mz + wi[2] - wj[2]
@@ -486,14 +453,14 @@ def search_neighbors(
                     d = d + wp.float64(sx) * m[0] + wp.float64(sy) * m[1] + wp.float64(sz) * m[2]
                     if wp.dot(d, d) < radius_sq:
                         if wp.max(wp.max(wp.abs(sx), wp.abs(sy)), wp.abs(sz)) > 511:
-                            shift_out_of_range[s] = 1
+                            g.shift_out_of_range[s] = 1
                         else:
                             if found < columns:
                                 neighbor_index[found, i] = j
                                 neighbor_shift[found, i] = encode_shift(sx, sy, sz)
                             found += 1
     neighbor_count[i] = wp.min(found, columns)
-    wp.atomic_max(most_neighbors, s, found)
+    wp.atomic_max(g.most_neighbors, s, found)
 
 
 # Concrete instances for float32 and float64 positions, declared before any launch so that the
