@@ -177,3 +177,31 @@ def test_a_cell_that_loses_its_volume_is_reported(ref):
     nl.update(batch)
     with pytest.raises(InvalidDataError, match="zero"):
         nl.verify(batch)
+
+
+def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
+    """Batches made and dropped in a loop (their ids get reused) with the same sizes but other
+    systems: every result is that of a fresh model."""
+    small = [ref.atoms(rng, 5, ref.cell(rng, (6.0, 6.5, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
+    large = [ref.atoms(rng, 9, ref.cell(rng, (7.5, 8.0, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
+    model = LennardJones(0.01, 2.3, RC)
+    rounds = [[small[k % 2], large[(k // 2) % 2]] if k % 3 else [large[k % 2], small[(k // 2) % 2]] for k in range(12)]
+    results = []
+    for pair in rounds:
+        batch = ref.batch(pair)  # CPython hands the freed batch's id (and version) out again
+        results.append(model(batch)["forces"])
+        del batch
+    for k, pair in enumerate(rounds):
+        expected = LennardJones(0.01, 2.3, RC)(ref.batch(pair))
+        torch.testing.assert_close(results[k], expected["forces"], msg=f"round {k}")
+
+
+def test_models_copy_and_pickle_without_device_state(ref):
+    import copy
+    import pickle
+
+    batch = ref.batch([bulk("Ar", "fcc", a=5.26, cubic=True)])
+    model = LennardJones(0.0104, 3.405, 8.5)
+    expected = model(batch)["energy"]
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        torch.testing.assert_close(clone(batch)["energy"], expected)

@@ -133,10 +133,20 @@ class PairPotential(BaseModel):
         self._check_list_cutoff()
         self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
         self._rows = self._parameter_rows()
+        self._reset_device_state()
+
+    def _reset_device_state(self) -> None:
+        """Forget device tables, buffers and recorded launches (rebuilt on the next forward)."""
         self._device_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
         self._types: tuple[NeighborMatrix, torch.Tensor, Any] | None = None
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
+        state = self.__dict__.copy()
+        state.update(_device_tables={}, _types=None, _outputs=None, _scratch_buffers={})
+        return state
 
     # ------------------------------------------------------------------ parameters
     @property

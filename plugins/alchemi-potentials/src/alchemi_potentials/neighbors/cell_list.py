@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -219,9 +220,22 @@ class BatchedNeighborList:
         self._skin = float(skin)
         self._fixed_columns = None if max_neighbors is None else int(max_neighbors)
         self._columns = self._fixed_columns or 32
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every device buffer (a new batch, or a copy of this list)."""
         self._layout: _Layout | None = None
         self._key: tuple[Any, ...] | None = None
+        # The batch the buffers belong to, weakly: a new batch that happens to reuse a freed
+        # batch's id (and version) must never inherit its layout.
+        self._batch: weakref.ref[Batch] | None = None
         self.last_cell: torch.Tensor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_layout", "_key", "_batch", "last_cell"):
+            state[name] = None
+        return state
 
     # ------------------------------------------------------------------ properties
     @property
@@ -265,11 +279,12 @@ class BatchedNeighborList:
             raise InvalidDataError(
                 f"BatchedNeighborList needs float32 or float64 positions, got {positions.dtype}"
             )
-        key = (id(batch), batch.version, batch.system_capacity, batch.node_capacity, positions.device)
-        fresh = key != self._key or self._layout is None
+        key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device)
+        fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
             self._layout = _Layout(batch, self._columns)
             self._key = key
+            self._batch = weakref.ref(batch)
         layout = self._layout
         assert layout is not None
         if layout.num_atoms == 0:
@@ -361,7 +376,7 @@ class BatchedNeighborList:
                 outside their cell.
         """
         layout = self._layout
-        if layout is None or self._key is None or self._key[0] != id(batch) or layout.num_systems == 0:
+        if layout is None or not self._built_for(batch) or layout.num_systems == 0:
             return
         n = layout.num_systems
         t = layout.system_tensors
@@ -389,8 +404,11 @@ class BatchedNeighborList:
                 "their periodic cell; wrap the positions into the cell (hook:wrap-periodic)"
             )
 
+    def _built_for(self, batch: Batch) -> bool:
+        return self._batch is not None and self._batch() is batch
+
     def _require(self, batch: Batch) -> _Layout:
-        if self._layout is None or self._key is None or self._key[0] != id(batch):
+        if self._layout is None or not self._built_for(batch):
             raise InvalidDataError("this neighbour list has not been built for this batch; call update(batch) first")
         return self._layout
 
