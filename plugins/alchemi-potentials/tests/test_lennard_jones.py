@@ -10,6 +10,7 @@ from ase.calculators.lj import LennardJones as AseLennardJones
 
 from alchemi_core import registry
 from alchemi_potentials import LennardJones
+from alchemi_potentials.neighbors import BatchedNeighborList
 
 EPS, SIG, RC = 0.0104, 3.405, 8.5125
 
@@ -40,10 +41,11 @@ def ase_results(atoms, calc):
 
 
 
-def test_matches_ase_in_one_batch(ref, rng):
+@pytest.mark.parametrize("half", [True, False], ids=["half-list", "full-list"])
+def test_matches_ase_in_one_batch(ref, rng, half):
     """Shifted LJ equals ASE's LennardJones (which shifts) for every system of one batch."""
     systems = structures(ref, rng)
-    model = LennardJones(EPS, SIG, RC, shift_energy=True)
+    model = LennardJones(EPS, SIG, RC, shift_energy=True, neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half))
     batch = ref.batch(list(systems.values()))
     out = model(batch, compute_stress=True)
     calc = AseLennardJones(epsilon=EPS, sigma=SIG, rc=RC, smooth=False)

@@ -46,16 +46,23 @@ def listed_pairs(matrix, first: int, n: int):
     return out
 
 
-def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng):
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
     systems = some_systems(ref, rng)
-    nl = BatchedNeighborList(cutoff=RC, skin=0.4)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
     batch = ref.batch(systems)
     matrix = nl.update(batch)
+    assert matrix.half is half
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
     for s, atoms in enumerate(systems):
         i, j, shifts = neighbor_list("ijS", atoms, nl.radius)
         assert len(i) > 0
-        assert listed_pairs(matrix, ptr[s], len(atoms)) == pair_set(i, j, shifts), f"system {s}"
+        listed = listed_pairs(matrix, ptr[s], len(atoms))
+        if half:  # each pair once: with its mirror image, exactly ASE's full list
+            mirrored = {(b, a, -x, -y, -z) for a, b, x, y, z in listed}
+            assert not listed & mirrored, f"system {s} lists a pair twice"
+            listed |= mirrored
+        assert listed == pair_set(i, j, shifts), f"system {s}"
 
 
 def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
@@ -84,10 +91,11 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
-def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng):
+@pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
+def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half):
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    model = LennardJones(0.01, 2.3, RC, skin=0.8)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
     g = torch.Generator().manual_seed(7)
     for step in range(25):
         batch.positions.add_(0.04 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
@@ -148,13 +156,18 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
 
 def test_self_sizing_list_fits_the_densest_atom(ref):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
-    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False)
     assert nl.max_neighbors == 32
     matrix = nl.update(ref.batch([atoms]))
     # FCC shells within 9.0125 Å at a = 5.26: a/sqrt2, a, a sqrt1.5, a sqrt2, a sqrt2.5 (a sqrt3 = 9.11 out).
     assert matrix.count.tolist() == [12 + 6 + 24 + 12 + 24] * len(atoms)
     assert nl.max_neighbors >= 78
     assert nl.memory_bytes() > 0
+    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True)
+    counts = half.update(ref.batch([atoms])).count
+    assert counts.sum().item() == 78 * len(atoms) // 2
+    assert counts.max().item() <= 45  # rows about equally long, so the matrix halves too
+    assert half.max_neighbors < 0.6 * nl.max_neighbors
 
 
 def test_atoms_far_outside_the_cell_are_reported(ref):

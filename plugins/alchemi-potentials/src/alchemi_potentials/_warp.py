@@ -39,7 +39,20 @@ def stream_for(device: torch.device) -> Any:
     """
     if device.type != "cuda":
         return None
-    return warp().stream_from_torch(torch.cuda.current_stream(device))
+    current = torch.cuda.current_stream(device)
+    key = (current.device_index, current.cuda_stream)
+    stream = _streams.get(key)
+    if stream is None:
+        # Wrapping registers the stream with Warp: do it once per torch stream, not per call.
+        # (The wrapper keeps its torch stream alive, so a cached handle is never reused.)
+        if len(_streams) >= _MAX_STREAMS:
+            del _streams[next(iter(_streams))]
+        stream = _streams[key] = warp().stream_from_torch(current)
+    return stream
+
+
+_streams: dict[tuple[int, int], Any] = {}
+_MAX_STREAMS = 32
 
 
 class LaunchSequence:

@@ -8,8 +8,10 @@ are coalesced) and accumulates, for every neighbour ``j`` within the cutoff,
 * half the pair energy ``U(r)`` (each pair is seen from both ends),
 * half the virial ``g d (x) d`` (``(x)``: outer product),
 
-then writes its force and adds its energy and virial to its system's total. Stress is the
-virial over the cell volume: positive under tension, as in ASE.
+then writes its force and adds its energy and virial to its system's total. With a half list
+(each pair once: the CPU's default, where a kernel runs its threads one after another) it takes
+the whole energy and virial and also subtracts ``g d`` from ``F_j``. Stress is the virial over
+the cell volume: positive under tension, as in ASE.
 
 A parameter row per pair of species types holds ``(a, b, c, shift)``:
 
@@ -73,6 +75,12 @@ def zero_totals(energy: wp.array(dtype=Any), virial: wp.array(dtype=Any)):
 
 
 @wp.kernel
+def zero_forces(forces: wp.array(dtype=Any)):
+    i = wp.tid()
+    forces[i] = type(forces[i])()
+
+
+@wp.kernel
 def pair_forces(
     kind: int,
     positions: wp.array(dtype=Any),
@@ -90,6 +98,7 @@ def pair_forces(
     neighbor_shift: wp.array2d(dtype=wp.int32),
     neighbor_count: wp.array(dtype=wp.int32),
     want_virial: int,
+    half: int,
     forces: wp.array(dtype=Any),
     energy: wp.array(dtype=Any),
     virial: wp.array(dtype=Any),
@@ -130,13 +139,20 @@ def pair_forces(
             e += u
             fij = g * d
             f += fij
+            if half != 0:
+                wp.atomic_sub(forces, j, fij)  # Newton's third law; plain adds on a CPU
             if want_virial != 0:
                 w += wp.outer(fij, d)
-    forces[i] = f
-    half = type(zero)(0.5)
-    wp.atomic_add(energy, s, half * e)
+    # A full list sees every pair twice, a half list once.
+    weight = type(zero)(0.5)
+    if half != 0:
+        weight = type(zero)(1.0)
+        wp.atomic_add(forces, i, f)
+    else:
+        forces[i] = f
+    wp.atomic_add(energy, s, weight * e)
     if want_virial != 0:
-        wp.atomic_add(virial, s, half * w)
+        wp.atomic_add(virial, s, weight * w)
 
 
 @wp.kernel
@@ -152,6 +168,7 @@ def virial_to_stress(cell: wp.array(dtype=Any), virial: wp.array(dtype=Any), str
 
 for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
     wp.overload(zero_totals, {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)})
+    wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
     wp.overload(
         pair_forces,
         {

@@ -247,15 +247,18 @@ class PairPotential(BaseModel):
         scalar, vec, mat = (wp.float64, wp.vec3d, wp.mat33d) if f64 else (wp.float32, wp.vec3f, wp.mat33f)
         P, C = _warp.view(pos, vec), _warp.view(cell, mat)
         E, W = _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
+        F = _warp.view(forces, vec)
         seq = _warp.LaunchSequence(P.device)
         seq.add(k.zero_totals, n_sys, [E, W])
+        if matrix.half:
+            seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
         seq.add(k.pair_forces, n_atoms, [
             self.kind, P, C, matrix.warp_atom_system, self._atom_types(batch, matrix), n_types + 1,
             int(n_types == 1), self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset),
             scalar(self._cutoff), int(self.switch_onset is not None), matrix.warp_index, matrix.warp_shift,
-            matrix.warp_count, int(compute_stress), _warp.view(forces, vec), E, W,
+            matrix.warp_count, int(compute_stress), int(matrix.half), F, E, W,
         ])
         if stress is not None:
             seq.add(k.virial_to_stress, n_sys, [C, W, _warp.view(stress, mat)])

@@ -4,7 +4,8 @@ list on the device and refreshed without ever asking the host.
 Each system has its own cell (triclinic allowed) and its own periodicity per axis (``batch.pbc``;
 a batch without ``pbc`` is not periodic, and then needs no ``cell``). Every atom keeps the atoms
 within ``cutoff + skin`` in a dense row of a ``[max_neighbors, atoms]`` matrix, with the lattice
-shift of the image it sees. Cutoffs larger than half the cell are fine: the search walks as many
+shift of the image it sees (from both ends on a GPU; once, by one of its atoms, on a CPU).
+Cutoffs larger than half the cell are fine: the search walks as many
 periodic images as the radius needs, so a cell smaller than twice the cutoff is handled exactly.
 
 Every call of :meth:`BatchedNeighborList.update` launches the same kernels: the atoms of each
@@ -63,6 +64,7 @@ class NeighborMatrix:
         count: ``[atoms]`` int32, how many entries of each column are valid.
         warp_index, warp_shift, warp_count: The same memory as Warp arrays.
         warp_atom_system: int32 Warp array, the system of every atom.
+        half: True when each pair is listed once (by one of its atoms), False when from both ends.
     """
 
     index: torch.Tensor
@@ -72,6 +74,7 @@ class NeighborMatrix:
     warp_shift: Any
     warp_count: Any
     warp_atom_system: Any
+    half: bool
 
 
 def decode_shifts(codes: torch.Tensor) -> torch.Tensor:
@@ -121,12 +124,13 @@ _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] 
 class _Layout:
     """Device buffers for one set of systems (one ``batch.version``), reused while it lasts."""
 
-    def __init__(self, batch: Batch, columns: int) -> None:
+    def __init__(self, batch: Batch, columns: int, half: bool) -> None:
         from alchemi_potentials.neighbors import kernels
 
         wp = _warp.warp()
         dev = batch.device
         self.device = dev
+        self.half = half
         self.num_systems = n = batch.num_graphs
         self.num_atoms = batch.num_nodes
         s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
@@ -185,6 +189,7 @@ class _Layout:
             warp_shift=_warp.view(matrices[1]),
             warp_count=_warp.view(count),
             warp_atom_system=self.atoms.system,
+            half=self.half,
         )
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
 
@@ -204,12 +209,17 @@ class BatchedNeighborList:
         max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.
+        half_list: List each pair once (from one of its atoms) instead of from both ends.
+            None (default): half on a CPU, where a kernel's threads run one after another and
+            Newton's third law halves the work; full on a GPU, where each thread writes only
+            its own atom (no atomics on forces) and reads stay coalesced.
 
     Raises:
         ConfigurationError: A non-positive cutoff or max_neighbors, or a negative skin.
     """
 
-    def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None) -> None:
+    def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None,
+                 half_list: bool | None = None) -> None:
         if not (cutoff > 0 and math.isfinite(cutoff)):
             raise ConfigurationError(f"BatchedNeighborList needs a positive, finite cutoff in Å, got {cutoff!r}")
         if not (skin >= 0 and math.isfinite(skin)):
@@ -220,6 +230,7 @@ class BatchedNeighborList:
         self._skin = float(skin)
         self._fixed_columns = None if max_neighbors is None else int(max_neighbors)
         self._columns = self._fixed_columns or 32
+        self._half_list = half_list
         self._reset()
 
     def _reset(self) -> None:
@@ -264,7 +275,9 @@ class BatchedNeighborList:
 
     def __repr__(self) -> str:
         mode = "auto" if self._fixed_columns is None else "fixed"
-        return f"BatchedNeighborList(cutoff={self._cutoff}, skin={self._skin}, max_neighbors={self._columns} ({mode}))"
+        half = {None: "by device", True: "half", False: "full"}[self._half_list]
+        return (f"BatchedNeighborList(cutoff={self._cutoff}, skin={self._skin}, "
+                f"max_neighbors={self._columns} ({mode}), list={half})")
 
     # ------------------------------------------------------------------ the step
     def update(self, batch: Batch) -> NeighborMatrix:
@@ -282,7 +295,8 @@ class BatchedNeighborList:
         key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device)
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
-            self._layout = _Layout(batch, self._columns)
+            half = positions.device.type != "cuda" if self._half_list is None else bool(self._half_list)
+            self._layout = _Layout(batch, self._columns, half)
             self._key = key
             self._batch = weakref.ref(batch)
         layout = self._layout
@@ -348,7 +362,7 @@ class BatchedNeighborList:
             after = _warp.LaunchSequence(positions.device)
             after.add(k.sort_into_bins, na, [g, a])
             after.add(k.search_neighbors, na, [positions, g, a, wp.float64(r * r), m.warp_index, m.warp_shift,
-                                               m.warp_count])
+                                               m.warp_count, int(m.half)])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs

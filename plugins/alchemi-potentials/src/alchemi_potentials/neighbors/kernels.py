@@ -359,6 +359,18 @@ def grid_layout(g: SystemState, radius: wp.float64):
 
 
 @wp.func
+def owns_pair(i: int, j: int, mx: int, my: int, mz: int):
+    """Whether atom i lists the pair in a half list: of (i, j) and (j, i) exactly one does, the
+    lower index when i + j is odd and the higher when it is even, so rows come out about equally
+    long; of i's own images (shift = bin image m) those with a positive shift."""
+    if i == j:
+        return mx > 0 or (mx == 0 and (my > 0 or (my == 0 and mz > 0)))
+    if (i + j) % 2 == 1:
+        return i < j
+    return i > j
+
+
+@wp.func
 def linear_bin(start: int, n: wp.vec3i, cx: int, cy: int, cz: int):
     return start + (cx * n[1] + cy) * n[2] + cz
 
@@ -405,6 +417,7 @@ def search_neighbors(
     neighbor_index: wp.array2d(dtype=wp.int32),
     neighbor_shift: wp.array2d(dtype=wp.int32),
     neighbor_count: wp.array(dtype=wp.int32),
+    half: int,
 ):
     i = wp.tid()
     s = a.system[i]
@@ -443,6 +456,8 @@ def search_neighbors(
                 for q in range(first, a.bin_end[b]):
                     j = a.sorted[q]
                     if j == i and mx == 0 and my == 0 and mz == 0:
+                        continue
+                    if half != 0 and not owns_pair(i, j, mx, my, mz):
                         continue
                     # The image of j next to i, in unwrapped coordinates.
                     wj = a.wrap[j]
