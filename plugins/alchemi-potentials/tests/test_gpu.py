@@ -113,7 +113,7 @@ def test_cuda_graph_replays_rebuild_on_the_device(ref):
     builds0 = model.neighbor_list.builds(batch).clone()
     for k in range(8):
         # Small moves, and a large one for a few systems at step 4: only those rebuild.
-        batch.positions.add_(0.02 * torch.randn(batch.positions.shape, generator=g, device="cuda"))
+        batch.positions.add_(0.01 * torch.randn(batch.positions.shape, generator=g, device="cuda"))
         if k == 4:
             batch.positions[: 3 * len(atoms)] += 0.3
         graph.replay()

@@ -294,7 +294,7 @@ class PairPotential(BaseModel):
         check_cells(batch, self.name)
         nl = self.neighbor_list
         if not nl.sizes_itself and batch.num_nodes:
-            probe = BatchedNeighborList(nl.cutoff, nl.skin)
+            probe = BatchedNeighborList(nl.cutoff, nl.skin, half_list=nl.half_list)
             probe.update(batch)
             most = probe.most_neighbors(batch)
             if most.max() > nl.max_neighbors:
@@ -317,7 +317,11 @@ class PairPotential(BaseModel):
         self.neighbor_list.verify(batch)
 
     def extra_repr(self) -> str:
-        treatment = "shifted" if self.shift_energy else (f"switched from {self.switch_onset}" if self.switch_onset is not None else "truncated")
+        treatment = "truncated"
+        if self.shift_energy:
+            treatment = "shifted"
+        elif self.switch_onset is not None:
+            treatment = f"switched from {self.switch_onset}"
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
 
 
