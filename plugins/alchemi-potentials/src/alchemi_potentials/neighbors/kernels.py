@@ -15,7 +15,8 @@ still valid exits each build kernel at its first line, so nothing is decided on 
 6. (a ``torch.cumsum`` over the bin counts gives every bin's end in the sorted atom array)
 7. ``sort_into_bins`` (atoms): atoms written in bin order; bin counts reset for the next build.
 8. ``search_neighbors`` (atoms): one thread per atom walks the bins around its own, over
-   periodic images, and writes its neighbours into a dense column-major matrix.
+   periodic images, and writes its neighbours into a dense matrix (all of them, or in a half
+   list only the pairs it owns).
 
 Geometry is done in float64 whatever the positions' precision: a build is rare, and bins must
 never lose an atom to rounding.
@@ -33,14 +34,6 @@ import warp as wp
 
 wp.set_module_options({"enable_backward": False})
 
-#: Shifts are packed into one int32, 10 bits per axis, offset by 512.
-SHIFT_BITS = 10
-SHIFT_OFFSET = 512
-SHIFT_LIMIT = 511
-#: The packed code of the zero shift.
-ZERO_SHIFT = SHIFT_OFFSET | (SHIFT_OFFSET << SHIFT_BITS) | (SHIFT_OFFSET << (2 * SHIFT_BITS))
-
-
 
 @wp.func
 def vec3d_of(x: Any):
@@ -56,6 +49,7 @@ def mat33d_of(m: Any):
     )  # fmt: skip
 
 
+# A lattice shift is packed into one int32: 10 bits per axis, each offset by 512 (so +-511).
 @wp.func
 def encode_shift(sx: int, sy: int, sz: int):
     return (sx + 512) | ((sy + 512) << 10) | ((sz + 512) << 20)
