@@ -17,7 +17,8 @@ SIZES = [3, 5, 4, 2, 6, 3, 4, 5, 2, 3]
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_every_structure_lands_in_the_buffer_once(device, warp_ops_on_cpu):
     structures = random_structures(SIZES, extras=True)
-    sampler = SizeAwareSampler(ListDataset(structures), max_atoms=14, max_edges=None, max_batch_size=4, bin_width=2)
+    # The run happens on `device` (the GPU host has no Warp CPU compiler, so nothing may fall back to it).
+    sampler = SizeAwareSampler(ListDataset(structures, device=device), max_atoms=14, max_edges=None, max_batch_size=4, bin_width=2)
     sink = GPUBuffer(capacity=len(SIZES), max_atoms=max(SIZES), max_edges=0, device=device)
     dynamics = DemoDynamics(
         model=DemoModelWrapper(),
