@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -125,6 +125,65 @@ class Batch:
             batch._store[k] = torch.cat([p.to(dev) for p in parts], dim=0)
             batch._level[k] = levels[k]
         batch._set_counts(len(data_list), ncount, ecount, exact=True)
+        return batch
+
+    @classmethod
+    def from_segments(
+        cls,
+        fields: Mapping[str, torch.Tensor],
+        levels: Mapping[str, Level | str],
+        num_nodes: Sequence[int] | np.ndarray,
+        num_edges: Sequence[int] | np.ndarray | None = None,
+        device: torch.device | str | None = None,
+    ) -> Batch:
+        """A batch from already-concatenated fields and per-system sizes, without per-system copies
+        (what storage readers and transports need to rebuild a batch in one go).
+
+        Args:
+            fields: Field tensors: atom fields with ``sum(num_nodes)`` rows, edge fields with
+                ``sum(num_edges)`` rows, system fields with ``len(num_nodes)`` rows. Index fields
+                (``neighbor_list``) hold batch-global atom indices, as in any batch.
+            levels: The level of every field.
+            num_nodes: Atoms per system.
+            num_edges: Edges per system (default: none).
+            device: Where the batch lives (default: the first field's device).
+
+        Raises:
+            InvalidDataError: A field's rows do not match its level, or a level is missing.
+
+        Example:
+            >>> import torch
+            >>> b = Batch.from_segments(
+            ...     {"atomic_numbers": torch.tensor([1, 1, 8]), "positions": torch.zeros(3, 3)},
+            ...     {"atomic_numbers": "node", "positions": "node"}, num_nodes=[2, 1])
+            >>> b.num_graphs, b.batch_idx.tolist()
+            (2, [0, 0, 1])
+        """
+        ncount = np.asarray(num_nodes, dtype=np.int64).reshape(-1)
+        nsys = len(ncount)
+        ecount = np.zeros(nsys, np.int64) if num_edges is None else np.asarray(num_edges, dtype=np.int64).reshape(-1)
+        if len(ecount) != nsys or (nsys and min(ncount.min(), ecount.min()) < 0):
+            raise InvalidDataError(
+                f"Batch.from_segments: num_nodes and num_edges need one non-negative count per system "
+                f"({nsys}), got {len(ecount)} edge counts"
+            )
+        rows = {_NODE: int(ncount.sum()), _EDGE: int(ecount.sum()), _SYS: nsys}
+        dev = torch.device(device) if device is not None else (
+            next(iter(fields.values())).device if fields else torch.device("cpu")
+        )
+        batch = cls(device=dev)
+        for name, t in fields.items():
+            if name not in levels:
+                raise InvalidDataError(f"Batch.from_segments: no level given for field {name!r}")
+            lvl = Level(levels[name])
+            if t.dim() == 0 or t.shape[0] != rows[lvl]:
+                raise InvalidDataError(
+                    f"Batch.from_segments: {lvl.value} field {name!r} needs {rows[lvl]} rows, "
+                    f"got shape {list(t.shape)}"
+                )
+            batch._store[name] = t.to(dev)
+            batch._level[name] = lvl
+        batch._set_counts(nsys, ncount, ecount, exact=True)
         return batch
 
     @classmethod

@@ -137,6 +137,11 @@ class BaseDynamics(PipelineStageMixin):
         self.step_count = 0
         self.system_mask: torch.Tensor | None = None
         self.node_weight: torch.Tensor | None = None
+        #: ``inv_mass * node_weight``: a kick ``v += dt * F * weighted_inv_mass`` leaves
+        #: atoms of other stages alone in one fused operation.
+        self.weighted_inv_mass: torch.Tensor | None = None
+        #: Bumped by the engine whenever it rewrites the masks above (in place).
+        self.mask_version = 0
         self.converged_mask: torch.Tensor | None = None
         self.status_code = 0
         self._engine: Engine | None = None

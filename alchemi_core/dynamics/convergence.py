@@ -168,10 +168,13 @@ class ConvergenceHook(Hook):
             level = batch.level_of(c.key)
             if c.custom_op is not None:
                 value = c.custom_op(value)
+                per_atom = level is Level.NODE and value.shape[0] == batch.num_nodes
                 if value.dtype == torch.bool:
-                    ok = value
+                    # A verdict per atom passes for a system when it passes for all its atoms.
+                    failed = (~value).reshape(value.shape[0], -1).any(dim=1).to(torch.int32)
+                    ok = (_segment(failed, batch, "max") == 0) if per_atom else ~failed.bool()
                 else:
-                    if level is Level.NODE and value.shape[0] == batch.num_nodes and batch.num_nodes != batch.num_graphs:
+                    if per_atom:
                         value = _segment(_reduce_rows(value, "max", None), batch, "max")
                     ok = value.reshape(batch.num_graphs, -1).amax(dim=1) <= c.threshold
             elif level is Level.NODE:

@@ -42,7 +42,10 @@ _P = DynamicsStage
 class SubStage:
     """One stage inside an engine: its status code, budget and where its systems go next."""
 
-    __slots__ = ("code", "dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight")
+    __slots__ = (
+        "code", "dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight",
+        "weighted_inv_mass", "buffers_version", "hooks",
+    )
 
     def __init__(self, code: int, dynamics: BaseDynamics, target: int) -> None:
         self.code = int(code)
@@ -58,6 +61,10 @@ class SubStage:
                 self.target = self.conv.target_status
         self.sys_mask: torch.Tensor | None = None
         self.node_weight: torch.Tensor | None = None
+        self.weighted_inv_mass: torch.Tensor | None = None
+        self.buffers_version = -1
+        #: Per hook point, this stage's ``(frequency, hook)`` entries.
+        self.hooks: tuple[tuple[tuple[int, Any], ...], ...] = ()
 
 
 class Engine:
@@ -136,7 +143,18 @@ class Engine:
         self._inv_mass: torch.Tensor | None = None
         self._inv_mass_version = -1
         self._inner_hooks = False
+        self._inner_frequencies: tuple[int, ...] = ()
+        self.owner_hooks: tuple = ()
         self.done = False
+        #: Capture the step as a CUDA graph on GPUs (``compile()``); how often it was captured.
+        self.graph_requested = bool(getattr(owner, "compile_step", False)) or (
+            getattr(owner, "_compile_kwargs", None) is not None
+        )
+        self.graph_captures = 0
+        #: Increases whenever the masks are rewritten (at checks and composition changes).
+        self.mask_version = 0
+        self._graph: Any = None
+        self._graph_key = -1
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.
         self.graduate_to_sinks = True
         #: Systems moved out to sinks so far.
@@ -156,6 +174,21 @@ class Engine:
         for freq, hook, stage in self.table[point]:
             if step % freq == 0:
                 hook(batch, stage)
+
+    def _build_tables(self) -> None:
+        """Per-point hook tuples, built once per run: the per-step path never asks pluggy."""
+        owners: list[tuple[Any, Sequence[Any]]] = [(s.dynamics, s.dynamics.hooks) for s in self.subs]
+        if self.extra_hooks:
+            owners.insert(0, (self.owner, self.extra_hooks))
+        self.table = build_hook_table(owners)
+        for s in self.subs:
+            s.hooks = tuple(tuple((f, h) for f, h, st in point if st is s.dynamics) for point in self.table)
+        self.owner_hooks = tuple(
+            tuple((f, h) for f, h, st in point if self.extra_hooks and st is self.owner) for point in self.table
+        )
+        inner = [f for p in INNER_POINTS for f, _, _ in self.table[int(p)]]
+        self._inner_hooks = bool(inner)
+        self._inner_frequencies = tuple(sorted(set(inner)))
 
     # ------------------------------------------------------------------ preparation
     def prepare(self, batch: Batch | None) -> Batch:
@@ -187,11 +220,7 @@ class Engine:
         self.forward()
         if self.track_energy_change:
             batch.energy_prev.copy_(batch.energy)
-        owners: list[tuple[Any, Sequence[Any]]] = [(s.dynamics, s.dynamics.hooks) for s in self.subs]
-        if self.extra_hooks:
-            owners.insert(0, (self.owner, self.extra_hooks))
-        self.table = build_hook_table(owners)
-        self._inner_hooks = any(self.table[int(p)] for p in INNER_POINTS)
+        self._build_tables()
         self.step_count = 0
         self.done = False
         self.loaded_count = batch.num_graphs
@@ -206,11 +235,7 @@ class Engine:
             s.dynamics._attach(self, s)
             s.dynamics.setup(batch)
         self._update_masks()
-        owners: list[tuple[Any, Sequence[Any]]] = [(s.dynamics, s.dynamics.hooks) for s in self.subs]
-        if self.extra_hooks:
-            owners.insert(0, (self.owner, self.extra_hooks))
-        self.table = build_hook_table(owners)
-        self._inner_hooks = any(self.table[int(p)] for p in INNER_POINTS)
+        self._build_tables()
         self.step_count = 0
         self.done = False
         return batch
@@ -288,23 +313,43 @@ class Engine:
         return self._inv_mass
 
     def _update_masks(self) -> None:
-        """Which systems (and atoms) each stage integrates until the next check."""
+        """Which systems (and atoms) each stage integrates until the next check.
+
+        The masks live in buffers that are reallocated only when the set of systems changes,
+        and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them; each
+        rewrite bumps ``mask_version`` so hooks can tell. Atoms of a batch field ``frozen``
+        get weight 0 in every stage: no integrator moves them.
+        """
         batch = self.batch
-        if not self.masked:
-            for s in self.subs:
-                s.sys_mask = s.node_weight = None
-                s.dynamics.system_mask = s.dynamics.node_weight = None
-            return
-        status, steps, idx = batch.status, batch.stage_steps, batch.batch_idx
-        dtype = batch.positions.dtype
+        inv_mass = self.inv_mass()
+        self.mask_version += 1
+        frozen = batch.frozen.reshape(-1).to(torch.bool) if "frozen" in batch else None
         for s in self.subs:
-            m = status == s.code
-            if self.graduate_on_budget:
-                m &= steps < s.budget
-            s.sys_mask = m
-            s.node_weight = m.index_select(0, idx).to(dtype).unsqueeze(-1)
-            s.dynamics.system_mask = s.sys_mask
-            s.dynamics.node_weight = s.node_weight
+            if not self.masked and frozen is None:
+                s.sys_mask = s.node_weight = None
+                s.weighted_inv_mass = inv_mass
+                self._publish(s)
+                continue
+            if s.buffers_version != batch.version or s.node_weight is None or s.weighted_inv_mass is None:
+                s.sys_mask = torch.empty(batch.num_graphs, dtype=torch.bool, device=batch.device) if self.masked else None
+                s.node_weight = torch.empty(batch.num_nodes, 1, dtype=batch.positions.dtype, device=batch.device)
+                s.weighted_inv_mass = torch.empty_like(s.node_weight)
+                s.buffers_version = batch.version
+            if s.sys_mask is not None:
+                torch.eq(batch.status, s.code, out=s.sys_mask)
+                if self.graduate_on_budget:
+                    s.sys_mask.logical_and_(batch.stage_steps < s.budget)
+                atoms = s.sys_mask.index_select(0, batch.batch_idx)
+                s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
+            else:
+                s.node_weight.copy_((~frozen).unsqueeze(-1))
+            torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
+            self._publish(s)
+
+    def _publish(self, s: SubStage) -> None:
+        d = s.dynamics
+        d.system_mask, d.node_weight, d.weighted_inv_mass = s.sys_mask, s.node_weight, s.weighted_inv_mass
+        d.mask_version = self.mask_version
 
     # ------------------------------------------------------------------ the step
     def forward(self) -> None:
@@ -321,7 +366,7 @@ class Engine:
             out = m(batch)
             for s in self.subs:
                 if s.dynamics.model is m and s.sys_mask is not None:
-                    nm = s.node_weight.bool()
+                    nm = s.sys_mask.index_select(0, batch.batch_idx).unsqueeze(-1)
                     batch.forces.copy_(torch.where(nm, out["forces"], batch.forces))
                     batch.energy.copy_(torch.where(s.sys_mask.unsqueeze(-1), out["energy"], batch.energy))
 
@@ -349,55 +394,100 @@ class Engine:
     def step(self) -> None:
         """One step of every sub-stage, then the checks that are due."""
         k = self.step_count
-        d = self._dispatch
         table = self.table
-        subs = self.subs
-        for s in subs:
+        for s in self.subs:
             s.dynamics.step_count = k
         if table[0]:
-            d(0, k)
-        with torch.no_grad():
-            for s in subs:
-                if table[1]:
-                    d(1, k)
-                s.dynamics.pre_update(self.batch)
-                if table[2]:
-                    d(2, k)
-        if table[3]:
-            d(3, k)
-        self.forward()
-        if self.track_energy_change:
-            b = self.batch
-            torch.sub(b.energy.view(-1), b.energy_prev.view(-1), out=b.energy_change).abs_()
-            b.energy_prev.copy_(b.energy)
-        if table[4]:
-            d(4, k)
-        with torch.no_grad():
-            for s in subs:
-                if table[5]:
-                    d(5, k)
-                s.dynamics.post_update(self.batch)
-                if table[6]:
-                    d(6, k)
-            if self.masked:
-                steps = self.batch.stage_steps
-                for s in subs:
-                    steps.add_(s.sys_mask)
-                if self._freeze_on_budget:
-                    self._freeze_spent(steps)
+            self._dispatch(0, k)
+        if self.graph_requested and self.batch.device.type == "cuda" and not self._inner_hooks_fire(k):
+            self._graph_step(k)
+        else:
+            self._core(k, self._inner_hooks)
         if table[7]:
-            d(7, k)
+            self._dispatch(7, k)
         self.step_count = k + 1
         if self.check_interval and k % self.check_interval == 0:
             self.check(k)
 
+    def _core(self, k: int, hooks: bool) -> None:
+        """Integrator halves around the model forward: the part a CUDA graph can hold.
+
+        Inner hook points run here only when ``hooks`` is set; hooks of each sub-stage run next
+        to that stage's update, a fused stage's own hooks once around all of them.
+        """
+        batch, subs, own = self.batch, self.subs, self.owner_hooks
+        with torch.no_grad():
+            if hooks and own[1]:
+                _run(own[1], batch, self.owner, k)
+            for s in subs:
+                if hooks and s.hooks[1]:
+                    _run(s.hooks[1], batch, s.dynamics, k)
+                s.dynamics.pre_update(batch)
+                if hooks and s.hooks[2]:
+                    _run(s.hooks[2], batch, s.dynamics, k)
+            if hooks and own[2]:
+                _run(own[2], batch, self.owner, k)
+        if hooks and self.table[3]:
+            self._dispatch(3, k)
+        self.forward()
+        if self.track_energy_change:
+            torch.sub(batch.energy.view(-1), batch.energy_prev.view(-1), out=batch.energy_change).abs_()
+            batch.energy_prev.copy_(batch.energy)
+        if hooks and self.table[4]:
+            self._dispatch(4, k)
+        with torch.no_grad():
+            if hooks and own[5]:
+                _run(own[5], batch, self.owner, k)
+            for s in subs:
+                if hooks and s.hooks[5]:
+                    _run(s.hooks[5], batch, s.dynamics, k)
+                s.dynamics.post_update(batch)
+                if hooks and s.hooks[6]:
+                    _run(s.hooks[6], batch, s.dynamics, k)
+            if hooks and own[6]:
+                _run(own[6], batch, self.owner, k)
+            if self.masked:
+                steps = batch.stage_steps
+                for s in subs:
+                    steps.add_(s.sys_mask)
+                if self._freeze_on_budget:
+                    self._freeze_spent(steps)
+
     def _freeze_spent(self, steps: torch.Tensor) -> None:
-        """Stop integrating systems that used their stage's budget (in place, no read-back);
-        they graduate at the next check."""
+        """Stop integrating systems that used their stage's budget (in place, no read-back, so
+        it can be captured); they graduate at the next check."""
         idx = self.batch.batch_idx
         for s in self.subs:
             s.sys_mask.logical_and_(steps < s.budget)
-            s.node_weight.copy_(s.sys_mask.index_select(0, idx).unsqueeze(-1))
+            keep = s.sys_mask.index_select(0, idx).unsqueeze(-1)
+            s.node_weight.mul_(keep)  # frozen atoms keep their zero weight
+            s.weighted_inv_mass.mul_(keep)
+
+    def _inner_hooks_fire(self, k: int) -> bool:
+        return any(k % f == 0 for f in self._inner_frequencies)
+
+    def _graph_step(self, k: int) -> None:
+        """Replay the captured step; capture it first when the set of systems changed.
+
+        Capturing records without executing, so step ``k`` itself runs eagerly (on a side
+        stream, which also warms up lazily initialised libraries) and the capture of the same
+        sequence serves the following steps.
+        """
+        key = self.batch.version
+        if self._graph is not None and self._graph_key == key:
+            self._graph.replay()
+            return
+        self._graph = None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._core(k, False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._core(k, False)
+        self._graph, self._graph_key = graph, key
+        self.graph_captures += 1
 
     # ------------------------------------------------------------------ checks
     def _update_fmax(self) -> None:
@@ -575,18 +665,29 @@ class Engine:
             self.step()
 
     def start_hooks(self) -> None:
+        """Every hook's ``on_run_start``; masks are then refreshed, as a hook may have marked
+        atoms (``frozen``) or changed fields the masks depend on."""
         for s in self.subs:
             for h in s.dynamics.hooks:
                 getattr(h, "on_run_start", _noop)(self.batch, s.dynamics)
         for h in self.extra_hooks:
             getattr(h, "on_run_start", _noop)(self.batch, self.owner)
+        if self.batch is not None:
+            self._update_masks()
 
     def end_hooks(self) -> None:
-        for s in self.subs:
-            for h in s.dynamics.hooks:
-                getattr(h, "on_run_end", _noop)(self.batch, s.dynamics)
-        for h in self.extra_hooks:
-            getattr(h, "on_run_end", _noop)(self.batch, self.owner)
+        """Every hook's ``on_run_end``, even when one raises (files get closed); the first
+        error is raised afterwards."""
+        calls = [(h, s.dynamics) for s in self.subs for h in s.dynamics.hooks]
+        calls += [(h, self.owner) for h in self.extra_hooks]
+        first: BaseException | None = None
+        for hook, stage in calls:
+            try:
+                getattr(hook, "on_run_end", _noop)(self.batch, stage)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                first = first or exc
+        if first is not None:
+            raise first
 
     def stream_context(self, stream: Any) -> Any:
         if stream is not None and self.batch is not None and self.batch.device.type == "cuda":
@@ -596,3 +697,9 @@ class Engine:
 
 def _noop(*_: Any) -> None:
     return None
+
+
+def _run(entries: tuple[tuple[int, Any], ...], batch: Batch, stage: Any, k: int) -> None:
+    for freq, hook in entries:
+        if k % freq == 0:
+            hook(batch, stage)

@@ -4,7 +4,10 @@ A hook has a ``stage`` (a :class:`DynamicsStage`), a ``frequency`` (run when the
 multiple of it) and is called as ``hook(batch, dynamics)``; ``dynamics`` is the stage the hook
 belongs to, whose ``system_mask`` says which systems that stage integrates (None: all). Optional
 ``on_run_start(batch, dynamics)`` and ``on_run_end(batch, dynamics)`` run once per run (open and
-close files there, not per step).
+close files there, not per step). A hook that acts at several points (freeze atoms before the
+integrator and after the forward; time every phase of a step) lists them in ``parts``: hooks with
+their own ``stage`` and ``frequency`` that the engine schedules in its place, while the lifecycle
+methods stay on the outer hook.
 
 Hooks are not pluggy calls: each run builds, per point, a tuple of ``(frequency, hook, stage)``
 once, so an empty point costs nothing and a full one a Python call per hook.
@@ -72,8 +75,19 @@ class Hook:
         return f"{type(self).__name__}(stage={self.stage.name}, frequency={self.frequency})"
 
 
+def hook_parts(hook: Any) -> tuple[Any, ...]:
+    """What the engine schedules for ``hook``: its ``parts`` when it has any, else the hook itself."""
+    parts = getattr(hook, "parts", None)
+    return tuple(parts) if parts else (hook,)
+
+
 def check_hook(hook: Any) -> None:
-    """Reject an object that cannot serve as a hook, saying what it lacks."""
+    """Reject an object that cannot serve as a hook (or a part of one), saying what it lacks."""
+    parts = getattr(hook, "parts", None)
+    if parts:
+        for part in parts:
+            check_hook(part)
+        return
     missing = [a for a in ("stage", "frequency") if not hasattr(hook, a)]
     if missing or not callable(hook):
         what = ", ".join(missing) if missing else "__call__(batch, dynamics)"
@@ -96,5 +110,6 @@ def build_hook_table(owners: Iterable[tuple[Any, Iterable[Any]]]) -> HookTable:
     points: list[list[tuple[int, Any, Any]]] = [[] for _ in DynamicsStage]
     for stage, hooks in owners:
         for hook in hooks:
-            points[int(hook.stage)].append((int(hook.frequency), hook, stage))
+            for part in hook_parts(hook):
+                points[int(part.stage)].append((int(part.frequency), part, stage))
     return tuple(tuple(p) for p in points)

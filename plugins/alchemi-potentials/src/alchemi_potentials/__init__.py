@@ -1,5 +1,34 @@
-"""alchemi-potentials: potentials for alchemi: Lennard-Jones and Morse as Warp kernels with batched cell lists, and any ASE calculator."""
+"""alchemi-potentials: Lennard-Jones and Morse as Warp kernels on batched periodic neighbour
+lists, and any ASE calculator as a model.
+
+Names are imported on first use, so ``import alchemi_potentials`` (and plugin discovery) never
+imports Warp.
+
+Example:
+    >>> from alchemi_potentials import LennardJones
+    >>> LennardJones(epsilon=0.0104, sigma=3.405, cutoff=8.5125).card.name
+    'lennard-jones'
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "LennardJones": "alchemi_potentials.lennard_jones",
+    "Morse": "alchemi_potentials.morse",
+    "AseCalculatorModel": "alchemi_potentials.ase_model",
+    "BatchedNeighborList": "alchemi_potentials.neighbors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alchemi_potentials' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,3 +1,27 @@
 """Entry point of alchemi-potentials: registers its components as strings; imports nothing heavy."""
 
 from __future__ import annotations
+
+from alchemi_core.plugin.specs import hookimpl
+
+
+@hookimpl
+def alchemi_register_models(registrar):  # type: ignore[no-untyped-def]
+    registrar.add(
+        "lennard-jones",
+        "alchemi_potentials.lennard_jones:LennardJones",
+        summary="Lennard-Jones pair potential: Warp kernels, batched periodic cell lists, per-species tables",
+        requires={"warp": "warp-lang"},
+    )
+    registrar.add(
+        "morse",
+        "alchemi_potentials.morse:Morse",
+        summary="Morse pair potential: Warp kernels, batched periodic cell lists, per-species tables",
+        requires={"warp": "warp-lang"},
+    )
+    registrar.add(
+        "ase",
+        "alchemi_potentials.ase_model:AseCalculatorModel",
+        summary="any ASE calculator, system by system on the CPU (validation, existing calculators)",
+        requires={"ase": "alchemi-potentials[ase]"},
+    )

@@ -1,5 +1,43 @@
-"""alchemi-zarr: zarr storage for alchemi: ZarrData sinks on any fsspec URL, readers, writers and datasets."""
+"""alchemi-zarr: trajectory and dataset storage in Zarr v3 on any fsspec URL, with nothing lost.
+
+- :class:`ZarrData`: a ``DataSink`` (``sink:zarr``, ``alchemi_core.dynamics.ZarrData``), with an
+  asynchronous mode that writes on a background thread.
+- :class:`AtomicDataZarrWriter` / :class:`AtomicDataZarrReader`: datasets of structures
+  (``alchemi_core.data.datapipes``), random access and cheap size metadata for
+  ``SizeAwareSampler``.
+- :func:`export_extxyz`: any store to extended XYZ through ASE.
+
+The store layout is documented in ``docs/storage.md`` and defined in :mod:`alchemi_zarr.layout`.
+Submodules import lazily, so ``import alchemi_zarr`` stays cheap.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from alchemi_zarr.background import BackgroundWriteError
+    from alchemi_zarr.extxyz import export_extxyz
+    from alchemi_zarr.reader import AtomicDataZarrReader
+    from alchemi_zarr.sink import ZarrData
+    from alchemi_zarr.writer import AtomicDataZarrWriter
+
+_WHERE = {
+    "ZarrData": "alchemi_zarr.sink",
+    "AtomicDataZarrReader": "alchemi_zarr.reader",
+    "AtomicDataZarrWriter": "alchemi_zarr.writer",
+    "BackgroundWriteError": "alchemi_zarr.background",
+    "export_extxyz": "alchemi_zarr.extxyz",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alchemi_zarr' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,3 +1,20 @@
 """Entry point of alchemi-zarr: registers its components as strings; imports nothing heavy."""
 
 from __future__ import annotations
+
+from alchemi_core.plugin import hookimpl
+
+_REQUIRES = {"zarr": "alchemi-zarr", "fsspec": "alchemi-zarr"}
+
+
+@hookimpl
+def alchemi_register_sinks(registrar):  # type: ignore[no-untyped-def]
+    registrar.add(
+        "zarr",
+        "alchemi_zarr.sink:ZarrData",
+        summary="crash-safe Zarr v3 store on a path or any fsspec URL (optionally written in the background)",
+        exports=["alchemi_core.dynamics.ZarrData"],
+        requires=_REQUIRES,
+    )
+    registrar.export("alchemi_core.data.datapipes.AtomicDataZarrReader", "alchemi_zarr.reader:AtomicDataZarrReader")
+    registrar.export("alchemi_core.data.datapipes.AtomicDataZarrWriter", "alchemi_zarr.writer:AtomicDataZarrWriter")

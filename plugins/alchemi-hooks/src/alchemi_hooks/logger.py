@@ -1,0 +1,185 @@
+"""``LoggingHook``: one row per system every N steps, written off the step path.
+
+Each row holds ``step, system_id, status, energy, fmax, temperature``: the step index, the
+system's id and status, its potential energy (eV), its largest atomic force norm (eV/Å) and its
+instantaneous temperature (K; degrees of freedom as in :mod:`alchemi_hooks.observables`). Only
+the systems of the hook's stage are logged (in a ``FusedStage``, the MD stage's hook logs the MD
+systems). The row for step ``k`` describes the state at the end of step ``k`` (after ``k + 1``
+integration steps), when ``k`` is a multiple of ``frequency``.
+
+The values are computed on the device and copied to the host without blocking; a background
+thread formats and writes them (:mod:`alchemi_hooks.host_transfer`), so the stepping thread never
+waits for the GPU or the disk. The file is opened when the run starts and flushed and closed when
+it ends (also after an error). The first run of a hook truncates ``log_path`` and writes the
+header; later runs of the same hook append to it.
+
+Backends: ``"csv"`` writes ``log_path``; ``writer`` (any callable) receives, on the background
+thread, one dict per logged step of equal-length numpy arrays keyed by the column names (it may
+keep them). Given both, both get the rows.
+
+Example:
+    >>> from alchemi_core.dynamics import DemoDynamics
+    >>> from alchemi_core.models.demo import DemoModelWrapper
+    >>> from alchemi_hooks.logger import LoggingHook
+    >>> md = DemoDynamics(model=DemoModelWrapper(), n_steps=1000, dt=0.5,
+    ...                   hooks=[LoggingHook(backend="csv", log_path="md_log.csv", frequency=100)])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from alchemi_core.dynamics.hook import Hook
+from alchemi_core.dynamics.stage import DynamicsStage
+from alchemi_core.errors import ConfigurationError
+
+from alchemi_hooks.host_transfer import HostTransfer
+from alchemi_hooks.observables import max_force, temperature
+from alchemi_hooks.scope import Scope
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: The columns of every row, in file order.
+COLUMNS = ("step", "system_id", "status", "energy", "fmax", "temperature")
+BACKENDS = ("csv",)
+#: Written when neither ``log_path`` nor ``writer`` is given.
+DEFAULT_LOG_PATH = "dynamics_log.csv"
+
+# Device table layout: the stage mask first, then COLUMNS[1:] (step is known on the host).
+_IN_STAGE, _SYSTEM_ID, _STATUS, _ENERGY, _FMAX, _TEMPERATURE = range(6)
+
+
+class LoggingHook(Hook):
+    """Log per-system step, id, status, energy, fmax and temperature (see the module docstring).
+
+    Args:
+        backend: ``"csv"``, the file backend.
+        log_path: The CSV file (default ``dynamics_log.csv`` when no ``writer`` is given).
+        frequency: Log every N-th step.
+        writer: ``writer(columns: dict[str, np.ndarray])`` called per logged step on a
+            background thread.
+        stage: Log at another hook point than ``AFTER_STEP``.
+
+    Raises:
+        ConfigurationError: An unknown backend or a writer that is not callable.
+    """
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(
+        self,
+        backend: str = "csv",
+        log_path: str | os.PathLike[str] | None = None,
+        frequency: int = 100,
+        writer: Callable[[dict[str, np.ndarray]], Any] | None = None,
+        stage: DynamicsStage | None = None,
+    ) -> None:
+        super().__init__(frequency=frequency, stage=stage)
+        if backend not in BACKENDS:
+            raise ConfigurationError(
+                f"LoggingHook: backend {backend!r} is not available; the backends are {BACKENDS}. "
+                "For anything else pass writer=callable, which receives one dict of columns per logged step"
+            )
+        if writer is not None and not callable(writer):
+            raise ConfigurationError(f"LoggingHook: writer must be callable, got {type(writer).__name__}")
+        self.backend = backend
+        self.writer = writer
+        if log_path is None and writer is None:
+            log_path = DEFAULT_LOG_PATH
+        self.log_path: Path | None = Path(log_path) if log_path is not None else None
+        self._scope = Scope()
+        self._transfer: HostTransfer | None = None
+        self._file: IO[str] | None = None
+        self._opened_before = False
+        self._float_format = "%.9g"
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_run_start(self, batch: Batch, dynamics: Any) -> None:
+        self._open(batch)
+
+    def on_run_end(self, batch: Batch, dynamics: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Write everything logged so far and close the file (runs call it at their end; call it
+        yourself after stepping by hand with ``dynamics.step``)."""
+        transfer, self._transfer = self._transfer, None
+        try:
+            if transfer is not None:
+                transfer.close()
+        finally:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def _open(self, batch: Batch) -> None:
+        self.close()
+        # Enough digits to read back the value the batch held.
+        self._float_format = "%.17g" if batch.positions.dtype == torch.float64 else "%.9g"
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            append = self._opened_before
+            self._file = open(self.log_path, "a" if append else "w", encoding="utf-8", newline="")
+            if not append:
+                self._file.write(",".join(COLUMNS) + "\n")
+            self._opened_before = True
+        self._transfer = HostTransfer(self._consume, name="LoggingHook")
+
+    # ------------------------------------------------------------------ the step
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if self._transfer is None:
+            self._open(batch)
+        assert self._transfer is not None
+        self._transfer.submit(self._table(batch, dynamics), meta=int(dynamics.step_count))
+
+    def _table(self, batch: Batch, dynamics: Any) -> torch.Tensor:
+        """``[B, 6]`` float64 on the device: in-stage flag, then the columns after ``step``."""
+        table = torch.empty(batch.num_graphs, 6, dtype=torch.float64, device=batch.device)
+        systems = self._scope.systems(batch, dynamics)
+        if systems is None:
+            table[:, _IN_STAGE] = 1.0
+        else:
+            table[:, _IN_STAGE] = systems
+        table[:, _SYSTEM_ID] = batch.system_id
+        table[:, _STATUS] = batch.status
+        table[:, _ENERGY] = batch.energy.reshape(-1)
+        table[:, _FMAX] = max_force(batch)
+        table[:, _TEMPERATURE] = temperature(batch)
+        return table
+
+    # ------------------------------------------------------------------ the writer thread
+    def _consume(self, table: np.ndarray, step: int) -> None:
+        rows = table[table[:, _IN_STAGE] > 0.5]
+        columns = {
+            "step": np.full(len(rows), step, dtype=np.int64),
+            "system_id": rows[:, _SYSTEM_ID].astype(np.int64),
+            "status": rows[:, _STATUS].astype(np.int64),
+            "energy": rows[:, _ENERGY].copy(),
+            "fmax": rows[:, _FMAX].copy(),
+            "temperature": rows[:, _TEMPERATURE].copy(),
+        }
+        if self._file is not None:
+            f = self._float_format
+            lines = [
+                f"{s},{i},{st},{f % e},{f % fm},{f % t}\n"
+                for s, i, st, e, fm, t in zip(
+                    columns["step"], columns["system_id"], columns["status"], columns["energy"],
+                    columns["fmax"], columns["temperature"], strict=True,
+                )
+            ]
+            self._file.write("".join(lines))
+            # Flushed per step so a run that dies keeps its log up to the last logged step.
+            self._file.flush()
+        if self.writer is not None:
+            self.writer(columns)
+
+    def __repr__(self) -> str:
+        where = str(self.log_path) if self.log_path is not None else "writer"
+        return f"LoggingHook({where!r}, frequency={self.frequency})"

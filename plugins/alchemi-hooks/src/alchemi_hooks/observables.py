@@ -1,0 +1,72 @@
+"""Per-system quantities hooks report: kinetic energy, temperature, largest force.
+
+Units are alchemi's: velocities in Å/fs, masses in amu, energies in eV, forces in eV/Å, K.
+
+Temperature is ``T = 2 KE / (f kB)`` with ``f = 3 (N - N_frozen)`` degrees of freedom: three
+per atom that moves, as ASE's ``Atoms.get_temperature()`` counts them for atoms under
+``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one. The
+three centre-of-mass degrees of freedom are *not* removed: a thermostat that does not conserve
+momentum (Langevin) samples all 3N, and for NVE runs with zero total momentum the reported
+temperature is lower than the kinetic one by a factor (3N - 3) / 3N, which matters only for
+very small systems. A system with no moving atom reports 0 K.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.testing import make_batch
+    >>> from alchemi_hooks.observables import kinetic_energy, temperature
+    >>> batch = make_batch([2])
+    >>> batch.atomic_masses = torch.tensor([1.0, 1.0])
+    >>> batch.velocities = torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    >>> round(float(kinetic_energy(batch)[0]), 4)    # 0.5 * 1 amu * (0.1 Å/fs)^2 in eV
+    0.5182
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+def per_system_sum(values: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``[B]`` sums of the per-atom ``values`` ``[V]`` over each system's atoms."""
+    out = torch.zeros(batch.num_graphs, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, batch.batch_idx, values)
+
+
+def kinetic_energy(batch: Batch) -> torch.Tensor:
+    """``[B]`` kinetic energy per system in eV, from ``velocities`` and ``atomic_masses``."""
+    v = batch.velocities
+    twice_ke = (v * v).sum(dim=-1).mul_(batch.atomic_masses)
+    return per_system_sum(twice_ke, batch).mul_(0.5 * AMU_A2_PER_FS2_TO_EV)
+
+
+def degrees_of_freedom(batch: Batch) -> torch.Tensor:
+    """``[B]`` three per atom that is not ``frozen`` (see the module docstring)."""
+    moving = torch.ones(batch.num_nodes, dtype=batch.positions.dtype, device=batch.device)
+    if "frozen" in batch:
+        moving = moving.masked_fill_(batch.frozen.reshape(-1).to(torch.bool), 0.0)
+    return per_system_sum(moving, batch).mul_(3.0)
+
+
+def temperature(batch: Batch, kinetic: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]`` instantaneous temperature in K (degrees of freedom: see the module docstring).
+
+    Args:
+        kinetic: The systems' kinetic energies, if already computed.
+    """
+    ke = kinetic_energy(batch) if kinetic is None else kinetic
+    dof = degrees_of_freedom(batch).clamp_(min=1.0)
+    return (2.0 / KB) * ke / dof
+
+
+def max_force(batch: Batch) -> torch.Tensor:
+    """``[B]`` largest atomic force norm per system in eV/Å (0 for a system without atoms)."""
+    norms = torch.linalg.vector_norm(batch.forces, dim=-1)
+    out = torch.zeros(batch.num_graphs, dtype=norms.dtype, device=norms.device)
+    return out.scatter_reduce_(0, batch.batch_idx, norms, reduce="amax", include_self=False)

@@ -1,0 +1,85 @@
+"""``LennardJones`` (``model:lennard-jones``): ``U(r) = 4 epsilon ((sigma/r)^12 - (sigma/r)^6)``.
+
+Example:
+    >>> from alchemi_core import registry
+    >>> lj = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
+    >>> lj.card.cutoff, lj.card.stress
+    (8.5125, True)
+    >>> mix = LennardJones(epsilon={18: 0.0104, 36: 0.0141}, sigma={18: 3.405, 36: 3.65}, cutoff=9.0)
+    >>> mix.card.species
+    (18, 36)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.pair_kernels import LENNARD_JONES
+from alchemi_potentials.pair_potential import PairPotential
+from alchemi_potentials.parameters import pair_table
+
+
+class LennardJones(PairPotential):
+    """Lennard-Jones pair potential on the GPU (Warp kernels, batched periodic neighbour lists).
+
+    Args:
+        epsilon: Well depth in eV: a number, or ``{atomic number: value}`` per element.
+        sigma: Zero-crossing distance in Å: a number or a per-element table.
+        cutoff: Interaction range in Å (e.g. 2.5 sigma).
+        shift_energy: Shift each pair energy to zero at the cutoff (as ASE's ``LennardJones``).
+        switch_onset: Start (Å) of a smooth switch to zero at the cutoff (energy and forces
+            continuous); None for none.
+        skin: Verlet skin in Å (default 0.5).
+        max_neighbors: Neighbour-list columns; None sizes them from the structures.
+        pair_epsilon: ``{(Z1, Z2): value}`` overriding the mixed epsilon of chosen pairs.
+        pair_sigma: Likewise for sigma.
+        mixing: ``"lorentz-berthelot"`` (epsilon geometric, sigma arithmetic mean) or
+            ``"geometric"``.
+        species: Elements that numbers-only parameters apply to (None: every element).
+        neighbor_list: A shared :class:`~alchemi_potentials.neighbors.BatchedNeighborList`.
+
+    Raises:
+        ConfigurationError: A non-positive parameter, or an inconsistent table or cutoff option.
+    """
+
+    kind = LENNARD_JONES
+    name = "lennard-jones"
+
+    def __init__(
+        self,
+        epsilon: float | Mapping[Any, float],
+        sigma: float | Mapping[Any, float],
+        cutoff: float,
+        shift_energy: bool = False,
+        switch_onset: float | None = None,
+        skin: float | None = None,
+        max_neighbors: int | None = None,
+        *,
+        pair_epsilon: Mapping[tuple[Any, Any], float] | None = None,
+        pair_sigma: Mapping[tuple[Any, Any], float] | None = None,
+        mixing: str = "lorentz-berthelot",
+        species: Sequence[Any] | None = None,
+        neighbor_list: BatchedNeighborList | None = None,
+    ) -> None:
+        table = pair_table(
+            {"epsilon": epsilon, "sigma": sigma},
+            kinds={"epsilon": "energy", "sigma": "length"},
+            overrides={"epsilon": pair_epsilon, "sigma": pair_sigma},
+            mixing=mixing,
+            species=species,
+            model=self.name,
+        )
+        super().__init__(table, cutoff=cutoff, shift_energy=shift_energy, switch_onset=switch_onset, skin=skin,
+                         max_neighbors=max_neighbors, neighbor_list=neighbor_list)
+
+    def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        eps, sig = self.table.values["epsilon"], self.table.values["sigma"]
+        return 4.0 * eps, sig * sig, np.zeros_like(eps)
+
+    def _pair_energy(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:
+        s6 = (b / (r * r)) ** 3
+        return a * (s6 * s6 - s6)

@@ -1,0 +1,13 @@
+"""Batched neighbour lists: one cell list per system, rebuilt on the device when needed.
+
+Example:
+    >>> from alchemi_potentials.neighbors import BatchedNeighborList
+    >>> BatchedNeighborList(cutoff=5.0, skin=0.5).radius
+    5.5
+"""
+
+from __future__ import annotations
+
+from alchemi_potentials.neighbors.cell_list import BatchedNeighborList, NeighborMatrix, check_cells, decode_shifts
+
+__all__ = ["BatchedNeighborList", "NeighborMatrix", "check_cells", "decode_shifts"]

@@ -1,0 +1,337 @@
+"""``PairPotential``: what Lennard-Jones and Morse share: parameter tables, the cutoff treatment,
+the batched neighbour list, and one Warp kernel that sums pairs into energies, forces and stress.
+
+A forward makes no host synchronisation and, once buffers exist for a set of systems, allocates
+nothing: it updates the neighbour list (rebuilding on the device only the systems that need it),
+zeroes the per-system totals and runs the pair kernel on torch's current stream. Forces and
+energies (and stress) go straight into ``batch.forces``, ``batch.energy`` (``batch.stress``) when
+the batch has them with the positions' dtype, and those same tensors are returned, so the engine
+copies nothing; otherwise the results are fresh tensors.
+
+Cutoff treatments (pick at most one):
+
+* none (default): pairs beyond the cutoff are ignored; energy jumps at the cutoff,
+* ``shift_energy=True``: each pair energy is shifted to zero at the cutoff (forces unchanged;
+  ASE's ``LennardJones`` does this),
+* ``switch_onset=r_on``: energies are multiplied by a quintic smoothstep from 1 at ``r_on`` to 0 at
+  the cutoff, so energy and forces are continuous (ASE's ``MorsePotential`` does this).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.models.base import BaseModel, ModelCard
+from alchemi_potentials import _warp
+from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
+from alchemi_potentials.parameters import PairTable
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: Verlet skin (Å) of a neighbour list a model makes for itself.
+DEFAULT_SKIN = 0.5
+
+
+class _Outputs:
+    """Targets and recorded launches of one forward configuration (one set of systems, one set
+    of tensors); a step that finds the same configuration only replays the launches.
+
+    ``owned`` names the targets that are the model's scratch buffers rather than the batch's
+    fields: those are returned as copies, so a result never changes under its holder's feet.
+    """
+
+    def __init__(self, key: tuple[Any, ...], forces: torch.Tensor, energy: torch.Tensor,
+                 stress: torch.Tensor | None, owned: set[str], launches: _warp.LaunchSequence,
+                 matrix: NeighborMatrix) -> None:
+        self.key = key
+        self.forces = forces
+        self.energy = energy
+        self.stress = stress
+        self.owned = owned
+        self.launches = launches
+        self.matrix = matrix  # held so that its identity stays a valid part of the key
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {"energy": self.energy, "forces": self.forces}
+        if self.stress is not None:
+            out["stress"] = self.stress
+        return {k: v.clone() if k in self.owned else v for k, v in out.items()}
+
+
+class PairPotential(BaseModel):
+    """Base class of the pair potentials (see the module docstring).
+
+    Subclasses set ``kind`` (the kernel's potential) and ``name``, and implement
+    :meth:`_coefficients` (the kernel's ``a, b, c`` per pair of types) and :meth:`_pair_energy`
+    (for the energy shift), both in float64 numpy.
+
+    Args:
+        table: Parameters per pair of species.
+        cutoff: Interaction range in Å.
+        shift_energy: Shift each pair energy to zero at the cutoff.
+        switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
+        skin: Verlet skin in Å of the model's own neighbour list (default 0.5).
+        max_neighbors: Columns of the model's own neighbour list (None: sized from the
+            structures; a number: no read-back ever, for CUDA graphs).
+        neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);
+            its cutoff must be at least ``cutoff``. Give skin and max_neighbors to it, not here.
+
+    Raises:
+        ConfigurationError: A bad cutoff or switch onset, both cutoff treatments at once, or a
+            neighbour list built for a shorter cutoff.
+    """
+
+    kind: ClassVar[int]
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        table: PairTable,
+        *,
+        cutoff: float,
+        shift_energy: bool = False,
+        switch_onset: float | None = None,
+        skin: float | None = None,
+        max_neighbors: int | None = None,
+        neighbor_list: BatchedNeighborList | None = None,
+    ) -> None:
+        super().__init__()
+        try:
+            cutoff = float(cutoff)
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"{self.name}: cutoff must be a number in Å, got {cutoff!r}") from None
+        if not (cutoff > 0 and math.isfinite(cutoff)):
+            raise ConfigurationError(f"{self.name}: cutoff must be positive and finite (Å), got {cutoff!r}")
+        if switch_onset is not None:
+            if shift_energy:
+                raise ConfigurationError(
+                    f"{self.name}: choose one cutoff treatment: shift_energy=True or switch_onset=..., not both"
+                )
+            switch_onset = float(switch_onset)
+            if not 0 <= switch_onset < cutoff:
+                raise ConfigurationError(
+                    f"{self.name}: switch_onset must lie in [0, cutoff) = [0, {cutoff}), got {switch_onset}"
+                )
+        if neighbor_list is None:
+            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors)
+        elif skin is not None or max_neighbors is not None:
+            raise ConfigurationError(
+                f"{self.name}: skin and max_neighbors belong to the neighbour list you passed; "
+                "set them there (BatchedNeighborList(cutoff, skin, max_neighbors))"
+            )
+        self._cutoff = cutoff
+        self.shift_energy = bool(shift_energy)
+        self.switch_onset = switch_onset
+        self.table = table
+        self.neighbor_list = neighbor_list
+        self._check_list_cutoff()
+        self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
+        self._rows = self._parameter_rows()
+        self._reset_device_state()
+
+    def _reset_device_state(self) -> None:
+        """Forget device tables, buffers and recorded launches (rebuilt on the next forward)."""
+        self._device_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
+        self._types: tuple[NeighborMatrix, torch.Tensor, Any] | None = None
+        self._outputs: _Outputs | None = None
+        self._scratch_buffers: dict[str, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
+        state = self.__dict__.copy()
+        state.update(_device_tables={}, _types=None, _outputs=None, _scratch_buffers={})
+        return state
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def cutoff(self) -> float:
+        """Interaction range in Å."""
+        return self._cutoff
+
+    def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _pair_energy(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def _parameter_rows(self) -> np.ndarray:
+        """``[(T + 1)^2, 4]`` float64 rows ``(a, b, c, shift)``; type T (elements without
+        parameters) has NaN rows, so such atoms give NaN rather than plausible numbers."""
+        a, b, c = self._coefficients()
+        shift = self._pair_energy(a, b, c, self._cutoff) if self.shift_energy else np.zeros_like(a)
+        n = a.shape[0]
+        rows = np.full((n + 1, n + 1, 4), np.nan)
+        rows[:n, :n] = np.stack([a, b, c, shift], axis=-1)
+        return rows.reshape(-1, 4)
+
+    def _device_table(self, device: torch.device, dtype: torch.dtype) -> Any:
+        key = (device, dtype)
+        entry = self._device_tables.get(key)
+        if entry is None:
+            t = torch.as_tensor(self._rows, dtype=dtype, device=device).contiguous()
+            entry = self._device_tables[key] = (t, _warp.view(t))
+        return entry[1]
+
+    def _atom_types(self, batch: Batch, matrix: NeighborMatrix) -> Any:
+        """int32 type of every atom, recomputed when the set of systems changes."""
+        if self._types is None or self._types[0] is not matrix:
+            z = batch.atomic_numbers
+            lut = torch.as_tensor(self.table.type_lookup(), device=z.device)
+            unknown = self.table.num_types
+            types = torch.where(z <= lut.shape[0] - 1, lut[z.clamp(0, lut.shape[0] - 1)], unknown).to(torch.int32)
+            types = types.contiguous()
+            self._types = (matrix, types, _warp.view(types))
+        return self._types[2]
+
+    # ------------------------------------------------------------------ the forward
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        """Energies ``[B, 1]``, forces ``[V, 3]`` and, when asked, stress ``[B, 3, 3]`` (eV/Å³,
+        positive under tension; NaN for systems whose cell has no volume).
+
+        Raises:
+            ConfigurationError: The neighbour list was built for a shorter cutoff.
+            InvalidDataError: Positions that are not float32 or float64.
+        """
+        self._check_list_cutoff()
+        matrix = self.neighbor_list.update(batch)
+        out = self._outputs_for(batch, matrix, compute_stress)
+        out.launches.run(_warp.stream_for(batch.positions.device))
+        return out.result()
+
+    def _outputs_for(self, batch: Batch, matrix: NeighborMatrix, compute_stress: bool) -> _Outputs:
+        pos = batch.positions
+        cell = self.neighbor_list.last_cell
+        targets = {
+            "forces": _usable(batch, "forces", pos, tuple(pos.shape)),
+            "energy": _usable(batch, "energy", pos, (batch.num_graphs, 1)),
+            "stress": _usable(batch, "stress", pos, (batch.num_graphs, 3, 3)) if compute_stress else None,
+        }
+        key = (pos.data_ptr(), pos.dtype, -1 if cell is None else cell.data_ptr(), compute_stress,
+               *(None if t is None else t.data_ptr() for t in targets.values()))
+        out = self._outputs
+        if out is not None and out.key == key and out.matrix is matrix:
+            return out
+        self._outputs = self._configure(batch, matrix, compute_stress, key, targets, cell)
+        return self._outputs
+
+    def _scratch(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A model-owned buffer, kept while its shape, dtype and device stay the same."""
+        t = self._scratch_buffers.get(name)
+        if t is None or tuple(t.shape) != shape or t.dtype != like.dtype or t.device != like.device:
+            t = self._scratch_buffers[name] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        return t
+
+    def _configure(self, batch: Batch, matrix: NeighborMatrix, compute_stress: bool, key: tuple[Any, ...],
+                   targets: dict[str, torch.Tensor | None], cell: torch.Tensor | None) -> _Outputs:
+        from alchemi_potentials import pair_kernels as k
+
+        pos = batch.positions
+        wp = _warp.warp()
+        n_sys, n_atoms = batch.num_graphs, batch.num_nodes
+        shapes = {"forces": tuple(pos.shape), "energy": (n_sys, 1), "stress": (n_sys, 3, 3)}
+        owned = {name for name, t in targets.items() if t is None and (name != "stress" or compute_stress)}
+        for name in owned:
+            targets[name] = self._scratch(name, shapes[name], pos)
+        forces, energy, stress = targets["forces"], targets["energy"], targets["stress"]
+        assert forces is not None and energy is not None
+        virial = self._scratch("virial", (n_sys, 3, 3), pos)
+        if cell is None:
+            cell = self._scratch("cell", (n_sys, 3, 3), pos)
+        f64 = pos.dtype == torch.float64
+        scalar, vec, mat = (wp.float64, wp.vec3d, wp.mat33d) if f64 else (wp.float32, wp.vec3f, wp.mat33f)
+        P, C = _warp.view(pos, vec), _warp.view(cell, mat)
+        E, W = _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
+        F = _warp.view(forces, vec)
+        seq = _warp.LaunchSequence(P.device)
+        seq.add(k.zero_totals, n_sys, [E, W])
+        if matrix.half:
+            seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
+        n_types = self.table.num_types
+        onset = self.switch_onset if self.switch_onset is not None else 0.0
+        seq.add(k.pair_forces, n_atoms, [
+            self.kind, P, C, matrix.warp_atom_system, self._atom_types(batch, matrix), n_types + 1,
+            int(n_types == 1), self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset),
+            scalar(self._cutoff), int(self.switch_onset is not None), matrix.warp_index, matrix.warp_shift,
+            matrix.warp_count, int(compute_stress), int(matrix.half), F, E, W,
+        ])
+        if stress is not None:
+            seq.add(k.virial_to_stress, n_sys, [C, W, _warp.view(stress, mat)])
+        return _Outputs(key, forces, energy, stress, owned, seq, matrix)
+
+    # ------------------------------------------------------------------ checks
+    def _check_list_cutoff(self) -> None:
+        if self.neighbor_list.cutoff < self._cutoff:
+            raise ConfigurationError(
+                f"{self.name}: cutoff {self._cutoff} Å is larger than the {self.neighbor_list.cutoff} Å its "
+                "neighbour list was built for, so pairs in between would be missed; build the list with "
+                f"BatchedNeighborList(cutoff={self._cutoff}, ...)"
+            )
+
+    def check_batch(self, batch: Batch) -> None:
+        """Reject what this model cannot evaluate correctly (reads back; not per step).
+
+        Raises:
+            InvalidDataError: Elements without parameters, positions that are not float32 or
+                float64, or a periodic cell with zero volume.
+            ConfigurationError: A neighbour list built for a shorter cutoff.
+            CapacityError: An atom with more neighbours than a fixed ``max_neighbors``.
+        """
+        self._check_list_cutoff()
+        if batch.positions.dtype not in (torch.float32, torch.float64):
+            raise InvalidDataError(
+                f"{self.name}: positions must be float32 or float64, got {batch.positions.dtype}"
+            )
+        try:
+            super().check_batch(batch)  # species against card.species
+        except InvalidDataError as exc:
+            raise InvalidDataError(f"{exc}; add them to the model's per-element tables") from None
+        check_cells(batch, self.name)
+        nl = self.neighbor_list
+        if not nl.sizes_itself and batch.num_nodes:
+            probe = BatchedNeighborList(nl.cutoff, nl.skin, half_list=nl.half_list)
+            probe.update(batch)
+            most = probe.most_neighbors(batch)
+            if most.max() > nl.max_neighbors:
+                raise CapacityError(
+                    f"{self.name}: atoms have up to {int(most.max())} neighbours within cutoff + skin = "
+                    f"{nl.radius:g} Å but max_neighbors is {nl.max_neighbors}; pass max_neighbors="
+                    f"{int(math.ceil(most.max() * 1.2))} (or None, to size it from the structures)"
+                )
+
+    def memory_bytes(self) -> int:
+        """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""
+        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_tables.values())]
+        if self._types is not None:
+            held.append(self._types[1])
+        return self.neighbor_list.memory_bytes() + sum(t.numel() * t.element_size() for t in held)
+
+    def verify(self, batch: Batch) -> None:
+        """Raise what the neighbour list recorded on the device (see
+        :meth:`BatchedNeighborList.verify`); called by the engine at check steps."""
+        self.neighbor_list.verify(batch)
+
+    def extra_repr(self) -> str:
+        treatment = "truncated"
+        if self.shift_energy:
+            treatment = "shifted"
+        elif self.switch_onset is not None:
+            treatment = f"switched from {self.switch_onset}"
+        return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
+
+
+def _field(batch: Batch, name: str) -> torch.Tensor | None:
+    return getattr(batch, name) if name in batch else None
+
+
+def _usable(batch: Batch, name: str, positions: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The batch's own ``name`` field when the kernel can write into it directly."""
+    t = _field(batch, name)
+    if t is None or t.dtype != positions.dtype or tuple(t.shape) != shape or not t.is_contiguous():
+        return None
+    return t

@@ -1,0 +1,139 @@
+"""Bad input fails early with an error that says what is wrong; never wrong numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk
+from ase.calculators.lj import LennardJones as AseLennardJones
+
+from alchemi_core.data import AtomicData, Batch
+from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_potentials import LennardJones, Morse
+from alchemi_potentials.neighbors import BatchedNeighborList
+
+
+def argon_and_krypton():
+    ar = bulk("Ar", "fcc", a=5.26, cubic=True)
+    kr = bulk("Kr", "fcc", a=5.7, cubic=True)
+    return Batch.from_atoms([ar, kr], dtype=torch.float64)
+
+
+def test_unknown_species_named_by_check_batch_and_nan_without_it():
+    model = LennardJones(epsilon={18: 0.0104}, sigma={18: 3.405}, cutoff=8.5)
+    batch = argon_and_krypton()
+    with pytest.raises(InvalidDataError, match=r"no parameters for atomic numbers \[36\]; it knows \[18\]"):
+        model.check_batch(batch)
+    out = model(batch)  # unchecked: the unknown system is NaN, never a plausible number
+    assert math.isfinite(out["energy"][0].item()) and math.isnan(out["energy"][1].item())
+    assert torch.isnan(out["forces"][4:]).all()
+
+
+def test_zero_volume_periodic_cell_is_rejected():
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    flat = atoms.copy()
+    flat.set_cell([flat.cell[0], flat.cell[1], flat.cell[0] + flat.cell[1]])
+    batch = Batch.from_atoms([atoms, flat], dtype=torch.float64)
+    with pytest.raises(InvalidDataError, match=r"systems \[1\] have a periodic cell with zero volume"):
+        LennardJones(0.0104, 3.405, 8.5).check_batch(batch)
+
+
+def test_periodic_axes_without_a_cell_are_rejected():
+    data = AtomicData(atomic_numbers=torch.tensor([18, 18]), positions=torch.tensor([[0.0, 0, 0], [3.8, 0, 0]]),
+                      pbc=torch.tensor([True, False, False]))
+    with pytest.raises(InvalidDataError, match="periodic .* but the batch has no cell"):
+        LennardJones(0.0104, 3.405, 8.5).check_batch(Batch.from_data_list([data]))
+
+
+def test_slab_with_a_zero_open_axis_is_fine():
+    """A periodic plane needs only its own two vectors: c = 0 on the open axis is valid (ASE too)."""
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 1))
+    atoms.rattle(0.05, seed=2)
+    atoms.cell[2] = 0.0
+    atoms.pbc = (True, True, False)
+    batch = Batch.from_atoms([atoms], dtype=torch.float64)
+    model = LennardJones(0.0104, 3.405, 8.5125, shift_energy=True)
+    model.check_batch(batch)
+    out = model(batch, compute_stress=True)
+    atoms.calc = AseLennardJones(epsilon=0.0104, sigma=3.405, rc=8.5125)
+    assert out["energy"].item() == pytest.approx(atoms.get_potential_energy(), rel=1e-9)
+    np.testing.assert_allclose(out["forces"].numpy(), atoms.get_forces(), atol=1e-9)
+    assert torch.isnan(out["stress"]).all()  # no volume, no stress (ASE refuses it too)
+
+
+def test_cutoff_beyond_the_neighbour_list():
+    with pytest.raises(ConfigurationError, match="larger than the 5.0 Å its neighbour list was built for"):
+        LennardJones(0.0104, 3.405, 8.5, neighbor_list=BatchedNeighborList(5.0))
+    model = LennardJones(0.0104, 3.405, 8.5)
+    model.neighbor_list = BatchedNeighborList(6.0)  # swapped for a shorter list later
+    batch = argon_and_krypton().index_select([0])
+    with pytest.raises(ConfigurationError, match="larger than the 6.0 Å"):
+        model.check_batch(batch)
+    with pytest.raises(ConfigurationError, match="larger than the 6.0 Å"):
+        model(batch)
+
+
+def test_a_shared_list_may_reach_further():
+    shared = BatchedNeighborList(9.0, skin=0.3)
+    batch = argon_and_krypton().index_select([0])
+    lj = LennardJones(0.0104, 3.405, 8.5, neighbor_list=shared)
+    morse = Morse(0.01, 1.2, 3.8, cutoff=7.0, neighbor_list=shared)
+    alone = LennardJones(0.0104, 3.405, 8.5)(batch)
+    torch.testing.assert_close(lj(batch)["forces"], alone["forces"])
+    torch.testing.assert_close(morse(batch)["energy"], Morse(0.01, 1.2, 3.8, cutoff=7.0)(batch)["energy"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon": -0.01, "sigma": 3.4, "cutoff": 8.0}, "epsilon must be positive"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 0.0}, "cutoff must be positive"),
+        ({"epsilon": {18: 0.01}, "sigma": {18: 3.4, 36: 3.6}, "cutoff": 8.0}, "must list the same elements"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "mixing": "sixth-power"}, "unknown mixing rule"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "shift_energy": True, "switch_onset": 7.0}, "choose one"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "switch_onset": 8.0}, "switch_onset must lie"),
+        ({"epsilon": {18: 0.01}, "sigma": {18: 3.4}, "cutoff": 8.0, "pair_epsilon": {(18, 36): 0.1}},
+         "names element 36, which has no parameters"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "pair_sigma": {(18, 36): 3.5}}, "needs per-element tables"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "skin": 0.3, "neighbor_list": BatchedNeighborList(8.0)},
+         "belong to the neighbour list"),
+        ({"epsilon": 0.01, "sigma": 3.4, "cutoff": 8.0, "skin": -1.0}, "skin >= 0"),
+        ({"epsilon": 0.01, "sigma": {"Xx": 3.4}, "cutoff": 8.0}, "unknown element 'Xx'"),
+    ],
+)
+def test_bad_parameters_say_what_is_wrong(kwargs, message):
+    with pytest.raises(ConfigurationError, match=message):
+        LennardJones(**kwargs)
+
+
+def test_element_symbols_work_like_atomic_numbers():
+    by_symbol = LennardJones(epsilon={"Ar": 0.0104, "Kr": 0.0141}, sigma={"Ar": 3.405, "Kr": 3.65}, cutoff=8.5)
+    by_number = LennardJones(epsilon={18: 0.0104, 36: 0.0141}, sigma={18: 3.405, 36: 3.65}, cutoff=8.5)
+    batch = argon_and_krypton()
+    torch.testing.assert_close(by_symbol(batch)["energy"], by_number(batch)["energy"], rtol=0, atol=0)
+
+
+def test_half_precision_positions_are_rejected():
+    batch = Batch.from_data_list([AtomicData(atomic_numbers=torch.tensor([18]), positions=torch.zeros(1, 3, dtype=torch.float16))])
+    with pytest.raises(InvalidDataError, match="float32 or float64"):
+        LennardJones(0.0104, 3.405, 8.5).check_batch(batch)
+    with pytest.raises(InvalidDataError, match="float32 or float64"):
+        LennardJones(0.0104, 3.405, 8.5)(batch)
+
+
+def test_molecule_without_cell_or_pbc():
+    """No cell and no pbc: a plain molecule, all pairs within the cutoff."""
+    atoms = Atoms("Ar3", positions=[[0, 0, 0], [3.8, 0, 0], [0, 4.1, 0.3]])
+    data = AtomicData(atomic_numbers=torch.tensor(atoms.numbers), positions=torch.tensor(atoms.positions))
+    batch = Batch.from_data_list([data])
+    model = LennardJones(0.0104, 3.405, 8.5)
+    model.check_batch(batch)
+    out = model(batch, compute_stress=True)
+    r = atoms.get_all_distances()[np.triu_indices(3, 1)]
+    expected = (4 * 0.0104 * ((3.405 / r) ** 12 - (3.405 / r) ** 6)).sum()
+    assert out["energy"].item() == pytest.approx(expected, rel=1e-12)
+    assert torch.isnan(out["stress"]).all()

@@ -1,0 +1,220 @@
+"""The batched cell list: the pairs it finds, when it rebuilds, and that systems stay apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from ase.neighborlist import neighbor_list
+
+from alchemi_core.data import Batch
+from alchemi_core.errors import CapacityError, InvalidDataError
+from alchemi_potentials import LennardJones
+from alchemi_potentials.neighbors import BatchedNeighborList, decode_shifts
+
+RC = 6.0
+
+
+def some_systems(ref, rng):
+    fcc = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    fcc.rattle(0.1, seed=1)
+    slab = ref.atoms(rng, 12, ref.cell(rng, (8.0, 9.0, 12.0), 0.3), (True, False, True), min_distance=2.0)
+    slab.positions[:3, 1] -= 7.0  # below the cell on the open axis
+    return [
+        fcc,
+        ref.atoms(rng, 4, ref.cell(rng, (3.0, 3.5, 4.0), 0.3), True, min_distance=1.5),  # many images
+        slab,
+        ref.atoms(rng, 10, ref.cell(rng, (7.0, 8.0, 7.5), 0.3), True, min_distance=2.0, outside=4),
+        ref.atoms(rng, 9, np.diag([8.0, 8.0, 8.0]), False, min_distance=2.0),
+    ]
+
+
+def pair_set(i, j, shifts):
+    return {(int(a), int(b), *map(int, s)) for a, b, s in zip(i, j, shifts)}
+
+
+def listed_pairs(matrix, first: int, n: int):
+    """(i, j, shift) of atoms first..first+n-1 as local indices."""
+    count = matrix.count.numpy()
+    index = matrix.index.numpy()
+    shifts = decode_shifts(matrix.shift).numpy()
+    out = set()
+    for i in range(first, first + n):
+        for k in range(count[i]):
+            out.add((i - first, int(index[k, i]) - first, *map(int, shifts[k, i])))
+    return out
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
+    systems = some_systems(ref, rng)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    batch = ref.batch(systems)
+    matrix = nl.update(batch)
+    assert matrix.half is half
+    ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
+    for s, atoms in enumerate(systems):
+        i, j, shifts = neighbor_list("ijS", atoms, nl.radius)
+        assert len(i) > 0
+        listed = listed_pairs(matrix, ptr[s], len(atoms))
+        if half:  # each pair once: with its mirror image, exactly ASE's full list
+            mirrored = {(b, a, -x, -y, -z) for a, b, x, y, z in listed}
+            assert not listed & mirrored, f"system {s} lists a pair twice"
+            listed |= mirrored
+        assert listed == pair_set(i, j, shifts), f"system {s}"
+
+
+def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
+    systems = some_systems(ref, rng)[:3]
+    batch = ref.batch(systems)
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0)
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == [1, 1, 1]
+    atom = int(batch.batch_ptr[1]) + 2  # an atom of system 1
+    start = batch.positions[atom].clone()
+    direction = torch.tensor([0.6, 0.0, 0.8], dtype=torch.float64)
+    for distance, expected in [(0.3, [1, 1, 1]), (0.499, [1, 1, 1]), (0.501, [1, 2, 1]), (0.6, [1, 2, 1])]:
+        batch.positions[atom] = start + distance * direction
+        nl.update(batch)
+        assert nl.builds(batch).tolist() == expected, distance
+    # The reference moved with the rebuild: 0.45 further from there is still inside the skin.
+    batch.positions[atom] = start + (0.501 + 0.45) * direction
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == [1, 2, 1]
+    # A changed periodic cell rebuilds that system only; so does changed periodicity.
+    batch.cell[2] *= 1.0 + 1e-9
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == [1, 2, 2]
+    batch.pbc[0, 2] = False
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
+def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half):
+    systems = some_systems(ref, rng)
+    batch = ref.batch(systems)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
+    g = torch.Generator().manual_seed(7)
+    for step in range(25):
+        batch.positions.add_(0.04 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
+        out = model(batch, compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        for key in ("energy", "forces", "stress"):
+            torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
+    builds = model.neighbor_list.builds(batch)
+    assert (builds > 1).any() and (builds < 26).all()  # rebuilt sometimes, not every step
+
+
+def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
+    systems = some_systems(ref, rng)
+    model = LennardJones(0.01, 2.3, RC)
+    alone = [model(ref.batch([a]), compute_stress=True) for a in systems]
+    order = [3, 0, 4, 2, 1]
+    together = model(ref.batch([systems[k] for k in order]), compute_stress=True)
+    counts = [len(systems[k]) for k in order]
+    ptr = np.concatenate(([0], np.cumsum(counts)))
+    for pos, k in enumerate(order):
+        torch.testing.assert_close(together["energy"][pos], alone[k]["energy"][0], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(together["forces"][ptr[pos] : ptr[pos + 1]], alone[k]["forces"], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(together["stress"][pos], alone[k]["stress"][0], rtol=1e-12, atol=1e-14)
+
+
+def test_buffers_follow_the_set_of_systems(ref, rng):
+    """A pre-allocated batch that gains and loses systems: every version gives fresh results."""
+    systems = some_systems(ref, rng)
+    source = ref.batch(systems)
+    buf = Batch.empty(num_systems=8, num_nodes=200, num_edges=0, template=source)
+    model = LennardJones(0.01, 2.3, RC)
+    buf.put(source, torch.tensor([True, False, True, True, False]))
+    first = model(buf)
+    expected = model(ref.batch([systems[0], systems[2], systems[3]]))
+    torch.testing.assert_close(first["forces"], expected["forces"])
+    buf.defrag(torch.tensor([False, True, False]))  # drop the slab
+    buf.put(source, torch.tensor([False, True, False, False, True]))
+    again = model(buf)
+    expected = model(ref.batch([systems[0], systems[3], systems[1], systems[4]]))
+    torch.testing.assert_close(again["energy"], expected["energy"])
+    torch.testing.assert_close(again["forces"], expected["forces"])
+
+
+def test_fixed_columns_overflow_is_reported_not_hidden(ref):
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
+    batch = ref.batch([atoms])
+    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40)
+    with pytest.raises(CapacityError, match=r"max_neighbors is 40; pass max_neighbors=\d+"):
+        model.check_batch(batch)
+    model(batch)  # a forward never reads back ...
+    with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
+        model.verify(batch)  # ... the check step does
+    roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120)
+    roomy.check_batch(batch)
+    roomy(batch)
+    roomy.verify(batch)
+
+
+def test_self_sizing_list_fits_the_densest_atom(ref):
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False)
+    assert nl.max_neighbors == 32
+    matrix = nl.update(ref.batch([atoms]))
+    # FCC shells within 9.0125 Å at a = 5.26: a/sqrt2, a, a sqrt1.5, a sqrt2, a sqrt2.5 (a sqrt3 = 9.11 out).
+    assert matrix.count.tolist() == [12 + 6 + 24 + 12 + 24] * len(atoms)
+    assert nl.max_neighbors >= 78
+    assert nl.memory_bytes() > 0
+    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True)
+    counts = half.update(ref.batch([atoms])).count
+    assert counts.sum().item() == 78 * len(atoms) // 2
+    assert counts.max().item() <= 45  # rows about equally long, so the matrix halves too
+    assert half.max_neighbors < 0.6 * nl.max_neighbors
+
+
+def test_atoms_far_outside_the_cell_are_reported(ref):
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    atoms.positions[0] += 600 * atoms.cell[0]
+    batch = ref.batch([atoms])
+    nl = BatchedNeighborList(cutoff=6.0)
+    nl.update(batch)
+    with pytest.raises(InvalidDataError, match="more than 500 cells outside"):
+        nl.verify(batch)
+
+
+def test_a_cell_that_loses_its_volume_is_reported(ref):
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    batch = ref.batch([atoms])
+    nl = BatchedNeighborList(cutoff=6.0)
+    nl.update(batch)
+    nl.verify(batch)
+    batch.cell[0, 2] = batch.cell[0, 0] + batch.cell[0, 1]  # coplanar rows
+    nl.update(batch)
+    with pytest.raises(InvalidDataError, match="zero"):
+        nl.verify(batch)
+
+
+def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
+    """Batches made and dropped in a loop (their ids get reused) with the same sizes but other
+    systems: every result is that of a fresh model."""
+    small = [ref.atoms(rng, 5, ref.cell(rng, (6.0, 6.5, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
+    large = [ref.atoms(rng, 9, ref.cell(rng, (7.5, 8.0, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
+    model = LennardJones(0.01, 2.3, RC)
+    rounds = [[small[k % 2], large[(k // 2) % 2]] if k % 3 else [large[k % 2], small[(k // 2) % 2]] for k in range(12)]
+    results = []
+    for pair in rounds:
+        batch = ref.batch(pair)  # CPython hands the freed batch's id (and version) out again
+        results.append(model(batch)["forces"])
+        del batch
+    for k, pair in enumerate(rounds):
+        expected = LennardJones(0.01, 2.3, RC)(ref.batch(pair))
+        torch.testing.assert_close(results[k], expected["forces"], msg=f"round {k}")
+
+
+def test_models_copy_and_pickle_without_device_state(ref):
+    import copy
+    import pickle
+
+    batch = ref.batch([bulk("Ar", "fcc", a=5.26, cubic=True)])
+    model = LennardJones(0.0104, 3.405, 8.5)
+    expected = model(batch)["energy"]
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        torch.testing.assert_close(clone(batch)["energy"], expected)

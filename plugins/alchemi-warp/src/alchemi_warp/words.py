@@ -1,0 +1,78 @@
+"""Tensors seen as rows of machine words, so one copy kernel serves every dtype.
+
+A row copy never looks at values, only at bytes. Viewing a ``[N, ...]`` tensor of any dtype
+(bool, int32, int64, float32, float64) as ``[N, W]`` integer words turns every row copy into the
+same kernel and makes the result bit-identical to the source: NaN payloads, ``-0.0`` and bool
+bytes travel unchanged. The widest word that divides the row size and the tensor's byte offset
+is chosen, so a float32 ``[N, 3]`` row moves as three 4-byte words and a float64 ``[N, 3]`` row
+as three 8-byte words. Bool and int64 tensors never reach ``wp.from_torch`` as themselves.
+
+Example:
+    >>> import torch
+    >>> from alchemi_warp.words import as_words, word_bytes_for
+    >>> t = torch.zeros(4, 3, dtype=torch.float64)
+    >>> word_bytes_for(t)
+    8
+    >>> as_words(t, 8).shape, as_words(t, 8).dtype
+    (torch.Size([4, 3]), torch.int64)
+    >>> as_words(torch.zeros(5, 3, dtype=torch.bool), 1).shape
+    torch.Size([5, 3])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: Integer dtypes used as words, by size in bytes. All are accepted by ``wp.from_torch``.
+WORD_DTYPES: dict[int, torch.dtype] = {
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.int8,
+}
+
+
+def row_bytes(t: torch.Tensor) -> int:
+    """Bytes in one row (all dimensions after the first) of ``t``."""
+    return math.prod(t.shape[1:]) * t.element_size()
+
+
+def word_bytes_for(*tensors: torch.Tensor) -> int:
+    """The widest word size that divides the row size and the byte offset of every tensor.
+
+    The tensors must share a row size (a source and its destination).
+
+    Example:
+        >>> word_bytes_for(torch.zeros(2, 3, dtype=torch.bool))  # 3-byte rows
+        1
+    """
+    size = row_bytes(tensors[0])
+    for width in (8, 4, 2):
+        if size % width == 0 and all(t.storage_offset() * t.element_size() % width == 0 for t in tensors):
+            return width
+    return 1
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D ``[N, elements per row]`` view (also when N is 0)."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+
+
+def as_words(t: torch.Tensor, width: int) -> torch.Tensor:
+    """A ``[N, row_bytes // width]`` integer view of the contiguous tensor ``t`` (no copy).
+
+    Args:
+        t: A contiguous tensor with at least one dimension.
+        width: Word size in bytes, from :func:`word_bytes_for`.
+    """
+    # Through int8 first: torch regroups bytes into wider words only from a 1-byte view, and
+    # bool (also 1 byte) is not accepted by every Warp release.
+    return as_rows(t).view(torch.int8).view(WORD_DTYPES[width])
+
+
+def as_flat_words(t: torch.Tensor) -> torch.Tensor:
+    """The whole contiguous tensor ``t`` as a 1-D run of the widest fitting words."""
+    whole = t.reshape(1, t.numel())
+    return as_words(whole, word_bytes_for(whole))[0]

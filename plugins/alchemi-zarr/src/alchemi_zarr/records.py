@@ -1,0 +1,149 @@
+"""Systems on their way between a ``Batch`` and a store: host copies, local atom indices.
+
+A write copies the selected systems to host memory (:func:`snapshot`, asynchronous on a GPU) and
+turns them into :class:`HostRecords`: one numpy array per field in the dtype zarr stores, index
+fields shifted so each system's atom indices start at 0. Reading goes the other way
+(:func:`to_tensor`, :func:`to_batch_indices`).
+
+Example:
+    >>> from alchemi_core.testing import make_batch
+    >>> records = HostRecords.from_snapshot(snapshot(make_batch([3, 2], edges=True), copy=False))
+    >>> records.num_systems, records.fields["neighbor_list"].tolist()
+    (2, [[0, 1], [1, 2], [2, 0], [0, 1], [1, 0]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.data.fields import INDEX_FIELDS, Level
+
+from alchemi_zarr.layout import FieldSpec
+
+
+@attrs.define
+class Snapshot:
+    """Host tensors of some systems; on a GPU the copy may still be in flight until
+    :meth:`wait` (a CUDA event recorded after the copies)."""
+
+    tensors: dict[str, torch.Tensor]
+    levels: dict[str, Level]
+    num_atoms: np.ndarray
+    num_edges: np.ndarray
+    system_ids: torch.Tensor | None
+    event: torch.cuda.Event | None = None
+    # The device tensors being copied stay referenced until the copy is done.
+    _sources: list[torch.Tensor] = attrs.field(factory=list)
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        self._sources.clear()
+
+
+def snapshot(batch: Batch, copy: bool) -> Snapshot:
+    """Copy every field of ``batch`` to host memory.
+
+    GPU fields go to pinned buffers with non-blocking copies on the current stream (no host
+    synchronisation; :meth:`Snapshot.wait` waits). CPU fields are cloned when ``copy`` is True, so
+    the caller may go on changing the batch while a background thread writes the snapshot.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    sources: list[torch.Tensor] = []
+    on_gpu = batch.device.type == "cuda"
+    for name in batch.keys():
+        t = getattr(batch, name)
+        if on_gpu:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t.detach(), non_blocking=True)
+            sources.append(t)
+        else:
+            host = t.detach().clone() if copy else t.detach()
+        tensors[name] = host
+    event = None
+    if on_gpu:
+        event = torch.cuda.Event()
+        event.record()
+    return Snapshot(
+        tensors=tensors,
+        levels=batch.levels,
+        num_atoms=batch.num_nodes_per_system.copy(),
+        num_edges=batch.num_edges_per_system.copy(),
+        system_ids=tensors.get("system_id"),
+        event=event,
+        sources=sources,
+    )
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host tensor as the numpy array zarr stores (bfloat16 as its uint16 bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.uint16).numpy()
+    return t.contiguous().numpy()
+
+
+def to_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A stored numpy array as a tensor of ``dtype`` (bfloat16 viewed back from its bits)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a)).view(torch.bfloat16)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def local_offsets(num_atoms: np.ndarray, num_edges: np.ndarray) -> np.ndarray:
+    """Per edge, the first atom row of its system within the concatenation (``[E, 1]``)."""
+    starts = np.concatenate(([0], np.cumsum(num_atoms)[:-1])).astype(np.int64)
+    return np.repeat(starts, num_edges)[:, None]
+
+
+def to_batch_indices(local: np.ndarray, num_atoms: np.ndarray, num_edges: np.ndarray) -> np.ndarray:
+    """Stored (per-system) atom indices as indices into the concatenated atoms of a batch."""
+    return local + local_offsets(num_atoms, num_edges) if len(local) else local
+
+
+@attrs.frozen
+class HostRecords:
+    """Systems ready to be stored: numpy rows per field, atom indices local to each system."""
+
+    fields: dict[str, np.ndarray]
+    specs: dict[str, FieldSpec]
+    num_atoms: np.ndarray
+    num_edges: np.ndarray
+
+    @property
+    def num_systems(self) -> int:
+        return len(self.num_atoms)
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, units: Mapping[str, str] | None = None) -> HostRecords:
+        """Records of a (finished) snapshot; ``units`` name the units of custom fields."""
+        snap.wait()
+        units = units or {}
+        fields: dict[str, np.ndarray] = {}
+        specs: dict[str, FieldSpec] = {}
+        for name, t in snap.tensors.items():
+            specs[name] = FieldSpec.of(name, snap.levels[name], t, units.get(name))
+            a = to_numpy(t)
+            if name in INDEX_FIELDS:
+                a = a - local_offsets(snap.num_atoms, snap.num_edges) if len(a) else a
+            fields[name] = a
+        return cls(fields, specs, snap.num_atoms, snap.num_edges)
+
+    @classmethod
+    def concat(cls, parts: list[HostRecords]) -> HostRecords:
+        """One set of records from several with the same fields (indices are local: no shifts)."""
+        if len(parts) == 1:
+            return parts[0]
+        fields = {name: np.concatenate([p.fields[name] for p in parts]) for name in parts[0].fields}
+        return cls(
+            fields,
+            parts[0].specs,
+            np.concatenate([p.num_atoms for p in parts]),
+            np.concatenate([p.num_edges for p in parts]),
+        )

@@ -1,0 +1,178 @@
+"""``ZarrData``: a data sink that stores systems in an alchemi Zarr store, on disk or any fsspec URL.
+
+Each ``write`` stores the selected systems as whole records: a crash leaves every record either
+fully readable or absent, and reopening the store continues after the last committed record.
+Every field, dtype and ``system_id`` round-trips; :meth:`ZarrData.read` gives them back as one
+batch on the CPU.
+
+A write copies the selected systems to host memory and hands them to zarr. With
+``asynchronous=True`` a background thread does the zarr part while the caller (the dynamics
+loop) goes on; on a GPU the copy itself is non-blocking (pinned memory, the current stream).
+``flush()`` waits for pending writes, ``close()`` also stops the thread; both raise a failed
+write's error. ``len()`` and the capacity count pending systems, so capacity errors stay
+immediate.
+
+Example:
+    >>> from alchemi_core.testing import make_batch
+    >>> from alchemi_zarr import ZarrData
+    >>> sink = ZarrData("memory://sink-doc", capacity=100)
+    >>> sink.write(make_batch([3, 2, 4]))
+    >>> len(sink), sink.read().system_id.tolist()
+    (3, [0, 1, 2])
+    >>> ZarrData("memory://sink-doc", capacity=100).read().num_graphs   # reopening continues it
+    3
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
+from alchemi_core.errors import CapacityError, ConfigurationError
+
+from alchemi_zarr.records import HostRecords, snapshot
+from alchemi_zarr.storage import AtomicStore
+
+#: The capacity of a sink made without one.
+UNLIMITED = 2**62
+
+
+class ZarrData(DataSink):
+    """Systems stored in an alchemi Zarr store (see the module docstring).
+
+    Args:
+        store: A local path, an fsspec URL (``memory://``, ``file://``, ``s3://`` with
+            ``alchemi-zarr[s3]``), a dict, or a zarr store object. An existing store is
+            continued.
+        capacity: Most systems the store may hold, those already in it included (None: no limit).
+        asynchronous: Write on a background thread (call ``flush()``/``close()`` to wait).
+        max_pending: In asynchronous mode, most writes queued before ``write`` blocks.
+        units: Units of custom fields, recorded in the store, e.g. ``{"dipole": "e*Å"}``.
+        storage_options: fsspec options for URLs (credentials, endpoints).
+
+    Raises:
+        InvalidDataError: ``store`` holds something other than an alchemi store.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        capacity: int | None = None,
+        *,
+        asynchronous: bool = False,
+        max_pending: int = 8,
+        units: Mapping[str, str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if capacity is not None and int(capacity) < 0:
+            raise ConfigurationError(f"ZarrData capacity must be >= 0 (or None for no limit), got {capacity}")
+        self._capacity = UNLIMITED if capacity is None else int(capacity)
+        self.units = dict(units or {})
+        self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
+        self._background = None
+        if asynchronous:
+            from alchemi_zarr.background import BackgroundWriter
+
+            self._background = BackgroundWriter(self.store, self.units, max_pending)
+            # A sink dropped without close(): its thread still commits what is pending, then ends.
+            weakref.finalize(self, self._background.close_quietly)
+
+    # ------------------------------------------------------------------ DataSink
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def asynchronous(self) -> bool:
+        return self._background is not None
+
+    def __len__(self) -> int:
+        pending = self._background.pending if self._background is not None else 0
+        return self.store.num_systems + pending
+
+    def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
+        """Store the systems of ``batch`` where ``mask`` is True (all when None), as whole records.
+
+        Raises:
+            RuntimeError: They would exceed the capacity (nothing is written), or an earlier
+                asynchronous write failed.
+            ValueError: A mask of the wrong shape or dtype, or fields that differ from the
+                records already in the store.
+        """
+        n, m = selected_count(batch, mask, "ZarrData")
+        if self._background is not None:
+            self._background.raise_errors()
+        held = len(self)
+        if held + n > self._capacity:
+            raise capacity_error(f"ZarrData({self.store.where})", n, held, self._capacity)
+        if n == 0:
+            return
+        selected = batch.index_select(m) if m is not None else batch
+        if self._background is None:
+            self.store.append(HostRecords.from_snapshot(snapshot(selected, copy=False), self.units))
+        else:
+            # index_select already copied; a whole batch is cloned so the caller may change it.
+            self._background.submit(snapshot(selected, copy=m is None), n)
+
+    def read(self) -> Batch:
+        """Every stored system as one batch on the CPU (waits for pending writes first).
+
+        Raises:
+            RuntimeError: The store holds no systems.
+        """
+        self.flush()
+        self.store.refresh()
+        if self.store.num_systems == 0:
+            raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
+        return self.store.read_batch(0, self.store.num_systems)
+
+    def zero(self) -> None:
+        """Forget every record (the store becomes empty; its space is freed)."""
+        self.flush()
+        self.store.clear()
+
+    # ------------------------------------------------------------------ asynchronous mode
+    def flush(self) -> None:
+        """Wait until every write so far is committed.
+
+        Raises:
+            BackgroundWriteError: A background write failed (its systems are named).
+        """
+        if self._background is not None:
+            self._background.flush()
+
+    def close(self) -> None:
+        """Flush and stop the background thread (a no-op for a synchronous sink)."""
+        if self._background is not None:
+            self._background.close()
+
+    def __enter__(self) -> ZarrData:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ convenience
+    def reader(self) -> Any:
+        """An ``AtomicDataZarrReader`` over this store (after flushing)."""
+        from alchemi_zarr.reader import AtomicDataZarrReader
+
+        self.flush()
+        return AtomicDataZarrReader(self.store.zarr_store)
+
+    def to_extxyz(self, path: str | Path) -> int:
+        """Write every stored system to an extended XYZ file (see :func:`export_extxyz`)."""
+        from alchemi_zarr.extxyz import export_extxyz
+
+        return export_extxyz(self.reader(), path)
+
+    def __repr__(self) -> str:
+        mode = ", asynchronous" if self.asynchronous else ""
+        cap = "unlimited" if self._capacity == UNLIMITED else self._capacity
+        return f"ZarrData({self.store.where!r}, {len(self)}/{cap}{mode})"

@@ -1,0 +1,142 @@
+"""Asynchronous ZarrData: writes on a background thread, merged, in order, errors surfaced."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from alchemi_core.errors import InvalidDataError
+from alchemi_core.testing.contracts import assert_same_systems
+from alchemi_zarr import AtomicDataZarrReader, BackgroundWriteError, ZarrData
+
+from zarr_test_helpers import batch_for, memory_url
+
+
+class GatedStore:
+    """Wraps a store's append so a test decides when the background thread may write."""
+
+    def __init__(self, store):
+        self.store, self.gate, self.calls = store, threading.Event(), []
+        self._append = store.append
+        store.append = self.append
+
+    def append(self, records):
+        self.gate.wait(timeout=30)
+        self.calls.append(records.num_systems)
+        self._append(records)
+
+
+def test_writes_return_before_the_store_is_written_and_flush_commits_them():
+    url = memory_url()
+    sink = ZarrData(url, asynchronous=True, max_pending=16)
+    gated = GatedStore(sink.store)
+    batch = batch_for([0, 1, 2])
+    for step in range(5):
+        sink.write(batch)
+        batch.system_id.add_(3)  # the dynamics go on changing the batch after the write
+        batch.positions.add_(100.0)
+    assert len(sink) == 15  # pending systems count against the capacity already
+    assert len(AtomicDataZarrReader(url)) == 0  # nothing committed while the writer is held
+    gated.gate.set()
+    sink.flush()
+    assert sink.store.num_systems == 15
+    stored = ZarrData(url).read()
+    assert stored.system_id.tolist() == list(range(15))
+    # Each write kept the batch as it was when written, not as it was later.
+    original = batch_for([0, 1, 2])
+    for step in range(5):
+        written = stored.index_select(list(range(3 * step, 3 * step + 3)))
+        torch.testing.assert_close(written.positions, original.positions + 100.0 * step)
+        written.system_id.copy_(original.system_id)
+        written.positions.copy_(original.positions)
+        assert_same_systems(original, written)  # every other field as written
+    # Writes waiting together are committed together: fewer appends than writes.
+    assert sum(gated.calls) == 15 and len(gated.calls) < 5
+    sink.close()
+
+
+def test_capacity_counts_pending_writes():
+    sink = ZarrData(memory_url(), capacity=4, asynchronous=True)
+    gated = GatedStore(sink.store)
+    sink.write(batch_for([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="holds 3 of 4"):
+        sink.write(batch_for([3, 4]))
+    gated.gate.set()
+    sink.close()
+    assert sink.read().system_id.tolist() == [0, 1, 2]
+
+
+def test_a_failed_background_write_is_raised_with_the_lost_systems():
+    sink = ZarrData(memory_url(), asynchronous=True)
+    sink.write(batch_for([0, 1]))
+    sink.flush()
+    other = batch_for([7, 8])
+    other.set_field("fmax", torch.zeros(2, dtype=torch.float64), "system")  # fields the store lacks
+    sink.write(other)
+    with pytest.raises(BackgroundWriteError, match=r"2 systems were not stored \(system_id \[7, 8\]\)") as info:
+        sink.flush()
+    assert isinstance(info.value.__cause__, InvalidDataError)
+    assert len(sink) == 2  # the failed systems are no longer counted
+    sink.write(batch_for([9]))
+    sink.close()
+    assert sink.read().system_id.tolist() == [0, 1, 9]
+
+
+def test_a_failure_is_raised_by_the_next_write_so_a_run_stops():
+    sink = ZarrData(memory_url(), asynchronous=True)
+
+    def broken(records):
+        raise OSError("disk full")
+
+    sink.store.append = broken
+    sink.write(batch_for([0]))
+    sink._background._queue.join()  # let the writer fail
+    with pytest.raises(BackgroundWriteError, match="disk full"):
+        sink.write(batch_for([1]))
+    sink.close()
+
+
+def test_close_writes_what_is_pending_and_the_context_manager_closes():
+    url = memory_url()
+    with ZarrData(url, asynchronous=True) as sink:
+        for i in range(6):
+            sink.write(batch_for([i]))
+    assert AtomicDataZarrReader(url).read_batch().system_id.tolist() == list(range(6))
+    with pytest.raises(BackgroundWriteError, match="closed"):
+        sink.write(batch_for([6]))
+
+
+def test_pending_writes_survive_a_script_that_never_closes(tmp_path):
+    """At interpreter exit the background thread is drained, not killed with data in it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "exit.zarr"
+    script = (
+        "import torch\n"
+        "from alchemi_core.testing import make_batch\n"
+        "from alchemi_zarr import ZarrData\n"
+        f"sink = ZarrData({str(path)!r}, asynchronous=True)\n"
+        "for i in range(20):\n"
+        "    b = make_batch([3, 4]); b.system_id.add_(2 * i); sink.write(b)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert AtomicDataZarrReader(str(path)).read_batch().system_id.tolist() == list(range(40))
+
+
+
+def test_a_dropped_sink_commits_its_pending_writes_and_ends_its_thread():
+    import gc
+
+    url = memory_url()
+    sink = ZarrData(url, asynchronous=True)
+    thread = sink._background._thread
+    for i in range(4):
+        sink.write(batch_for([i]))
+    del sink
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert AtomicDataZarrReader(url).read_batch().system_id.tolist() == [0, 1, 2, 3]

@@ -1,0 +1,110 @@
+"""The alchemi command: listings, JSON, strictness, and a cheap start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from alchemi_core import __version__
+from alchemi_core.cli import main
+from alchemi_core.testing import FAKE_DISTS
+
+
+def _alchemi(*args: str, fake: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ)
+    e.pop("ALCHEMI_STRICT_PLUGINS", None)
+    if fake:
+        e["PYTHONPATH"] = os.pathsep.join([str(FAKE_DISTS), e.get("PYTHONPATH", "")])
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "alchemi_core.cli", *args], capture_output=True, text=True, env=e, timeout=120)
+
+
+def test_version_loads_no_plugin(monkeypatch):
+    from alchemi_core import registry
+
+    old = registry.use_manager(None)
+    try:
+        result = CliRunner().invoke(main, ["--version"])
+        assert result.exit_code == 0 and result.output.strip() == f"alchemi {__version__}"
+        assert registry._manager is None
+    finally:
+        registry.use_manager(old)
+
+
+def test_help_lists_commands():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for cmd in ("list-plugins", "list-components", "new-plugin", "demo"):
+        assert cmd in result.output
+
+
+def test_list_plugins_json_with_a_broken_plugin_exits_zero():
+    proc = _alchemi("list-plugins", "--json", "--all", fake=True)
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(proc.stdout)
+    assert payload["schema_version"] == 1
+    plugins = {p["name"]: p for p in payload["plugins"]}
+    assert plugins["fake-broken"]["status"] == "failed"
+    assert "not_installed_anywhere" in plugins["fake-broken"]["error"]
+    assert plugins["fake-good"]["status"] == "ok"
+    assert "model:fake-good" in plugins["fake-good"]["provides"]
+    assert plugins["alchemi-core"]["builtin"] is True
+
+
+def test_strict_exits_one_when_a_plugin_failed():
+    assert _alchemi("list-plugins", "--strict", fake=True).returncode == 1
+    assert _alchemi("list-plugins", "--strict", fake=True,
+                    env={"ALCHEMI_DISABLE_PLUGINS": "fake-broken,fake-unknown-hook"}).returncode == 0
+
+
+def test_table_verbose_and_kind_filter():
+    proc = _alchemi("list-plugins", "-v", "--all", "--kind", "model", fake=True)
+    assert proc.returncode == 0
+    out = proc.stdout
+    assert "Plugin" in out and "Status" in out and "Provides" in out
+    assert "model:fake-good" in out and "integrator:fake-good" not in out
+    assert "entry point fake-broken = alchemi_fake_broken" in out
+    assert "Traceback" in out
+
+
+def test_list_components_table_and_json():
+    runner = CliRunner()
+    result = runner.invoke(main, ["list-components", "sink"])
+    assert result.exit_code == 0 and "sink:host-memory" in result.output
+    result = runner.invoke(main, ["list-components", "--json"])
+    specs = {c["spec"] for c in json.loads(result.output)["components"]}
+    assert "model:demo" in specs
+
+
+def test_listing_imports_no_torch():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "alchemi_core.cli", "list-plugins", "--all"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    heavy = {m for m in imported if m.split(".")[0] in ("torch", "warp", "zarr", "numpy")}
+    assert not heavy, f"list-plugins imported {sorted(heavy)[:5]}"
+
+
+def test_new_plugin_matches_the_template_in_the_repository(tmp_path):
+    from pathlib import Path
+
+    result = CliRunner().invoke(main, ["new-plugin", "alchemi-template", "--dest", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    repo_template = Path(__file__).resolve().parents[1] / "plugins" / "_template"
+    generated = {p.relative_to(tmp_path / "t"): p.read_text() for p in (tmp_path / "t").rglob("*") if p.is_file()}
+    committed = {p.relative_to(repo_template): p.read_text() for p in repo_template.rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)}
+    assert generated == committed, "plugins/_template drifted from `alchemi new-plugin`; regenerate it"
+
+
+def test_new_plugin_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep").write_text("")
+    result = CliRunner().invoke(main, ["new-plugin", "alchemi-x", "--dest", str(tmp_path / "x")])
+    assert result.exit_code != 0 and "not empty" in result.output
