@@ -33,6 +33,7 @@ an *error* frame downstream; see ``docs/pipelines.md``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -189,19 +190,22 @@ class PipelineRank:
         receives the previous rank's frame schema and starts with an empty active batch of the
         same fields. Each non-last rank then sends its own schema downstream.
 
-        Raises:
-            ConfigurationError: The first rank has neither a batch nor a sampler.
+        A first rank with neither a batch nor a sampler warns and passes nothing on.
         """
         engine = self.engine
         if self.first:
             if batch is None and engine.sampler is None:
-                raise ConfigurationError(
-                    "the first pipeline stage needs input: pass a batch to pipeline.run(batch) on "
-                    "rank 0 or give the first stage a sampler"
+                # The seed's own example runs a pipeline this way; it does nothing, but says so.
+                warnings.warn(
+                    "the first pipeline stage got no batch and has no sampler, so the pipeline has "
+                    "nothing to do: pass a batch to pipeline.run(batch) on rank 0 or give the first "
+                    "stage a sampler",
+                    stacklevel=2,
                 )
-            if batch is None:  # the sampler's first batch, on this rank's device like refills
-                batch = engine.sampler.build_initial_batch()
-            engine.prepare(batch.to(self.device))
+            else:
+                if batch is None:  # the sampler's first batch, on this rank's device like refills
+                    batch = engine.sampler.build_initial_batch()
+                engine.prepare(batch.to(self.device))
         else:
             schema = self._recv_schema()
             self.recv_frame = Frame(schema["buffer"], self.device)
