@@ -4,8 +4,9 @@ Rank 0 relaxes (FIRE from alchemi-integrators, else ``DemoDynamics``) structures
 ``SizeAwareSampler``; every structure that converged (or used its relaxation budget) moves to
 rank 1 for NVT MD (Langevin from alchemi-integrators, else ``DemoDynamics``). The model is
 Lennard-Jones argon from alchemi-potentials, else ``DemoModelWrapper``. The script prints which
-it used, the throughput, and the checks that go with every figure: structures out = in, and how
-many left the relaxation at or below the force threshold.
+it used, the throughput, and the checks that go with every figure: structures out = in (each
+``system_id`` once), and how many the relaxation released at or below the force threshold
+(the others used its step budget).
 
 On two GPUs (NCCL)::
 
@@ -34,7 +35,13 @@ import torch
 
 from alchemi_core import registry
 from alchemi_core.data import AtomicData, Batch
-from alchemi_core.dynamics import ConvergenceHook, DataSink, DemoDynamics, DistributedPipeline, FusedStage
+from alchemi_core.dynamics import (
+    ConvergenceHook,
+    DataSink,
+    DemoDynamics,
+    DistributedPipeline,
+    DynamicsStage,
+)
 from alchemi_core.dynamics.base import BufferConfig
 from alchemi_core.dynamics.sampler import SizeAwareSampler
 from alchemi_core.errors import CapacityError
@@ -78,25 +85,21 @@ class ArgonCells:
 
 
 class Tally(DataSink):
-    """Counts finished structures (and which left the relaxation below the force threshold)
-    without copying them off the GPU."""
+    """Keeps the ``system_id`` of every finished structure, without copying structures off the
+    GPU."""
 
-    def __init__(self, fmax: float) -> None:
-        self.fmax = fmax
+    def __init__(self) -> None:
         self.ids: list[torch.Tensor] = []
-        self.relaxed = 0
 
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
         sel = torch.ones(batch.num_graphs, dtype=torch.bool, device=batch.device) if mask is None else mask
         self.ids.append(batch.system_id[sel].cpu())
-        if "fmax" in batch:
-            self.relaxed += int((batch.fmax[sel] <= self.fmax).sum())
 
     def read(self) -> Batch:
-        raise CapacityError("Tally keeps counts only")
+        raise CapacityError("Tally keeps system ids only")
 
     def zero(self) -> None:
-        self.ids, self.relaxed = [], 0
+        self.ids = []
 
     def __len__(self) -> int:
         return 0  # never full
@@ -107,6 +110,20 @@ class Tally(DataSink):
 
     def finished_ids(self) -> np.ndarray:
         return torch.cat(self.ids).numpy() if self.ids else np.zeros(0, dtype=np.int64)
+
+
+class ConvergedCounter:
+    """Counts the structures the relaxation's convergence check released (force <= fmax)."""
+
+    stage = DynamicsStage.ON_CONVERGE
+    frequency = 1
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if dynamics.converged_mask is not None:
+            self.count += int(dynamics.converged_mask.sum())  # a check step: reading back is fine
 
 
 def has(spec: str) -> bool:
@@ -122,32 +139,36 @@ def make_model(dtype: torch.dtype) -> tuple[Any, str]:
     return DemoModelWrapper(), "demo (all pairs; install alchemi-potentials for W4's LJ argon)"
 
 
-def make_stages(args: argparse.Namespace, model: Any, count: int, device: torch.device) -> tuple[Any, Any, Tally, dict[str, str]]:
+def make_stages(
+    args: argparse.Namespace, model: Any, count: int
+) -> tuple[Any, Any, Tally, ConvergedCounter, dict[str, str]]:
     conv = ConvergenceHook.from_fmax(args.fmax, frequency=args.check_every)
     buffer = BufferConfig(num_systems=args.buffer_systems, num_nodes=args.buffer_atoms, num_edges=0)
     common = {"comm_mode": args.comm_mode, "buffer_config": buffer}
     dataset = ArgonCells(count, args.repeats, dtype=args.torch_dtype)
     sampler = SizeAwareSampler(dataset, max_atoms=args.max_atoms, max_batch_size=args.max_batch, bin_width=32)
+    converged = ConvergedCounter()
     relax_kw = {"model": model, "n_steps": args.relax_steps, "convergence_hook": conv, "sampler": sampler,
-                "refill_frequency": args.check_every, **common}
+                "refill_frequency": args.check_every, "hooks": [converged], **common}
     if has("integrator:fire"):
         relax, relax_name = registry.build("integrator:fire", dt=args.fire_dt, **relax_kw), "fire"
     else:
         relax, relax_name = DemoDynamics(dt=args.fire_dt, **relax_kw), "demo (NVE; install alchemi-integrators for FIRE)"
-    tally = Tally(args.fmax)
+    tally = Tally()
     md_kw = {"model": model, "n_steps": args.md_steps, "sinks": [tally], "refill_frequency": args.check_every, **common}
     if has("integrator:langevin"):
         md = registry.build("integrator:langevin", dt=5.0, temperature=50.0, friction=0.01, **md_kw)
         md_name = "langevin 50 K"
     else:
         md, md_name = DemoDynamics(dt=5.0, **md_kw), "demo (NVE; install alchemi-integrators for Langevin)"
-    return relax, md, tally, {"relax": relax_name, "md": md_name}
+    return relax, md, tally, converged, {"relax": relax_name, "md": md_name}
 
 
 def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     line = (f"{result['workload']} {result['mode']}: {result['structures_out']}/{result['structures_in']} structures "
             f"in {result['seconds']:.2f} s = {result['structures_per_hour']:.3g} structures/h "
-            f"({result['relaxed_below_fmax']} left the relaxation at fmax <= {args.fmax}); "
+            f"({result['converged']} converged to fmax <= {args.fmax}, the others used the "
+            f"{args.relax_steps}-step budget); "
             f"model {result['model']}, relax {result['relax']}, md {result['md']}")
     print(line, flush=True)
     if args.json:
@@ -155,13 +176,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
             json.dump(result, f, indent=2)
 
 
-def summarise(args: argparse.Namespace, mode: str, seconds: float, tally: Tally, names: dict[str, str], count: int) -> dict[str, Any]:
+def summarise(
+    args: argparse.Namespace, mode: str, seconds: float, tally: Tally, converged: int, names: dict[str, str], count: int
+) -> dict[str, Any]:
     ids = tally.finished_ids()
     if len(ids) != count or len(np.unique(ids)) != count:
         raise SystemExit(f"accounting failed: {len(ids)} structures out ({len(np.unique(ids))} distinct) of {count}")
     return {
         "workload": "W4" if mode == "pipeline" else "W3", "mode": mode, "structures_in": count,
-        "structures_out": int(len(ids)), "relaxed_below_fmax": tally.relaxed, "seconds": seconds,
+        "structures_out": int(len(ids)), "converged": converged, "seconds": seconds,
         "structures_per_hour": 3600.0 * count / seconds, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         **names, "comm_mode": args.comm_mode, "dtype": args.dtype, "md_steps": args.md_steps,
     }
@@ -172,7 +195,7 @@ def run_fused(args: argparse.Namespace, device: torch.device) -> None:
     for count, timed in ((args.warmup, False), (args.structures, True)):
         if not count:
             continue
-        relax, md, tally, names = make_stages(args, model, count, device)
+        relax, md, tally, converged, names = make_stages(args, model, count)
         fused = relax + md
         first = relax.sampler.build_initial_batch().to(device)
         sync(device)
@@ -180,7 +203,8 @@ def run_fused(args: argparse.Namespace, device: torch.device) -> None:
         fused.run(first)
         sync(device)
         if timed:
-            report(args, summarise(args, "fused", time.perf_counter() - start, tally, {"model": model_name, **names}, count))
+            seconds = time.perf_counter() - start
+            report(args, summarise(args, "fused", seconds, tally, converged.count, {"model": model_name, **names}, count))
 
 
 def run_pipeline(args: argparse.Namespace) -> None:
@@ -194,15 +218,17 @@ def run_pipeline(args: argparse.Namespace) -> None:
         for count, timed in ((args.warmup, False), (args.structures, True)):
             if not count:
                 continue
-            relax, md, tally, names = make_stages(args, model, count, device)
+            relax, md, tally, converged, names = make_stages(args, model, count)
             pipeline = DistributedPipeline({0: relax, 1: md}, backend=backend, timeout_s=args.timeout, device=device)
             backend.barrier()
             start = time.perf_counter()
             pipeline.run()
             sync(device)
             seconds = time.perf_counter() - start
+            total_converged = backend.all_reduce_sum(converged.count)  # counted on rank 0
             if timed and rank == 1:
-                report(args, summarise(args, "pipeline", seconds, tally, {"model": model_name, **names, "backend": spec}, count))
+                names = {"model": model_name, **names, "backend": spec}
+                report(args, summarise(args, "pipeline", seconds, tally, total_converged, names, count))
             elif timed:
                 stats = relax.pipeline_rank
                 print(f"rank 0: relaxed and sent {stats.left} structures in {seconds:.2f} s "
