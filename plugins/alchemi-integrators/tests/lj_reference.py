@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
 import torch
 
 from alchemi_core.data import AtomicData, Batch
@@ -39,7 +38,9 @@ class ReferenceLJ(BaseModel):
 
     card = ModelCard(name="reference-lj", cutoff=CUTOFF, periodic=True)
 
-    def __init__(self, sigma: float = SIGMA, epsilon: float = EPSILON, cutoff: float = CUTOFF, skin: float = 1.0) -> None:
+    def __init__(
+        self, sigma: float = SIGMA, epsilon: float = EPSILON, cutoff: float = CUTOFF, skin: float = 1.0
+    ) -> None:
         super().__init__()
         self.sigma, self.epsilon, self.cutoff, self.skin = sigma, epsilon, cutoff, skin
         sr6 = (sigma / cutoff) ** 6

@@ -74,6 +74,8 @@ A_V, A_F, A_KICK, B_V, B_OLD, CAP = range(6)
 class _FireBase(Integrator):
     """What FIRE and FIRE2 share: state fields, reductions, the per-atom update and the cap."""
 
+    cpu_backend = "warp"
+
     _FIRE_PARAMETERS: tuple[tuple[str, dict[str, Any]], ...] = (
         ("dt_max", {"unit": "fs", "low": 0.0, "low_open": True}),
         ("maxstep", {"unit": "Å", "low": 0.0, "low_open": True}),
@@ -166,6 +168,10 @@ class _FireBase(Integrator):
         return None
 
     # ------------------------------------------------------------------ helpers
+    def _parameter_values(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+        """Every parameter but dt (whose per-system value is state) as a number or ``[B]`` values."""
+        return {name: self.values(name, batch) for name in self.parameters if name != "dt"}
+
     def _state(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (
             getattr(batch, FIRE_DT),
@@ -232,7 +238,7 @@ class FIRE(_FireBase):
         )
 
     def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        p = {n: self.values(n, batch) for n in ("dt_max", "maxstep", "n_min", "f_inc", "f_dec", "alpha_start", "f_alpha")}
+        p = self._parameter_values(batch)
         dt, alpha, positive_steps, steps = self._state(batch)
         first = positive_steps < 0
         uphill_or_first = sums[:, 0] <= 0
@@ -241,7 +247,8 @@ class FIRE(_FireBase):
         keep = downhill | first
         grown = torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"]))
         new_dt = torch.where(grow, grown, torch.where(keep, dt, dt * p["f_dec"]))
-        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(keep, alpha, _full_like(alpha, p["alpha_start"])))
+        reset = _full_like(alpha, p["alpha_start"])
+        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(keep, alpha, reset))
         coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
         coeff[:, A_V] = torch.where(downhill, 1.0 - alpha, first.to(dt.dtype))
         coeff[:, A_F] = torch.where(downhill, self._steer(sums, alpha), 0.0)
@@ -310,7 +317,7 @@ class FIRE2(_FireBase):
         self.half_step_back = bool(half_step_back)
 
     def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        p = {n: self.values(n, batch) for n in ("dt_max", "dt_min", "maxstep", "n_delay", "f_inc", "f_dec", "alpha_start", "f_alpha")}
+        p = self._parameter_values(batch)
         dt, alpha, positive_steps, steps = self._state(batch)
         downhill = sums[:, 0] > 0
         new_positive = torch.where(downhill, positive_steps + 1, 0)
@@ -324,7 +331,8 @@ class FIRE2(_FireBase):
             torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"])),
             torch.where(cut & (cut_dt >= p["dt_min"]), cut_dt, dt),
         )
-        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(cut, _full_like(alpha, p["alpha_start"]), alpha))
+        reset = _full_like(alpha, p["alpha_start"])
+        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(cut, reset, alpha))
         mix = torch.where(downhill, 1.0 - alpha, 1.0)
         coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
         # v' = mix (v + dt F/m) + steer F when downhill; v' = dt F/m (from rest) when not.

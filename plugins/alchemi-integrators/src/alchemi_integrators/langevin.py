@@ -33,7 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
@@ -44,7 +44,12 @@ from alchemi_integrators.parameters import ParameterValue
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: Per-system count of Langevin steps taken (keys the Warp backend's noise; travels with systems).
+#: A per-atom ``[V, 1]`` coefficient, or one number for every atom.
+Coefficient = Union[torch.Tensor, float]
+
+#: Per-system count of Langevin steps taken (keys the Warp backend's noise). It travels with the
+#: system and is never reset, so a system never sees the same noise twice: new systems start at
+#: 0, and a second run (or a second Langevin stage) continues the count.
 NOISE_COUNTER = "langevin_noise_step"
 
 
@@ -84,16 +89,11 @@ class Langevin(MDIntegrator):
     def create_state(self, batch: Batch) -> None:
         self.ensure_field(batch, NOISE_COUNTER, (), torch.int32, "system")
 
-    def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
-        super().init_state(batch, entering)
-        counter = getattr(batch, NOISE_COUNTER)
-        counter.masked_fill_(entering, 0)
-
-    def _coefficients(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | float, torch.Tensor]:
+    def _coefficients(self, batch: Batch) -> tuple[torch.Tensor, Coefficient, Coefficient, torch.Tensor]:
         """Per atom: half-kick ``dt/2 / m``, half-drift ``dt/2``, friction decay ``c1`` and noise
         amplitude ``c2 sqrt(kB T / m)`` (zero for atoms of systems this stage does not move)."""
 
-        def build() -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | float, torch.Tensor]:
+        def build() -> tuple[torch.Tensor, Coefficient, Coefficient, torch.Tensor]:
             dt, gamma, temp = (self.values(n, batch) for n in ("dt", "friction", "temperature"))
             inv_mass = self.inv_mass
             weight = self.node_weight

@@ -75,6 +75,8 @@ class NoseHooverChain(MDIntegrator):
         ConfigurationError: A chain length, sub-step count or order that cannot work.
     """
 
+    cpu_backend = "warp"
+
     def __init__(
         self,
         model: Any,
