@@ -316,6 +316,24 @@ class MDIntegrator(Integrator):
             self._generators[device] = gen
         return gen
 
+    def state_dict(self) -> dict[str, Any]:
+        """The random state, for checkpoints: the seed and each device's generator state.
+
+        Everything else an integrator keeps is in batch fields, which travel with the batch.
+        The result holds only ints, strings and uint8 tensors (``torch.load(weights_only=True)``).
+        """
+        return {
+            "random_seed": self.random_seed,
+            "generators": {str(dev): gen.get_state() for dev, gen in self._generators.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the random streams saved by :meth:`state_dict`."""
+        self.random_seed = int(state["random_seed"])
+        self._generators.clear()
+        for dev, gen_state in state["generators"].items():
+            self.generator(torch.device(dev)).set_state(gen_state)
+
     def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
         if "initial_temperature" in self.parameters:
             from alchemi_integrators.thermo import draw_velocities

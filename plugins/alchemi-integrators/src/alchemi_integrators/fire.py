@@ -264,7 +264,7 @@ class FIRE(_FireBase):
 
 
 class FIRE2(_FireBase):
-    """FIRE 2.0 (see the module docstring); defaults from Guénolé et al. 2020, Table 2.
+    """FIRE 2.0 (see the module docstring); defaults are the paper's recommended values (LAMMPS's too).
 
     Args:
         model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]``.
