@@ -152,4 +152,5 @@ def test_kernels_run_on_torchs_current_stream() -> None:
             nvt.run(batch)
         torch.cuda.synchronize()
         finals.append(batch.positions.cpu())
-    torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-5)
+    # Atomic sums may add in another order (float32): allow that, not a race's garbage.
+    torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-4)

@@ -33,8 +33,10 @@ from recording import Record
 STEPS, DT = 10_000, 5.0
 
 
-def _total_energy(batch: Batch, dynamics: object) -> torch.Tensor:
-    return batch.energy.view(-1).double() + kinetic_energy(batch).double()
+def _total_energy(batch: Batch, dynamics: VelocityVerlet) -> torch.Tensor:
+    total = batch.energy.view(-1).double() + kinetic_energy(batch).double()
+    torch.testing.assert_close(dynamics.conserved_energy(batch).double(), total, rtol=0, atol=1e-5)
+    return total
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

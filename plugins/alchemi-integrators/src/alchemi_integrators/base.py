@@ -165,6 +165,11 @@ class Integrator(BaseDynamics):
         for param in self.parameters.values():
             param.bind(batch, self.own_field(param.name), tensor_allowed=not why_not, why_not=why_not)
         self.active_backend = self._choose_backend(batch.device)
+        if self.active_backend == "warp" and batch.positions.dtype not in (torch.float32, torch.float64):
+            raise ConfigurationError(
+                f"{self.name}: the Warp kernels take float32 or float64 positions, got "
+                f"{batch.positions.dtype}; convert the batch or pass backend='torch'"
+            )
         self._cache.clear()
         self.create_state(batch)
 

@@ -214,11 +214,11 @@ class SystemParameter:
             values = values.view(-1)
         if values.dtype == dtype:
             return values
-        buf = self._buffer
-        n = values.shape[0]
-        if buf is None or buf.shape[0] < n or buf.device != values.device or buf.dtype != dtype:
-            buf = self._buffer = torch.empty(max(n, batch.system_capacity), dtype=dtype, device=values.device)
-        out = buf[:n]
+        out = self._buffer
+        if out is None or out.shape != values.shape or out.device != values.device or out.dtype != dtype:
+            # Kept while the number of systems stays: the same tensor object comes back every
+            # step (so Warp launches recorded on it are replayed), refilled in place.
+            out = self._buffer = torch.empty(values.shape, dtype=dtype, device=values.device)
         out.copy_(values)
         return out
 

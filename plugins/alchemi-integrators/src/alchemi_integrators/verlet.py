@@ -45,6 +45,12 @@ class VelocityVerlet(MDIntegrator):
     def __init__(self, model: Any, n_steps: int = 1000, dt: ParameterValue = 1.0, **kwargs: Any) -> None:
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
 
+    def conserved_energy(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` total energy ``KE + E_pot`` (eV), which NVE conserves up to O(dt²) fluctuations."""
+        from alchemi_integrators.thermo import kinetic_energy
+
+        return kinetic_energy(batch) + batch.energy.view(-1)
+
     def torch_pre_update(self, batch: Batch) -> None:
         kick_and_drift(self, batch)
 
