@@ -91,19 +91,6 @@ class Workspace:
         self._views.clear()
 
 
-def _same_key(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Tuple equality comparing tensors (masks) by identity, never by value (no read-back)."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            if x is not y:
-                return False
-        elif x != y:
-            return False
-    return True
-
-
 class Integrator(BaseDynamics):
     """Base class of this package's integrators (see the module docstring).
 
@@ -135,7 +122,8 @@ class Integrator(BaseDynamics):
         self.backend = backend
         self.active_backend: str | None = None
         self.work = Workspace()
-        self._cache: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        self._cache: dict[str, tuple[tuple[int, int, int], Any, Any]] = {}
+        self._reads_user_fields = False
         self._warp: Any = None
 
     @staticmethod
@@ -171,6 +159,7 @@ class Integrator(BaseDynamics):
                 f"{batch.positions.dtype}; convert the batch or pass backend='torch'"
             )
         self._cache.clear()
+        self._reads_user_fields = any(p.varies for p in self.parameters.values())
         self.create_state(batch)
 
     #: The backend ``"auto"`` picks on a CPU when warp-lang is installed (see the module docstring).
@@ -255,14 +244,16 @@ class Integrator(BaseDynamics):
             reads_fields: ``build`` reads parameters; when any parameter comes from a user's field
                 (which may change any step) the value is rebuilt every step.
         """
-        if reads_fields and any(p.varies for p in self.parameters.values()):
+        if reads_fields and self._reads_user_fields:
             return build()
-        key = (batch.version, id(batch), self.node_weight, batch.positions.dtype, batch.device)
+        weight = self.node_weight
+        # The entry keeps the mask it was built for, so its id cannot be reused meanwhile.
+        key = (batch.version, id(batch), id(weight))
         hit = self._cache.get(name)
-        if hit is not None and _same_key(hit[0], key):
-            return hit[1]
+        if hit is not None and hit[0] == key:
+            return hit[2]
         value = build()
-        self._cache[name] = (key, value)
+        self._cache[name] = (key, weight, value)
         return value
 
     def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
