@@ -63,3 +63,29 @@ class TestFIRE(_Contract):
 class TestFIRE2(_Contract):
     def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> FIRE2:
         return FIRE2(model=model, n_steps=n_steps, dt=0.5, **kwargs)
+
+
+# The same suites on a GPU (both backends); skipped without CUDA (conftest.py).
+@pytest.mark.gpu
+class TestVelocityVerletGpu(TestVelocityVerlet):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestLangevinGpu(TestLangevin):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestNoseHooverGpu(TestNoseHoover):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestFIREGpu(TestFIRE):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestFIRE2Gpu(TestFIRE2):
+    device = "cuda"

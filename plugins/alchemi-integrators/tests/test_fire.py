@@ -18,7 +18,7 @@ from alchemi_integrators.base import warp_available
 from alchemi_integrators.fire import (
     A_F, A_KICK, A_V, B_OLD, B_V, CAP, FIRE_ALPHA, FIRE_DT, FIRE_POSITIVE_STEPS, FIRE_STEPS,
 )
-from lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator
+from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 #: Both optimisers stop where the largest force drops below FMAX, so their energies can differ by

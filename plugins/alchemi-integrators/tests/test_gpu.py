@@ -16,35 +16,12 @@ from alchemi_core.data import Batch
 from alchemi_core.units import KB
 from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.thermo import degrees_of_freedom, initialize_velocities, kinetic_energy
-from lj_reference import ReferenceLJ, argon
-from recording import Record, integrated_autocorrelation_time
-import test_contracts as cpu
-from test_backends import CASES
+from integrators_testkit.cases import CASES
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
-
-
-# The CPU contract suites, run on the GPU with both backends (imported through the module so
-# pytest does not collect the CPU classes a second time here).
-class TestVelocityVerletGpu(cpu.TestVelocityVerlet):
-    device = CUDA
-
-
-class TestLangevinGpu(cpu.TestLangevin):
-    device = CUDA
-
-
-class TestNoseHooverGpu(cpu.TestNoseHoover):
-    device = CUDA
-
-
-class TestFIREGpu(cpu.TestFIRE):
-    device = CUDA
-
-
-class TestFIRE2Gpu(cpu.TestFIRE2):
-    device = CUDA
 
 
 def _start(dtype: torch.dtype = torch.float64) -> Batch:

@@ -11,8 +11,8 @@ from alchemi_core.errors import ConfigurationError
 from alchemi_integrators import NoseHooverChain
 from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
 from alchemi_integrators.thermo import temperature
-from lj_reference import ReferenceLJ, argon
-from recording import Record, integrated_autocorrelation_time
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 
 def test_conserved_energy_and_per_system_temperatures() -> None:

@@ -27,8 +27,8 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_integrators import VelocityVerlet
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, kinetic_energy
-from lj_reference import ReferenceLJ, argon
-from recording import Record
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record
 
 STEPS, DT = 10_000, 5.0
 

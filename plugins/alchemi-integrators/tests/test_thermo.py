@@ -19,7 +19,7 @@ from alchemi_integrators.thermo import (
     kinetic_energy,
     temperature,
 )
-from lj_reference import argon
+from integrators_testkit.lj_reference import argon
 
 
 def _molecules(sizes: list[int], seed: int = 0) -> Batch:
