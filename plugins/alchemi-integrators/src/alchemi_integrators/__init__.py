@@ -1,5 +1,42 @@
-"""alchemi-integrators: integrators for alchemi: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, FIRE and FIRE2."""
+"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, FIRE and FIRE2.
+
+Every integrator is a ``BaseDynamics`` found by name (``integrator:velocity-verlet``,
+``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:fire``, ``integrator:fire2``)
+and imported from here or from ``alchemi_core.dynamics``. Parameters take a number, one value per
+system, or a batch field's name (:mod:`alchemi_integrators.parameters`); :mod:`.thermo` has the
+per-system kinetic energy, temperature and Maxwell-Boltzmann velocities.
+
+Example:
+    >>> from alchemi_integrators import Langevin, initialize_velocities, temperature  # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "VelocityVerlet": "alchemi_integrators.verlet",
+    "Langevin": "alchemi_integrators.langevin",
+    "NoseHooverChain": "alchemi_integrators.nose_hoover",
+    "FIRE": "alchemi_integrators.fire",
+    "FIRE2": "alchemi_integrators.fire",
+    "initialize_velocities": "alchemi_integrators.thermo",
+    "kinetic_energy": "alchemi_integrators.thermo",
+    "temperature": "alchemi_integrators.thermo",
+    "degrees_of_freedom": "alchemi_integrators.thermo",
+    "remove_com_velocity": "alchemi_integrators.thermo",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so the plugin entry point (alchemi_integrators.plugin) imports nothing heavy.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alchemi_integrators' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

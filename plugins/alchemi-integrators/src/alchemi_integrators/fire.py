@@ -1,0 +1,353 @@
+"""FIRE and FIRE 2.0 geometry optimisers (``integrator:fire``, ``integrator:fire2``).
+
+Both move atoms with damped dynamics whose velocity is steered towards the force, with a time
+step that grows while the power ``P = F . v`` of a system stays positive and is cut (and the
+velocities zeroed) when it turns negative. Every quantity is per system: each system of a batch
+has its own time step, mixing factor and counters (batch fields that travel with the system), and
+``P``, ``|v|`` and ``|F|`` are sums over the system's atoms, computed on the device.
+
+**FIRE** (Bitzek et al., PRL 97, 170201, 2006) as ASE's ``ase.optimize.FIRE`` implements it:
+at each step, with forces F of the current positions,
+
+* (from the second step on) if P > 0: ``v <- (1 - a) v + a |v| F/|F|`` and, after more than
+  ``n_min`` such steps in a row, ``dt <- min(dt f_inc, dt_max)``, ``a <- a f_alpha``;
+  otherwise ``v <- 0``, ``a <- alpha_start``, ``dt <- dt f_dec``;
+* ``v <- v + dt F/m``; ``x <- x + dt v`` (semi-implicit Euler), the displacement capped by
+  ``maxstep``.
+
+Unlike ASE, which gives every atom unit mass and its own time unit, the kick divides by the
+atomic masses and dt is in fs: for a single element of mass m, this is ASE's FIRE with
+``dt_ASE = dt_fs * sqrt(ACCELERATION / m)`` (and the same for ``dt_max``); for argon,
+ASE's defaults ``dt=0.1, dtmax=1.0`` correspond to 6.43 and 64.3 fs.
+
+**FIRE 2.0** (Guénolé et al., Comput. Mater. Sci. 175, 109584, 2020), with the semi-implicit
+Euler integrator of its Algorithm 2:
+
+* if P > 0: count it; after more than ``n_delay`` positive steps in a row,
+  ``dt <- min(dt f_inc, dt_max)``, ``a <- a f_alpha``;
+* if P <= 0: reset the count; unless within the first ``n_delay`` steps (``initial_delay``),
+  ``dt <- dt f_dec`` (not below ``dt_min``) and ``a <- alpha_start``; move back half a step,
+  ``x <- x - dt/2 v`` (``half_step_back``), and set ``v <- 0``;
+* ``v <- v + dt F/m``, then if P > 0 mix ``v <- (1 - a) v + a |v| F/|F|`` (|v| and |F| of the
+  start of the step, as in the LAMMPS implementation by the same authors), then ``x <- x + dt v``.
+
+The run stops each system by its convergence hook (e.g. ``ConvergenceHook.from_fmax(0.05)``); the
+paper's cap on consecutive negative-power steps is not applied.
+
+**Step cap.** ``maxstep`` (Å) bounds the displacement of each step. ``maxstep_scope="atom"`` (the
+default) clamps each atom's displacement to ``maxstep``; ``"system"`` scales a system's whole
+displacement so its norm over all atoms is at most ``maxstep``, which is what ASE's FIRE does (and
+what reproduces its trajectories), but makes each atom's step shrink with the system's size.
+
+Example:
+    >>> from alchemi_core import registry
+    >>> from alchemi_core.dynamics import ConvergenceHook
+    >>> relax = registry.build("integrator:fire2", model=model, dt=2.0, n_steps=500,
+    ...                        convergence_hook=ConvergenceHook.from_fmax(0.05))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from alchemi_core.errors import ConfigurationError
+from alchemi_integrators.base import Integrator
+from alchemi_integrators.parameters import ParameterValue
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: Per-system optimiser state (system-level batch fields, reset when a system enters the stage).
+FIRE_DT = "fire_dt"
+FIRE_ALPHA = "fire_alpha"
+FIRE_POSITIVE_STEPS = "fire_positive_steps"
+FIRE_STEPS = "fire_steps"
+
+MAXSTEP_SCOPES = ("atom", "system")
+
+#: Per-system coefficient columns of one step: v' = A_V v + A_F F + A_KICK F/m; dx = B_V v' + B_OLD v.
+A_V, A_F, A_KICK, B_V, B_OLD, CAP = range(6)
+
+
+class _FireBase(Integrator):
+    """What FIRE and FIRE2 share: state fields, reductions, the per-atom update and the cap."""
+
+    cpu_backend = "warp"
+
+    _FIRE_PARAMETERS: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("dt_max", {"unit": "fs", "low": 0.0, "low_open": True}),
+        ("maxstep", {"unit": "Å", "low": 0.0, "low_open": True}),
+        ("f_inc", {"low": 1.0}),
+        ("f_dec", {"low": 0.0, "low_open": True, "high": 1.0}),
+        ("alpha_start", {"low": 0.0, "high": 1.0}),
+        ("f_alpha", {"low": 0.0, "low_open": True, "high": 1.0}),
+    )
+
+    def __init__(self, model: Any, n_steps: int, dt: ParameterValue, *, maxstep_scope: str, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name, _ in self._FIRE_PARAMETERS}
+        super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
+        for name, rules in self._FIRE_PARAMETERS:
+            self.declare(name, values[name], **rules)
+        if maxstep_scope not in MAXSTEP_SCOPES:
+            raise ConfigurationError(f"maxstep_scope must be one of {MAXSTEP_SCOPES}, got {maxstep_scope!r}")
+        self.maxstep_scope = maxstep_scope
+
+    # ------------------------------------------------------------------ state
+    def create_state(self, batch: Batch) -> None:
+        dtype = batch.positions.dtype
+        self.ensure_field(batch, FIRE_DT, (), dtype, "system")
+        self.ensure_field(batch, FIRE_ALPHA, (), dtype, "system")
+        self.ensure_field(batch, FIRE_POSITIVE_STEPS, (), torch.int32, "system")
+        self.ensure_field(batch, FIRE_STEPS, (), torch.int32, "system")
+
+    def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+        """Entering systems start at rest with dt, alpha and the counters reset."""
+        dt, alpha = getattr(batch, FIRE_DT), getattr(batch, FIRE_ALPHA)
+        dt.copy_(torch.where(entering, self.per_system("dt", batch), dt))
+        alpha.copy_(torch.where(entering, self.per_system("alpha_start", batch), alpha))
+        getattr(batch, FIRE_POSITIVE_STEPS).masked_fill_(entering, self._entry_positive_steps)
+        getattr(batch, FIRE_STEPS).masked_fill_(entering, 0)
+        v = batch.velocities
+        v.masked_fill_(entering.index_select(0, batch.batch_idx).unsqueeze(-1), 0.0)
+
+    #: FIRE marks "no velocity yet" with -1 (ASE skips the power test on its first step).
+    _entry_positive_steps = 0
+
+    # ------------------------------------------------------------------ the step
+    def powers(self, batch: Batch) -> torch.Tensor:
+        """``[B, 3]`` per system: ``F . v``, ``v . v`` and ``F . F`` summed over its atoms."""
+        v, f = batch.velocities, batch.forces
+        per_atom = self.work.get("fire_products", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
+        torch.sum(f * v, dim=-1, out=per_atom[:, 0])
+        torch.sum(v * v, dim=-1, out=per_atom[:, 1])
+        torch.sum(f * f, dim=-1, out=per_atom[:, 2])
+        sums = self.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
+        return sums.zero_().index_add_(0, batch.batch_idx, per_atom)
+
+    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
+        """Advance the per-system state; return ``[B, 6]`` step coefficients (columns A_V...CAP)."""
+        raise NotImplementedError
+
+    def torch_pre_update(self, batch: Batch) -> None:
+        coeff = self.system_update(batch, self.powers(batch))
+        active = self.system_mask
+        if active is not None:
+            # Systems of other stages: v' = v and dx = 0 (their state was left as it was).
+            still = torch.zeros_like(coeff[0])
+            still[A_V] = 1.0
+            coeff = torch.where(active.unsqueeze(-1), coeff, still)
+        c = self.to_atoms(batch, coeff, "fire_coeff")
+        v, f, x = batch.velocities, batch.forces, batch.positions
+        dx = self.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
+        torch.mul(v, c[:, B_OLD : B_OLD + 1], out=dx)
+        v.mul_(c[:, A_V : A_V + 1]).addcmul_(f, c[:, A_F : A_F + 1])
+        v.addcmul_(f, c[:, A_KICK : A_KICK + 1] * self.inv_mass)
+        dx.addcmul_(v, c[:, B_V : B_V + 1])
+        self._cap(batch, dx, c[:, CAP : CAP + 1])
+        x.add_(dx)
+
+    def _cap(self, batch: Batch, dx: torch.Tensor, cap: torch.Tensor) -> None:
+        """Scale ``dx`` in place so it respects ``maxstep`` (see the module docstring)."""
+        if self.maxstep_scope == "atom":
+            norm = torch.linalg.vector_norm(dx, dim=-1, keepdim=True)
+        else:
+            sq = (dx * dx).sum(-1)
+            per_sys = torch.zeros(batch.num_graphs, dtype=dx.dtype, device=dx.device).index_add_(0, batch.batch_idx, sq)
+            norm = per_sys.sqrt().index_select(0, batch.batch_idx).unsqueeze(-1)
+        dx.mul_(torch.clamp(cap / norm.clamp(min=torch.finfo(dx.dtype).tiny), max=1.0))
+
+    def torch_post_update(self, batch: Batch) -> None:
+        return None  # the whole step is in pre_update: it uses the forces of the current positions
+
+    def warp_pre_update(self, batch: Batch) -> None:
+        self.warp_kernels.fire_pre(self, batch)
+
+    def warp_post_update(self, batch: Batch) -> None:
+        return None
+
+    # ------------------------------------------------------------------ helpers
+    def _parameter_values(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+        """Every parameter but dt (whose per-system value is state) as a number or ``[B]`` values."""
+        return {name: self.values(name, batch) for name in self.parameters if name != "dt"}
+
+    def _state(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            getattr(batch, FIRE_DT),
+            getattr(batch, FIRE_ALPHA),
+            getattr(batch, FIRE_POSITIVE_STEPS),
+            getattr(batch, FIRE_STEPS),
+        )
+
+    def _keep_inactive(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """``new`` where this stage integrates the system, else ``old``."""
+        mask = self.system_mask
+        return new if mask is None else torch.where(mask, new, old)
+
+    @staticmethod
+    def _steer(sums: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        """``a |v| / |F|`` per system (0 where F = 0): the weight of F in the velocity mixing."""
+        vv, ff = sums[:, 1], sums[:, 2]
+        ratio = torch.where(ff > 0, vv / torch.where(ff > 0, ff, 1.0), 0.0)
+        return alpha * ratio.sqrt()
+
+
+class FIRE(_FireBase):
+    """FIRE as in ASE (see the module docstring).
+
+    Args:
+        model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]``.
+        n_steps: Most steps (each system stops when its convergence hook says so).
+        dt: Initial time step in fs.
+        dt_max: Largest time step in fs.
+        maxstep: Largest displacement per step in Å (see ``maxstep_scope``).
+        n_min: Positive-power steps before dt may grow.
+        f_inc: dt growth factor (>= 1).
+        f_dec: dt cut factor (0 < f_dec <= 1).
+        alpha_start: Initial mixing factor a.
+        f_alpha: Mixing decay factor.
+        maxstep_scope: ``"atom"`` or ``"system"`` (ASE's).
+        **kwargs: ``backend`` and ``BaseDynamics``'s arguments (``convergence_hook``, ...).
+
+    Every parameter except ``maxstep_scope`` is a number, a ``[B]`` tensor or a field name.
+    """
+
+    _FIRE_PARAMETERS = (*_FireBase._FIRE_PARAMETERS, ("n_min", {"low": 0.0}))
+    _entry_positive_steps = -1
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        dt_max: ParameterValue = 10.0,
+        maxstep: ParameterValue = 0.2,
+        n_min: ParameterValue = 5,
+        f_inc: ParameterValue = 1.1,
+        f_dec: ParameterValue = 0.5,
+        alpha_start: ParameterValue = 0.1,
+        f_alpha: ParameterValue = 0.99,
+        *,
+        maxstep_scope: str = "atom",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            model, n_steps, dt, maxstep_scope=maxstep_scope, dt_max=dt_max, maxstep=maxstep, n_min=n_min,
+            f_inc=f_inc, f_dec=f_dec, alpha_start=alpha_start, f_alpha=f_alpha, **kwargs,
+        )
+
+    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
+        p = self._parameter_values(batch)
+        dt, alpha, positive_steps, steps = self._state(batch)
+        first = positive_steps < 0
+        uphill_or_first = sums[:, 0] <= 0
+        downhill = ~uphill_or_first & ~first
+        grow = downhill & (positive_steps > p["n_min"])
+        keep = downhill | first
+        grown = torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"]))
+        new_dt = torch.where(grow, grown, torch.where(keep, dt, dt * p["f_dec"]))
+        reset = _full_like(alpha, p["alpha_start"])
+        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(keep, alpha, reset))
+        coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
+        coeff[:, A_V] = torch.where(downhill, 1.0 - alpha, first.to(dt.dtype))
+        coeff[:, A_F] = torch.where(downhill, self._steer(sums, alpha), 0.0)
+        coeff[:, A_KICK] = new_dt
+        coeff[:, B_V] = new_dt
+        coeff[:, B_OLD] = 0.0
+        coeff[:, CAP] = p["maxstep"]
+        dt.copy_(self._keep_inactive(new_dt, dt))
+        alpha.copy_(self._keep_inactive(new_alpha, alpha))
+        positive_steps.copy_(self._keep_inactive(torch.where(downhill, positive_steps + 1, 0), positive_steps))
+        steps.add_(1 if self.system_mask is None else self.system_mask.to(steps.dtype))
+        return coeff
+
+
+class FIRE2(_FireBase):
+    """FIRE 2.0 (see the module docstring); defaults are the paper's recommended values (LAMMPS's too).
+
+    Args:
+        model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]``.
+        n_steps: Most steps (each system stops when its convergence hook says so).
+        dt: Initial time step in fs.
+        dt_max: Largest time step in fs (the paper: 10 dt).
+        dt_min: Smallest time step a cut may reach, in fs (the paper: 0.02 dt).
+        maxstep: Largest displacement per step in Å (see ``maxstep_scope``).
+        n_delay: Positive-power steps before dt may grow, and length of the initial delay.
+        f_inc: dt growth factor.
+        f_dec: dt cut factor.
+        alpha_start: Initial mixing factor a.
+        f_alpha: Mixing decay factor.
+        initial_delay: No dt cut during a system's first ``n_delay`` steps in the stage.
+        half_step_back: Move back half a step when the power turns negative.
+        maxstep_scope: ``"atom"`` or ``"system"``.
+        **kwargs: ``backend`` and ``BaseDynamics``'s arguments (``convergence_hook``, ...).
+    """
+
+    _FIRE_PARAMETERS = (
+        *_FireBase._FIRE_PARAMETERS,
+        ("dt_min", {"unit": "fs", "low": 0.0}),
+        ("n_delay", {"low": 0.0}),
+    )
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        dt_max: ParameterValue = 10.0,
+        dt_min: ParameterValue = 0.02,
+        maxstep: ParameterValue = 0.1,
+        n_delay: ParameterValue = 20,
+        f_inc: ParameterValue = 1.1,
+        f_dec: ParameterValue = 0.5,
+        alpha_start: ParameterValue = 0.25,
+        f_alpha: ParameterValue = 0.99,
+        *,
+        initial_delay: bool = True,
+        half_step_back: bool = True,
+        maxstep_scope: str = "atom",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            model, n_steps, dt, maxstep_scope=maxstep_scope, dt_max=dt_max, dt_min=dt_min, maxstep=maxstep,
+            n_delay=n_delay, f_inc=f_inc, f_dec=f_dec, alpha_start=alpha_start, f_alpha=f_alpha, **kwargs,
+        )
+        self.initial_delay = bool(initial_delay)
+        self.half_step_back = bool(half_step_back)
+
+    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
+        p = self._parameter_values(batch)
+        dt, alpha, positive_steps, steps = self._state(batch)
+        downhill = sums[:, 0] > 0
+        new_positive = torch.where(downhill, positive_steps + 1, 0)
+        grow = downhill & (new_positive > p["n_delay"])
+        cut = ~downhill
+        if self.initial_delay:
+            cut = cut & (steps + 1 >= p["n_delay"])
+        cut_dt = dt * p["f_dec"]
+        new_dt = torch.where(
+            grow,
+            torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"])),
+            torch.where(cut & (cut_dt >= p["dt_min"]), cut_dt, dt),
+        )
+        reset = _full_like(alpha, p["alpha_start"])
+        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(cut, reset, alpha))
+        mix = torch.where(downhill, 1.0 - alpha, 1.0)
+        coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
+        # v' = mix (v + dt F/m) + steer F when downhill; v' = dt F/m (from rest) when not.
+        coeff[:, A_V] = torch.where(downhill, mix, 0.0)
+        coeff[:, A_F] = torch.where(downhill, self._steer(sums, alpha), 0.0)
+        coeff[:, A_KICK] = mix * new_dt
+        coeff[:, B_V] = new_dt
+        coeff[:, B_OLD] = torch.where(downhill, 0.0, -0.5 * new_dt) if self.half_step_back else 0.0
+        coeff[:, CAP] = p["maxstep"]
+        dt.copy_(self._keep_inactive(new_dt, dt))
+        alpha.copy_(self._keep_inactive(new_alpha, alpha))
+        positive_steps.copy_(self._keep_inactive(new_positive, positive_steps))
+        steps.add_(1 if self.system_mask is None else self.system_mask.to(steps.dtype))
+        return coeff
+
+
+def _full_like(t: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, value) if isinstance(value, float) else value

@@ -1,0 +1,728 @@
+"""Fused Warp kernels for the integrators (the ``backend="warp"`` path).
+
+Each update of an integrator is one to three kernel launches over the batch's tensors, zero-copy
+through ``wp.from_torch`` and on torch's current CUDA stream, so they order with the model's torch
+work and can be captured in a CUDA graph. Per-system sums (kinetic energy, FIRE's power) are
+atomic adds into ``[B]`` buffers; nothing is read back to the host.
+
+Per step, the Python cost is a signature check and a replay of a recorded launch
+(``wp.launch(record_cmd=True)``): Warp arrays and launches are rebuilt only when a tensor's
+address or shape changes (systems entering or leaving), not every step.
+
+Kernels are generic over float32/float64; both overloads are declared here so the module compiles
+once (and is cached by Warp) instead of once per dtype met at run time. Only Warp APIs present in
+warp-lang 1.5 are used.
+
+Example:
+    >>> from alchemi_integrators import Langevin
+    >>> nvt = Langevin(model, dt=5.0, temperature=50.0, friction=0.01, backend="warp")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import warp as wp
+
+from alchemi_core.units import KB
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_integrators.base import Integrator
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.func
+def _half_kick(v: Any, f: Any, inv_mass: Any, dt: Any):
+    # v + dt/2 F/m (inv_mass = ACCELERATION / m turns eV/Å into Å/fs²).
+    return v + f * (type(dt)(0.5) * dt * inv_mass)
+
+
+@wp.func
+def _idle(active: wp.array(dtype=Any), b: Any):
+    # Systems of other stages (or graduated ones): the kernel leaves them untouched.
+    return active[b] == type(active[b])(0.0)
+
+
+@wp.kernel
+def _kick_drift(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+):
+    # Velocity Verlet's first half: v += dt/2 F/m; x += dt v.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    vi = _half_kick(v[i], f[i], inv_mass[i], dt[b])
+    v[i] = vi
+    x[i] = x[i] + vi * dt[b]
+
+
+@wp.kernel
+def _kick(
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+):
+    # Velocity Verlet's second half: v += dt/2 F/m.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    v[i] = _half_kick(v[i], f[i], inv_mass[i], dt[b])
+
+
+@wp.func
+def _gaussian3(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int32, like: Any):
+    # Three N(0, 1) numbers keyed by (seed, system, its step, atom within it): the same numbers
+    # for a system wherever it sits in the batch.
+    state = wp.rand_init(seed, wp.int32(system_id))
+    state = wp.rand_init(wp.int32(state), step)
+    state = wp.rand_init(wp.int32(state), local)
+    return type(like)(
+        type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state))
+    )
+
+
+@wp.kernel
+def _langevin_baoa(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    first_atom: wp.array(dtype=wp.int64),
+    system_id: wp.array(dtype=wp.int64),
+    noise_step: wp.array(dtype=wp.int32),
+    dt: wp.array(dtype=Any),
+    friction: wp.array(dtype=Any),
+    temperature: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    kb: Any,
+    seed: wp.int32,
+    fix_com: wp.int32,
+    momentum: wp.array(dtype=Any),
+):
+    # B, A, O and (without fix_com) the second A of BAOAB. With fix_com the noise's momentum is
+    # summed per system and the second A waits for _langevin_remove_com_drift.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    h = type(kb)(0.5) * dt[b]
+    im = inv_mass[i]
+    vi = _half_kick(v[i], f[i], im, dt[b])
+    xi = x[i] + vi * h
+    c1 = wp.exp(-friction[b] * dt[b])
+    sigma = wp.sqrt((type(kb)(1.0) - c1 * c1) * kb * temperature[b] * im)
+    local = wp.int32(wp.int64(i) - first_atom[b])
+    noise = _gaussian3(seed, system_id[b], noise_step[b], local, vi) * sigma
+    vi = vi * c1 + noise
+    v[i] = vi
+    if fix_com != 0:
+        x[i] = xi
+        wp.atomic_add(momentum, wp.int32(b), noise * mass[i])
+    else:
+        x[i] = xi + vi * h
+
+
+@wp.kernel
+def _langevin_remove_com_drift(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    momentum: wp.array(dtype=Any),
+    total_mass: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+):
+    # Take the noise's COM velocity out, then the second A of BAOAB.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    vi = v[i] - momentum[b] / total_mass[b]
+    v[i] = vi
+    x[i] = x[i] + vi * (type(dt[b])(0.5) * dt[b])
+
+
+@wp.kernel
+def _langevin_kick_count(
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    first_atom: wp.array(dtype=wp.int64),
+    noise_step: wp.array(dtype=wp.int32),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+):
+    # The last B of BAOAB; each system's first atom also advances the system's noise counter
+    # (read by _langevin_baoa in an earlier launch, so there is no race).
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    v[i] = _half_kick(v[i], f[i], inv_mass[i], dt[b])
+    if wp.int64(i) == first_atom[b]:
+        noise_step[b] = noise_step[b] + 1
+
+
+@wp.kernel
+def _kinetic_energy(
+    v: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    ke: wp.array(dtype=Any),
+):
+    # ke[b] += m v² / 2 in eV: m / ACCELERATION = 1 / inv_mass.
+    i = wp.tid()
+    vi = v[i]
+    wp.atomic_add(ke, wp.int32(system[i]), type(inv_mass[i])(0.5) * wp.dot(vi, vi) / inv_mass[i])
+
+
+@wp.func
+def _chain_force(
+    j: wp.int32, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
+):
+    if j == 0:
+        return (type(ke)(2.0) * ke - nf * kt) / q_first
+    q_below = q_rest
+    if j == 1:
+        q_below = q_first
+    return (q_below * vxi[b, j - 1] * vxi[b, j - 1] - kt) / q_rest
+
+
+@wp.func
+def _chain_kick(
+    j: wp.int32, h: Any, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
+):
+    g = _chain_force(j, ke, nf, kt, q_first, q_rest, vxi, b)
+    if j + 1 < vxi.shape[1]:
+        damp = wp.exp(-type(h)(0.25) * h * vxi[b, j + 1])
+        vxi[b, j] = (vxi[b, j] * damp + type(h)(0.5) * h * g) * damp
+    else:
+        vxi[b, j] = vxi[b, j] + type(h)(0.5) * h * g
+
+
+@wp.kernel
+def _nhc_half_step(
+    ke: wp.array(dtype=Any),
+    xi: wp.array2d(dtype=Any),
+    vxi: wp.array2d(dtype=Any),
+    temperature: wp.array(dtype=Any),
+    tau: wp.array(dtype=Any),
+    nf: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    weights: wp.array(dtype=Any),
+    chain_steps: wp.int32,
+    kb: Any,
+    scale: wp.array(dtype=Any),
+):
+    # One thread per system: the chain over dt/2 (see nose_hoover.nhc_half_step, the same scheme).
+    b = wp.tid()
+    one = type(kb)(1.0)
+    if active[b] == type(kb)(0.0):
+        scale[b] = one
+        return
+    m = xi.shape[1]
+    kt = kb * temperature[b]
+    q_rest = kt * tau[b] * tau[b]
+    q_first = nf[b] * q_rest
+    k = ke[b]
+    total = one
+    for c in range(chain_steps):
+        for w in range(weights.shape[0]):
+            h = type(kb)(0.5) * dt[b] * weights[w] / type(kb)(chain_steps)
+            for jj in range(m):
+                _chain_kick(m - 1 - jj, h, k, nf[b], kt, q_first, q_rest, vxi, b)
+            s = wp.exp(-h * vxi[b, 0])
+            total = total * s
+            k = k * s * s
+            for j in range(m):
+                xi[b, j] = xi[b, j] + h * vxi[b, j]
+            for j in range(m):
+                _chain_kick(j, h, k, nf[b], kt, q_first, q_rest, vxi, b)
+    scale[b] = total
+
+
+@wp.kernel
+def _scale_kick_drift(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    scale: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+):
+    # The thermostat's velocity scaling, then velocity Verlet's first half.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    vi = _half_kick(v[i] * scale[b], f[i], inv_mass[i], dt[b])
+    v[i] = vi
+    x[i] = x[i] + vi * dt[b]
+
+
+@wp.kernel
+def _kick_kinetic_energy(
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    ke: wp.array(dtype=Any),
+):
+    # Velocity Verlet's second half, summing the new kinetic energy per system.
+    i = wp.tid()
+    b = system[i]
+    vi = v[i]
+    if not _idle(active, b):
+        vi = _half_kick(vi, f[i], inv_mass[i], dt[b])
+        v[i] = vi
+    wp.atomic_add(ke, wp.int32(b), type(inv_mass[i])(0.5) * wp.dot(vi, vi) / inv_mass[i])
+
+
+@wp.kernel
+def _scale(v: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), scale: wp.array(dtype=Any)):
+    i = wp.tid()
+    v[i] = v[i] * scale[system[i]]
+
+
+@wp.kernel
+def _fire_powers(
+    v: wp.array(dtype=Any), f: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), sums: wp.array(dtype=Any)
+):
+    # sums[b] += (F.v, v.v, F.F)
+    i = wp.tid()
+    vi = v[i]
+    fi = f[i]
+    wp.atomic_add(sums, wp.int32(system[i]), type(vi)(wp.dot(fi, vi), wp.dot(vi, vi), wp.dot(fi, fi)))
+
+
+@wp.kernel
+def _fire_system(
+    sums: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    alpha: wp.array(dtype=Any),
+    positive_steps: wp.array(dtype=wp.int32),
+    steps: wp.array(dtype=wp.int32),
+    active: wp.array(dtype=Any),
+    dt_max: wp.array(dtype=Any),
+    dt_min: wp.array(dtype=Any),
+    maxstep: wp.array(dtype=Any),
+    delay: wp.array(dtype=Any),
+    f_inc: wp.array(dtype=Any),
+    f_dec: wp.array(dtype=Any),
+    alpha_start: wp.array(dtype=Any),
+    f_alpha: wp.array(dtype=Any),
+    fire2: wp.int32,
+    initial_delay: wp.int32,
+    half_step_back: wp.int32,
+    coeff: wp.array2d(dtype=Any),
+):
+    # One thread per system: FIRE's (fire2 = 0, as ASE) or FIRE 2.0's state update, and the step
+    # coefficients v' = c0 v + c1 F + c2 F/m, dx = c3 v' + c4 v, cap c5 (see fire.py).
+    b = wp.tid()
+    zero = type(dt[b])(0.0)
+    one = type(dt[b])(1.0)
+    coeff[b, 5] = maxstep[b]
+    if active[b] == zero:
+        coeff[b, 0] = one
+        coeff[b, 1] = zero
+        coeff[b, 2] = zero
+        coeff[b, 3] = zero
+        coeff[b, 4] = zero
+        return
+    power = sums[b][0]
+    vv = sums[b][1]
+    ff = sums[b][2]
+    a = alpha[b]
+    h = dt[b]
+    n = positive_steps[b]
+    steer = zero
+    if ff > zero:
+        steer = a * wp.sqrt(vv / ff)
+    new_h = h
+    new_a = a
+    new_n = wp.int32(0)
+    c_v = zero
+    c_f = zero
+    c_kick = one
+    c_old = zero
+    if fire2 == 0:
+        if n < 0:
+            c_v = one  # first step: no power test yet (ASE)
+        elif power > zero:
+            c_v = one - a
+            c_f = steer
+            if type(zero)(n) > delay[b]:
+                new_h = wp.min(h * f_inc[b], dt_max[b])
+                new_a = a * f_alpha[b]
+            new_n = n + 1
+        else:
+            new_h = h * f_dec[b]
+            new_a = alpha_start[b]
+    else:
+        if power > zero:
+            new_n = n + 1
+            if type(zero)(new_n) > delay[b]:
+                new_h = wp.min(h * f_inc[b], dt_max[b])
+                new_a = a * f_alpha[b]
+            c_v = one - a
+            c_f = steer
+            c_kick = one - a
+        else:
+            if initial_delay == 0 or type(zero)(steps[b] + 1) >= delay[b]:
+                if h * f_dec[b] >= dt_min[b]:
+                    new_h = h * f_dec[b]
+                new_a = alpha_start[b]
+    if fire2 != 0 and half_step_back != 0 and not (power > zero):
+        c_old = -type(zero)(0.5) * new_h
+    coeff[b, 0] = c_v
+    coeff[b, 1] = c_f
+    coeff[b, 2] = c_kick * new_h
+    coeff[b, 3] = new_h
+    coeff[b, 4] = c_old
+    dt[b] = new_h
+    alpha[b] = new_a
+    positive_steps[b] = new_n
+    steps[b] = steps[b] + 1
+
+
+@wp.kernel
+def _fire_atoms(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    active: wp.array(dtype=Any),
+    coeff: wp.array2d(dtype=Any),
+    cap_per_atom: wp.int32,
+    dx_out: wp.array(dtype=Any),
+    dx_sq: wp.array(dtype=Any),
+):
+    # The per-atom FIRE update; with a per-atom cap it also moves the atom, else it stores the
+    # displacement and sums its square per system for _fire_move.
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    vo = v[i]
+    fi = f[i]
+    vn = vo * coeff[b, 0] + fi * (coeff[b, 1] + coeff[b, 2] * inv_mass[i])
+    v[i] = vn
+    dx = vn * coeff[b, 3] + vo * coeff[b, 4]
+    if cap_per_atom != 0:
+        length = wp.length(dx)
+        if length > coeff[b, 5]:
+            dx = dx * (coeff[b, 5] / length)
+        x[i] = x[i] + dx
+    else:
+        dx_out[i] = dx
+        wp.atomic_add(dx_sq, wp.int32(b), wp.dot(dx, dx))
+
+
+@wp.kernel
+def _fire_move(
+    x: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    active: wp.array(dtype=Any),
+    coeff: wp.array2d(dtype=Any),
+    dx: wp.array(dtype=Any),
+    dx_sq: wp.array(dtype=Any),
+):
+    # Move by the stored displacement, scaled so the system's total is at most the cap (ASE).
+    i = wp.tid()
+    b = system[i]
+    if _idle(active, b):
+        return
+    length = wp.sqrt(dx_sq[b])
+    d = dx[i]
+    if length > coeff[b, 5]:
+        d = d * (coeff[b, 5] / length)
+    x[i] = x[i] + d
+
+
+# ---------------------------------------------------------------------------------------------
+# overloads: both precisions compiled together, once
+# ---------------------------------------------------------------------------------------------
+
+_VECTOR_ARGS = {"x", "v", "f", "momentum", "sums", "dx", "dx_out"}
+_ARRAY2D_ARGS = {"xi", "vxi", "coeff"}
+
+
+def _declare_overloads() -> None:
+    kernels = [
+        _kick_drift, _kick, _langevin_baoa, _langevin_remove_com_drift, _langevin_kick_count, _kinetic_energy,
+        _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, _scale, _fire_powers, _fire_system,
+        _fire_atoms, _fire_move,
+    ]
+    for scalar, vector in ((wp.float32, wp.vec3f), (wp.float64, wp.vec3d)):
+        for kernel in kernels:
+            types: dict[str, Any] = {}
+            for arg in kernel.adj.args:
+                if arg.type is not Any and getattr(arg.type, "dtype", None) is not Any:
+                    continue
+                if arg.type is Any:
+                    types[arg.label] = scalar
+                elif arg.label in _VECTOR_ARGS:
+                    types[arg.label] = wp.array(dtype=vector)
+                elif arg.label in _ARRAY2D_ARGS:
+                    types[arg.label] = wp.array2d(dtype=scalar)
+                else:
+                    types[arg.label] = wp.array(dtype=scalar)
+            wp.overload(kernel, types)
+
+
+wp.init()
+_declare_overloads()
+
+# ---------------------------------------------------------------------------------------------
+# launching
+# ---------------------------------------------------------------------------------------------
+
+_SCALAR = {torch.float32: wp.float32, torch.float64: wp.float64}
+_VECTOR = {torch.float32: wp.vec3f, torch.float64: wp.vec3d}
+
+
+class WarpLaunches:
+    """An integrator's recorded launches, replayed while their arguments stay the same objects.
+
+    Arguments are torch tensors (converted zero-copy; ``[N, 3]`` become vec3 arrays when the
+    argument is a vector), Python ints, or ``(value, torch dtype)`` pairs for float scalars of the
+    batch's precision. A tensor counts as unchanged while it is the same object: the batch keeps
+    its field views, and the integrator its buffers, until the set of systems changes; the
+    recorded launch holds the tensors, so an object cannot be freed and its id reused meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._recorded: dict[str, tuple[int, tuple[Any, ...], Any]] = {}
+        self._streams: dict[int, Any] = {}
+
+    def _stream(self, device: torch.device) -> Any:
+        if device.type != "cuda":
+            return None
+        ts = torch.cuda.current_stream(device)
+        ws = self._streams.get(ts.cuda_stream)
+        if ws is None:
+            ws = wp.stream_from_torch(ts)
+            self._streams[ts.cuda_stream] = ws
+        return ws
+
+    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device) -> None:
+        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``."""
+        if dim == 0:
+            return
+        stream = self._stream(device)
+        hit = self._recorded.get(name)
+        if hit is not None and hit[0] == dim and _same_args(hit[1], args):
+            hit[2].launch(stream=stream)
+            return
+        labels = [arg.label for arg in kernel.adj.args]
+        inputs = [_to_warp(label, a) for label, a in zip(labels, args)]
+        cmd = wp.launch(kernel, dim=dim, inputs=inputs, device=_warp_device(device), stream=stream, record_cmd=True)
+        cmd.launch(stream=stream)
+        self._recorded[name] = (dim, tuple(args), cmd)
+
+
+def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
+    for a, b in zip(held, args):
+        if a is not b and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a != b):
+            return False
+    return len(held) == len(args)
+
+
+def _warp_device(device: torch.device) -> Any:
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return wp.device_from_torch(device)
+
+
+def _to_warp(label: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dtype in _VECTOR and label in _VECTOR_ARGS:
+            return wp.from_torch(value, dtype=_VECTOR[value.dtype])
+        return wp.from_torch(value)
+    if isinstance(value, tuple):  # (python float, torch dtype): a typed scalar
+        return _SCALAR[value[1]](value[0])
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# integrator steps
+# ---------------------------------------------------------------------------------------------
+
+
+def _common(dyn: Integrator, batch: Batch) -> tuple[Any, ...]:
+    """Atom data every kernel reads: positions, velocities, forces, 1/m, system of each atom,
+    per-system dt and active flags."""
+    return (
+        batch.positions,
+        batch.velocities,
+        batch.forces,
+        dyn.cached("warp_inv_mass", batch, lambda: dyn.inv_mass.view(-1), reads_fields=False),
+        batch.batch_idx,
+        dyn.per_system("dt", batch),
+        _active(dyn, batch),
+    )
+
+
+def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
+    active = dyn.active(batch)
+    if active is not None:
+        return active
+    dtype = batch.positions.dtype
+    return dyn.cached(
+        "warp_all_active", batch, lambda: torch.ones(batch.num_graphs, dtype=dtype, device=batch.device),
+        reads_fields=False,
+    )
+
+
+def _launches(dyn: Integrator) -> WarpLaunches:
+    launches = getattr(dyn, "_warp_launches", None)
+    if launches is None:
+        launches = WarpLaunches()
+        dyn._warp_launches = launches  # type: ignore[attr-defined]
+    return launches
+
+
+def _typed(value: float, batch: Batch) -> tuple[float, torch.dtype]:
+    return (float(value), batch.positions.dtype)
+
+
+def verlet_pre(dyn: Integrator, batch: Batch) -> None:
+    x, v, f, im, sys, dt, act = _common(dyn, batch)
+    _launches(dyn).launch("kick_drift", _kick_drift, batch.num_nodes, (x, v, f, im, sys, dt, act), batch.device)
+
+
+def verlet_post(dyn: Integrator, batch: Batch) -> None:
+    _, v, f, im, sys, dt, act = _common(dyn, batch)
+    _launches(dyn).launch("kick", _kick, batch.num_nodes, (v, f, im, sys, dt, act), batch.device)
+
+
+def langevin_pre(dyn: Any, batch: Batch) -> None:
+    from alchemi_integrators.langevin import NOISE_COUNTER, _masses
+
+    x, v, f, im, sys, dt, act = _common(dyn, batch)
+    mass, total = dyn.cached(
+        "warp_mass", batch, lambda: tuple(t.view(-1) for t in _masses(batch, dyn.inv_mass)), reads_fields=False
+    )
+    momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
+    launches = _launches(dyn)
+    if dyn.fix_com:
+        momentum.zero_()
+    seed = int(dyn.random_seed % (2**31 - 1))
+    args = (
+        x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, NOISE_COUNTER), dt,
+        dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, _typed(KB, batch), seed,
+        int(dyn.fix_com), momentum,
+    )
+    launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
+    if dyn.fix_com:
+        launches.launch(
+            "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
+            batch.device,
+        )
+
+
+def langevin_post(dyn: Any, batch: Batch) -> None:
+    from alchemi_integrators.langevin import NOISE_COUNTER
+
+    _, v, f, im, sys, dt, act = _common(dyn, batch)
+    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, NOISE_COUNTER), dt, act)
+    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
+
+
+def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:
+    from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
+    from alchemi_integrators.thermo import degrees_of_freedom
+
+    dtype = batch.positions.dtype
+    weights = dyn.cached(
+        "nhc_weights", batch,
+        lambda: torch.tensor(YOSHIDA_WEIGHTS[dyn.yoshida_order], dtype=dtype, device=batch.device), reads_fields=False,
+    )
+    nf = dyn.cached("nhc_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False)
+    scale = dyn.work.get("nhc_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
+    args = (
+        ke, getattr(batch, CHAIN_POSITIONS), getattr(batch, CHAIN_VELOCITIES), dyn.per_system("temperature", batch),
+        dyn.per_system("tau", batch), nf, dyn.per_system("dt", batch), _active(dyn, batch), weights,
+        dyn.chain_steps, _typed(KB, batch), scale,
+    )
+    _launches(dyn).launch("nhc", _nhc_half_step, batch.num_graphs, args, batch.device)
+    return scale
+
+
+def nose_hoover_pre(dyn: Any, batch: Batch) -> None:
+    x, v, f, im, sys, dt, act = _common(dyn, batch)
+    launches = _launches(dyn)
+    ke = dyn.work.get("nhc_ke", batch.num_graphs, batch.system_capacity, (), v.dtype, v.device)
+    ke.zero_()
+    launches.launch("ke", _kinetic_energy, batch.num_nodes, (v, im, sys, ke), batch.device)
+    scale = _chain(dyn, batch, ke)
+    args = (x, v, f, im, sys, scale, dt, act)
+    launches.launch("scale_kick_drift", _scale_kick_drift, batch.num_nodes, args, batch.device)
+
+
+def nose_hoover_post(dyn: Any, batch: Batch) -> None:
+    _, v, f, im, sys, dt, act = _common(dyn, batch)
+    launches = _launches(dyn)
+    ke = dyn.work.get("nhc_ke", batch.num_graphs, batch.system_capacity, (), v.dtype, v.device)
+    ke.zero_()
+    launches.launch("kick_ke", _kick_kinetic_energy, batch.num_nodes, (v, f, im, sys, dt, act, ke), batch.device)
+    scale = _chain(dyn, batch, ke)
+    launches.launch("scale", _scale, batch.num_nodes, (v, sys, scale), batch.device)
+
+
+def fire_pre(dyn: Any, batch: Batch) -> None:
+    from alchemi_integrators.fire import FIRE2
+
+    x, v, f, im, sys, _, act = _common(dyn, batch)
+    launches = _launches(dyn)
+    dtype, dev = v.dtype, v.device
+    sums = dyn.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
+    sums.zero_()
+    launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, sys, sums), batch.device)
+    fire2 = isinstance(dyn, FIRE2)
+    per = dyn.per_system
+    delay = per("n_delay" if fire2 else "n_min", batch)
+    dt_min = per("dt_min", batch) if fire2 else delay  # unused by FIRE
+    coeff = dyn.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dtype, dev)
+    state = dyn._state(batch)
+    args = (
+        sums, *state, act, per("dt_max", batch), dt_min, per("maxstep", batch), delay, per("f_inc", batch),
+        per("f_dec", batch), per("alpha_start", batch), per("f_alpha", batch), int(fire2),
+        int(getattr(dyn, "initial_delay", False)), int(getattr(dyn, "half_step_back", False)), coeff,
+    )
+    launches.launch("fire_system", _fire_system, batch.num_graphs, args, batch.device)
+    per_atom = dyn.maxstep_scope == "atom"
+    dx = dyn.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+    dx_sq = dyn.work.get("fire_dx_sq", batch.num_graphs, batch.system_capacity, (), dtype, dev)
+    if not per_atom:
+        dx_sq.zero_()
+    args = (x, v, f, im, sys, act, coeff, int(per_atom), dx, dx_sq)
+    launches.launch("fire_atoms", _fire_atoms, batch.num_nodes, args, batch.device)
+    if not per_atom:
+        launches.launch("fire_move", _fire_move, batch.num_nodes, (x, sys, act, coeff, dx, dx_sq), batch.device)

@@ -1,0 +1,57 @@
+"""Integrators inside fused stages: each moves only its own systems, and MD stages can give
+relaxed systems fresh thermal velocities as they enter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.dynamics import ConvergenceHook
+from alchemi_integrators import FIRE, Langevin, VelocityVerlet
+from alchemi_integrators.base import warp_available
+from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, temperature
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record
+
+BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_stage_moves_only_its_systems(backend: str) -> None:
+    """System 0 starts in a velocity Verlet stage, system 1 in a Langevin stage (30 steps each).
+    For its first 30 steps system 0 follows a plain velocity Verlet run exactly, although
+    Langevin's noisy update runs on the same batch; system 1, once graduated, never moves again."""
+    start = Batch.from_data_list([argon(1, rattle=0.1, seed=0), argon(1, rattle=0.1, seed=1)])
+    initialize_velocities(start, 60.0, seed=2)
+    batch = start.clone()
+    batch.set_field("status", torch.tensor([0, 1]), "system")
+    positions = Record(lambda b, d: b.positions.view(-1))
+    nve = VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, hooks=[positions])
+    nvt = Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=300.0, friction=0.1, backend=backend)
+    (nve + nvt).run(batch)
+    track = torch.tensor(positions.array()).view(-1, 8, 3)
+    alone = start.index_select([0])
+    VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend).run(alone)
+    torch.testing.assert_close(track[29, :4], alone.positions, rtol=0, atol=1e-12)
+    assert not torch.allclose(track[40, :4], track[29, :4])  # then it moved on in Langevin
+    assert (track[29, 4:] - track[0, 4:]).abs().max() > 1e-3  # system 1 moved while in Langevin
+    assert torch.equal(track[30, 4:], track[-1, 4:])  # and never after it graduated
+
+
+def test_relaxed_systems_enter_md_at_the_initial_temperature() -> None:
+    """FIRE then Langevin with initial_temperature: each system gets Maxwell-Boltzmann velocities
+    with no COM motion when it enters MD (at its own step), instead of FIRE's near-zero ones."""
+    batch = Batch.from_data_list([argon(2, rattle=0.1, seed=s) for s in range(4)])
+    temps = Record(lambda b, d: temperature(b) * (b.status == d.status_code).to(b.positions.dtype))
+    relax = FIRE(ReferenceLJ(), n_steps=500, dt=5.0, dt_max=50.0, convergence_hook=ConvergenceHook.from_fmax(0.05))
+    md = Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=40.0, friction=0.01, initial_temperature=40.0,
+                  random_seed=1, hooks=[temps])
+    out = (relax + md).run(batch)
+    assert out.status.tolist() == [2, 2, 2, 2]
+    t = temps.array()
+    first_md = [(t[:, s] > 0).argmax() for s in range(4)]
+    entry = torch.tensor([t[i, s] for s, i in enumerate(first_md)])
+    # 93 degrees of freedom: the instantaneous temperature is 40 K +- 15 %, FIRE's is ~0.
+    assert torch.all((entry > 20.0) & (entry < 60.0)), entry
+    assert center_of_mass_velocity(out).abs().max().item() < 1e-12
