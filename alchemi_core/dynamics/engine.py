@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from alchemi_core.dynamics.sinks import DataSink
 
 _P = DynamicsStage
+#: A step index no run reaches.
+_NEVER = 2**62
 
 
 class SubStage:
@@ -123,9 +125,11 @@ class Engine:
         if graduate_on_budget and not freqs:
             freqs.append(1)
         self.check_interval = math.gcd(*freqs) if freqs else 0
-        # Between checks, budgets are enforced on the device so that every system gets exactly
-        # n_steps in a stage whatever the check interval (a fused stage and a pipeline then agree).
-        self._freeze_on_budget = self.graduate_on_budget and self.check_interval > 1
+        # With checks more than a step apart, an extra check is scheduled for the step at which
+        # the first active system uses its budget, so every system gets exactly n_steps in a
+        # stage whatever the check interval (a fused stage and a pipeline then agree).
+        self._schedule_budgets = self.graduate_on_budget and self.check_interval > 1
+        self._budget_check = _NEVER
         keys: set[str] = set()
         for s in self.subs:
             if s.conv is not None:
@@ -345,6 +349,22 @@ class Engine:
                 s.node_weight.copy_((~frozen).unsqueeze(-1))
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
             self._publish(s)
+        self._schedule_budget_check()
+
+    def _schedule_budget_check(self) -> None:
+        """Set ``_budget_check`` to the step after which the first active system will have used
+        its stage's budget (one read-back, where the masks are rewritten anyway)."""
+        self._budget_check = _NEVER
+        batch = self.batch
+        if not self._schedule_budgets or batch is None or not batch.num_graphs:
+            return
+        steps = batch.stage_steps
+        left = torch.full_like(steps, _NEVER)
+        for s in self.subs:
+            torch.where(s.sys_mask, torch.clamp_min(s.budget - steps, 1).minimum(left), left, out=left)
+        soonest = int(left.min())
+        if soonest < _NEVER:
+            self._budget_check = self.step_count + soonest - 1
 
     def _publish(self, s: SubStage) -> None:
         d = s.dynamics
@@ -406,7 +426,7 @@ class Engine:
         if table[7]:
             self._dispatch(7, k)
         self.step_count = k + 1
-        if self.check_interval and k % self.check_interval == 0:
+        if self.check_interval and (k % self.check_interval == 0 or k >= self._budget_check):
             self.check(k)
 
     def _core(self, k: int, hooks: bool) -> None:
@@ -450,18 +470,6 @@ class Engine:
                 steps = batch.stage_steps
                 for s in subs:
                     steps.add_(s.sys_mask)
-                if self._freeze_on_budget:
-                    self._freeze_spent(steps)
-
-    def _freeze_spent(self, steps: torch.Tensor) -> None:
-        """Stop integrating systems that used their stage's budget (in place, no read-back, so
-        it can be captured); they graduate at the next check."""
-        idx = self.batch.batch_idx
-        for s in self.subs:
-            s.sys_mask.logical_and_(steps < s.budget)
-            keep = s.sys_mask.index_select(0, idx).unsqueeze(-1)
-            s.node_weight.mul_(keep)  # frozen atoms keep their zero weight
-            s.weighted_inv_mass.mul_(keep)
 
     def _inner_hooks_fire(self, k: int) -> bool:
         return any(k % f == 0 for f in self._inner_frequencies)
