@@ -213,7 +213,9 @@ class Engine:
             s.dynamics._attach(self, s)
             s.dynamics.setup(batch)
         # Systems that already took steps (a batch continuing an earlier run) keep their state.
-        self._init_entering(batch.stage_steps == 0)
+        entering = batch.stage_steps == 0
+        if bool(entering.any()):
+            self._init_entering(entering)
         self._update_masks()
         self.forward()
         if self.track_energy_change:
