@@ -319,3 +319,27 @@ def test_inner_hooks_run_once_per_step_for_their_own_stage():
     (a + b).run(make_batch([2, 3]))
     assert [c for c in calls if c[0] == "a"] == [("a", 2)] * 3 + [("a", 0)] * 2
     assert [c for c in calls if c[0] == "b"] == [("b", 0)] * 3 + [("b", 2)] * 2
+
+
+def test_init_state_sees_only_systems_that_enter():
+    entered: list[list[bool]] = []
+
+    class Recording(DemoDynamics):
+        def init_state(self, batch, entering):
+            entered.append(entering.tolist())
+
+    model = DemoModelWrapper()
+    batch = make_batch([3, 2])
+    stage = Recording(model=model, n_steps=4, dt=0.5)
+    stage.run(batch)
+    stage.run(batch)  # continuing: nothing enters again
+    assert entered == [[True, True]]
+    entered.clear()
+    always = ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}], frequency=1)
+    never = ConvergenceHook(criteria=[{"key": "fmax", "threshold": -1.0}], frequency=1)
+    first = Recording(model=model, n_steps=5, dt=0.5, convergence_hook=never)
+    second = Recording(model=model, n_steps=3, dt=0.5, convergence_hook=always)
+    (first + second).run(make_batch([3, 2]))
+    # Both enter stage 0 at the start; both move to stage 1 after 5 steps (and on to the exit).
+    assert entered[0] == [True, True] and [True, True] in entered[1:]
+    assert len(entered) <= 1 + 2 * 2  # initial, then only checks where something moved

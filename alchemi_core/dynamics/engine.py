@@ -219,7 +219,10 @@ class Engine:
         for s in self.subs:
             s.dynamics._attach(self, s)
             s.dynamics.setup(batch)
-        self._init_entering(batch.status.new_ones(batch.num_graphs, dtype=torch.bool))
+        # Systems that already took steps (a batch continuing an earlier run) keep their state.
+        entering = batch.stage_steps == 0
+        if bool(entering.any()):
+            self._init_entering(entering)
         self._update_masks()
         self.forward()
         if self.track_energy_change:
@@ -466,10 +469,12 @@ class Engine:
                     _run(s.hooks[6], batch, s.dynamics, k)
             if hooks and own[6]:
                 _run(own[6], batch, self.owner, k)
+            steps = batch.stage_steps
             if self.masked:
-                steps = batch.stage_steps
                 for s in subs:
                     steps.add_(s.sys_mask)
+            else:
+                steps.add_(1)
 
     def _inner_hooks_fire(self, k: int) -> bool:
         return any(k % f == 0 for f in self._inner_frequencies)
@@ -526,8 +531,9 @@ class Engine:
                 done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
                 status.masked_fill_(done, s.target)
         moved = status != before
-        batch.stage_steps.masked_fill_(moved, 0)
-        self._init_entering(moved)
+        if bool(moved.any()):  # checks may read back; integrators' resets are not free
+            batch.stage_steps.masked_fill_(moved, 0)
+            self._init_entering(moved)
         if self.sampler is not None or self.sinks:
             if k % self.refill_frequency == 0:
                 self._graduate_and_refill()
