@@ -535,7 +535,8 @@ class Engine:
             batch.stage_steps.masked_fill_(moved, 0)
             self._init_entering(moved)
         if self.sampler is not None or self.sinks:
-            if k % self.refill_frequency == 0:
+            # A check scheduled for a budget also hands graduates on and refills their slots.
+            if k % self.refill_frequency == 0 or k >= self._budget_check:
                 self._graduate_and_refill()
         self._update_masks()
         self._check_done()
