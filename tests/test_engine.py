@@ -343,3 +343,15 @@ def test_init_state_sees_only_systems_that_enter():
     # Every stage is told (its own share) at run start and at the two checks where systems
     # moved: to stage 1 after 5 steps, to the exit one step later; never at other checks.
     assert entered == [[True, True], [False, False]] * 1 + [[False, False], [True, True]] + [[False, False]] * 2
+
+
+def test_graduates_are_written_when_the_run_ends_between_refill_checks():
+    n = 30
+    sampler = SizeAwareSampler(_dataset(n, seed=5), max_atoms=400, max_batch_size=64, bin_width=2)
+    sink = HostMemory(capacity=n)
+    # Converged after the second step (step index 1), which is not a refill check (every 7).
+    second = ConvergenceHook(criteria=[{"key": "stage_steps", "threshold": 0, "custom_op": lambda s: s >= 2}])
+    stage = DemoDynamics(model=DemoModelWrapper(), n_steps=50, dt=0.5, sampler=sampler, sinks=[sink],
+                         refill_frequency=7, convergence_hook=second)
+    stage.run()
+    assert sorted(sink.read().system_id.tolist()) == list(range(n))

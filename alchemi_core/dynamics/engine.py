@@ -540,6 +540,11 @@ class Engine:
                 self._graduate_and_refill()
         self._update_masks()
         self._check_done()
+        if self.done and (self.sampler is not None or self.sinks) and self.graduate_to_sinks:
+            # The run ends here: graduates still waiting for a refill check go out now.
+            if self.batch.num_graphs and bool(self.graduated_mask().any()):
+                self._graduate_and_refill()
+                self._update_masks()
 
     def _check_done(self) -> None:
         batch = self.batch
