@@ -30,6 +30,7 @@ import torch
 
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
+from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
 from alchemi_core.errors import AlchemiError, ConfigurationError
 
@@ -61,7 +62,7 @@ class BufferConfig:
     num_edges: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
-class BaseDynamics(PipelineStageMixin):
+class BaseDynamics(StreamedRun, PipelineStageMixin):
     """A dynamics stage: an integrator, a model, hooks, and where systems come from and go.
 
     Args:
@@ -145,9 +146,7 @@ class BaseDynamics(PipelineStageMixin):
         self.converged_mask: torch.Tensor | None = None
         self.status_code = 0
         self._engine: Engine | None = None
-        self._stream: Any = None
-        self._in_context = False
-        self._compile_kwargs: dict[str, Any] | None = None
+        self.compile_kwargs: dict[str, Any] = {}
 
     @staticmethod
     def _check_dt(dt: Any) -> Any:
@@ -249,24 +248,6 @@ class BaseDynamics(PipelineStageMixin):
         if not isinstance(other, BaseDynamics):
             return NotImplemented
         return DistributedPipeline.chain([self, other])
-
-    # ------------------------------------------------------------------ streams and compile
-    def compile(self, **kwargs: Any) -> BaseDynamics:
-        """Capture the step as a CUDA graph when the run is on a GPU (see ``FusedStage.compile``)."""
-        self._compile_kwargs = dict(kwargs)
-        return self
-
-    def __enter__(self) -> BaseDynamics:
-        self._in_context = True
-        if torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()
-        self._stream = None
-        self._in_context = False
 
     def __repr__(self) -> str:
         return f"{self.name}(n_steps={self.n_steps}, dt={self.dt}, hooks={len(self.hooks)})"

@@ -151,9 +151,7 @@ class Engine:
         self.owner_hooks: tuple = ()
         self.done = False
         #: Capture the step as a CUDA graph on GPUs (``compile()``); how often it was captured.
-        self.graph_requested = bool(getattr(owner, "compile_step", False)) or (
-            getattr(owner, "_compile_kwargs", None) is not None
-        )
+        self.graph_requested = bool(getattr(owner, "compile_step", False))
         self.graph_captures = 0
         #: Increases whenever the masks are rewritten (at checks and composition changes).
         self.mask_version = 0

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.base import BaseDynamics
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from alchemi_core.dynamics.sinks import DataSink
 
 
-class FusedStage(PipelineStageMixin):
+class FusedStage(StreamedRun, PipelineStageMixin):
     """Sub-stages by status code on one device (see the module docstring).
 
     Args:
@@ -74,8 +75,6 @@ class FusedStage(PipelineStageMixin):
         self.own_sinks: list[DataSink] = list(sinks or [])
         self.hooks: list[Any] = list(hooks or [])
         self._engine: Engine | None = None
-        self._stream: Any = None
-        self._in_context = False
 
     # ------------------------------------------------------------------ composition
     @property
@@ -161,32 +160,6 @@ class FusedStage(PipelineStageMixin):
     @property
     def step_count(self) -> int:
         return self._engine.step_count if self._engine is not None else 0
-
-    def compile(self, **kwargs: Any) -> FusedStage:
-        """Capture the fused step as a CUDA graph when running on a GPU.
-
-        The capture happens lazily, on the first steps of a run inside ``with fused:``; steps
-        where a hook fires inside the step, and the checks, run eagerly; the graph is captured
-        again after the set of systems changes. Options such as ``mode`` and ``fullgraph`` are
-        accepted for compatibility. On a CPU the step runs eagerly.
-        """
-        self.compile_step = True
-        self.compile_kwargs = dict(kwargs)
-        return self
-
-    def __enter__(self) -> FusedStage:
-        import torch
-
-        self._in_context = True
-        if torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()
-        self._stream = None
-        self._in_context = False
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{c}: {s!r}" for c, s in self.sub_stages)
