@@ -61,6 +61,37 @@ def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
         assert listed == pair_set(i, j, shifts), f"system {s}"
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
+    """Open axes have no extent to cut into bins: their bins are hashed, so clusters hundreds of
+    Å apart, a lone atom 10^4 Å out and a slab's atoms spread along its normal share bins; the
+    distance test keeps exactly ASE's pairs."""
+    import ase
+
+    cluster = ref.atoms(rng, 14, np.diag([8.0, 8.0, 8.0]), False, min_distance=2.0)
+    far = cluster.copy()
+    far.positions += [480.0, -35.0, 220.0]
+    lone = ase.Atoms("Ar2", positions=[[1.0e4, 2.0, -3.0], [1.0e4 + 3.1, 2.0, -3.0]])
+    gas = cluster + far + lone
+    gas.cell, gas.pbc = np.zeros((3, 3)), False
+    slab = ref.atoms(rng, 16, ref.cell(rng, (9.0, 9.5, 6.0), 0.2), (True, True, False), min_distance=2.0)
+    slab.positions[::3] += 37.0 * np.cross(slab.cell[0], slab.cell[1]) / np.linalg.norm(np.cross(slab.cell[0], slab.cell[1]))
+    wire = ref.atoms(rng, 12, ref.cell(rng, (6.0, 6.0, 7.0), 0.0), (False, False, True), min_distance=2.0)
+    wire.positions[:4, 0] -= 150.0
+    structures = [gas, slab, wire]
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    batch = ref.batch(structures)
+    nl.update(batch)
+    ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
+    for s, atoms in enumerate(structures):
+        i, j, shifts = neighbor_list("ijS", atoms, nl.radius)
+        listed = listed_pairs(nl, batch, ptr[s], len(atoms))
+        if half:
+            listed |= {(b, a, -x, -y, -z) for a, b, x, y, z in listed}
+        assert listed == pair_set(i, j, shifts), f"system {s}"
+    assert len(neighbor_list("i", gas, nl.radius)) > 0
+
+
 def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
     systems = some_systems(ref, rng)[:3]
     batch = ref.batch(systems)

@@ -1,21 +1,5 @@
-"""Warp kernels that turn a neighbour matrix into energies, forces and virials for any pair
-potential of this package.
-
-One thread per slot (an atom, in the list's bin order) walks its column of packed entries
-(``[max_neighbors, atoms]``, so a warp's reads are coalesced; one int32 per neighbour) and
-accumulates, for every neighbour within the cutoff at ``d = wrapped[u] - wrapped[t] + m @ cell``,
-
-* the force ``F_i += g d`` with ``g = U'(r) / r``,
-* half the pair energy ``U(r)`` (each pair is seen from both ends),
-* half the virial ``g d (x) d`` (``(x)``: outer product),
-
-then writes its atom's force and adds its energy and virial to its system's total: directly
-(one atomic add per atom, fine while systems are small) or, for large systems, into per-slot
-sums that ``fold_totals`` adds up chunk by chunk (one atomic add per chunk: thousands of atoms
-adding into one address would queue behind each other). With a half list (each pair once: the
-CPU's default, where a kernel runs its threads one after another) it takes the whole energy and
-virial and also subtracts ``g d`` from the neighbour's force. Stress is the virial over the cell
-volume: positive under tension, as in ASE.
+"""Warp functions and kernels around the pair sum (:mod:`alchemi_potentials.pair_forces`): the
+pair energies, the cutoff switch, zeroing, folding per-slot totals, and stress.
 
 A parameter row per pair of species types holds ``(a, b, c, shift)``:
 
@@ -35,9 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import warp as wp
-
-from alchemi_potentials.neighbors.entries import entry_image, entry_slot, image_bits_for
-from alchemi_potentials.neighbors.kernels import PairList
 
 wp.set_module_options({"enable_backward": False})
 
@@ -99,139 +80,6 @@ def image_vector(n: wp.vec3i, m: Any):
     return type(m[0, 0])(n[0]) * m[0] + type(m[0, 0])(n[1]) * m[1] + type(m[0, 0])(n[2]) * m[2]
 
 
-@wp.func
-def add_pair(
-    kind: int,
-    d: Any,
-    u: int,
-    lists: PairList,
-    type_lut: wp.array(dtype=wp.int32),
-    unknown: int,
-    one_type: int,
-    row_base: int,
-    params: wp.array2d(dtype=Any),
-    pa: Any,
-    pb: Any,
-    pc: Any,
-    ps: Any,
-    cutoff_sq: Any,
-    switching: int,
-    switch_on: Any,
-    cutoff: Any,
-    want_virial: int,
-    half: int,
-    forces: wp.array(dtype=Any),
-    e: Any,
-    f: Any,
-    w: Any,
-):
-    """Energy, force and virial sums after adding the pair at displacement ``d`` (neighbour slot
-    ``u``); with a half list the neighbour gets the opposite force (Newton's third law)."""
-    r2 = wp.dot(d, d)
-    e_out = e
-    f_out = f
-    w_out = w
-    if r2 < cutoff_sq:
-        a = pa
-        b = pb
-        c = pc
-        shift = ps
-        if one_type == 0:
-            row = row_base + type_of(type_lut, lists.slot_number[u], unknown)
-            a = params[row, 0]
-            b = params[row, 1]
-            c = params[row, 2]
-            shift = params[row, 3]
-        energy, g = pair_terms(kind, r2, a, b, c)
-        energy = energy - shift
-        if switching != 0:
-            energy, g = switched(energy, g, r2, switch_on, cutoff)
-        fij = g * d
-        e_out = e + energy
-        f_out = f + fij
-        if half != 0:
-            wp.atomic_sub(forces, lists.order[u], fij)  # plain adds on a CPU
-        if want_virial != 0:
-            w_out = w + wp.outer(fij, d)
-    return e_out, f_out, w_out
-
-
-@wp.kernel
-def pair_forces(
-    kind: int,
-    wrapped: wp.array(dtype=Any),
-    cell: wp.array(dtype=Any),
-    lists: PairList,
-    type_lut: wp.array(dtype=wp.int32),
-    unknown: int,
-    table_stride: int,
-    one_type: int,
-    params: wp.array2d(dtype=Any),
-    cutoff_sq: Any,
-    switch_on: Any,
-    cutoff: Any,
-    switching: int,
-    want_virial: int,
-    half: int,
-    per_slot: int,
-    forces: wp.array(dtype=Any),
-    energy: wp.array(dtype=Any),
-    virial: wp.array(dtype=Any),
-    slot_energy: wp.array(dtype=Any),
-    slot_virial: wp.array(dtype=Any),
-):
-    t = wp.tid()
-    s = lists.system[t]
-    yi = wrapped[t]
-    m = cell[s]
-    first = lists.first_atom[s]
-    bits = lists.index_bits[s]
-    ibits = image_bits_for(bits)
-    zero = cutoff_sq - cutoff_sq
-    f = yi * zero
-    w = m * zero
-    e = zero
-    ti = type_of(type_lut, lists.slot_number[t], unknown)
-    row_base = ti * table_stride
-    # With one species the parameters are loop constants.
-    pa = params[row_base + ti, 0]
-    pb = params[row_base + ti, 1]
-    pc = params[row_base + ti, 2]
-    ps = params[row_base + ti, 3]
-    n = lists.count[t]
-    # Two neighbours per iteration: both entries and both positions are loaded before either
-    # pair is computed, so each thread keeps two memory reads in flight instead of one. (Rows
-    # have an even number of columns and every entry is valid, so entry k + 1 may be read.)
-    for k in range(0, n, 2):
-        c0 = lists.entries[k, t]
-        c1 = lists.entries[k + 1, t]
-        u0 = first + entry_slot(c0, bits)
-        u1 = first + entry_slot(c1, bits)
-        d0 = wrapped[u0] - yi + image_vector(entry_image(c0, bits, ibits), m)
-        d1 = wrapped[u1] - yi + image_vector(entry_image(c1, bits, ibits), m)
-        e, f, w = add_pair(kind, d0, u0, lists, type_lut, unknown, one_type, row_base, params, pa, pb, pc, ps,
-                           cutoff_sq, switching, switch_on, cutoff, want_virial, half, forces, e, f, w)
-        if k + 1 < n:
-            e, f, w = add_pair(kind, d1, u1, lists, type_lut, unknown, one_type, row_base, params, pa, pb, pc, ps,
-                               cutoff_sq, switching, switch_on, cutoff, want_virial, half, forces, e, f, w)
-    # A full list sees every pair twice, a half list once.
-    weight = type(zero)(0.5)
-    i = lists.order[t]
-    if half != 0:
-        weight = type(zero)(1.0)
-        wp.atomic_add(forces, i, f)
-    else:
-        forces[i] = f
-    if per_slot != 0:
-        slot_energy[t] = weight * e
-        if want_virial != 0:
-            slot_virial[t] = weight * w
-    else:
-        wp.atomic_add(energy, s, weight * e)
-        if want_virial != 0:
-            wp.atomic_add(virial, s, weight * w)
-
-
 @wp.kernel
 def fold_totals(
     chunks: wp.array2d(dtype=wp.int32),
@@ -273,20 +121,5 @@ for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.v
     wp.overload(zero_totals, {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)})
     wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
     _totals = {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)}
-    wp.overload(
-        pair_forces,
-        {
-            "wrapped": wp.array(dtype=_vec),
-            "cell": wp.array(dtype=_mat),
-            "params": wp.array2d(dtype=_scalar),
-            "cutoff_sq": _scalar,
-            "switch_on": _scalar,
-            "cutoff": _scalar,
-            "forces": wp.array(dtype=_vec),
-            "slot_energy": wp.array(dtype=_scalar),
-            "slot_virial": wp.array(dtype=_mat),
-            **_totals,
-        },
-    )
     wp.overload(fold_totals, {"slot_energy": wp.array(dtype=_scalar), "slot_virial": wp.array(dtype=_mat), **_totals})
     wp.overload(virial_to_stress, {"cell": wp.array(dtype=_mat), "virial": wp.array(dtype=_mat), "stress": wp.array(dtype=_mat)})

@@ -29,6 +29,7 @@ from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataEr
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
+from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ DEFAULT_SKIN = 0.5
 DIRECT_TOTALS_UP_TO = 1024
 #: Slots per chunk of that fold.
 FOLD_CHUNK = 64
+#: Neighbours per iteration of the pair kernel, by device type (1 on a CPU, where threads run
+#: one after another and nothing is gained by loading ahead).
+UNROLL = {"cuda": 4, "cpu": 1}
 
 
 class _Outputs:
@@ -262,11 +266,14 @@ class PairPotential(BaseModel):
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
-        seq.add(k.pair_forces, n_atoms, [
-            self.kind, matrix.warp_wrapped, C, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
-            int(n_types == 1), self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset),
-            scalar(self._cutoff), int(self.switch_onset is not None), int(compute_stress), int(matrix.half),
-            int(per_slot), F, E, W, SE, SW,
+        options = PairOptions(
+            kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
+            one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
+        )
+        seq.add(pair_kernel(options), n_atoms, [
+            matrix.warp_wrapped, C, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
+            self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
+            F, E, W, SE, SW,
         ])
         held = []
         if chunks is not None:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 #: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
+#: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
+#: many entries at a time.
+COLUMNS_MULTIPLE_OF = 4
 
 
 @attrs.frozen
@@ -160,13 +163,13 @@ class Layout:
         """(Re)allocate the neighbour matrix with ``columns`` rows and force a full rebuild."""
         from alchemi_potentials.neighbors import kernels
 
-        columns += columns % 2  # even: the pair kernels read entries two at a time
+        columns = -(-columns // COLUMNS_MULTIPLE_OF) * COLUMNS_MULTIPLE_OF
         v_cap = self.atom_tensors["system"].shape[0]
         # Indexed [k, t] everywhere. On a GPU the memory is [columns, slots] (a warp of threads
         # reads one row: coalesced); on a CPU, where one thread walks one slot's neighbours, it is
         # [slots, columns] seen through a transposed view, so each slot's neighbours are contiguous.
-        # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load one
-        # entry past a slot's count.
+        # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load a few
+        # entries past a slot's count.
         gpu = self.device.type == "cuda"
         m = torch.zeros((columns, v_cap) if gpu else (v_cap, columns), dtype=torch.int32, device=self.device)
         m = m if gpu else m.t()
