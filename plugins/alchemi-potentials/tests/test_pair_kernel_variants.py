@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from alchemi_potentials import LennardJones, Morse, pair_potential
-from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.neighbors import BatchedNeighborList, layout
 
 RC = 7.0
 
@@ -60,10 +60,12 @@ def check_against_reference(ref, structures, out, pair):
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize("unroll", [2, 4])
+@pytest.mark.parametrize(("unroll", "order"), [(2, "rows"), (4, "rows"), (4, "columns")])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_unrolled_neighbour_reads_give_the_reference(ref, rng, monkeypatch, model, unroll, half):
+def test_unrolled_neighbour_reads_give_the_reference(ref, rng, monkeypatch, model, unroll, order, half):
+    """(The GPU's choice is 4 at a time from a [columns, atoms] matrix.)"""
     monkeypatch.setitem(pair_potential.UNROLL, "cpu", unroll)
+    monkeypatch.setitem(layout.MATRIX_ORDER, "cpu", order)
     make, reference = MODELS[model]
     structures = systems(ref, rng)
     out = make(BatchedNeighborList(RC, 0.5, half_list=half))(ref.batch(structures), compute_stress=True)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 #: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
+#: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
+#: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
+#: for a CPU, where one thread walks one slot's neighbours).
+MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
 #: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
 #: many entries at a time.
 COLUMNS_MULTIPLE_OF = 4
@@ -165,14 +169,12 @@ class Layout:
 
         columns = -(-columns // COLUMNS_MULTIPLE_OF) * COLUMNS_MULTIPLE_OF
         v_cap = self.atom_tensors["system"].shape[0]
-        # Indexed [k, t] everywhere. On a GPU the memory is [columns, slots] (a warp of threads
-        # reads one row: coalesced); on a CPU, where one thread walks one slot's neighbours, it is
-        # [slots, columns] seen through a transposed view, so each slot's neighbours are contiguous.
+        # Indexed [k, t] everywhere; "rows" memory is seen through a transposed view.
         # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load a few
         # entries past a slot's count.
-        gpu = self.device.type == "cuda"
-        m = torch.zeros((columns, v_cap) if gpu else (v_cap, columns), dtype=torch.int32, device=self.device)
-        m = m if gpu else m.t()
+        by_columns = MATRIX_ORDER.get(self.device.type, "rows") == "columns"
+        m = torch.zeros((columns, v_cap) if by_columns else (v_cap, columns), dtype=torch.int32, device=self.device)
+        m = m if by_columns else m.t()
         count = torch.zeros(v_cap, dtype=torch.int32, device=self.device)
         self.matrix_tensors = (m, count)
         s = self.system_tensors
