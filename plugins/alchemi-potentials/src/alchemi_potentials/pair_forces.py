@@ -3,7 +3,7 @@
 One thread per slot (an atom, in the neighbour list's bin order) walks its column of packed
 entries (``[max_neighbors, atoms]`` on a GPU, so a warp's reads are coalesced; one int32 per
 neighbour) and accumulates, for every neighbour within the cutoff at
-``d = wrapped[u] - wrapped[t] + m @ cell``,
+``d = wrapped[u] - wrapped[t] + m @ image_cell``,
 
 * the force ``F_i += g d`` with ``g = U'(r) / r``,
 * half the pair energy ``U(r)`` (each pair is seen from both ends),
@@ -131,7 +131,7 @@ def pair_kernel(options: PairOptions) -> Any:
 
     def pair_forces(
         wrapped: wp.array(dtype=Any),
-        cell: wp.array(dtype=Any),
+        image_cell: wp.array(dtype=Any),
         lists: PairList,
         type_lut: wp.array(dtype=wp.int32),
         unknown: int,
@@ -149,7 +149,7 @@ def pair_kernel(options: PairOptions) -> Any:
         t = wp.tid()
         s = lists.system[t]
         yi = wrapped[t]
-        m = cell[s]
+        m = image_cell[s]
         first = lists.first_atom[s]
         bits = lists.index_bits[s]
         ibits = image_bits_for(bits)
@@ -220,7 +220,7 @@ def pair_kernel(options: PairOptions) -> Any:
     kernel = wp.kernel(pair_forces, enable_backward=False)
     for scalar, vec, mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
         wp.overload(kernel, {
-            "wrapped": wp.array(dtype=vec), "cell": wp.array(dtype=mat), "params": wp.array2d(dtype=scalar),
+            "wrapped": wp.array(dtype=vec), "image_cell": wp.array(dtype=mat), "params": wp.array2d(dtype=scalar),
             "cutoff_sq": scalar, "switch_on": scalar, "cutoff": scalar, "forces": wp.array(dtype=vec),
             "energy": wp.array(dtype=scalar), "virial": wp.array(dtype=mat), "slot_energy": wp.array(dtype=scalar),
             "slot_virial": wp.array(dtype=mat),

@@ -271,7 +271,7 @@ class PairPotential(BaseModel):
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
         )
         seq.add(pair_kernel(options), n_atoms, [
-            matrix.warp_wrapped, C, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
+            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
             self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
             F, E, W, SE, SW,
         ])

@@ -225,7 +225,8 @@ class BatchedNeighborList:
             ns, na, r = layout.num_systems, layout.num_atoms, self.radius
             before = _warp.LaunchSequence(positions.device)
             before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64((self._skin / 2) ** 2)])
-            before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL)])
+            before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
+                                           layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])
             after = _warp.LaunchSequence(positions.device)
             after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])

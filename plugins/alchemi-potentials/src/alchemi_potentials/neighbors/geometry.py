@@ -119,6 +119,17 @@ def binning_basis(cell: wp.mat33d, pa: int, pb: int, pc: int):
 
 
 @wp.func
+def periodic_rows(m: wp.mat33d, p: wp.vec3i):
+    """``m`` with its open rows zero: an open row may hold anything (even inf or NaN), and images
+    never use it, but 0 * inf would still poison them."""
+    out = wp.mat33d()
+    for r in range(3):
+        if p[r] != 0:
+            out[r] = m[r]
+    return out
+
+
+@wp.func
 def plane_spacings(inv: wp.mat33d):
     """Distance between lattice planes of each axis: 1 / |column of the inverse|."""
     return wp.vec3d(

@@ -42,6 +42,7 @@ from alchemi_potentials.neighbors.geometry import (
     mat33d_of,
     neighbor_bin,
     periodic_reach,
+    periodic_rows,
     plane_spacings,
     row_changed,
     search_span,
@@ -59,6 +60,7 @@ class SystemState:
     rebuild: wp.array(dtype=wp.int32)  # this step builds: 1, or 2 when the cell is degenerate
     builds: wp.array(dtype=wp.int64)  # builds so far
     cell: wp.array(dtype=wp.mat33d)  # the cell of the last build
+    lattice: wp.array(dtype=wp.mat33d)  # its periodic rows (open rows zero): what images shift by
     pbc: wp.array(dtype=wp.vec3i)  # the periodicity of the last build
     basis_inv: wp.array(dtype=wp.mat33d)  # inverse of the binning frame
     dims: wp.array(dtype=wp.vec3i)  # bins per axis
@@ -117,6 +119,17 @@ def store_vec(out: wp.array(dtype=Any), i: int, v: wp.vec3d):
 
 
 @wp.func
+def store_mat(out: wp.array(dtype=Any), i: int, m: wp.mat33d):
+    """``out[i] = m`` in ``out``'s precision."""
+    x = out[i]
+    out[i] = type(x)(
+        type(x[0, 0])(m[0, 0]), type(x[0, 0])(m[0, 1]), type(x[0, 0])(m[0, 2]),
+        type(x[0, 0])(m[1, 0]), type(x[0, 0])(m[1, 1]), type(x[0, 0])(m[1, 2]),
+        type(x[0, 0])(m[2, 0]), type(x[0, 0])(m[2, 1]), type(x[0, 0])(m[2, 2]),
+    )  # fmt: skip
+
+
+@wp.func
 def slot_offset(g: SystemState, a: AtomState, s: int):
     """Slot of cumulative bin position 0 for system s: ``bin_end`` sums the counts of every bin,
     and only rebuilding systems have counts, so a system's positions start after the atoms of
@@ -146,12 +159,18 @@ def check_moved(
         # the line alone, instead of every atom of a large system storing to one address.
         if g.moved[s] == 0:
             g.moved[s] = 1
-    store_vec(wrapped, t, wrapped_position(x, a.wrap[t], g.cell[s]))
+    store_vec(wrapped, t, wrapped_position(x, a.wrap[t], g.lattice[s]))
 
 
 @wp.kernel
-def begin_build(cell: wp.array(dtype=Any), pbc: wp.array2d(dtype=wp.bool), g: SystemState, radius: wp.float64,
-                tolerance: wp.float64):
+def begin_build(
+    cell: wp.array(dtype=Any),
+    pbc: wp.array2d(dtype=wp.bool),
+    g: SystemState,
+    radius: wp.float64,
+    tolerance: wp.float64,
+    image_cell: wp.array(dtype=Any),
+):
     s = wp.tid()
     m = mat33d_of(cell[s])
     pa = flag_of(pbc[s, 0])
@@ -173,6 +192,9 @@ def begin_build(cell: wp.array(dtype=Any), pbc: wp.array2d(dtype=wp.bool), g: Sy
     g.cell[s] = m
     p = wp.vec3i(pa, pb, pc)
     g.pbc[s] = p
+    lattice = periodic_rows(m, p)
+    g.lattice[s] = lattice
+    store_mat(image_cell, s, lattice)
     basis = binning_basis(m, pa, pb, pc)
     det = wp.determinant(basis)
     scale = wp.length(basis[0]) * wp.length(basis[1]) * wp.length(basis[2])
@@ -254,7 +276,7 @@ def sort_into_bins(
     a.slot_bin[t] = b
     a.slot_number[t] = a.atomic_number[i]
     reference[t] = x
-    store_vec(wrapped, t, wrapped_position(vec3d_of(x), wrap, g.cell[s]))
+    store_vec(wrapped, t, wrapped_position(vec3d_of(x), wrap, g.lattice[s]))
     # The counts were consumed by the cumulative sum: leave them zero for the next build.
     a.bin_count[b] = 0
 
@@ -290,7 +312,7 @@ def search_neighbors(
         return
     columns = entries.shape[0]
     yi = vec3d_of(wrapped[t])
-    m = g.cell[s]
+    m = g.lattice[s]
     p = g.pbc[s]
     n = g.dims[s]
     k = g.reach[s]
@@ -339,7 +361,7 @@ def search_neighbors(
 for _vec, _mat in ((wp.vec3f, wp.mat33f), (wp.vec3d, wp.mat33d)):
     _arr = wp.array(dtype=_vec)
     wp.overload(check_moved, {"positions": _arr, "reference": _arr, "wrapped": _arr})
-    wp.overload(begin_build, {"cell": wp.array(dtype=_mat)})
+    wp.overload(begin_build, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})
     wp.overload(bin_atoms, {"positions": _arr})
     wp.overload(sort_into_bins, {"positions": _arr, "reference": _arr, "wrapped": _arr})
     wp.overload(search_neighbors, {"wrapped": _arr})

@@ -49,18 +49,22 @@ class NeighborMatrix:
         count: ``[atoms]`` int32, valid entries of each slot.
         order: ``[atoms]`` int32, the atom in each slot.
         wrapped: ``[atoms, 3]`` wrapped positions by slot, in the positions' dtype.
+        image_cell: ``[systems, 3, 3]`` the periodic rows of each system's cell at its last build
+            (open rows zero), in the positions' dtype: image ``m`` is at ``m @ image_cell``.
         half: True when each pair is listed once (by one of its atoms), False when from both ends.
         pair_list: The Warp struct the pair kernels take (``kernels.PairList``).
-        warp_wrapped: ``wrapped`` as a Warp array of vectors.
+        warp_wrapped, warp_image_cell: ``wrapped`` and ``image_cell`` as Warp arrays.
     """
 
     entries: torch.Tensor
     count: torch.Tensor
     order: torch.Tensor
     wrapped: torch.Tensor
+    image_cell: torch.Tensor
     half: bool
     pair_list: Any
     warp_wrapped: Any
+    warp_image_cell: Any
 
 
 # Buffers of the kernels' SystemState and AtomState structs: name -> (trailing shape, dtype,
@@ -70,6 +74,7 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "rebuild": ((), torch.int32, None, 0),
     "builds": ((), torch.int64, None, 0),
     "cell": ((3, 3), torch.float64, "mat33d", math.nan),
+    "lattice": ((3, 3), torch.float64, "mat33d", 0),
     "pbc": ((3,), torch.int32, "vec3i", -1),
     "basis_inv": ((3, 3), torch.float64, "mat33d", 0),
     "dims": ((3,), torch.int32, "vec3i", 1),
@@ -144,10 +149,12 @@ class Layout:
         self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
         self.bin_end = torch.zeros(bins, dtype=torch.int32, device=dev)
         self.atoms.bin_count, self.atoms.bin_end = _warp.view(self.bin_count), _warp.view(self.bin_end)
-        vec = wp.vec3d if dtype == torch.float64 else wp.vec3f
+        vec, mat = (wp.vec3d, wp.mat33d) if dtype == torch.float64 else (wp.vec3f, wp.mat33f)
         self.reference = torch.zeros((v_cap, 3), dtype=dtype, device=dev)
         self.wrapped = torch.zeros((v_cap, 3), dtype=dtype, device=dev)
+        self.image_cell = torch.zeros((s_cap, 3, 3), dtype=dtype, device=dev)
         self.warp_reference, self.warp_wrapped = _warp.view(self.reference, vec), _warp.view(self.wrapped, vec)
+        self.warp_image_cell = _warp.view(self.image_cell, mat)
         s, a = self.system_tensors, self.atom_tensors
         if n:
             def put(t: torch.Tensor, values: np.ndarray) -> None:
@@ -190,11 +197,12 @@ class Layout:
         v = self.num_atoms
         self.matrix = NeighborMatrix(
             entries=m[:, :v], count=count[:v], order=self.atom_tensors["order"][:v], wrapped=self.wrapped[:v],
-            half=self.half, pair_list=pair_list, warp_wrapped=self.warp_wrapped,
+            image_cell=self.image_cell[: self.num_systems], half=self.half, pair_list=pair_list,
+            warp_wrapped=self.warp_wrapped, warp_image_cell=self.warp_image_cell,
         )
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
 
     def nbytes(self) -> int:
         held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
-                *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped]
+                *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell]
         return sum(t.numel() * t.element_size() for t in held)
