@@ -15,7 +15,8 @@ as atom-steps/s (atoms x systems / time) and the bytes of device memory the mode
 
 ``--unroll 4,2`` and ``--order columns,rows`` time variants of the pair kernel (neighbours read
 per iteration; neighbour matrix memory order) side by side; ``--profile`` prints the GPU time of
-every kernel of a steady and of a rebuilding forward (torch.profiler), for the first variant.
+every kernel of a steady and of a rebuilding forward (torch.profiler), for each shape's first
+variant.
 
 Run:
     python plugins/alchemi-potentials/benchmarks/bench_forces.py                  # GPU if present
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skin", type=float, default=0.5)
     parser.add_argument("--unroll", default=None, help="neighbours per pair-kernel iteration, comma separated (1,2,4)")
     parser.add_argument("--order", default=None, help="neighbour matrix memory order(s): columns,rows")
-    parser.add_argument("--profile", action="store_true", help="GPU time of every kernel (first variant)")
+    parser.add_argument("--profile", action="store_true", help="GPU time of every kernel (each shape's first variant)")
     parser.add_argument("--json", nargs="?", const="-", default=None, help="write JSON to a file ('-': stdout)")
     args = parser.parse_args(argv)
     from alchemi_potentials import pair_potential
@@ -178,14 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     print("shape         variant      steady_us  atom-st/s  rebuild_us  atom-st/s   graph_us  atom-st/s  B/atom  cols",
           file=out)
     rows = []
-    profile_out = out if args.profile else None
     for shape in args.shapes.split(","):
         atoms, systems = (int(v) for v in shape.lower().split("x"))
-        for unroll, order in variants:
+        for k, (unroll, order) in enumerate(variants):
             pair_potential.UNROLL[args.device] = unroll
             layout.MATRIX_ORDER[args.device] = order
+            profile_out = out if args.profile and k == 0 else None
             rows.append(bench_shape(atoms, systems, args.device, dtype, steps, args.repeats, args.skin, profile_out))
-            profile_out = None
             r = rows[-1]
             r.update(unroll=unroll, order=order)
             graph = f"{r['graph_s'] * 1e6:10.1f} {r['graph_atom_steps_per_s']:10.3g}" if "graph_s" in r else " " * 21
