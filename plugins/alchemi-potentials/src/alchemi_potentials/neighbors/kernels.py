@@ -8,7 +8,8 @@ read the same bins and neighbours. Every forward launches, on every system:
    last build, and writes the atom's position wrapped into the cell (by the wraps of the last
    build) to its slot: the pair kernels read only these.
 2. ``begin_build`` (systems): a flagged system, or one whose cell or periodicity changed, starts
-   a build: binning frame, its inverse, bins per axis and search reach, all from the cell.
+   a build: binning frame, its inverse, bins per axis and search reach, all from the cell, and
+   the image cell (periodic rows only) the pair kernels shift neighbours by.
 3. ``bin_atoms`` (atoms): fractional coordinates, wraps, bin, and a place in the bin.
 4. (a ``torch.cumsum`` over the bin counts gives every bin's end)
 5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
