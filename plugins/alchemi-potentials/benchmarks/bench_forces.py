@@ -13,9 +13,15 @@ and forces, neighbour list included) in three modes:
 as atom-steps/s (atoms x systems / time) and the bytes of device memory the model adds per atom
 (the peak over the runs minus the batch itself; CUDA), or the bytes its buffers hold (CPU).
 
+``--unroll 4,2`` and ``--order columns,rows`` time variants of the pair kernel (neighbours read
+per iteration; neighbour matrix memory order) side by side; ``--profile`` prints the GPU time of
+every kernel of a steady and of a rebuilding forward (torch.profiler), for each shape's first
+variant.
+
 Run:
     python plugins/alchemi-potentials/benchmarks/bench_forces.py                  # GPU if present
     python plugins/alchemi-potentials/benchmarks/bench_forces.py --device cpu --shapes 108x1,108x64,256x16
+    python plugins/alchemi-potentials/benchmarks/bench_forces.py --unroll 4,2,1 --order columns,rows --profile
     python plugins/alchemi-potentials/benchmarks/bench_forces.py --json results.json
 """
 
@@ -72,8 +78,28 @@ def timed(fn: Callable[[], None], device: str, steps: int, repeats: int) -> floa
     return statistics.median(samples)
 
 
+def profile_forward(forward: Callable[[], None], label: str, out) -> None:
+    """Print the GPU time of every kernel of one call of ``forward`` (averaged over 20 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = 20
+    forward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            forward()
+        torch.cuda.synchronize()
+    # Kernel rows only (the torch operations that launched them carry the same time again).
+    rows = [(e.key, e.device_time_total / calls, e.count / calls) for e in prof.key_averages()
+            if str(e.device_type).endswith("CUDA") and e.device_time_total > 0]
+    print(f"  {label}: GPU time per forward by kernel", file=out)
+    for key, us, count in sorted(rows, key=lambda r: -r[1]):
+        print(f"    {us:9.1f} us  x{count:4.1f}  {key[:100]}", file=out)
+    print(f"    {sum(r[1] for r in rows):9.1f} us  total", file=out)
+
+
 def bench_shape(atoms: int, systems: int, device: str, dtype: torch.dtype, steps: int, repeats: int,
-                skin: float) -> dict:
+                skin: float, profile_out=None) -> dict:
     from alchemi_potentials import LennardJones
 
     batch = w1_batch(atoms, systems, device, dtype)
@@ -101,6 +127,10 @@ def bench_shape(atoms: int, systems: int, device: str, dtype: torch.dtype, steps
     result["rebuild_s"] = timed(moved_forward, device, steps, repeats)
     rebuilt = model.neighbor_list.builds(batch).min().item() - builds0
     result["rebuilds_checked"] = bool(rebuilt >= steps * repeats)
+    if profile_out is not None and device == "cuda":
+        print(f"{atoms}x{systems}:", file=profile_out)
+        profile_forward(lambda: model(batch), "steady", profile_out)
+        profile_forward(moved_forward, "rebuild", profile_out)
     if device == "cuda":
         fixed = LennardJones(EPSILON, SIGMA, CUTOFF, skin=skin, max_neighbors=columns)
         side = torch.cuda.Stream()
@@ -131,22 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="calls per timed loop (default 50 GPU, 5 CPU)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skin", type=float, default=0.5)
+    parser.add_argument("--unroll", default=None, help="neighbours per pair-kernel iteration, comma separated (1,2,4)")
+    parser.add_argument("--order", default=None, help="neighbour matrix memory order(s): columns,rows")
+    parser.add_argument("--profile", action="store_true", help="GPU time of every kernel (each shape's first variant)")
     parser.add_argument("--json", nargs="?", const="-", default=None, help="write JSON to a file ('-': stdout)")
     args = parser.parse_args(argv)
+    from alchemi_potentials import pair_potential
+    from alchemi_potentials.neighbors import layout
+
+    unrolls = [int(u) for u in args.unroll.split(",")] if args.unroll else [pair_potential.UNROLL.get(args.device, 1)]
+    orders = args.order.split(",") if args.order else [layout.MATRIX_ORDER.get(args.device, "rows")]
+    variants = [(u, o) for o in orders for u in unrolls]
     steps = args.steps or (50 if args.device == "cuda" else 5)
     dtype = getattr(torch, args.dtype)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(f"W1 forward on {args.device} ({args.dtype}): median per forward; B/atom = model memory per atom", file=out)
-    print("shape          steady_us  atom-st/s  rebuild_us  atom-st/s   graph_us  atom-st/s  B/atom  cols", file=out)
+    print("shape         variant      steady_us  atom-st/s  rebuild_us  atom-st/s   graph_us  atom-st/s  B/atom  cols",
+          file=out)
     rows = []
     for shape in args.shapes.split(","):
         atoms, systems = (int(v) for v in shape.lower().split("x"))
-        rows.append(bench_shape(atoms, systems, args.device, dtype, steps, args.repeats, args.skin))
-        r = rows[-1]
-        graph = f"{r['graph_s'] * 1e6:10.1f} {r['graph_atom_steps_per_s']:10.3g}" if "graph_s" in r else " " * 21
-        print(f"{atoms:>6}x{systems:<5} {r['steady_s'] * 1e6:10.1f} {r['steady_atom_steps_per_s']:10.3g} "
-              f"{r['rebuild_s'] * 1e6:10.1f} {r['rebuild_atom_steps_per_s']:10.3g} {graph} "
-              f"{r['bytes_per_atom']:8.0f}  {r['max_neighbors']}", file=out)
+        for k, (unroll, order) in enumerate(variants):
+            pair_potential.UNROLL[args.device] = unroll
+            layout.MATRIX_ORDER[args.device] = order
+            profile_out = out if args.profile and k == 0 else None
+            rows.append(bench_shape(atoms, systems, args.device, dtype, steps, args.repeats, args.skin, profile_out))
+            r = rows[-1]
+            r.update(unroll=unroll, order=order)
+            graph = f"{r['graph_s'] * 1e6:10.1f} {r['graph_atom_steps_per_s']:10.3g}" if "graph_s" in r else " " * 21
+            print(f"{atoms:>6}x{systems:<5} {order:>7}/u{unroll} {r['steady_s'] * 1e6:10.1f} "
+                  f"{r['steady_atom_steps_per_s']:10.3g} {r['rebuild_s'] * 1e6:10.1f} {r['rebuild_atom_steps_per_s']:10.3g} "
+                  f"{graph} {r['bytes_per_atom']:8.0f}  {r['max_neighbors']}", file=out)
     if args.json:
         text = json.dumps({"workload": "W1 forces", "results": rows}, indent=2)
         if args.json == "-":

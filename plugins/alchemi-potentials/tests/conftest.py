@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 pytest_plugins = ["alchemi_core.testing.fixtures"]
+
+_HERE = Path(__file__).parent
 
 PairFunction = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -64,6 +67,19 @@ def reference_pairs(
         np.add.at(forces, ii, fij)
         virial += 0.5 * np.einsum("pa,pb->ab", fij, d[ii, jj])
     return energy, forces, virial
+
+
+def reference_by_neighbor_list(atoms, cutoff: float, pair: PairFunction) -> tuple[float, np.ndarray, np.ndarray]:
+    """:func:`reference_pairs` with the pairs from ``ase.neighborlist`` instead of every image:
+    O(N), for systems too large for the brute-force sum (independent of this package all the same)."""
+    from ase.neighborlist import neighbor_list
+
+    i, j, r, d = neighbor_list("ijdD", atoms, cutoff)
+    u, du = pair(atoms.numbers[i], atoms.numbers[j], r)
+    fij = (du / r)[:, None] * d
+    forces = np.zeros((len(atoms), 3))
+    np.add.at(forces, i, fij)
+    return 0.5 * u.sum(), forces, 0.5 * np.einsum("pa,pb->ab", fij, d)
 
 
 def lennard_jones_pair(eps: Callable, sig: Callable, cutoff: float, shift: bool) -> PairFunction:
@@ -162,6 +178,7 @@ def ref() -> SimpleNamespace:
     """The helpers above (test modules cannot import conftest under --import-mode=importlib)."""
     return SimpleNamespace(
         pairs=reference_pairs,
+        pairs_by_neighbor_list=reference_by_neighbor_list,
         lennard_jones=lennard_jones_pair,
         morse=morse_pair,
         cell=random_cell,
@@ -171,11 +188,26 @@ def ref() -> SimpleNamespace:
     )
 
 
+#: Test modules that never run a Warp kernel on the CPU.
+_WITHOUT_CPU_WARP = {"test_registration.py", "test_ase_model.py", "test_gpu.py"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``gpu`` where there is no CUDA device."""
-    if torch.cuda.is_available():
+    """Skip tests marked ``gpu`` where there is no CUDA device, and the CPU tests where Warp has
+    no CPU backend (some CUDA builds of warp-lang ship without its compiler)."""
+    here = [item for item in items if item.path.parent == _HERE]
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in here:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
+    import warp as wp
+
+    wp.init()
+    if wp.is_cpu_available():
+        return
+    skip = pytest.mark.skip(reason="this warp-lang build cannot run kernels on the CPU")
+    for item in here:
+        if "gpu" not in item.keywords and item.path.name not in _WITHOUT_CPU_WARP:
             item.add_marker(skip)

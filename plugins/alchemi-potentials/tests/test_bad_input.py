@@ -65,6 +65,24 @@ def test_slab_with_a_zero_open_axis_is_fine():
     assert torch.isnan(out["stress"]).all()  # no volume, no stress (ASE refuses it too)
 
 
+def test_open_axis_rows_may_hold_anything():
+    """Images use periodic rows only: a wire whose open rows are inf and NaN has the forces of the
+    same wire with zero open rows (0 * inf must never reach a displacement)."""
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((1, 1, 2))
+    atoms.rattle(0.05, seed=6)
+    atoms.pbc = (False, False, True)
+    junk = atoms.copy()
+    batch = Batch.from_atoms([atoms, junk], dtype=torch.float64)
+    batch.cell[0, :2] = 0.0
+    batch.cell[1, 0] = float("inf")
+    batch.cell[1, 1] = float("nan")
+    out = LennardJones(0.0104, 3.405, 8.5125)(batch)
+    n = len(atoms)
+    assert torch.isfinite(out["forces"]).all() and torch.isfinite(out["energy"]).all()
+    torch.testing.assert_close(out["forces"][n:], out["forces"][:n], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(out["energy"][1], out["energy"][0], rtol=1e-12, atol=0.0)
+
+
 def test_cutoff_beyond_the_neighbour_list():
     with pytest.raises(ConfigurationError, match="larger than the 5.0 Å its neighbour list was built for"):
         LennardJones(0.0104, 3.405, 8.5, neighbor_list=BatchedNeighborList(5.0))

@@ -11,7 +11,7 @@ from ase.neighborlist import neighbor_list
 from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError, InvalidDataError
 from alchemi_potentials import LennardJones
-from alchemi_potentials.neighbors import BatchedNeighborList, decode_shifts
+from alchemi_potentials.neighbors import BatchedNeighborList
 
 RC = 6.0
 
@@ -34,16 +34,12 @@ def pair_set(i, j, shifts):
     return {(int(a), int(b), *map(int, s)) for a, b, s in zip(i, j, shifts)}
 
 
-def listed_pairs(matrix, first: int, n: int):
+def listed_pairs(nl, batch, first: int, n: int):
     """(i, j, shift) of atoms first..first+n-1 as local indices."""
-    count = matrix.count.numpy()
-    index = matrix.index.numpy()
-    shifts = decode_shifts(matrix.shift).numpy()
-    out = set()
-    for i in range(first, first + n):
-        for k in range(count[i]):
-            out.add((i - first, int(index[k, i]) - first, *map(int, shifts[k, i])))
-    return out
+    i, j, shifts = nl.pairs(batch)
+    mine = (i >= first) & (i < first + n)
+    assert ((j[mine] >= first) & (j[mine] < first + n)).all(), "a pair crosses systems"
+    return pair_set(i[mine] - first, j[mine] - first, shifts[mine])
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
@@ -57,12 +53,43 @@ def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
     for s, atoms in enumerate(systems):
         i, j, shifts = neighbor_list("ijS", atoms, nl.radius)
         assert len(i) > 0
-        listed = listed_pairs(matrix, ptr[s], len(atoms))
+        listed = listed_pairs(nl, batch, ptr[s], len(atoms))
         if half:  # each pair once: with its mirror image, exactly ASE's full list
             mirrored = {(b, a, -x, -y, -z) for a, b, x, y, z in listed}
             assert not listed & mirrored, f"system {s} lists a pair twice"
             listed |= mirrored
         assert listed == pair_set(i, j, shifts), f"system {s}"
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
+    """Open axes have no extent to cut into bins: their bins are hashed, so clusters hundreds of
+    Å apart, a lone atom 10^4 Å out and a slab's atoms spread along its normal share bins; the
+    distance test keeps exactly ASE's pairs."""
+    import ase
+
+    cluster = ref.atoms(rng, 14, np.diag([8.0, 8.0, 8.0]), False, min_distance=2.0)
+    far = cluster.copy()
+    far.positions += [480.0, -35.0, 220.0]
+    lone = ase.Atoms("Ar2", positions=[[1.0e4, 2.0, -3.0], [1.0e4 + 3.1, 2.0, -3.0]])
+    gas = cluster + far + lone
+    gas.cell, gas.pbc = np.zeros((3, 3)), False
+    slab = ref.atoms(rng, 16, ref.cell(rng, (9.0, 9.5, 6.0), 0.2), (True, True, False), min_distance=2.0)
+    slab.positions[::3] += 37.0 * np.cross(slab.cell[0], slab.cell[1]) / np.linalg.norm(np.cross(slab.cell[0], slab.cell[1]))
+    wire = ref.atoms(rng, 12, ref.cell(rng, (6.0, 6.0, 7.0), 0.0), (False, False, True), min_distance=2.0)
+    wire.positions[:4, 0] -= 150.0
+    structures = [gas, slab, wire]
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    batch = ref.batch(structures)
+    nl.update(batch)
+    ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
+    for s, atoms in enumerate(structures):
+        i, j, shifts = neighbor_list("ijS", atoms, nl.radius)
+        listed = listed_pairs(nl, batch, ptr[s], len(atoms))
+        if half:
+            listed |= {(b, a, -x, -y, -z) for a, b, x, y, z in listed}
+        assert listed == pair_set(i, j, shifts), f"system {s}"
+    assert len(neighbor_list("i", gas, nl.radius)) > 0
 
 
 def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
@@ -170,13 +197,42 @@ def test_self_sizing_list_fits_the_densest_atom(ref):
     assert half.max_neighbors < 0.6 * nl.max_neighbors
 
 
-def test_atoms_far_outside_the_cell_are_reported(ref):
+def test_atoms_far_outside_the_cell_are_wrapped_exactly(ref):
+    """Positions are wrapped into the cell at each build, so an atom 600 cells away (in float64)
+    has the same neighbours and forces as its image inside the cell."""
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=4)
+    far = atoms.copy()
+    far.positions[0] += 600 * atoms.cell[0] - 250 * atoms.cell[2]
+    model = LennardJones(0.0104, 3.405, 8.5125)
+    near_out, far_out = model(ref.batch([atoms])), model(ref.batch([far]))
+    torch.testing.assert_close(far_out["energy"], near_out["energy"], rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(far_out["forces"], near_out["forces"], rtol=1e-9, atol=1e-12)
+
+
+def test_non_finite_positions_are_reported(ref):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
-    atoms.positions[0] += 600 * atoms.cell[0]
-    batch = ref.batch([atoms])
+    batch = ref.batch([atoms, atoms])
     nl = BatchedNeighborList(cutoff=6.0)
     nl.update(batch)
-    with pytest.raises(InvalidDataError, match="more than 500 cells outside"):
+    nl.verify(batch)
+    batch.positions[5, 1] = float("nan")
+    nl.update(batch)
+    with pytest.raises(InvalidDataError, match=r"systems \[1\] lie more than a million cells .* non-finite"):
+        nl.verify(batch)
+
+
+def test_images_beyond_what_an_entry_holds_are_reported(ref):
+    """A chain of 4 atoms in a periodic cell 0.03 Å long sees images 300 cells away, beyond
+    the +-255 its entries hold (9 image bits): verify() says so instead of dropping them."""
+    import ase
+
+    chain = ase.Atoms("Ar4", positions=[[0.0, 0, 0], [0.01, 3, 0], [0.02, 0, 3], [0.005, 3, 3]],
+                      cell=[[0.03, 0, 0], [0, 0, 0], [0, 0, 0]], pbc=(True, False, False))
+    batch = ref.batch([chain])
+    nl = BatchedNeighborList(cutoff=8.0, skin=1.0)
+    nl.update(batch)
+    with pytest.raises(InvalidDataError, match="periodic images further away than their neighbour entries hold"):
         nl.verify(batch)
 
 

@@ -1,17 +1,5 @@
-"""Warp kernels that turn a dense neighbour matrix into energies, forces and virials for any
-pair potential of this package.
-
-One thread per atom walks its own neighbour column (``[max_neighbors, atoms]``, so a warp's reads
-are coalesced) and accumulates, for every neighbour ``j`` within the cutoff,
-
-* the force ``F_i += g d`` with ``d = x_j - x_i`` (image included) and ``g = U'(r) / r``,
-* half the pair energy ``U(r)`` (each pair is seen from both ends),
-* half the virial ``g d (x) d`` (``(x)``: outer product),
-
-then writes its force and adds its energy and virial to its system's total. With a half list
-(each pair once: the CPU's default, where a kernel runs its threads one after another) it takes
-the whole energy and virial and also subtracts ``g d`` from ``F_j``. Stress is the virial over
-the cell volume: positive under tension, as in ASE.
+"""Warp functions and kernels around the pair sum (:mod:`alchemi_potentials.pair_forces`): the
+pair energies, the cutoff switch, zeroing, folding per-slot totals, and stress.
 
 A parameter row per pair of species types holds ``(a, b, c, shift)``:
 
@@ -31,8 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import warp as wp
-
-from alchemi_potentials.neighbors.kernels import decode_shift
 
 wp.set_module_options({"enable_backward": False})
 
@@ -80,79 +66,44 @@ def zero_forces(forces: wp.array(dtype=Any)):
     forces[i] = type(forces[i])()
 
 
+@wp.func
+def type_of(lut: wp.array(dtype=wp.int32), z: int, unknown: int):
+    """The parameter type of atomic number ``z`` (``unknown``, a NaN row, beyond the table)."""
+    if z < 0 or z >= lut.shape[0]:
+        return unknown
+    return lut[z]
+
+
+@wp.func
+def image_vector(n: wp.vec3i, m: Any):
+    """``n @ m``: the lattice vector of image ``n`` in the cell's precision."""
+    return type(m[0, 0])(n[0]) * m[0] + type(m[0, 0])(n[1]) * m[1] + type(m[0, 0])(n[2]) * m[2]
+
+
 @wp.kernel
-def pair_forces(
-    kind: int,
-    positions: wp.array(dtype=Any),
-    cell: wp.array(dtype=Any),
-    atom_system: wp.array(dtype=wp.int32),
-    atom_type: wp.array(dtype=wp.int32),
-    table_stride: int,
-    one_type: int,
-    params: wp.array2d(dtype=Any),
-    cutoff_sq: Any,
-    switch_on: Any,
-    cutoff: Any,
-    switching: int,
-    neighbor_index: wp.array2d(dtype=wp.int32),
-    neighbor_shift: wp.array2d(dtype=wp.int32),
-    neighbor_count: wp.array(dtype=wp.int32),
+def fold_totals(
+    chunks: wp.array2d(dtype=wp.int32),
+    slot_energy: wp.array(dtype=Any),
+    slot_virial: wp.array(dtype=Any),
     want_virial: int,
-    half: int,
-    forces: wp.array(dtype=Any),
     energy: wp.array(dtype=Any),
     virial: wp.array(dtype=Any),
 ):
-    i = wp.tid()
-    s = atom_system[i]
-    xi = positions[i]
-    m = cell[s]
-    zero = cutoff_sq - cutoff_sq
-    f = xi * zero
-    w = m * zero
-    e = zero
-    ti = atom_type[i]
-    row = ti * table_stride + ti
-    # With one species the parameters are loop constants.
-    pa = params[row, 0]
-    pb = params[row, 1]
-    pc = params[row, 2]
-    ps = params[row, 3]
-    for k in range(neighbor_count[i]):
-        j = neighbor_index[k, i]
-        # Always apply the shift (zero for most pairs): cheaper than a branch that half the
-        # pairs of a small cell take, on a CPU (misprediction) and a GPU (divergence) alike.
-        n = decode_shift(neighbor_shift[k, i])
-        d = positions[j] - xi + type(zero)(n[0]) * m[0] + type(zero)(n[1]) * m[1] + type(zero)(n[2]) * m[2]
-        r2 = wp.dot(d, d)
-        if r2 < cutoff_sq:
-            if one_type == 0:
-                row = ti * table_stride + atom_type[j]
-                pa = params[row, 0]
-                pb = params[row, 1]
-                pc = params[row, 2]
-                ps = params[row, 3]
-            u, g = pair_terms(kind, r2, pa, pb, pc)
-            u = u - ps
-            if switching != 0:
-                u, g = switched(u, g, r2, switch_on, cutoff)
-            e += u
-            fij = g * d
-            f += fij
-            if half != 0:
-                wp.atomic_sub(forces, j, fij)  # Newton's third law; plain adds on a CPU
-            if want_virial != 0:
-                w += wp.outer(fij, d)
-    # A full list sees every pair twice, a half list once.
-    weight = type(zero)(0.5)
-    if half != 0:
-        weight = type(zero)(1.0)
-        wp.atomic_add(forces, i, f)
-    else:
-        forces[i] = f
-    wp.atomic_add(energy, s, weight * e)
+    """Sum per-slot energies (and virials) over a chunk of one system's slots into the system:
+    a large system then takes one atomic add per chunk instead of one per atom."""
+    c = wp.tid()
+    first = chunks[c, 0]
+    last = chunks[c, 1]
+    s = chunks[c, 2]
+    e = slot_energy[first]
+    for t in range(first + 1, last):
+        e += slot_energy[t]
+    wp.atomic_add(energy, s, e)
     if want_virial != 0:
-        wp.atomic_add(virial, s, weight * w)
+        w = slot_virial[first]
+        for t in range(first + 1, last):
+            w += slot_virial[t]
+        wp.atomic_add(virial, s, w)
 
 
 @wp.kernel
@@ -169,18 +120,6 @@ def virial_to_stress(cell: wp.array(dtype=Any), virial: wp.array(dtype=Any), str
 for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
     wp.overload(zero_totals, {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)})
     wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
-    wp.overload(
-        pair_forces,
-        {
-            "positions": wp.array(dtype=_vec),
-            "cell": wp.array(dtype=_mat),
-            "params": wp.array2d(dtype=_scalar),
-            "cutoff_sq": _scalar,
-            "switch_on": _scalar,
-            "cutoff": _scalar,
-            "forces": wp.array(dtype=_vec),
-            "energy": wp.array(dtype=_scalar),
-            "virial": wp.array(dtype=_mat),
-        },
-    )
+    _totals = {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)}
+    wp.overload(fold_totals, {"slot_energy": wp.array(dtype=_scalar), "slot_virial": wp.array(dtype=_mat), **_totals})
     wp.overload(virial_to_stress, {"cell": wp.array(dtype=_mat), "virial": wp.array(dtype=_mat), "stress": wp.array(dtype=_mat)})

@@ -29,6 +29,7 @@ from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataEr
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
+from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
 
 if TYPE_CHECKING:
@@ -36,6 +37,14 @@ if TYPE_CHECKING:
 
 #: Verlet skin (Å) of a neighbour list a model makes for itself.
 DEFAULT_SKIN = 0.5
+#: Systems larger than this (atoms) sum energies and virials per slot, then chunk by chunk
+#: (``fold_totals``), instead of one atomic add per atom into the system's total.
+DIRECT_TOTALS_UP_TO = 1024
+#: Slots per chunk of that fold.
+FOLD_CHUNK = 64
+#: Neighbours per iteration of the pair kernel, by device type (1 on a CPU, where threads run
+#: one after another and nothing is gained by loading ahead).
+UNROLL = {"cuda": 4, "cpu": 1}
 
 
 class _Outputs:
@@ -48,7 +57,7 @@ class _Outputs:
 
     def __init__(self, key: tuple[Any, ...], forces: torch.Tensor, energy: torch.Tensor,
                  stress: torch.Tensor | None, owned: set[str], launches: _warp.LaunchSequence,
-                 matrix: NeighborMatrix) -> None:
+                 matrix: NeighborMatrix, held: list[torch.Tensor]) -> None:
         self.key = key
         self.forces = forces
         self.energy = energy
@@ -56,6 +65,7 @@ class _Outputs:
         self.owned = owned
         self.launches = launches
         self.matrix = matrix  # held so that its identity stays a valid part of the key
+        self.held = held  # buffers (beyond the scratch ones) the recorded launches point into
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {"energy": self.energy, "forces": self.forces}
@@ -138,14 +148,14 @@ class PairPotential(BaseModel):
     def _reset_device_state(self) -> None:
         """Forget device tables, buffers and recorded launches (rebuilt on the next forward)."""
         self._device_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
-        self._types: tuple[NeighborMatrix, torch.Tensor, Any] | None = None
+        self._type_luts: dict[torch.device, tuple[torch.Tensor, Any]] = {}
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
         state = self.__dict__.copy()
-        state.update(_device_tables={}, _types=None, _outputs=None, _scratch_buffers={})
+        state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={})
         return state
 
     # ------------------------------------------------------------------ parameters
@@ -178,16 +188,13 @@ class PairPotential(BaseModel):
             entry = self._device_tables[key] = (t, _warp.view(t))
         return entry[1]
 
-    def _atom_types(self, batch: Batch, matrix: NeighborMatrix) -> Any:
-        """int32 type of every atom, recomputed when the set of systems changes."""
-        if self._types is None or self._types[0] is not matrix:
-            z = batch.atomic_numbers
-            lut = torch.as_tensor(self.table.type_lookup(), device=z.device)
-            unknown = self.table.num_types
-            types = torch.where(z <= lut.shape[0] - 1, lut[z.clamp(0, lut.shape[0] - 1)], unknown).to(torch.int32)
-            types = types.contiguous()
-            self._types = (matrix, types, _warp.view(types))
-        return self._types[2]
+    def _type_lut(self, device: torch.device) -> Any:
+        """int32 parameter type of every atomic number (the kernels map slots' numbers through it)."""
+        entry = self._type_luts.get(device)
+        if entry is None:
+            t = torch.as_tensor(self.table.type_lookup(), dtype=torch.int32, device=device).contiguous()
+            entry = self._type_luts[device] = (t, _warp.view(t))
+        return entry[1]
 
     # ------------------------------------------------------------------ the forward
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
@@ -245,24 +252,36 @@ class PairPotential(BaseModel):
             cell = self._scratch("cell", (n_sys, 3, 3), pos)
         f64 = pos.dtype == torch.float64
         scalar, vec, mat = (wp.float64, wp.vec3d, wp.mat33d) if f64 else (wp.float32, wp.vec3f, wp.mat33f)
-        P, C = _warp.view(pos, vec), _warp.view(cell, mat)
-        E, W = _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
+        C, E, W = _warp.view(cell, mat), _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
         F = _warp.view(forces, vec)
-        seq = _warp.LaunchSequence(P.device)
+        chunks = _fold_chunks(batch.num_nodes_per_system, pos.device)
+        per_slot = chunks is not None
+        slots = n_atoms if per_slot else 1
+        slot_energy = self._scratch("slot_energy", (slots,), pos)
+        slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
+        SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
+        seq = _warp.LaunchSequence(F.device)
         seq.add(k.zero_totals, n_sys, [E, W])
         if matrix.half:
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
-        seq.add(k.pair_forces, n_atoms, [
-            self.kind, P, C, matrix.warp_atom_system, self._atom_types(batch, matrix), n_types + 1,
-            int(n_types == 1), self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset),
-            scalar(self._cutoff), int(self.switch_onset is not None), matrix.warp_index, matrix.warp_shift,
-            matrix.warp_count, int(compute_stress), int(matrix.half), F, E, W,
+        options = PairOptions(
+            kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
+            one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
+        )
+        seq.add(pair_kernel(options), n_atoms, [
+            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
+            self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
+            F, E, W, SE, SW,
         ])
+        held = []
+        if chunks is not None:
+            seq.add(k.fold_totals, chunks.shape[0], [_warp.view(chunks), SE, SW, int(compute_stress), E, W])
+            held.append(chunks)
         if stress is not None:
             seq.add(k.virial_to_stress, n_sys, [C, W, _warp.view(stress, mat)])
-        return _Outputs(key, forces, energy, stress, owned, seq, matrix)
+        return _Outputs(key, forces, energy, stress, owned, seq, matrix, held)
 
     # ------------------------------------------------------------------ checks
     def _check_list_cutoff(self) -> None:
@@ -306,9 +325,10 @@ class PairPotential(BaseModel):
 
     def memory_bytes(self) -> int:
         """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""
-        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_tables.values())]
-        if self._types is not None:
-            held.append(self._types[1])
+        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_tables.values()),
+                *(t for t, _ in self._type_luts.values())]
+        if self._outputs is not None:
+            held += self._outputs.held
         return self.neighbor_list.memory_bytes() + sum(t.numel() * t.element_size() for t in held)
 
     def verify(self, batch: Batch) -> None:
@@ -323,6 +343,20 @@ class PairPotential(BaseModel):
         elif self.switch_onset is not None:
             treatment = f"switched from {self.switch_onset}"
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
+
+
+def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device) -> torch.Tensor | None:
+    """``[chunks, 3]`` int32 (first slot, end slot, system) of the per-slot fold, or None when
+    every system is small enough for direct atomic adds."""
+    counts = np.asarray(atoms_per_system, dtype=np.int64)
+    if len(counts) == 0 or counts.max() <= DIRECT_TOTALS_UP_TO:
+        return None
+    per_system = -(-counts // FOLD_CHUNK)
+    system = np.repeat(np.arange(len(counts)), per_system)
+    index = np.arange(len(system)) - np.repeat(np.cumsum(per_system) - per_system, per_system)
+    first = np.repeat(np.cumsum(counts) - counts, per_system) + index * FOLD_CHUNK
+    end = np.minimum(first + FOLD_CHUNK, np.repeat(np.cumsum(counts), per_system))
+    return torch.as_tensor(np.stack([first, end, system], axis=1), dtype=torch.int32, device=device)
 
 
 def _field(batch: Batch, name: str) -> torch.Tensor | None:

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from alchemi_potentials.neighbors.cell_list import BatchedNeighborList, NeighborMatrix, check_cells, decode_shifts
+from alchemi_potentials.neighbors.cell_list import BatchedNeighborList, check_cells
+from alchemi_potentials.neighbors.layout import NeighborMatrix
 
-__all__ = ["BatchedNeighborList", "NeighborMatrix", "check_cells", "decode_shifts"]
+__all__ = ["BatchedNeighborList", "NeighborMatrix", "check_cells"]

@@ -3,10 +3,10 @@ list on the device and refreshed without ever asking the host.
 
 Each system has its own cell (triclinic allowed) and its own periodicity per axis (``batch.pbc``;
 a batch without ``pbc`` is not periodic, and then needs no ``cell``). Every atom keeps the atoms
-within ``cutoff + skin`` in a dense row of a ``[max_neighbors, atoms]`` matrix, with the lattice
-shift of the image it sees (from both ends on a GPU; once, by one of its atoms, on a CPU).
-Cutoffs larger than half the cell are fine: the search walks as many periodic images as the
-radius needs, so a cell smaller than twice the cutoff is handled exactly.
+within ``cutoff + skin`` in a dense column of a ``[max_neighbors, atoms]`` matrix of packed
+int32 entries (neighbour and periodic image in one number, :mod:`.entries`), from both ends on a
+GPU and once, by one of its atoms, on a CPU. Cutoffs larger than half the cell are fine: the
+search walks as many periodic images as the radius needs.
 
 Every call of :meth:`BatchedNeighborList.update` launches the same kernels: the atoms of each
 system check how far they moved since their system's last build, and a system rebuilds when one
@@ -14,9 +14,9 @@ moved more than ``skin / 2`` or its cell or periodicity changed; the other syste
 return at once. No value is read back, so the step can be captured in a CUDA graph. Buffers are
 allocated when the set of systems changes (``batch.version``) and reused otherwise.
 
-Errors found on the device (more neighbours than columns, a cell that lost its volume, atoms
-hundreds of cells outside theirs) are raised by :meth:`BatchedNeighborList.verify`, which the
-engine calls at check steps.
+Errors found on the device (more neighbours than columns, a cell that lost its volume, images
+beyond what an entry holds, non-finite positions) are raised by
+:meth:`BatchedNeighborList.verify`, which the engine calls at check steps.
 
 Example:
     >>> from ase.build import bulk
@@ -27,6 +27,7 @@ Example:
     >>> nbrs = nl.update(batch)
     >>> int(nbrs.count.max()), nl.builds(batch).tolist()   # FCC shells within 9.0125 Å
     (78, [1])
+    >>> i, j, shifts = nl.pairs(batch)   # for inspection: atom indices and lattice shifts
 """
 
 from __future__ import annotations
@@ -35,168 +36,20 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import numpy as np
 import torch
 
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
+from alchemi_potentials.neighbors.layout import Layout, NeighborMatrix
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 #: Columns kept beyond the most neighbours seen when the list sizes itself.
 HEADROOM = 1.2
-#: Atoms per bin of bin storage: a system gets ceil(atoms / ATOMS_PER_BIN) bins at most. (Bins
-#: half a list radius thick hold about 13 atoms of a dense liquid or solid at usual cutoffs; the
-#: cap matters for sparse systems, where it keeps memory and the per-step bin scan O(atoms).)
-ATOMS_PER_BIN = 2
-
-
-@attrs.frozen
-class NeighborMatrix:
-    """The neighbours of every atom, as the kernels read them.
-
-    Attributes:
-        index: ``[max_neighbors, atoms]`` int32; neighbour ``k`` of atom ``i`` is ``index[k, i]``.
-        shift: ``[max_neighbors, atoms]`` int32 packed lattice shifts (see :func:`decode_shifts`);
-            the neighbour's image is at ``x[j] + shift @ cell``.
-        count: ``[atoms]`` int32, how many entries of each column are valid.
-        warp_index, warp_shift, warp_count: The same memory as Warp arrays.
-        warp_atom_system: int32 Warp array, the system of every atom.
-        half: True when each pair is listed once (by one of its atoms), False when from both ends.
-    """
-
-    index: torch.Tensor
-    shift: torch.Tensor
-    count: torch.Tensor
-    warp_index: Any
-    warp_shift: Any
-    warp_count: Any
-    warp_atom_system: Any
-    half: bool
-
-
-def decode_shifts(codes: torch.Tensor) -> torch.Tensor:
-    """Unpack shift codes into integer lattice shifts ``[..., 3]``.
-
-    Example:
-        >>> decode_shifts(torch.tensor([512 | 512 << 10 | 513 << 20])).tolist()
-        [[0, 0, 1]]
-    """
-    c = codes.to(torch.int64)
-    return torch.stack([(c & 1023) - 512, ((c >> 10) & 1023) - 512, ((c >> 20) & 1023) - 512], dim=-1)
-
-
-# Buffers of the kernels' SystemState and AtomState structs: name -> (trailing shape, dtype,
-# Warp element type name or None, initial value).
-_SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
-    "moved": ((), torch.int32, None, 1),  # 1: everything builds the first time
-    "rebuild": ((), torch.int32, None, 0),
-    "builds": ((), torch.int64, None, 0),
-    "cell": ((3, 3), torch.float64, "mat33d", math.nan),
-    "pbc": ((3,), torch.int32, "vec3i", -1),
-    "basis_inv": ((3, 3), torch.float64, "mat33d", 0),
-    "spacing": ((3,), torch.float64, "vec3d", 0),
-    "lower": ((3,), torch.float64, None, 0),
-    "upper": ((3,), torch.float64, None, 0),
-    "bin_capacity": ((), torch.int32, None, 0),
-    "bin_start": ((), torch.int32, None, 0),
-    "dims": ((3,), torch.int32, "vec3i", 0),
-    "reach": ((3,), torch.int32, "vec3i", 0),
-    "origin": ((3,), torch.float64, "vec3d", 0),
-    "inv_width": ((3,), torch.float64, "vec3d", 0),
-    "bad_cell": ((), torch.int32, None, 0),
-    "most_neighbors": ((), torch.int32, None, 0),
-    "shift_out_of_range": ((), torch.int32, None, 0),
-}
-_ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
-    "system": ((), torch.int32, None, 0),
-    "reference": ((3,), torch.float64, "vec3d", 0),
-    "fractional": ((3,), torch.float64, "vec3d", 0),
-    "wrap": ((3,), torch.int32, "vec3i", 0),
-    "bin": ((3,), torch.int32, "vec3i", 0),
-    "slot": ((), torch.int32, None, 0),
-    "sorted": ((), torch.int32, None, 0),
-}
-
-
-class _Layout:
-    """Device buffers for one set of systems (one ``batch.version``), reused while it lasts."""
-
-    def __init__(self, batch: Batch, columns: int, half: bool) -> None:
-        from alchemi_potentials.neighbors import kernels
-
-        wp = _warp.warp()
-        dev = batch.device
-        self.device = dev
-        self.half = half
-        self.num_systems = n = batch.num_graphs
-        self.num_atoms = batch.num_nodes
-        s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
-        counts = batch.num_nodes_per_system
-        # Bin storage: each system's share, fixed while its atoms stay the same.
-        caps = np.maximum(1, -(-counts // ATOMS_PER_BIN)).astype(np.int64)
-        starts = np.concatenate(([0], np.cumsum(caps)[:-1])).astype(np.int64)
-        self.num_bins = int(caps.sum()) if len(caps) else 0
-
-        def allocate(fields: dict, rows: int, struct: Any) -> dict[str, torch.Tensor]:
-            out = {}
-            for name, (shape, dtype, wtype, init) in fields.items():
-                t = out[name] = torch.full((rows, *shape), init, dtype=dtype, device=dev)
-                setattr(struct, name, _warp.view(t, getattr(wp, wtype) if wtype else None))
-            return out
-
-        self.systems = kernels.SystemState()
-        self.atoms = kernels.AtomState()
-        self.system_tensors = allocate(_SYSTEM_FIELDS, s_cap, self.systems)
-        self.atom_tensors = allocate(_ATOM_FIELDS, v_cap, self.atoms)
-        bins = max(1, self.num_bins)
-        self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
-        self.bin_end = torch.zeros(bins, dtype=torch.int32, device=dev)
-        self.atoms.bin_count, self.atoms.bin_end = _warp.view(self.bin_count), _warp.view(self.bin_end)
-        if n:
-            self.system_tensors["bin_capacity"][:n] = torch.from_numpy(caps).to(dev, torch.int32)
-            self.system_tensors["bin_start"][:n] = torch.from_numpy(starts).to(dev, torch.int32)
-            self.atom_tensors["system"][: self.num_atoms] = batch.batch_idx.to(torch.int32)
-        self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
-        self.allocate_columns(columns)
-
-    def allocate_columns(self, columns: int) -> None:
-        """(Re)allocate the neighbour matrix with ``columns`` rows and force a full rebuild."""
-        v_cap = self.atom_tensors["system"].shape[0]
-        # Indexed [k, i] everywhere. On a GPU the memory is [columns, atoms] (a warp of threads
-        # reads one row: coalesced); on a CPU, where one thread walks one atom's neighbours, it is
-        # [atoms, columns] seen through a transposed view, so each atom's neighbours are contiguous.
-        gpu = self.device.type == "cuda"
-        matrices = []
-        for _ in ("index", "shift"):
-            m = torch.zeros((columns, v_cap) if gpu else (v_cap, columns), dtype=torch.int32, device=self.device)
-            matrices.append(m if gpu else m.t())
-        count = torch.zeros(v_cap, dtype=torch.int32, device=self.device)
-        self.matrix_tensors = (*matrices, count)
-        s = self.system_tensors
-        s["moved"].fill_(1)
-        s["most_neighbors"].zero_()
-        s["builds"].zero_()
-        self.columns = columns
-        n_atoms = self.num_atoms
-        self.matrix = NeighborMatrix(
-            index=matrices[0][:, :n_atoms],
-            shift=matrices[1][:, :n_atoms],
-            count=count[:n_atoms],
-            warp_index=_warp.view(matrices[0]),
-            warp_shift=_warp.view(matrices[1]),
-            warp_count=_warp.view(count),
-            warp_atom_system=self.atoms.system,
-            half=self.half,
-        )
-        self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
-
-    def nbytes(self) -> int:
-        held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
-                *self.matrix_tensors, self.bin_count, self.bin_end]
-        return sum(t.numel() * t.element_size() for t in held)
+#: |det| of a periodic binning frame below this times the product of its row lengths is no volume.
+DEGENERATE_CELL = 1e-10
 
 
 class BatchedNeighborList:
@@ -235,7 +88,7 @@ class BatchedNeighborList:
 
     def _reset(self) -> None:
         """Forget every device buffer (a new batch, or a copy of this list)."""
-        self._layout: _Layout | None = None
+        self._layout: Layout | None = None
         self._key: tuple[Any, ...] | None = None
         # The batch the buffers belong to, weakly: a new batch that happens to reuse a freed
         # batch's id (and version) must never inherit its layout.
@@ -288,20 +141,25 @@ class BatchedNeighborList:
     def update(self, batch: Batch) -> NeighborMatrix:
         """Bring every system's list up to date (rebuilding only where needed) and return it.
 
-        Makes no host synchronisation once buffers exist for this set of systems, except that
-        with ``max_neighbors=None`` the first build of a new set of systems reads back the most
-        neighbours any atom has, to size the matrix.
+        Makes no host synchronisation and allocates nothing once buffers exist for this set of
+        systems, except that with ``max_neighbors=None`` the first build of a new set of systems
+        reads back the most neighbours any atom has, to size the matrix.
+
+        Raises:
+            InvalidDataError: Positions that are not float32 or float64.
+            CapacityError: A system larger than packed entries address (2^25 atoms).
         """
         positions = batch.positions
         if positions.dtype not in (torch.float32, torch.float64):
             raise InvalidDataError(
                 f"BatchedNeighborList needs float32 or float64 positions, got {positions.dtype}"
             )
-        key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device)
+        key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device, positions.dtype)
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
+            _warp.require_device(positions.device)
             half = positions.device.type != "cuda" if self._half_list is None else bool(self._half_list)
-            self._layout = _Layout(batch, self._columns, half)
+            self._layout = Layout(batch, self._columns, half)
             self._key = key
             self._batch = weakref.ref(batch)
         layout = self._layout
@@ -310,25 +168,31 @@ class BatchedNeighborList:
             return layout.matrix
         self._run(layout, batch)
         if fresh and self._fixed_columns is None:
-            most = int(layout.system_tensors["most_neighbors"][: layout.num_systems].max())
+            most = int(self._most_per_system(layout).max())
             if most > layout.columns:
                 self._columns = max(self._columns, int(math.ceil(most * HEADROOM)) + 8)
                 layout.allocate_columns(self._columns)
                 self._run(layout, batch)
         return layout.matrix
 
-    def _inputs(self, layout: _Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions, cell ``[B, 3, 3]`` in the positions' dtype, and pbc ``[B, 3]`` bool."""
+    def _inputs(self, layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions, cell ``[B, 3, 3]`` in the positions' dtype, and pbc ``[B, 3]`` bool, without
+        allocating after the first call for this layout."""
         pos = batch.positions
         n = layout.num_systems
         store = layout.inputs
         if "pbc" in batch:
             pbc = batch.pbc
             if pbc.dtype != torch.bool:
-                pbc = store.setdefault("pbc_bool", torch.zeros(pbc.shape, dtype=torch.bool, device=pbc.device))
-                pbc.copy_(batch.pbc)
+                buf = store.get("pbc_bool")
+                if buf is None:
+                    buf = store["pbc_bool"] = torch.zeros(pbc.shape, dtype=torch.bool, device=pbc.device)
+                buf.copy_(pbc)
+                pbc = buf
         else:
-            pbc = store.setdefault("no_pbc", torch.zeros((n, 3), dtype=torch.bool, device=pos.device))
+            pbc = store.get("no_pbc")
+            if pbc is None:
+                pbc = store["no_pbc"] = torch.zeros((n, 3), dtype=torch.bool, device=pos.device)
         if "cell" in batch:
             cell = batch.cell
             if cell.dtype != pos.dtype or not cell.is_contiguous():
@@ -345,29 +209,29 @@ class BatchedNeighborList:
                 cell = store["no_cell"] = torch.zeros((n, 3, 3), dtype=pos.dtype, device=pos.device)
         return pos, cell, pbc
 
-    def _run(self, layout: _Layout, batch: Batch) -> None:
+    def _run(self, layout: Layout, batch: Batch) -> None:
         from alchemi_potentials.neighbors import kernels as k
 
         pos, cell, pbc = self._inputs(layout, batch)
         self.last_cell = cell
-        key = (pos.data_ptr(), cell.data_ptr(), pbc.data_ptr(), int(pos.dtype == torch.float64))
+        key = (pos.data_ptr(), cell.data_ptr(), pbc.data_ptr())
         seqs = layout.launches.get(key)
         if seqs is None:
             wp = _warp.warp()
             vec, mat = (wp.vec3d, wp.mat33d) if pos.dtype == torch.float64 else (wp.vec3f, wp.mat33f)
             positions, cells, periodic = _warp.view(pos, vec), _warp.view(cell, mat), _warp.view(pbc)
             g, a, m = layout.systems, layout.atoms, layout.matrix
+            ref, wrapped = layout.warp_reference, layout.warp_wrapped
             ns, na, r = layout.num_systems, layout.num_atoms, self.radius
             before = _warp.LaunchSequence(positions.device)
-            before.add(k.mark_moved, na, [positions, g, a, wp.float64((self._skin / 2) ** 2)])
-            before.add(k.begin_build, ns, [cells, periodic, g])
-            before.add(k.fractional_coordinates, na, [positions, g, a])
-            before.add(k.grid_layout, ns, [g, wp.float64(r)])
-            before.add(k.count_into_bins, na, [g, a])
+            before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64((self._skin / 2) ** 2)])
+            before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
+                                           layout.warp_image_cell])
+            before.add(k.bin_atoms, na, [positions, g, a])
             after = _warp.LaunchSequence(positions.device)
-            after.add(k.sort_into_bins, na, [g, a])
-            after.add(k.search_neighbors, na, [positions, g, a, wp.float64(r * r), m.warp_index, m.warp_shift,
-                                               m.warp_count, int(m.half)])
+            after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])
+            after.add(k.search_neighbors, na, [wrapped, g, a, wp.float64(r * r), m.pair_list.entries,
+                                               m.pair_list.count, int(m.half)])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs
@@ -377,56 +241,101 @@ class BatchedNeighborList:
         torch.cumsum(layout.bin_count[:nb], 0, dtype=torch.int32, out=layout.bin_end[:nb])
         after.run(stream)
 
-    # ------------------------------------------------------------------ checks
+    # ------------------------------------------------------------------ inspection and checks
+    def _most_per_system(self, layout: Layout) -> np.ndarray:
+        """The most neighbours of one atom of each system at its last build (reads back)."""
+        n = layout.num_systems
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        counts = layout.matrix.count.cpu().numpy()
+        starts = layout.first_atom
+        most = np.zeros(n, dtype=np.int64)
+        filled = layout.atoms_per_system > 0
+        most[filled] = np.maximum.reduceat(counts, starts[filled]) if len(counts) else 0
+        overflow = layout.system_tensors["overflow"][:n].cpu().numpy()
+        return np.maximum(most, overflow)
+
     def most_neighbors(self, batch: Batch) -> np.ndarray:
-        """The most neighbours any atom of each system had at a build (reads back)."""
-        return self._require(batch).system_tensors["most_neighbors"][: batch.num_graphs].cpu().numpy()
+        """The most neighbours any atom of each system had at its last build (reads back)."""
+        return self._most_per_system(self._require(batch))
 
     def builds(self, batch: Batch) -> torch.Tensor:
         """``[B]`` how many times each system's list was built since its set of systems formed."""
         return self._require(batch).system_tensors["builds"][: batch.num_graphs]
+
+    def pairs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The listed pairs as atom indices ``i, j`` and integer lattice shifts ``S [n, 3]``, such
+        that ``positions[j] - positions[i] + S @ cell`` is within ``radius`` (ASE's convention).
+        Reads everything back: for tests and inspection, not per step.
+
+        Example:
+            >>> i, j, shifts = nl.pairs(batch)
+        """
+        from alchemi_potentials.neighbors import entries
+
+        layout = self._require(batch)
+        m = layout.matrix
+        count = m.count.cpu().numpy()
+        columns = np.arange(m.entries.shape[0])[:, None]
+        valid = columns < count[None, :]
+        k, t = np.nonzero(valid)
+        codes = m.entries.cpu().numpy()[k, t]
+        system = layout.atom_tensors["system"][: layout.num_atoms].cpu().numpy()
+        local, image = entries.decode(codes, layout.index_bits[system[t]])
+        u = layout.first_atom[system[t]] + local
+        order = m.order.cpu().numpy()
+        wrap = layout.atom_tensors["wrap"][: layout.num_atoms].cpu().numpy()
+        return order[t], order[u], image + wrap[t] - wrap[u]
 
     def verify(self, batch: Batch) -> None:
         """Raise what the device recorded since the lists were allocated (reads back).
 
         Raises:
             CapacityError: An atom had more neighbours than ``max_neighbors`` columns.
-            InvalidDataError: A periodic cell lost its volume, or atoms sit hundreds of cells
-                outside their cell.
+            InvalidDataError: A periodic cell lost its volume, a cell is too thin for the periodic
+                images an entry holds, or atoms lie absurdly far outside their cell (or are NaN).
         """
         layout = self._layout
         if layout is None or not self._built_for(batch) or layout.num_systems == 0:
             return
         n = layout.num_systems
         t = layout.system_tensors
-        most = t["most_neighbors"][:n].cpu().numpy()
-        bad = t["bad_cell"][:n].cpu().numpy()
-        far = t["shift_out_of_range"][:n].cpu().numpy()
+        flags = {name: t[name][:n].cpu().numpy() for name in ("bad_cell", "overflow", "image_out_of_range", "far_atoms")}
         ids = _system_ids(batch)
-        if bad.any():
+
+        def which(name: str) -> list[int]:
+            return ids[np.nonzero(flags[name])[0]][:10].tolist()
+
+        if flags["bad_cell"].any():
             raise InvalidDataError(
-                f"systems {ids[np.nonzero(bad)[0]][:10].tolist()} have a periodic cell with (nearly) zero "
-                "volume or non-finite entries; their neighbour lists are empty and their forces wrong"
+                f"systems {which('bad_cell')} have a periodic cell with (nearly) zero volume or non-finite "
+                "entries; their neighbour lists are empty and their forces wrong"
             )
-        over = np.nonzero(most > layout.columns)[0]
-        if len(over):
-            need = int(most.max())
+        if flags["overflow"].any():
+            need = int(flags["overflow"].max())
             raise CapacityError(
-                f"neighbour list overflow: atoms of systems {ids[over][:10].tolist()} had up to {need} "
+                f"neighbour list overflow: atoms of systems {which('overflow')} had up to {need} "
                 f"neighbours within cutoff + skin = {self.radius:g} Å, but max_neighbors is {layout.columns}, "
                 "so pairs were dropped and these forces are wrong; pass max_neighbors="
                 f"{int(math.ceil(need * HEADROOM))} (or None, to size it from the structures)"
             )
-        if far.any():
+        if flags["image_out_of_range"].any():
             raise InvalidDataError(
-                f"atoms of systems {ids[np.nonzero(far)[0]][:10].tolist()} lie more than 500 cells outside "
-                "their periodic cell; wrap the positions into the cell (hook:wrap-periodic)"
+                f"systems {which('image_out_of_range')} need periodic images further away than their "
+                "neighbour entries hold (a periodic axis much thinner than the cutoff in a very large "
+                "system), so pairs were dropped; repeat the cell along its thin axes"
+            )
+        if flags["far_atoms"].any():
+            raise InvalidDataError(
+                f"atoms of systems {which('far_atoms')} lie more than a million cells outside their "
+                "periodic cell, or have non-finite positions; wrap the positions into the cell "
+                "(hook:wrap-periodic) and check for NaN"
             )
 
     def _built_for(self, batch: Batch) -> bool:
         return self._batch is not None and self._batch() is batch
 
-    def _require(self, batch: Batch) -> _Layout:
+    def _require(self, batch: Batch) -> Layout:
         if self._layout is None or not self._built_for(batch):
             raise InvalidDataError("this neighbour list has not been built for this batch; call update(batch) first")
         return self._layout

@@ -1,29 +1,29 @@
 """Warp kernels of the batched cell list (see :mod:`alchemi_potentials.neighbors.cell_list`).
 
-One forward launches them in this order, every step, on every system; a system whose list is
-still valid exits each build kernel at its first line, so nothing is decided on the host:
+Atoms are kept in *slots*: each system's atoms occupy the slots of its own atom range, in bin
+order after a build, so threads that run side by side work on atoms that sit side by side and
+read the same bins and neighbours. Every forward launches, on every system:
 
-1. ``mark_moved`` (atoms): an atom that moved more than skin/2 since the last build flags its
-   system.
+1. ``check_moved`` (slots): flags the system of an atom that moved more than skin/2 since the
+   last build, and writes the atom's position wrapped into the cell (by the wraps of the last
+   build) to its slot: the pair kernels read only these.
 2. ``begin_build`` (systems): a flagged system, or one whose cell or periodicity changed, starts
-   a build: binning basis, its inverse, plane spacings, empty bounding box.
-3. ``fractional_coordinates`` (atoms): fractional coordinates, wrapped on periodic axes; the
-   bounding box of non-periodic axes.
-4. ``grid_layout`` (systems): bins per axis (about half the list radius thick, at most the
-   system's share of bin storage) and how many bins to search either side.
-5. ``count_into_bins`` (atoms): each atom's bin and its slot in it.
-6. (a ``torch.cumsum`` over the bin counts gives every bin's end in the sorted atom array)
-7. ``sort_into_bins`` (atoms): atoms written in bin order; bin counts reset for the next build.
-8. ``search_neighbors`` (atoms): one thread per atom walks the bins around its own, over
-   periodic images, and writes its neighbours into a dense matrix (all of them, or in a half
-   list only the pairs it owns).
+   a build: binning frame, its inverse, bins per axis and search reach, all from the cell, and
+   the image cell (periodic rows only) the pair kernels shift neighbours by.
+3. ``bin_atoms`` (atoms): fractional coordinates, wraps, bin, and a place in the bin.
+4. (a ``torch.cumsum`` over the bin counts gives every bin's end)
+5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
+   position and wrapped position; bin counts reset for the next build.
+6. ``search_neighbors`` (slots): the bins around the slot's bin, over periodic images, into a
+   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`).
 
-Geometry is done in float64 whatever the positions' precision: a build is rare, and bins must
+A system that does not rebuild exits each build kernel at its first line, so nothing is decided
+on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's
+atoms or bins, and atoms write per-system flags only when something is wrong (or, once per
+thread group, when they moved), so one large system costs what many small ones do.
+
+Build geometry is float64 whatever the positions' precision: a build is rare, and bins must
 never lose an atom to rounding.
-
-Neighbour ``k`` of atom ``i`` is ``idx[k, i]`` with lattice shift ``decode_shift(shift[k, i])``:
-the displacement is ``x[j] - x[i] + shift @ cell``. The layout ``[max_neighbors, atoms]`` makes
-the reads of a warp of threads (consecutive atoms, same ``k``) coalesced.
 """
 
 from __future__ import annotations
@@ -32,168 +32,25 @@ from typing import Any
 
 import warp as wp
 
+from alchemi_potentials.neighbors.entries import encode_entry, image_bits_for, image_limit
+from alchemi_potentials.neighbors.geometry import (
+    HASHED_REACH,
+    binning_basis,
+    flag_of,
+    floor_mod,
+    grid_dims,
+    hashed_cell,
+    mat33d_of,
+    neighbor_bin,
+    periodic_reach,
+    periodic_rows,
+    plane_spacings,
+    row_changed,
+    search_span,
+    vec3d_of,
+)
+
 wp.set_module_options({"enable_backward": False})
-
-
-@wp.func
-def vec3d_of(x: Any):
-    return wp.vec3d(wp.float64(x[0]), wp.float64(x[1]), wp.float64(x[2]))
-
-
-@wp.func
-def mat33d_of(m: Any):
-    return wp.mat33d(
-        wp.float64(m[0, 0]), wp.float64(m[0, 1]), wp.float64(m[0, 2]),
-        wp.float64(m[1, 0]), wp.float64(m[1, 1]), wp.float64(m[1, 2]),
-        wp.float64(m[2, 0]), wp.float64(m[2, 1]), wp.float64(m[2, 2]),
-    )  # fmt: skip
-
-
-# A lattice shift is packed into one int32: 10 bits per axis, each offset by 512 (so +-511).
-@wp.func
-def encode_shift(sx: int, sy: int, sz: int):
-    return (sx + 512) | ((sy + 512) << 10) | ((sz + 512) << 20)
-
-
-@wp.func
-def decode_shift(code: int):
-    return wp.vec3i((code & 1023) - 512, ((code >> 10) & 1023) - 512, ((code >> 20) & 1023) - 512)
-
-
-@wp.func
-def unit_or_zero(v: wp.vec3d):
-    n = wp.length(v)
-    if n > wp.float64(0.0):
-        return v / n
-    return v
-
-
-@wp.func
-def binning_basis(cell: wp.mat33d, pa: int, pb: int, pc: int):
-    """The cell with each non-periodic row replaced by a unit vector normal to the periodic
-    rows (an orthonormal frame when nothing is periodic): shifts only ever use periodic rows, and
-    a non-periodic row may be zero or arbitrary in the input."""
-    a = cell[0]
-    b = cell[1]
-    c = cell[2]
-    n_periodic = pa + pb + pc
-    if n_periodic == 0:
-        return wp.mat33d(
-            wp.float64(1.0), wp.float64(0.0), wp.float64(0.0),
-            wp.float64(0.0), wp.float64(1.0), wp.float64(0.0),
-            wp.float64(0.0), wp.float64(0.0), wp.float64(1.0),
-        )  # fmt: skip
-    if n_periodic == 2:
-        if pa == 0:
-            a = unit_or_zero(wp.cross(b, c))
-        if pb == 0:
-            b = unit_or_zero(wp.cross(c, a))
-        if pc == 0:
-            c = unit_or_zero(wp.cross(a, b))
-    if n_periodic == 1:
-        p = a
-        if pb != 0:
-            p = b
-        if pc != 0:
-            p = c
-        # The Cartesian axis least aligned with p gives a first normal; the second completes it.
-        e = wp.vec3d(wp.float64(1.0), wp.float64(0.0), wp.float64(0.0))
-        ax = wp.abs(p[0])
-        if wp.abs(p[1]) < ax:
-            e = wp.vec3d(wp.float64(0.0), wp.float64(1.0), wp.float64(0.0))
-            ax = wp.abs(p[1])
-        if wp.abs(p[2]) < ax:
-            e = wp.vec3d(wp.float64(0.0), wp.float64(0.0), wp.float64(1.0))
-        u = unit_or_zero(wp.cross(p, e))
-        w = unit_or_zero(wp.cross(p, u))
-        if pa != 0:
-            b = u
-            c = w
-        if pb != 0:
-            a = u
-            c = w
-        if pc != 0:
-            a = u
-            b = w
-    return wp.mat33d(a[0], a[1], a[2], b[0], b[1], b[2], c[0], c[1], c[2])
-
-
-
-
-@wp.func
-def floor_div(a: int, n: int):
-    """Python's ``a // n`` (rounding down, also for negative ``a``)."""
-    return int(wp.floor(wp.float64(a) / wp.float64(n)))
-
-
-@wp.func
-def flag_of(b: wp.bool):
-    if b:
-        return 1
-    return 0
-
-
-@wp.func
-def row_changed(m: wp.mat33d, ref: wp.mat33d, a: int):
-    return m[a, 0] != ref[a, 0] or m[a, 1] != ref[a, 1] or m[a, 2] != ref[a, 2]
-
-
-@wp.func
-def axis_bins(periodic: int, spacing: wp.float64, lo: wp.float64, hi: wp.float64, radius: wp.float64, cap: wp.float64):
-    """Bins along one axis, each about half a list radius thick, across the periodic plane
-    spacing, or across the atoms' span on a non-periodic axis (min() keeps int() in range).
-
-    Half-radius bins make the searched volume about (5/2)^3 radii^3 instead of the 3^3 of
-    one-radius bins, and, unlike those, still subdivide a periodic cell smaller than two radii.
-    """
-    extent = spacing
-    if periodic == 0:
-        extent = wp.float64(0.0)
-        if hi > lo:
-            extent = (hi - lo) * spacing
-    return wp.max(1, int(wp.min(wp.floor(wp.float64(2.0) * extent / radius), cap)))
-
-
-@wp.func
-def axis_reach(periodic: int, n: int, spacing: wp.float64, lo: wp.float64, hi: wp.float64, radius: wp.float64):
-    """Bins to search either side: a bin is spacing/n thick (periodic) or span/n thick, so every
-    image within ``radius`` lies within ceil(radius n / thickness) bins. Returns -1 for an absurd
-    reach (a degenerate cell, or NaN)."""
-    thickness = spacing / wp.float64(n)
-    if periodic == 0:
-        if n == 1:
-            return 0  # one bin: nothing beside it
-        thickness = (hi - lo) * spacing / wp.float64(n)
-    r = wp.ceil(radius / thickness)
-    if not (r <= wp.float64(512.0)):
-        return -1
-    return int(r)
-
-
-@wp.func
-def axis_inverse_width(periodic: int, n: int, lo: wp.float64, hi: wp.float64):
-    if periodic != 0:
-        return wp.float64(n)
-    if n > 1:
-        return wp.float64(n) / (hi - lo)
-    return wp.float64(1.0)
-
-
-@wp.func
-def axis_bin(f: wp.float64, origin: wp.float64, inv_width: wp.float64, n: int):
-    return wp.clamp(int(wp.floor((f - origin) * inv_width)), 0, n - 1)
-
-
-@wp.func
-def wrap_image(c: int, n: int, periodic: int):
-    """Bin ``c`` (possibly outside ``[0, n)``) as (bin inside the grid, periodic image), or
-    (-1, 0) when it lies off a non-periodic edge."""
-    if periodic != 0:
-        m = floor_div(c, n)
-        return c - m * n, m
-    if c < 0 or c >= n:
-        return -1, 0
-    return c, 0
 
 
 @wp.struct
@@ -201,50 +58,120 @@ class SystemState:
     """Per-system state of the cell list (one row per system)."""
 
     moved: wp.array(dtype=wp.int32)  # an atom moved beyond skin/2 (set by atoms, read once)
-    rebuild: wp.array(dtype=wp.int32)  # this step builds
+    rebuild: wp.array(dtype=wp.int32)  # this step builds: 1, or 2 when the cell is degenerate
     builds: wp.array(dtype=wp.int64)  # builds so far
     cell: wp.array(dtype=wp.mat33d)  # the cell of the last build
+    lattice: wp.array(dtype=wp.mat33d)  # its periodic rows (open rows zero): what images shift by
     pbc: wp.array(dtype=wp.vec3i)  # the periodicity of the last build
-    basis_inv: wp.array(dtype=wp.mat33d)  # inverse of the binning basis
-    spacing: wp.array(dtype=wp.vec3d)  # plane spacing of each basis axis
-    lower: wp.array2d(dtype=wp.float64)  # bounding box (fractional) of non-periodic axes
-    upper: wp.array2d(dtype=wp.float64)
-    bin_capacity: wp.array(dtype=wp.int32)  # bins this system may use
-    bin_start: wp.array(dtype=wp.int32)  # its first bin
+    basis_inv: wp.array(dtype=wp.mat33d)  # inverse of the binning frame
     dims: wp.array(dtype=wp.vec3i)  # bins per axis
     reach: wp.array(dtype=wp.vec3i)  # bins searched either side
-    origin: wp.array(dtype=wp.vec3d)  # fractional coordinate of bin 0's edge
     inv_width: wp.array(dtype=wp.vec3d)  # bins per unit fractional coordinate
+    bin_capacity: wp.array(dtype=wp.int32)  # bins this system may use
+    bin_start: wp.array(dtype=wp.int32)  # its first bin
+    first_atom: wp.array(dtype=wp.int32)  # its first atom (and slot)
+    index_bits: wp.array(dtype=wp.int32)  # bits of an entry's slot (see entries.py)
     bad_cell: wp.array(dtype=wp.int32)  # a degenerate periodic cell was seen
-    most_neighbors: wp.array(dtype=wp.int32)  # most neighbours of one atom at a build
-    shift_out_of_range: wp.array(dtype=wp.int32)  # an image shift beyond +-511 cells
+    overflow: wp.array(dtype=wp.int32)  # most neighbours of an atom that had more than fit
+    image_out_of_range: wp.array(dtype=wp.int32)  # an image beyond what an entry holds
+    far_atoms: wp.array(dtype=wp.int32)  # an atom absurdly far (or NaN) outside its cell
 
 
 @wp.struct
 class AtomState:
-    """Per-atom state of the cell list, and the bins (one row per atom or per bin)."""
+    """Per-atom and per-slot state of the cell list, and the bins."""
 
-    system: wp.array(dtype=wp.int32)
-    reference: wp.array(dtype=wp.vec3d)  # position at the last build
-    fractional: wp.array(dtype=wp.vec3d)  # wrapped fractional coordinates (build only)
-    wrap: wp.array(dtype=wp.vec3i)  # lattice vectors removed by wrapping
-    bin: wp.array(dtype=wp.vec3i)  # bin coordinates
-    slot: wp.array(dtype=wp.int32)  # place within the bin
-    sorted: wp.array(dtype=wp.int32)  # atoms in bin order
+    system: wp.array(dtype=wp.int32)  # system of each atom, which is also the system of each slot
+    order: wp.array(dtype=wp.int32)  # slot -> atom
+    wrap: wp.array(dtype=wp.vec3i)  # slot: lattice vectors removed by wrapping at the last build
+    slot_bin: wp.array(dtype=wp.int32)  # slot: its bin
+    slot_number: wp.array(dtype=wp.int32)  # slot: atomic number
+    atomic_number: wp.array(dtype=wp.int32)  # atom: atomic number
+    atom_bin: wp.array(dtype=wp.int32)  # atom: its bin (during a build)
+    atom_place: wp.array(dtype=wp.int32)  # atom: its place within the bin (during a build)
+    atom_wrap: wp.array(dtype=wp.vec3i)  # atom: its wrap (during a build)
     bin_count: wp.array(dtype=wp.int32)
     bin_end: wp.array(dtype=wp.int32)  # inclusive cumulative sum of bin_count
 
 
-@wp.kernel
-def mark_moved(positions: wp.array(dtype=Any), g: SystemState, a: AtomState, half_skin_sq: wp.float64):
-    i = wp.tid()
-    d = vec3d_of(positions[i]) - a.reference[i]
-    if wp.dot(d, d) > half_skin_sq:
-        g.moved[a.system[i]] = 1
+@wp.struct
+class PairList:
+    """What the pair kernels read of a neighbour list (see :class:`NeighborMatrix`)."""
+
+    entries: wp.array2d(dtype=wp.int32)  # [columns, slots] packed neighbours (entries.py)
+    count: wp.array(dtype=wp.int32)  # valid entries of each slot
+    order: wp.array(dtype=wp.int32)  # slot -> atom
+    system: wp.array(dtype=wp.int32)  # system of each slot
+    first_atom: wp.array(dtype=wp.int32)  # first slot of each system
+    index_bits: wp.array(dtype=wp.int32)  # slot bits of each system's entries
+    slot_number: wp.array(dtype=wp.int32)  # atomic number of each slot
+
+
+@wp.func
+def wrapped_position(x: wp.vec3d, w: wp.vec3i, m: wp.mat33d):
+    return x - (wp.float64(w[0]) * m[0] + wp.float64(w[1]) * m[1] + wp.float64(w[2]) * m[2])
+
+
+@wp.func
+def store_vec(out: wp.array(dtype=Any), i: int, v: wp.vec3d):
+    """``out[i] = v`` in ``out``'s precision."""
+    x = out[i]
+    out[i] = type(x)(type(x[0])(v[0]), type(x[0])(v[1]), type(x[0])(v[2]))
+
+
+@wp.func
+def store_mat(out: wp.array(dtype=Any), i: int, m: wp.mat33d):
+    """``out[i] = m`` in ``out``'s precision."""
+    x = out[i]
+    out[i] = type(x)(
+        type(x[0, 0])(m[0, 0]), type(x[0, 0])(m[0, 1]), type(x[0, 0])(m[0, 2]),
+        type(x[0, 0])(m[1, 0]), type(x[0, 0])(m[1, 1]), type(x[0, 0])(m[1, 2]),
+        type(x[0, 0])(m[2, 0]), type(x[0, 0])(m[2, 1]), type(x[0, 0])(m[2, 2]),
+    )  # fmt: skip
+
+
+@wp.func
+def slot_offset(g: SystemState, a: AtomState, s: int):
+    """Slot of cumulative bin position 0 for system s: ``bin_end`` sums the counts of every bin,
+    and only rebuilding systems have counts, so a system's positions start after the atoms of
+    the rebuilding systems before it, while its slots start at its first atom."""
+    start = g.bin_start[s]
+    before = int(0)
+    if start > 0:
+        before = a.bin_end[start - 1]
+    return g.first_atom[s] - before
 
 
 @wp.kernel
-def begin_build(cell: wp.array(dtype=Any), pbc: wp.array2d(dtype=wp.bool), g: SystemState):
+def check_moved(
+    positions: wp.array(dtype=Any),
+    reference: wp.array(dtype=Any),
+    wrapped: wp.array(dtype=Any),
+    g: SystemState,
+    a: AtomState,
+    half_skin_sq: wp.float64,
+):
+    t = wp.tid()
+    s = a.system[t]
+    x = vec3d_of(positions[a.order[t]])
+    d = x - vec3d_of(reference[t])
+    if not (wp.dot(d, d) <= half_skin_sq):  # NaN too: the build reports it
+        # Read before writing: after the first mover, most threads find the flag set and leave
+        # the line alone, instead of every atom of a large system storing to one address.
+        if g.moved[s] == 0:
+            g.moved[s] = 1
+    store_vec(wrapped, t, wrapped_position(x, a.wrap[t], g.lattice[s]))
+
+
+@wp.kernel
+def begin_build(
+    cell: wp.array(dtype=Any),
+    pbc: wp.array2d(dtype=wp.bool),
+    g: SystemState,
+    radius: wp.float64,
+    tolerance: wp.float64,
+    image_cell: wp.array(dtype=Any),
+):
     s = wp.tid()
     m = mat33d_of(cell[s])
     pa = flag_of(pbc[s, 0])
@@ -264,218 +191,178 @@ def begin_build(cell: wp.array(dtype=Any), pbc: wp.array2d(dtype=wp.bool), g: Sy
         return
     g.builds[s] = g.builds[s] + wp.int64(1)
     g.cell[s] = m
-    g.pbc[s] = wp.vec3i(pa, pb, pc)
+    p = wp.vec3i(pa, pb, pc)
+    g.pbc[s] = p
+    lattice = periodic_rows(m, p)
+    g.lattice[s] = lattice
+    store_mat(image_cell, s, lattice)
     basis = binning_basis(m, pa, pb, pc)
     det = wp.determinant(basis)
     scale = wp.length(basis[0]) * wp.length(basis[1]) * wp.length(basis[2])
-    if not (wp.abs(det) > wp.float64(1.0e-10) * scale):
+    bad = 0
+    if not (wp.abs(det) > tolerance * scale):
         # No volume (or NaN): search nothing and report it from verify().
-        g.bad_cell[s] = 1
+        bad = 1
         basis = wp.identity(n=3, dtype=wp.float64)
     inv = wp.inverse(basis)
     g.basis_inv[s] = inv
-    # Distance between lattice planes of axis a: 1 / |column a of the inverse|.
-    g.spacing[s] = wp.vec3d(
-        wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 0], inv[1, 0], inv[2, 0])),
-        wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 1], inv[1, 1], inv[2, 1])),
-        wp.float64(1.0) / wp.length(wp.vec3d(inv[0, 2], inv[1, 2], inv[2, 2])),
-    )
-    for k in range(3):
-        g.lower[s, k] = wp.float64(1.0e300)
-        g.upper[s, k] = wp.float64(-1.0e300)
-
-
-@wp.func
-def wrapped(f: wp.float64, periodic: int):
-    if periodic != 0:
-        return f - wp.floor(f), int(wp.floor(f))
-    return f, 0
+    h = plane_spacings(inv)
+    n = grid_dims(p, h, radius, g.bin_capacity[s])
+    k = wp.vec3i(HASHED_REACH, HASHED_REACH, HASHED_REACH)
+    w = wp.vec3d(wp.float64(2.0) / radius, wp.float64(2.0) / radius, wp.float64(2.0) / radius)
+    for ax in range(3):
+        if p[ax] != 0:
+            k[ax] = periodic_reach(n[ax], h[ax], radius)
+            w[ax] = wp.float64(n[ax])
+            if k[ax] < 0:
+                bad = 1
+                k[ax] = 0
+    if bad != 0:
+        g.bad_cell[s] = 1  # kept for verify(); this build lists nothing
+        g.rebuild[s] = 2
+    g.dims[s] = n
+    g.reach[s] = k
+    g.inv_width[s] = w
 
 
 @wp.kernel
-def fractional_coordinates(positions: wp.array(dtype=Any), g: SystemState, a: AtomState):
+def bin_atoms(positions: wp.array(dtype=Any), g: SystemState, a: AtomState):
     i = wp.tid()
     s = a.system[i]
     if g.rebuild[s] == 0:
         return
     f = vec3d_of(positions[i]) * g.basis_inv[s]
     p = g.pbc[s]
-    fx, wx = wrapped(f[0], p[0])
-    fy, wy = wrapped(f[1], p[1])
-    fz, wz = wrapped(f[2], p[2])
-    a.fractional[i] = wp.vec3d(fx, fy, fz)
-    a.wrap[i] = wp.vec3i(wx, wy, wz)
-    for k in range(3):
-        if p[k] == 0:
-            wp.atomic_min(g.lower, s, k, f[k])
-            wp.atomic_max(g.upper, s, k, f[k])
-
-
-@wp.kernel
-def grid_layout(g: SystemState, radius: wp.float64):
-    s = wp.tid()
-    if g.rebuild[s] == 0:
-        return
-    p = g.pbc[s]
-    h = g.spacing[s]
-    cap = g.bin_capacity[s]
-    lo = wp.vec3d(g.lower[s, 0], g.lower[s, 1], g.lower[s, 2])
-    hi = wp.vec3d(g.upper[s, 0], g.upper[s, 1], g.upper[s, 2])
-    nx = axis_bins(p[0], h[0], lo[0], hi[0], radius, wp.float64(cap))
-    ny = axis_bins(p[1], h[1], lo[1], hi[1], radius, wp.float64(cap))
-    nz = axis_bins(p[2], h[2], lo[2], hi[2], radius, wp.float64(cap))
-    # At most the system's share of bin storage: halve the finest axis until it fits.
-    while nx * ny * nz > cap:
-        if nx >= ny and nx >= nz:
-            nx = wp.max(1, nx / 2)
-        elif ny >= nz:
-            ny = wp.max(1, ny / 2)
-        else:
-            nz = wp.max(1, nz / 2)
-    kx = axis_reach(p[0], nx, h[0], lo[0], hi[0], radius)
-    ky = axis_reach(p[1], ny, h[1], lo[1], hi[1], radius)
-    kz = axis_reach(p[2], nz, h[2], lo[2], hi[2], radius)
-    if kx < 0 or ky < 0 or kz < 0:
-        g.bad_cell[s] = 1
-        kx = wp.max(kx, 0)
-        ky = wp.max(ky, 0)
-        kz = wp.max(kz, 0)
-    g.dims[s] = wp.vec3i(nx, ny, nz)
-    g.reach[s] = wp.vec3i(kx, ky, kz)
-    g.origin[s] = wp.vec3d(
-        lo[0] * wp.float64(1 - p[0]), lo[1] * wp.float64(1 - p[1]), lo[2] * wp.float64(1 - p[2])
-    )
-    g.inv_width[s] = wp.vec3d(
-        axis_inverse_width(p[0], nx, lo[0], hi[0]),
-        axis_inverse_width(p[1], ny, lo[1], hi[1]),
-        axis_inverse_width(p[2], nz, lo[2], hi[2]),
-    )
-
-
-@wp.func
-def owns_pair(i: int, j: int, mx: int, my: int, mz: int):
-    """Whether atom i lists the pair in a half list: of (i, j) and (j, i) exactly one does, the
-    lower index when i + j is odd and the higher when it is even, so rows come out about equally
-    long; of i's own images (shift = bin image m) those with a positive shift."""
-    if i == j:
-        return mx > 0 or (mx == 0 and (my > 0 or (my == 0 and mz > 0)))
-    if (i + j) % 2 == 1:
-        return i < j
-    return i > j
-
-
-@wp.func
-def linear_bin(start: int, n: wp.vec3i, cx: int, cy: int, cz: int):
-    return start + (cx * n[1] + cy) * n[2] + cz
-
-
-@wp.kernel
-def count_into_bins(g: SystemState, a: AtomState):
-    i = wp.tid()
-    s = a.system[i]
-    if g.rebuild[s] == 0:
-        return
-    f = a.fractional[i]
     n = g.dims[s]
-    o = g.origin[s]
     w = g.inv_width[s]
-    cx = axis_bin(f[0], o[0], w[0], n[0])
-    cy = axis_bin(f[1], o[1], w[1], n[1])
-    cz = axis_bin(f[2], o[2], w[2], n[2])
-    a.bin[i] = wp.vec3i(cx, cy, cz)
-    a.slot[i] = wp.atomic_add(a.bin_count, linear_bin(g.bin_start[s], n, cx, cy, cz), 1)
+    c = wp.vec3i(0, 0, 0)
+    wrap = wp.vec3i(0, 0, 0)
+    for ax in range(3):
+        if p[ax] != 0:
+            whole = wp.floor(f[ax])
+            if not (wp.abs(whole) <= wp.float64(1048576.0)):
+                g.far_atoms[s] = 1  # over a million cells out, or NaN: reported by verify()
+                whole = wp.float64(0.0)
+            wrap[ax] = int(whole)
+            c[ax] = wp.clamp(int(wp.floor((f[ax] - whole) * w[ax])), 0, n[ax] - 1)
+        else:
+            c[ax] = floor_mod(hashed_cell(f[ax], w[ax]), n[ax])
+    b = g.bin_start[s] + (c[0] * n[1] + c[1]) * n[2] + c[2]
+    a.atom_wrap[i] = wrap
+    a.atom_bin[i] = b
+    a.atom_place[i] = wp.atomic_add(a.bin_count, b, 1)
 
 
 @wp.kernel
-def sort_into_bins(g: SystemState, a: AtomState):
-    i = wp.tid()
-    s = a.system[i]
-    if g.rebuild[s] == 0:
-        return
-    c = a.bin[i]
-    b = linear_bin(g.bin_start[s], g.dims[s], c[0], c[1], c[2])
-    first = int(0)
-    if b > 0:
-        first = a.bin_end[b - 1]
-    a.sorted[first + a.slot[i]] = i
-    # The counts were consumed by the cumulative sum: leave them zero for the next build.
-    a.bin_count[b] = 0
-
-
-@wp.kernel
-def search_neighbors(
+def sort_into_bins(
     positions: wp.array(dtype=Any),
+    reference: wp.array(dtype=Any),
+    wrapped: wp.array(dtype=Any),
     g: SystemState,
     a: AtomState,
-    radius_sq: wp.float64,
-    neighbor_index: wp.array2d(dtype=wp.int32),
-    neighbor_shift: wp.array2d(dtype=wp.int32),
-    neighbor_count: wp.array(dtype=wp.int32),
-    half: int,
 ):
     i = wp.tid()
     s = a.system[i]
     if g.rebuild[s] == 0:
         return
-    xi = vec3d_of(positions[i])
-    a.reference[i] = xi
-    if g.bad_cell[s] != 0:
-        neighbor_count[i] = 0  # no images without a cell; verify() reports it
+    b = a.atom_bin[i]
+    first = int(0)
+    if b > 0:
+        first = a.bin_end[b - 1]
+    t = first + a.atom_place[i] + slot_offset(g, a, s)
+    wrap = a.atom_wrap[i]
+    x = positions[i]
+    a.order[t] = i
+    a.wrap[t] = wrap
+    a.slot_bin[t] = b
+    a.slot_number[t] = a.atomic_number[i]
+    reference[t] = x
+    store_vec(wrapped, t, wrapped_position(vec3d_of(x), wrap, g.lattice[s]))
+    # The counts were consumed by the cumulative sum: leave them zero for the next build.
+    a.bin_count[b] = 0
+
+
+@wp.func
+def owns_pair(t: int, u: int, mx: int, my: int, mz: int):
+    """Whether slot t lists the pair in a half list: of (t, u) and (u, t) exactly one does, the
+    lower slot when t + u is odd and the higher when it is even, so rows come out about equally
+    long; of t's own images those with a positive image."""
+    if t == u:
+        return mx > 0 or (mx == 0 and (my > 0 or (my == 0 and mz > 0)))
+    if (t + u) % 2 == 1:
+        return t < u
+    return t > u
+
+
+@wp.kernel
+def search_neighbors(
+    wrapped: wp.array(dtype=Any),
+    g: SystemState,
+    a: AtomState,
+    radius_sq: wp.float64,
+    entries: wp.array2d(dtype=wp.int32),
+    count: wp.array(dtype=wp.int32),
+    half: int,
+):
+    t = wp.tid()
+    s = a.system[t]
+    if g.rebuild[s] == 0:
         return
-    columns = neighbor_index.shape[0]
-    m = g.cell[s]
+    if g.rebuild[s] == 2:
+        count[t] = 0  # no images without a cell; verify() reports it
+        return
+    columns = entries.shape[0]
+    yi = vec3d_of(wrapped[t])
+    m = g.lattice[s]
     p = g.pbc[s]
     n = g.dims[s]
     k = g.reach[s]
-    ci = a.bin[i]
-    wi = a.wrap[i]
     start = g.bin_start[s]
+    first_slot = g.first_atom[s]
+    bits = g.index_bits[s]
+    ibits = image_bits_for(bits)
+    limit = image_limit(ibits)
+    local = a.slot_bin[t] - start
+    offset = slot_offset(g, a, s)
+    cz = local % n[2]
+    cy = (local / n[2]) % n[1]
+    cx = local / (n[1] * n[2])
     found = int(0)
-    for ox in range(-k[0], k[0] + 1):
-        bx, mx = wrap_image(ci[0] + ox, n[0], p[0])
-        if bx < 0:
-            continue
-        for oy in range(-k[1], k[1] + 1):
-            by, my = wrap_image(ci[1] + oy, n[1], p[1])
-            if by < 0:
-                continue
-            for oz in range(-k[2], k[2] + 1):
-                bz, mz = wrap_image(ci[2] + oz, n[2], p[2])
-                if bz < 0:
-                    continue
-                b = linear_bin(start, n, bx, by, bz)
-                first = int(0)
+    for qx in range(search_span(k[0], n[0], p[0])):
+        bx, mx = neighbor_bin(cx, qx - k[0], n[0], p[0])
+        for qy in range(search_span(k[1], n[1], p[1])):
+            by, my = neighbor_bin(cy, qy - k[1], n[1], p[1])
+            for qz in range(search_span(k[2], n[2], p[2])):
+                bz, mz = neighbor_bin(cz, qz - k[2], n[2], p[2])
+                b = start + (bx * n[1] + by) * n[2] + bz
+                lo = int(0)
                 if b > 0:
-                    first = a.bin_end[b - 1]
-                for q in range(first, a.bin_end[b]):
-                    j = a.sorted[q]
-                    if j == i and mx == 0 and my == 0 and mz == 0:
+                    lo = a.bin_end[b - 1]
+                image = wp.float64(mx) * m[0] + wp.float64(my) * m[1] + wp.float64(mz) * m[2]
+                for u in range(lo + offset, a.bin_end[b] + offset):
+                    if u == t and mx == 0 and my == 0 and mz == 0:
                         continue
-                    if half != 0 and not owns_pair(i, j, mx, my, mz):
+                    if half != 0 and not owns_pair(t, u, mx, my, mz):
                         continue
-                    # The image of j next to i, in unwrapped coordinates.
-                    wj = a.wrap[j]
-                    sx = mx + wi[0] - wj[0]
-                    sy = my + wi[1] - wj[1]
-                    sz = mz + wi[2] - wj[2]
-                    d = vec3d_of(positions[j]) - xi
-                    d = d + wp.float64(sx) * m[0] + wp.float64(sy) * m[1] + wp.float64(sz) * m[2]
+                    d = vec3d_of(wrapped[u]) - yi + image
                     if wp.dot(d, d) < radius_sq:
-                        if wp.max(wp.max(wp.abs(sx), wp.abs(sy)), wp.abs(sz)) > 511:
-                            g.shift_out_of_range[s] = 1
+                        if wp.max(wp.max(wp.abs(mx), wp.abs(my)), wp.abs(mz)) > limit:
+                            g.image_out_of_range[s] = 1
                         else:
                             if found < columns:
-                                neighbor_index[found, i] = j
-                                neighbor_shift[found, i] = encode_shift(sx, sy, sz)
+                                entries[found, t] = encode_entry(u - first_slot, mx, my, mz, bits, ibits)
                             found += 1
-    neighbor_count[i] = wp.min(found, columns)
-    wp.atomic_max(g.most_neighbors, s, found)
+    count[t] = wp.min(found, columns)
+    if found > columns:
+        wp.atomic_max(g.overflow, s, found)
 
 
 # Concrete instances for float32 and float64 positions, declared before any launch so that the
 # module compiles once (and before a CUDA graph capture, which cannot load modules).
 for _vec, _mat in ((wp.vec3f, wp.mat33f), (wp.vec3d, wp.mat33d)):
-    wp.overload(mark_moved, {"positions": wp.array(dtype=_vec)})
-    wp.overload(begin_build, {"cell": wp.array(dtype=_mat)})
-    wp.overload(fractional_coordinates, {"positions": wp.array(dtype=_vec)})
-    wp.overload(search_neighbors, {"positions": wp.array(dtype=_vec)})
+    _arr = wp.array(dtype=_vec)
+    wp.overload(check_moved, {"positions": _arr, "reference": _arr, "wrapped": _arr})
+    wp.overload(begin_build, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})
+    wp.overload(bin_atoms, {"positions": _arr})
+    wp.overload(sort_into_bins, {"positions": _arr, "reference": _arr, "wrapped": _arr})
+    wp.overload(search_neighbors, {"wrapped": _arr})

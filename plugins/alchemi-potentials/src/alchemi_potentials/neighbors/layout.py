@@ -1,0 +1,208 @@
+"""Device buffers of a neighbour list for one set of systems, and the view models read.
+
+Everything a step touches is allocated here, when the set of systems changes
+(``batch.version``), sized by the batch's capacity; steps only reuse it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import torch
+
+from alchemi_core.errors import CapacityError
+from alchemi_potentials import _warp
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: Atoms per bin of bin storage: a system gets ceil(atoms / ATOMS_PER_BIN) bins at most. (Bins
+#: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
+#: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
+ATOMS_PER_BIN = 2
+#: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
+#: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
+#: for a CPU, where one thread walks one slot's neighbours).
+MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
+#: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
+#: many entries at a time.
+COLUMNS_MULTIPLE_OF = 4
+
+
+@attrs.frozen
+class NeighborMatrix:
+    """The neighbours of every atom, as the pair kernels read them (valid until the next update).
+
+    Atoms sit in *slots*: the slots of a system are its own atom range, ordered by bin at each
+    build, so that neighbouring threads handle neighbouring atoms. Slot ``t`` holds atom
+    ``order[t]``, whose position wrapped into its cell is ``wrapped[t]``; its neighbour ``k`` is
+    the packed entry ``entries[k, t]`` (:mod:`~alchemi_potentials.neighbors.entries`): slot
+    ``u = first slot of the system + entry slot`` and image ``m``, at displacement
+    ``wrapped[u] - wrapped[t] + m @ cell``. Use :meth:`BatchedNeighborList.pairs` to read the
+    pairs as atom indices and lattice shifts.
+
+    Attributes:
+        entries: ``[columns, atoms]`` int32 packed neighbours.
+        count: ``[atoms]`` int32, valid entries of each slot.
+        order: ``[atoms]`` int32, the atom in each slot.
+        wrapped: ``[atoms, 3]`` wrapped positions by slot, in the positions' dtype.
+        image_cell: ``[systems, 3, 3]`` the periodic rows of each system's cell at its last build
+            (open rows zero), in the positions' dtype: image ``m`` is at ``m @ image_cell``.
+        half: True when each pair is listed once (by one of its atoms), False when from both ends.
+        pair_list: The Warp struct the pair kernels take (``kernels.PairList``).
+        warp_wrapped, warp_image_cell: ``wrapped`` and ``image_cell`` as Warp arrays.
+    """
+
+    entries: torch.Tensor
+    count: torch.Tensor
+    order: torch.Tensor
+    wrapped: torch.Tensor
+    image_cell: torch.Tensor
+    half: bool
+    pair_list: Any
+    warp_wrapped: Any
+    warp_image_cell: Any
+
+
+# Buffers of the kernels' SystemState and AtomState structs: name -> (trailing shape, dtype,
+# Warp element type name or None, initial value).
+_SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
+    "moved": ((), torch.int32, None, 1),  # 1: everything builds the first time
+    "rebuild": ((), torch.int32, None, 0),
+    "builds": ((), torch.int64, None, 0),
+    "cell": ((3, 3), torch.float64, "mat33d", math.nan),
+    "lattice": ((3, 3), torch.float64, "mat33d", 0),
+    "pbc": ((3,), torch.int32, "vec3i", -1),
+    "basis_inv": ((3, 3), torch.float64, "mat33d", 0),
+    "dims": ((3,), torch.int32, "vec3i", 1),
+    "reach": ((3,), torch.int32, "vec3i", 0),
+    "inv_width": ((3,), torch.float64, "vec3d", 0),
+    "bin_capacity": ((), torch.int32, None, 1),
+    "bin_start": ((), torch.int32, None, 0),
+    "first_atom": ((), torch.int32, None, 0),
+    "index_bits": ((), torch.int32, None, 1),
+    "bad_cell": ((), torch.int32, None, 0),
+    "overflow": ((), torch.int32, None, 0),
+    "image_out_of_range": ((), torch.int32, None, 0),
+    "far_atoms": ((), torch.int32, None, 0),
+}
+_ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
+    "system": ((), torch.int32, None, 0),
+    "order": ((), torch.int32, None, 0),
+    "wrap": ((3,), torch.int32, "vec3i", 0),
+    "slot_bin": ((), torch.int32, None, 0),
+    "slot_number": ((), torch.int32, None, 0),
+    "atomic_number": ((), torch.int32, None, 0),
+    "atom_bin": ((), torch.int32, None, 0),
+    "atom_place": ((), torch.int32, None, 0),
+    "atom_wrap": ((3,), torch.int32, "vec3i", 0),
+}
+
+
+class Layout:
+    """Device buffers for one set of systems (one ``batch.version``), reused while it lasts.
+
+    Raises:
+        CapacityError: A system has more atoms than packed entries can address (2^25).
+    """
+
+    def __init__(self, batch: Batch, columns: int, half: bool) -> None:
+        from alchemi_potentials.neighbors import entries, kernels
+
+        wp = _warp.warp()
+        dev = batch.device
+        dtype = batch.positions.dtype
+        self.device, self.dtype, self.half = dev, dtype, half
+        self.num_systems = n = batch.num_graphs
+        self.num_atoms = v = batch.num_nodes
+        s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
+        counts = np.asarray(batch.num_nodes_per_system, dtype=np.int64)
+        self.atoms_per_system = counts
+        self.first_atom = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        bits = entries.index_bits(counts)
+        if len(bits) and bits.max() > entries.MAX_INDEX_BITS:
+            raise CapacityError(
+                f"BatchedNeighborList: a system of {int(counts.max())} atoms is larger than the "
+                f"{2 ** entries.MAX_INDEX_BITS} atoms its packed neighbour entries address; split it"
+            )
+        self.index_bits = bits
+        # Bin storage: each system's share, fixed while its atoms stay the same.
+        caps = np.maximum(1, -(-counts // ATOMS_PER_BIN))
+        starts = np.concatenate(([0], np.cumsum(caps)[:-1]))
+        self.num_bins = int(caps.sum()) if len(caps) else 0
+
+        def allocate(fields: dict, rows: int, struct: Any) -> dict[str, torch.Tensor]:
+            out = {}
+            for name, (shape, dt, wtype, init) in fields.items():
+                t = out[name] = torch.full((rows, *shape), init, dtype=dt, device=dev)
+                setattr(struct, name, _warp.view(t, getattr(wp, wtype) if wtype else None))
+            return out
+
+        self.systems = kernels.SystemState()
+        self.atoms = kernels.AtomState()
+        self.system_tensors = allocate(_SYSTEM_FIELDS, s_cap, self.systems)
+        self.atom_tensors = allocate(_ATOM_FIELDS, v_cap, self.atoms)
+        bins = max(1, self.num_bins)
+        self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
+        self.bin_end = torch.zeros(bins, dtype=torch.int32, device=dev)
+        self.atoms.bin_count, self.atoms.bin_end = _warp.view(self.bin_count), _warp.view(self.bin_end)
+        vec, mat = (wp.vec3d, wp.mat33d) if dtype == torch.float64 else (wp.vec3f, wp.mat33f)
+        self.reference = torch.zeros((v_cap, 3), dtype=dtype, device=dev)
+        self.wrapped = torch.zeros((v_cap, 3), dtype=dtype, device=dev)
+        self.image_cell = torch.zeros((s_cap, 3, 3), dtype=dtype, device=dev)
+        self.warp_reference, self.warp_wrapped = _warp.view(self.reference, vec), _warp.view(self.wrapped, vec)
+        self.warp_image_cell = _warp.view(self.image_cell, mat)
+        s, a = self.system_tensors, self.atom_tensors
+        if n:
+            def put(t: torch.Tensor, values: np.ndarray) -> None:
+                t[: len(values)] = torch.from_numpy(values).to(dev, torch.int32)
+
+            put(s["bin_capacity"], caps)
+            put(s["bin_start"], starts)
+            put(s["first_atom"], self.first_atom)
+            put(s["index_bits"], bits)
+            a["system"][:v] = batch.batch_idx.to(torch.int32)
+            a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
+            a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
+        self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
+        self.allocate_columns(columns)
+
+    def allocate_columns(self, columns: int) -> None:
+        """(Re)allocate the neighbour matrix with ``columns`` rows and force a full rebuild."""
+        from alchemi_potentials.neighbors import kernels
+
+        columns = -(-columns // COLUMNS_MULTIPLE_OF) * COLUMNS_MULTIPLE_OF
+        v_cap = self.atom_tensors["system"].shape[0]
+        # Indexed [k, t] everywhere; "rows" memory is seen through a transposed view.
+        # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load a few
+        # entries past a slot's count.
+        by_columns = MATRIX_ORDER.get(self.device.type, "rows") == "columns"
+        m = torch.zeros((columns, v_cap) if by_columns else (v_cap, columns), dtype=torch.int32, device=self.device)
+        m = m if by_columns else m.t()
+        count = torch.zeros(v_cap, dtype=torch.int32, device=self.device)
+        self.matrix_tensors = (m, count)
+        s = self.system_tensors
+        s["moved"].fill_(1)
+        s["overflow"].zero_()
+        s["builds"].zero_()
+        self.columns = columns
+        a = self.atoms
+        pair_list = kernels.PairList()
+        pair_list.entries, pair_list.count = _warp.view(m), _warp.view(count)
+        pair_list.order, pair_list.system, pair_list.slot_number = a.order, a.system, a.slot_number
+        pair_list.first_atom, pair_list.index_bits = self.systems.first_atom, self.systems.index_bits
+        v = self.num_atoms
+        self.matrix = NeighborMatrix(
+            entries=m[:, :v], count=count[:v], order=self.atom_tensors["order"][:v], wrapped=self.wrapped[:v],
+            image_cell=self.image_cell[: self.num_systems], half=self.half, pair_list=pair_list,
+            warp_wrapped=self.warp_wrapped, warp_image_cell=self.warp_image_cell,
+        )
+        self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
+
+    def nbytes(self) -> int:
+        held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
+                *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell]
+        return sum(t.numel() * t.element_size() for t in held)

@@ -1,0 +1,95 @@
+"""Every variant of the pair kernel against the numpy reference: neighbours read one, two or
+four at a time (the GPU reads four; here forced on the CPU), totals added directly or folded
+per chunk (large systems), half and full lists, one or several species, switched or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from alchemi_potentials import LennardJones, Morse, pair_potential
+from alchemi_potentials.neighbors import BatchedNeighborList, layout
+
+RC = 7.0
+
+
+def systems(ref, rng):
+    """Mixed species, triclinic, partly periodic and open: uneven neighbour counts everywhere."""
+    return [
+        ref.atoms(rng, 18, ref.cell(rng, (10.0, 11.0, 10.5), 0.3), True, species=(10, 18, 36), min_distance=2.5),
+        ref.atoms(rng, 13, ref.cell(rng, (9.0, 9.5, 12.0), 0.2), (True, False, True), species=(18, 36)),
+        ref.atoms(rng, 4, ref.cell(rng, (4.0, 4.5, 5.0), 0.2), True, species=(18,), min_distance=2.5),
+        ref.atoms(rng, 11, np.diag([9.0, 9.0, 9.0]), False, species=(10, 18)),
+    ]
+
+
+EPS = {10: 0.0031, 18: 0.0104, 36: 0.0141}
+SIG = {10: 2.75, 18: 3.405, 36: 3.65}
+
+
+def lennard_jones_reference(ref):
+    def e_of(a, b):
+        return np.sqrt(np.vectorize(EPS.get)(a) * np.vectorize(EPS.get)(b))
+
+    def s_of(a, b):
+        return 0.5 * (np.vectorize(SIG.get)(a) + np.vectorize(SIG.get)(b))
+
+    return ref.lennard_jones(e_of, s_of, RC, shift=False)
+
+
+def morse_reference(ref):
+    return ref.morse(lambda a, b: 0.2, lambda a, b: 1.4, lambda a, b: 3.6, RC, shift=False, onset=5.5)
+
+
+MODELS = {
+    "lennard-jones mixed": (lambda nl: LennardJones(EPS, SIG, RC, neighbor_list=nl), lennard_jones_reference),
+    "morse switched": (lambda nl: Morse(D=0.2, alpha=1.4, r0=3.6, cutoff=RC, switch_onset=5.5, neighbor_list=nl),
+                       morse_reference),
+}
+
+
+def check_against_reference(ref, structures, out, pair):
+    ptr = np.concatenate(([0], np.cumsum([len(a) for a in structures])))
+    for s, atoms in enumerate(structures):
+        e, f, w = ref.pairs(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc, RC, pair)
+        assert abs(out["energy"][s, 0].item() - e) <= 1e-9 * abs(e), f"system {s} energy"
+        ref.close(out["forces"][ptr[s] : ptr[s + 1]], f, rtol=1e-9, what=f"system {s} forces")
+        if atoms.pbc.all():
+            ref.close(out["stress"][s], w / abs(np.linalg.det(atoms.cell.array)), rtol=1e-9, what=f"system {s} stress")
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize(("unroll", "order"), [(2, "rows"), (4, "rows"), (4, "columns")])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_unrolled_neighbour_reads_give_the_reference(ref, rng, monkeypatch, model, unroll, order, half):
+    """(The GPU's choice is 4 at a time from a [columns, atoms] matrix.)"""
+    monkeypatch.setitem(pair_potential.UNROLL, "cpu", unroll)
+    monkeypatch.setitem(layout.MATRIX_ORDER, "cpu", order)
+    make, reference = MODELS[model]
+    structures = systems(ref, rng)
+    out = make(BatchedNeighborList(RC, 0.5, half_list=half))(ref.batch(structures), compute_stress=True)
+    check_against_reference(ref, structures, out, reference(ref))
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_totals_folded_per_chunk_give_the_reference(ref, rng, monkeypatch, half):
+    """Large systems sum per slot and fold chunk by chunk; here every system does (chunks of 4,
+    so systems span several chunks and chunks end at system boundaries)."""
+    monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
+    monkeypatch.setattr(pair_potential, "FOLD_CHUNK", 4)
+    structures = systems(ref, rng)
+    model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half))
+    out = model(ref.batch(structures), compute_stress=True)
+    check_against_reference(ref, structures, out, lennard_jones_reference(ref))
+    energy_only = model(ref.batch(structures))  # the fold without virials
+    torch.testing.assert_close(energy_only["energy"], out["energy"], rtol=1e-12, atol=0.0)
+
+
+def test_fold_chunks_cover_every_slot_once(monkeypatch):
+    counts = np.array([3, 0, 10, 1])
+    assert pair_potential._fold_chunks(counts, torch.device("cpu")) is None  # small systems add directly
+    monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
+    monkeypatch.setattr(pair_potential, "FOLD_CHUNK", 4)
+    chunks = pair_potential._fold_chunks(counts, torch.device("cpu")).numpy()
+    assert chunks.tolist() == [[0, 3, 0], [3, 7, 2], [7, 11, 2], [11, 13, 2], [13, 14, 3]]
