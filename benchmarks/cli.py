@@ -12,6 +12,7 @@ The JSON is rewritten after every case, so a run stopped by its time limit keeps
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -113,7 +114,9 @@ def run_one(ctx: Context, item: str, args: argparse.Namespace) -> dict[str, Any]
 
 def meta(args: argparse.Namespace, frameworks: dict[str, Any]) -> dict[str, Any]:
     return {
-        "command": " ".join(sys.argv),
+        "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),
+        # Other processes on the machine skew CPU figures (W6); this says how busy it was.
+        "load_average_at_start": os.getloadavg()[0],
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),

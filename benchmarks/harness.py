@@ -75,9 +75,12 @@ def attempt(ctx: Context, name: str, cap: float, body: Callable[[Framework, floa
         out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:400]}
     finally:
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        except Exception as exc:  # noqa: BLE001 - a broken device must not hide the row's figures
+            print(f"{name}: device cleanup failed: {exc}", file=sys.stderr)
     out["wall_s"] = time.perf_counter() - start
     ctx.log(
         f"  {name:<10} {out['status']}"

@@ -46,8 +46,7 @@ def _temperature(r: dict[str, Any]) -> str:
     t = r.get("temperature") or {}
     if t.get("mean_K") is None:
         return "-"
-    verdict = "pass" if t["passed"] else "FAIL"
-    return f"{t['mean_K']:.2f}±{t['stderr_K']:.2f} {verdict}"
+    return f"{t['mean_K']:.2f}±{t['stderr_K']:.2f} {t['verdict']}"
 
 
 def _fraction(key: str, part: str, whole: str) -> Callable[[dict[str, Any]], str]:
@@ -68,6 +67,7 @@ _MD: list[Column] = [
     ("dev B/atom", _num("device_bytes_per_atom", ",.0f")),
     ("T (K), 2% check", _temperature),
     ("NVE meV/atom/ps", _num("nve.slope_meV_per_atom_ps", ".2g")),
+    ("warm-up s", _num("warmup_s", ".3g")),
 ]
 COLUMNS: dict[str, list[Column]] = {
     "W1": _MD,

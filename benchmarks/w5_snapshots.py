@@ -10,7 +10,7 @@ records, read back from it.
 
 Example:
     >>> from benchmarks.w5_snapshots import steps_for
-    >>> steps_for(0.003, every=100, quick=False)
+    >>> steps_for(0.001, every=100, quick=False)
     1000
 """
 

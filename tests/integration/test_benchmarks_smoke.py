@@ -87,7 +87,18 @@ def test_temperature_ignores_centre_of_mass_motion() -> None:
     t_drift = temperature_check(drifting.result()["ke_internal"], counts, 50.0)
     assert t_still["mean_K"] == pytest.approx(t_drift["mean_K"], rel=1e-9)
     assert abs(t_still["mean_K"] - 50.0) < 1.5  # 64 x 108 atoms: 1 % standard deviation
-    assert not temperature_check(still.result()["ke_internal"], counts, 40.0)["passed"]
+    assert temperature_check(still.result()["ke_internal"], counts, 40.0)["passed"] is False
+
+
+def test_temperature_verdict_separates_failure_from_too_few_samples() -> None:
+    counts = torch.tensor([108])
+    dof_kb = (3 * 108 - 3) * spec.BOLTZMANN / 2.0
+    steady = torch.full((40, 1), 47.0 * dof_kb, dtype=torch.float64)  # 6 % low, no noise
+    assert temperature_check(steady, counts, 50.0)["verdict"] == "FAIL"
+    noisy = steady * (1.0 + 0.3 * torch.randn(40, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    check = temperature_check(noisy, counts, 50.0)
+    assert not check["passed"] or check["verdict"] == "pass"
+    assert check["verdict"] in ("inconclusive", "pass") and check["stderr_K"] > 1.0
 
 
 def test_velocities_in_other_time_units_give_the_same_temperature() -> None:
@@ -263,3 +274,31 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
                 assert r[check]["passed"], (case["id"], check, r[check])
         if case["id"] == "W1":
             assert r["peak_bytes_per_atom"] is not None and r["peak_bytes_per_atom"] > 0
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "spec",
+        "structures",
+        "timing",
+        "physics",
+        "reference",
+        "harness",
+        "report",
+        "w1_nvt",
+        "w2_relax",
+        "w3_inflight",
+        "w4_report",
+        "w5_snapshots",
+        "adapters",
+        "adapters.base",
+        "adapters.alchemi",
+    ],
+)
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"benchmarks.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
