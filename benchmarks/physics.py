@@ -85,10 +85,12 @@ class EnergyRecorder:
 
 
 def _block_stderr(series: np.ndarray, blocks: int = 10) -> float:
-    """Standard error of the mean of a correlated series from ``blocks`` block averages."""
-    n = len(series) // blocks
-    if n < 1:
+    """Standard error of the mean of a correlated series from (at most) ``blocks`` block
+    averages; NaN for fewer than two samples."""
+    blocks = min(blocks, len(series))
+    if blocks < 2:
         return float("nan")
+    n = len(series) // blocks
     means = series[: n * blocks].reshape(blocks, n).mean(axis=1)
     return float(means.std(ddof=1) / np.sqrt(blocks))
 

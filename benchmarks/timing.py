@@ -40,6 +40,21 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
+def timed_until_deadline(fn: Callable[[], Any], device: str) -> tuple[float, bool]:
+    """Like :func:`timed`, but a :class:`DeadlineExceeded` inside ``fn`` ends the clock instead
+    of the caller: returns ``(seconds, completed)``, so what was done in time can be reported."""
+    completed = True
+
+    def guarded() -> None:
+        nonlocal completed
+        try:
+            fn()
+        except DeadlineExceeded:
+            completed = False
+
+    return timed(guarded, device), completed
+
+
 def median(values: list[float]) -> float:
     return float(statistics.median(values))
 

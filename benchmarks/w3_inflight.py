@@ -37,6 +37,15 @@ def _measure(
     first = fw.inflight(warm, ctx.device, md_steps, ctx.budget.deadline(ctx.budget.remaining()))
     out = fw.inflight(cells, ctx.device, md_steps, ctx.budget.deadline(cap))
     n = len(cells)
+    if not out.completed:
+        done = len(out.ids_out)
+        return {
+            "status": "timed out",
+            "reason": f"ran past its {cap:.0f} s cap: {done} of {n} structures out in {out.seconds:.0f} s "
+            f"({3600.0 * done / out.seconds:.3g} structures/h so far)",
+            "seconds": out.seconds,
+            "structures_out": done,
+        }
     return {
         "seconds": out.seconds,
         "warmup_s": first.seconds,

@@ -28,7 +28,7 @@ from benchmarks.adapters.base import (
     RelaxOutcome,
     Unavailable,
 )
-from benchmarks.timing import check_deadline, timed
+from benchmarks.timing import check_deadline, timed, timed_until_deadline
 
 try:
     from alchemi_integrators import FIRE, Langevin, VelocityVerlet
@@ -302,5 +302,5 @@ class Alchemi(Framework):
             with fused:
                 fused.run(sampler.build_initial_batch(device))
 
-        seconds = timed(go, device)
-        return InflightOutcome(seconds=seconds, ids_out=tally.all_ids(), converged=converged.count)
+        seconds, completed = timed_until_deadline(go, device)
+        return InflightOutcome(seconds, tally.all_ids(), converged.count, completed)

@@ -43,11 +43,13 @@ class RelaxOutcome:
 @attrs.frozen
 class InflightOutcome:
     """One W3 drain: the ``system_id`` of every structure that came out, and how many left the
-    relaxation converged (the others used its step budget); wall time of the drain."""
+    relaxation converged (the others used its step budget); wall time of the drain, and whether
+    it finished before its deadline (when not, the figures are what was done until then)."""
 
     seconds: float
     ids_out: np.ndarray
     converged: int
+    completed: bool = True
 
 
 class IdTally:

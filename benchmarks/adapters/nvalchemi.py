@@ -34,7 +34,7 @@ from benchmarks.adapters.base import (
     RelaxOutcome,
     Unavailable,
 )
-from benchmarks.timing import check_deadline, timed
+from benchmarks.timing import check_deadline, timed, timed_until_deadline
 
 try:
     from nvalchemi.data import AtomicData, Batch
@@ -276,5 +276,5 @@ class NvAlchemi(Framework):
             sinks=[tally],
             hooks=[nl, _Deadline(deadline)],
         )
-        seconds = timed(fused.run, device)
-        return InflightOutcome(seconds=seconds, ids_out=tally.all_ids(), converged=converged.count)
+        seconds, completed = timed_until_deadline(fused.run, device)
+        return InflightOutcome(seconds, tally.all_ids(), converged.count, completed)

@@ -302,3 +302,11 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"benchmarks.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
+    import time
+
+    out = load("alchemi").inflight(ArgonCells.drawn(8, (2,)), "cpu", 50, deadline=time.perf_counter())
+    assert out.completed is False and out.seconds > 0
+    assert len(out.ids_out) < 8  # stopped within its first steps, long before 50 MD steps
