@@ -1,0 +1,306 @@
+"""alchemi, driven as its users drive it: ``model:lennard-jones`` with a fixed neighbour-matrix
+width, ``integrator:langevin`` / ``velocity-verlet`` / ``fire``, ``BaseDynamics.run`` and a
+``FusedStage`` fed by a ``SizeAwareSampler``; on a GPU every stage is ``compile()``-d and run
+inside ``with stage:``, which captures the step as a CUDA graph.
+
+Example:
+    >>> from benchmarks.adapters.alchemi import Alchemi
+    >>> Alchemi().name
+    'alchemi'
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from benchmarks import spec
+from benchmarks.adapters.base import (
+    Framework,
+    IdTally,
+    InflightOutcome,
+    MDRun,
+    ObservedMD,
+    RelaxOutcome,
+    Unavailable,
+)
+from benchmarks.timing import check_deadline, timed, timed_until_deadline
+
+try:
+    from alchemi_integrators import FIRE, Langevin, VelocityVerlet
+    from alchemi_potentials import LennardJones
+
+    from alchemi_core.data import AtomicData, Batch
+    from alchemi_core.dynamics import (
+        ConvergenceHook,
+        DataSink,
+        DynamicsStage,
+        FusedStage,
+        Hook,
+        SizeAwareSampler,
+    )
+except ImportError as exc:  # pragma: no cover - the harness ships with alchemi
+    raise Unavailable(
+        f"alchemi plugins missing ({exc}); pip install -e plugins/alchemi-potentials -e plugins/alchemi-integrators"
+    ) from exc
+
+if TYPE_CHECKING:
+    from benchmarks.physics import EnergyRecorder
+    from benchmarks.structures import ArgonCells, Systems
+
+#: Steps between convergence / refill checks (the only device read-backs) in W2 and W3.
+CHECK_EVERY_RELAX = 1
+CHECK_EVERY_INFLIGHT = 5
+#: Steps between deadline checks (a host clock read).
+DEADLINE_EVERY = 10
+
+
+class _Observe(Hook):
+    """Hands the batch's velocities and energies to an ``EnergyRecorder`` every N steps."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, every: int) -> None:
+        super().__init__(frequency=every)
+        self.target: EnergyRecorder | None = None
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if self.target is not None:
+            self.target.observe(batch.velocities, batch.atomic_masses, batch.batch_idx, batch.num_graphs, batch.energy)
+
+
+class _Deadline(Hook):
+    """Stops a run that passes its time cap (a host clock read every N steps)."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, deadline: float | None) -> None:
+        super().__init__(frequency=DEADLINE_EVERY)
+        self.deadline = deadline
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        check_deadline(self.deadline)
+
+
+class _ConvergedCount(Hook):
+    """Counts the systems the relaxation released by convergence (read at check steps)."""
+
+    stage = DynamicsStage.ON_CONVERGE
+
+    def __init__(self) -> None:
+        super().__init__(frequency=1)
+        self.count = 0
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        mask = dynamics.converged_mask
+        if mask is not None:
+            self.count += int(mask.sum())
+
+
+class _IdTally(IdTally, DataSink):
+    """The ``system_id`` of every structure that graduated."""
+
+    def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
+        self.add(batch.system_id, mask)
+
+
+class _CellDataset:
+    """W3's cells as alchemi ``AtomicData``, made when the sampler asks for them."""
+
+    def __init__(self, cells: ArgonCells) -> None:
+        self.cells = cells
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def __getitem__(self, index: int) -> AtomicData:
+        pos, cell = self.cells.cell(index)
+        n = len(pos)
+        return AtomicData(
+            atomic_numbers=torch.full((n,), spec.ARGON_Z, dtype=torch.long),
+            positions=pos.to(torch.float32),
+            cell=cell.to(torch.float32).unsqueeze(0),
+            pbc=torch.ones(1, 3, dtype=torch.bool),
+            atomic_masses=torch.full((n,), spec.ARGON_MASS, dtype=torch.float32),
+            system_id=torch.tensor([index], dtype=torch.long),
+        )
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        return self.cells.num_atoms(index), 0
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        counts = self.cells.atom_counts()
+        return counts, np.zeros_like(counts)
+
+
+def to_batch(systems: Systems, device: str, dtype: torch.dtype = torch.float32) -> Batch:
+    """An alchemi batch of ``systems`` (float32 positions, velocities when given)."""
+    b = systems.num_systems
+    fields = {
+        "positions": systems.positions.to(dtype),
+        "atomic_numbers": systems.numbers,
+        "atomic_masses": systems.masses.to(dtype),
+        "cell": systems.cells.to(dtype),
+        "pbc": torch.ones(b, 3, dtype=torch.bool),
+        "system_id": torch.arange(b, dtype=torch.long),
+    }
+    levels = {
+        "positions": "node",
+        "atomic_numbers": "node",
+        "atomic_masses": "node",
+        "cell": "system",
+        "pbc": "system",
+        "system_id": "system",
+    }
+    if systems.velocities is not None:
+        fields["velocities"] = systems.velocities.to(dtype)
+        levels["velocities"] = "node"
+    fields = {k: v.to(device) for k, v in fields.items()}
+    return Batch.from_segments(fields, levels, num_nodes=systems.counts.numpy(), device=device)
+
+
+class AlchemiMD(ObservedMD):
+    """An alchemi batch and its integrators (see ``ObservedMD``)."""
+
+    def __init__(self, batch: Batch, make: Any, sink: Any = None, store: Path | None = None) -> None:
+        super().__init__(make, _Observe)
+        self.batch = batch
+        self.num_atoms = batch.num_nodes
+        self._sink, self._store = sink, store
+
+    def run(self, n_steps: int, record: EnergyRecorder | None = None, every: int = 0) -> None:
+        dyn = self.dynamics(record, every)
+        with dyn:
+            dyn.run(self.batch, n_steps=n_steps)
+
+    def nve(self) -> MDRun:
+        model = self._plain.model
+        return AlchemiMD(
+            self.batch, lambda hooks, seed: VelocityVerlet(model, dt=spec.LANGEVIN.dt_fs, hooks=hooks).compile()
+        )
+
+    def snapshots_written(self) -> int:
+        from alchemi_zarr import AtomicDataZarrReader
+
+        if self._sink is None:
+            return super().snapshots_written()
+        self._sink.close()
+        return len(AtomicDataZarrReader(str(self._store)))
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
+
+
+class Alchemi(Framework):
+    """alchemi (this repository): core, alchemi-potentials, alchemi-integrators."""
+
+    name = "alchemi"
+
+    def __init__(self) -> None:
+        self.version = metadata.version("alchemi-core")
+        self.notes = (
+            "LennardJones(skin=0.5, fixed max_neighbors) + Langevin/FIRE; BaseDynamics.run and "
+            "FusedStage + SizeAwareSampler; compile() + `with stage:` (CUDA graph on GPUs)"
+        )
+
+    def model(self) -> LennardJones:
+        return LennardJones(
+            spec.EPSILON,
+            spec.SIGMA,
+            spec.CUTOFF,
+            skin=spec.SKIN,
+            max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN),
+        )
+
+    def md(self, systems: Systems, device: str, snapshots: Path | None = None, every: int = 0) -> MDRun:
+        model = self.model()
+        batch = to_batch(systems, device)
+        hooks, sink, path = [], None, None
+        if snapshots is not None:
+            try:
+                from alchemi_hooks.snapshot import SnapshotHook
+                from alchemi_zarr import ZarrData
+            except ImportError as exc:
+                raise Unavailable(f"W5 needs alchemi-hooks and alchemi-zarr ({exc})") from exc
+            path = snapshots / "alchemi.zarr"
+            sink = ZarrData(str(path), asynchronous=True)
+            hooks = [SnapshotHook(sink, frequency=every)]
+        p = spec.LANGEVIN
+
+        def make(extra: list[Any], seed: int) -> Langevin:
+            return Langevin(
+                model,
+                dt=p.dt_fs,
+                temperature=p.temperature,
+                friction=p.friction_per_fs,
+                random_seed=seed,
+                hooks=[*hooks, *extra],
+            ).compile()
+
+        return AlchemiMD(batch, make, sink, path)
+
+    def relax(self, systems: Systems, device: str, max_steps: int, deadline: float | None) -> RelaxOutcome:
+
+        f = spec.FIRE
+        batch = to_batch(systems, device)
+        fire = FIRE(
+            self.model(),
+            n_steps=max_steps,
+            dt=f.dt_fs,
+            dt_max=f.dt_max_fs,
+            maxstep=f.maxstep,
+            maxstep_scope="system",
+            hooks=[_Deadline(deadline)],
+            convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=CHECK_EVERY_RELAX),
+        ).compile()
+
+        def go() -> None:
+            with fire:
+                fire.run(batch)
+
+        seconds = timed(go, device)
+        return RelaxOutcome(
+            seconds=seconds, steps=fire.step_count + 1, positions=batch.positions.detach().to("cpu", torch.float64)
+        )
+
+    def inflight(self, cells: ArgonCells, device: str, md_steps: int, deadline: float | None) -> InflightOutcome:
+
+        f, p = spec.FIRE, spec.LANGEVIN
+        model = self.model()
+        sampler = SizeAwareSampler(_CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32)
+        converged, tally = _ConvergedCount(), _IdTally()
+        relax = FIRE(
+            model,
+            n_steps=spec.W3_RELAX_BUDGET,
+            dt=f.dt_fs,
+            dt_max=f.dt_max_fs,
+            maxstep=f.maxstep,
+            maxstep_scope="system",
+            sampler=sampler,
+            refill_frequency=CHECK_EVERY_INFLIGHT,
+            hooks=[converged],
+            convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=CHECK_EVERY_INFLIGHT),
+        )
+        md = Langevin(
+            model,
+            n_steps=md_steps,
+            dt=p.dt_fs,
+            temperature=p.temperature,
+            friction=p.friction_per_fs,
+            random_seed=0,
+            sinks=[tally],
+            refill_frequency=CHECK_EVERY_INFLIGHT,
+        )
+        fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)]).compile()
+
+        def go() -> None:
+            with fused:
+                fused.run(sampler.build_initial_batch(device))
+
+        seconds, completed = timed_until_deadline(go, device)
+        return InflightOutcome(seconds, tally.all_ids(), converged.count, completed)
