@@ -28,7 +28,9 @@ def _image_shifts(cell: torch.Tensor, cutoff: float) -> torch.Tensor:
     for i in range(3):
         height = volume / torch.linalg.cross(cell[(i + 1) % 3], cell[(i + 2) % 3]).norm()
         reach.append(int(math.ceil(cutoff / float(height))))
-    grid = torch.stack(torch.meshgrid(*[torch.arange(-r, r + 1, dtype=cell.dtype) for r in reach], indexing="ij"), -1)
+    grid = torch.stack(
+        torch.meshgrid(*[torch.arange(-r, r + 1, dtype=cell.dtype, device=cell.device) for r in reach], indexing="ij"), -1
+    )
     return grid.reshape(-1, 3) @ cell
 
 

@@ -176,6 +176,9 @@ class AlchemiMD(ObservedMD):
         dyn = self.dynamics(record, every)
         with dyn:
             dyn.run(self.batch, n_steps=n_steps)
+        if self._sink is not None:
+            # Snapshots written in the background count against this run, not the next one.
+            self._sink.flush()
 
     def nve(self) -> MDRun:
         model = self._plain.model
