@@ -355,3 +355,21 @@ def test_graduates_are_written_when_the_run_ends_between_refill_checks():
                          refill_frequency=7, convergence_hook=second)
     stage.run()
     assert sorted(sink.read().system_id.tolist()) == list(range(n))
+
+
+def test_a_captured_graph_is_dropped_when_systems_move_between_stages():
+    """Integrators may derive values from the masks in Python; a graph replay would keep the
+    stale ones (seen on a GPU: converged FIRE systems kept moving), so moving systems forces a
+    new capture."""
+    model = DemoModelWrapper()
+    at_step = ConvergenceHook(criteria=[{"key": "stage_steps", "threshold": 0, "custom_op": lambda s: s >= 3}])
+    stage = DemoDynamics(model=model, n_steps=10, dt=0.5, convergence_hook=at_step)
+    engine = stage._make_engine()
+    engine.prepare(make_batch([3, 4]))
+    sentinel = object()
+    for _ in range(2):
+        engine._graph = sentinel
+        engine.step()
+        assert engine._graph is sentinel  # nothing moved: the graph stays
+    engine.step()  # the third step: both systems converge and move on
+    assert engine._graph is None

@@ -532,6 +532,9 @@ class Engine:
         if bool(moved.any()):  # checks may read back; integrators' resets are not free
             batch.stage_steps.masked_fill_(moved, 0)
             self._init_entering(moved)
+            # Integrators and hooks may derive values from the masks in Python (caches refreshed
+            # when their code runs); a replayed graph would not run that code, so capture anew.
+            self._graph = None
         if self.sampler is not None or self.sinks:
             # A check scheduled for a budget also hands graduates on and refills their slots.
             if k % self.refill_frequency == 0 or k >= self._budget_check:

@@ -131,3 +131,4 @@ def test_kernels_run_on_torchs_current_stream() -> None:
         finals.append(batch.positions.cpu())
     # Atomic sums may add in another order (float32): allow that, not a race's garbage.
     torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-4)
+
