@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -205,19 +206,36 @@ class BaseDynamics(StreamedRun, PipelineStageMixin):
             owner=self,
         )
 
-    def run(self, batch: Batch | None = None, n_steps: int | None = None) -> Batch | None:
+    def run(
+        self,
+        batch: Batch | None = None,
+        n_steps: int | None = None,
+        *,
+        checkpoint: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 0,
+        resume_from: str | os.PathLike[str] | None = None,
+    ) -> Batch | None:
         """Integrate ``batch`` in place (or stream from the sampler) and return it.
 
         Without a sampler, runs ``n_steps`` steps (or until every system converged). With one,
         runs until the dataset is drained: each system gets ``n_steps`` steps or converges, then
         goes to the sinks. Returns the batch; with a sampler and no sinks, a batch of every
         finished system; with a sampler and sinks, None (the results are in the sinks).
+
+        Args:
+            checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end
+                (see ``alchemi_core.dynamics.checkpoint``).
+            resume_from: Continue the run saved in this checkpoint (same stages, same sampler);
+                the result is the one the uninterrupted run would give.
         """
         from alchemi_core.dynamics.runner import execute
 
         engine = self._make_engine()
         steps = self.n_steps if n_steps is None else int(n_steps)
-        return execute(self, engine, batch, None if self.sampler is not None else steps)
+        return execute(
+            self, engine, batch, None if self.sampler is not None else steps,
+            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume_from=resume_from,
+        )
 
     def step(self, batch: Batch) -> Batch:
         """One step of this stage on ``batch`` (prepares it on first use)."""

@@ -193,8 +193,21 @@ class Engine:
         self._inner_frequencies = tuple(sorted(set(inner)))
 
     # ------------------------------------------------------------------ preparation
-    def prepare(self, batch: Batch | None) -> Batch:
-        """Make ``batch`` (or the sampler's first batch) ready: defaults, capacity, state, forces."""
+    def prepare(self, batch: Batch | None, resume: dict[str, Any] | None = None) -> Batch:
+        """Make ``batch`` (or the sampler's first batch) ready: defaults, capacity, state, forces.
+
+        Args:
+            batch: The systems to run; None to build them from the sampler.
+            resume: A checkpoint (``alchemi_core.dynamics.checkpoint.load``) to continue instead:
+                its batch, counters, random states, sampler position and kept results.
+        """
+        if resume is not None:
+            from alchemi_core.dynamics.checkpoint import batch_from_state
+
+            device = batch.device if batch is not None else torch.device(resume["device"])
+            if device.type == "cuda" and not torch.cuda.is_available():
+                device = torch.device("cpu")
+            batch = batch_from_state(resume["batch"], device)
         if batch is None:
             if self.sampler is None:
                 raise ConfigurationError(
@@ -217,10 +230,11 @@ class Engine:
         for s in self.subs:
             s.dynamics._attach(self, s)
             s.dynamics.setup(batch)
-        # Systems that already took steps (a batch continuing an earlier run) keep their state.
-        entering = batch.stage_steps == 0
-        if bool(entering.any()):
-            self._init_entering(entering)
+        if resume is None:
+            # Systems that already took steps (a batch continuing an earlier run) keep their state.
+            entering = batch.stage_steps == 0
+            if bool(entering.any()):
+                self._init_entering(entering)
         self._update_masks()
         self.forward()
         if self.track_energy_change:
@@ -229,6 +243,11 @@ class Engine:
         self.step_count = 0
         self.done = False
         self.loaded_count = batch.num_graphs
+        if resume is not None:
+            from alchemi_core.dynamics.checkpoint import restore
+
+            restore(self, resume)
+            self._update_masks()  # budget checks are scheduled from the restored step count
         return batch
 
     def prepare_empty(self, template: Batch, num_systems: int, num_nodes: int, num_edges: int) -> Batch:
@@ -678,12 +697,23 @@ class Engine:
         self._update_masks()
 
     # ------------------------------------------------------------------ running
-    def run(self, max_steps: int | None) -> None:
-        """Step until done (every system graduated and the sampler empty) or ``max_steps``."""
+    def run(self, max_steps: int | None, checkpoint: Any = None, checkpoint_every: int = 0) -> None:
+        """Step until done (every system graduated and the sampler empty) or ``max_steps``.
+
+        With ``checkpoint`` (a path) and ``checkpoint_every``, a checkpoint is written after
+        every ``checkpoint_every``-th step (its checks included) and when the run stops.
+        """
+        from alchemi_core.dynamics import checkpoint as ckpt
+
+        every = int(checkpoint_every) if checkpoint is not None else 0
         while not self.done:
             if max_steps is not None and self.step_count >= max_steps:
                 break
             self.step()
+            if every and self.step_count % every == 0:
+                ckpt.save(self, checkpoint)
+        if checkpoint is not None:
+            ckpt.save(self, checkpoint)
 
     def start_hooks(self) -> None:
         """Every hook's ``on_run_start``; masks are then refreshed, as a hook may have marked

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -141,8 +142,20 @@ class FusedStage(StreamedRun, PipelineStageMixin):
             hooks=self.hooks,
         )
 
-    def run(self, batch: Batch | None = None) -> Batch | None:
+    def run(
+        self,
+        batch: Batch | None = None,
+        *,
+        checkpoint: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 0,
+        resume_from: str | os.PathLike[str] | None = None,
+    ) -> Batch | None:
         """Run until every system has graduated and the sampler (if any) is drained.
+
+        Args:
+            batch: The systems (None: build them from the sampler).
+            checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end.
+            resume_from: Continue the run saved in this checkpoint (same stages and sampler).
 
         Returns:
             Without a sampler, the batch (graduated systems not sent to sinks stay in it, at
@@ -151,7 +164,8 @@ class FusedStage(StreamedRun, PipelineStageMixin):
         """
         from alchemi_core.dynamics.runner import execute
 
-        return execute(self, self.make_engine(), batch, None)
+        return execute(self, self.make_engine(), batch, None, checkpoint=checkpoint,
+                       checkpoint_every=checkpoint_every, resume_from=resume_from)
 
     @property
     def active_batch(self) -> Batch | None:

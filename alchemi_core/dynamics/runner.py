@@ -10,8 +10,17 @@ if TYPE_CHECKING:
     from alchemi_core.dynamics.engine import Engine
 
 
-def execute(owner: Any, engine: Engine, batch: Batch | None, max_steps: int | None) -> Batch | None:
-    """Prepare ``batch``, step ``engine`` until it is done, and return the run's result.
+def execute(
+    owner: Any,
+    engine: Engine,
+    batch: Batch | None,
+    max_steps: int | None,
+    checkpoint: Any = None,
+    checkpoint_every: int = 0,
+    resume_from: Any = None,
+) -> Batch | None:
+    """Prepare ``batch`` (or resume a checkpoint), step ``engine`` until it is done, and return
+    the run's result.
 
     The plugin lifecycle hooks (``alchemi_run_start``/``_end``/``_error``) run here, once; the
     per-step path never goes through pluggy.
@@ -26,19 +35,27 @@ def execute(owner: Any, engine: Engine, batch: Batch | None, max_steps: int | No
             import torch
 
             with torch.cuda.stream(stream):
-                return _execute(owner, engine, batch, max_steps, pm)
-        return _execute(owner, engine, batch, max_steps, pm)
+                return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from)
+        return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from)
     except BaseException as exc:
         pm.lifecycle("alchemi_run_error", run=owner, error=exc)
         raise
 
 
-def _execute(owner: Any, engine: Engine, batch: Batch | None, max_steps: int | None, pm: Any) -> Batch | None:
-    engine.prepare(batch)
+def _execute(
+    owner: Any, engine: Engine, batch: Batch | None, max_steps: int | None, pm: Any,
+    checkpoint: Any, checkpoint_every: int, resume_from: Any,
+) -> Batch | None:
+    resume = None
+    if resume_from is not None:
+        from alchemi_core.dynamics.checkpoint import load
+
+        resume = load(resume_from)
+    engine.prepare(batch, resume=resume)
     pm.lifecycle("alchemi_run_start", run=owner)
     engine.start_hooks()
     try:
-        engine.run(max_steps)
+        engine.run(max_steps, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     finally:
         engine.end_hooks()
     result = result_of(engine)

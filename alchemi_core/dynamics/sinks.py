@@ -139,5 +139,19 @@ class HostMemory(DataSink):
         self._chunks = []
         self._count = 0
 
+    def state_dict(self) -> dict:
+        """The contents, for checkpoints (plain tensors)."""
+        from alchemi_core.dynamics.checkpoint import batch_state
+
+        return {"batch": batch_state(self.read()) if self._count else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with those saved by :meth:`state_dict`."""
+        from alchemi_core.dynamics.checkpoint import batch_from_state
+
+        self.zero()
+        if state.get("batch") is not None:
+            self.write(batch_from_state(state["batch"], "cpu"))
+
     def __repr__(self) -> str:
         return f"HostMemory({self._count}/{self._capacity})"

@@ -1,0 +1,90 @@
+"""Checkpoints: a resumed run gives the uninterrupted run's result, and a checkpoint is data."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from alchemi_core.data.datapipes import ListDataset
+from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, DynamicsStage, Hook, HostMemory, SizeAwareSampler
+from alchemi_core.dynamics import checkpoint as ckpt
+from alchemi_core.errors import InvalidDataError
+from alchemi_core.models.demo import DemoModelWrapper
+from alchemi_core.testing import make_batch, random_structures
+
+
+class Interrupt(Hook):
+    """Raises at a given step, as a crash or a killed job would."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, at: int):
+        super().__init__(frequency=1)
+        self.at = at
+
+    def __call__(self, batch, dynamics):
+        if dynamics.step_count == self.at:
+            raise KeyboardInterrupt("the job was stopped")
+
+
+def test_a_resumed_single_stage_run_matches_the_uninterrupted_one(tmp_path):
+    model = DemoModelWrapper()
+    whole = make_batch([3, 4, 2], dtype=torch.float64)
+    DemoDynamics(model=model, n_steps=40, dt=0.5).run(whole)
+    part = make_batch([3, 4, 2], dtype=torch.float64)
+    DemoDynamics(model=model, n_steps=40, dt=0.5).run(part, n_steps=17, checkpoint=tmp_path / "run.ckpt")
+    resumed = DemoDynamics(model=model, n_steps=40, dt=0.5).run(resume_from=tmp_path / "run.ckpt")
+    torch.testing.assert_close(resumed.positions, whole.positions, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.velocities, whole.velocities, rtol=0, atol=0)
+
+
+def _fused(dataset, sink, hooks=()):
+    model = DemoModelWrapper()
+    sampler = SizeAwareSampler(dataset, max_atoms=30, max_batch_size=6, bin_width=2)
+    opt = DemoDynamics(model=model, n_steps=9, dt=0.5, sampler=sampler, refill_frequency=2, sinks=[sink],
+                       convergence_hook=ConvergenceHook.from_fmax(0.3, frequency=2), hooks=list(hooks))
+    return opt + DemoDynamics(model=model, n_steps=6, dt=0.5)
+
+
+def test_an_interrupted_inflight_run_resumes_to_the_same_results(tmp_path):
+    dataset = ListDataset(random_structures([3, 5, 4, 2, 6, 3, 4, 5, 2, 3, 4, 6] * 2, dtype=torch.float64))
+    reference = HostMemory(capacity=None)
+    _fused(dataset, reference).run()
+    expected = reference.read()
+
+    sink = HostMemory(capacity=None)
+    with pytest.raises(KeyboardInterrupt):
+        _fused(dataset, sink, hooks=[Interrupt(at=23)]).run(checkpoint=tmp_path / "c.ckpt", checkpoint_every=5)
+    # A new process would build everything anew: a new sink too, restored from the checkpoint.
+    fresh_sink = HostMemory(capacity=None)
+    _fused(dataset, fresh_sink).run(resume_from=tmp_path / "c.ckpt")
+    got = fresh_sink.read()
+    assert sorted(got.system_id.tolist()) == list(range(len(dataset)))
+    order_got = torch.argsort(got.system_id)
+    order_exp = torch.argsort(expected.system_id)
+    for field in ("positions", "velocities", "status"):
+        a = got.index_select(order_got)
+        b = expected.index_select(order_exp)
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0)
+
+
+def test_checkpoints_are_written_atomically_and_read_as_data(tmp_path):
+    path = tmp_path / "run.ckpt"
+    DemoDynamics(model=DemoModelWrapper(), n_steps=10, dt=0.5).run(make_batch([3]), checkpoint=path, checkpoint_every=4)
+    state = ckpt.load(path)
+    assert state["step_count"] == 10 and not (tmp_path / "run.ckpt.writing").exists()
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"format": ckpt.FORMAT, "version": 1, "x": Payload()}, evil)
+    with pytest.raises(pickle.UnpicklingError):
+        ckpt.load(evil)
+    assert not (tmp_path / "pwned").exists()
+    torch.save({"format": "something-else"}, tmp_path / "other.ckpt")
+    with pytest.raises(InvalidDataError, match="not an alchemi checkpoint"):
+        ckpt.load(tmp_path / "other.ckpt")
