@@ -60,7 +60,7 @@ def run_demo(structures: int, device: str, relax_steps: int, md_steps: int, temp
     hooks = []
     if progress:
         try:
-            hooks.append(registry.build("hook:progress", frequency=20, total=structures))
+            hooks.append(registry.build("hook:progress", frequency=20))  # steps: unknown in advance
         except Exception:  # noqa: BLE001 - the progress bar is optional
             pass
     relax = registry.build(
