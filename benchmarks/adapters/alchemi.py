@@ -226,13 +226,15 @@ class Alchemi(Framework):
         hooks, sink, path = [], None, None
         if snapshots is not None:
             try:
+                from alchemi_hooks.logger import LoggingHook
                 from alchemi_hooks.snapshot import SnapshotHook
                 from alchemi_zarr import ZarrData
             except ImportError as exc:
                 raise Unavailable(f"W5 needs alchemi-hooks and alchemi-zarr ({exc})") from exc
             path = snapshots / "alchemi.zarr"
             sink = ZarrData(str(path), asynchronous=True)
-            hooks = [SnapshotHook(sink, frequency=every)]
+            log = LoggingHook(backend="csv", log_path=snapshots / "alchemi_log.csv", frequency=every)
+            hooks = [SnapshotHook(sink, frequency=every), log]
         p = spec.LANGEVIN
 
         def make(extra: list[Any], seed: int) -> Langevin:

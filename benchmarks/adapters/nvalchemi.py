@@ -210,11 +210,13 @@ class NvAlchemi(Framework):
         batch = to_batch(systems, device)
         extra, sink = [], None
         if snapshots is not None:
+            from nvalchemi.dynamics.hooks.logging import LoggingHook
             from nvalchemi.dynamics.hooks.snapshot import SnapshotHook
             from nvalchemi.dynamics.sinks import ZarrData
 
             sink = ZarrData(str(snapshots / "nvalchemi.zarr"))
-            extra = [SnapshotHook(sink, frequency=every)]
+            log = LoggingHook(backend="csv", frequency=every, log_path=str(snapshots / "nvalchemi_log.csv"))
+            extra = [SnapshotHook(sink, frequency=every), log]
         p = spec.LANGEVIN
 
         def make(hooks: list[Any], seed: int) -> NVTLangevin:

@@ -11,7 +11,7 @@ from alchemi_core.errors import InvalidDataError
 from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_zarr import AtomicDataZarrReader, BackgroundWriteError, ZarrData
 
-from zarr_test_helpers import batch_for, memory_url
+from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url
 
 
 class GatedStore:
@@ -42,16 +42,7 @@ def test_writes_return_before_the_store_is_written_and_flush_commits_them():
     gated.gate.set()
     sink.flush()
     assert sink.store.num_systems == 15
-    stored = ZarrData(url).read()
-    assert stored.system_id.tolist() == list(range(15))
-    # Each write kept the batch as it was when written, not as it was later.
-    original = batch_for([0, 1, 2])
-    for step in range(5):
-        written = stored.index_select(list(range(3 * step, 3 * step + 3)))
-        torch.testing.assert_close(written.positions, original.positions + 100.0 * step)
-        written.system_id.copy_(original.system_id)
-        written.positions.copy_(original.positions)
-        assert_same_systems(original, written)  # every other field as written
+    assert_moving_writes_kept_their_moment(ZarrData(url).read(), writes=5)
     # Writes waiting together are committed together: fewer appends than writes.
     assert sum(gated.calls) == 15 and len(gated.calls) < 5
     sink.close()
@@ -68,8 +59,10 @@ def test_capacity_counts_pending_writes():
     assert sink.read().system_id.tolist() == [0, 1, 2]
 
 
-def test_a_failed_background_write_is_raised_with_the_lost_systems():
-    sink = ZarrData(memory_url(), asynchronous=True)
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_failed_background_write_is_raised_with_the_lost_systems(writer, tmp_path):
+    store = memory_url() if writer == "thread" else str(tmp_path / "fail.zarr")
+    sink = ZarrData(store, asynchronous=writer)
     sink.write(batch_for([0, 1]))
     sink.flush()
     other = batch_for([7, 8])
@@ -77,7 +70,7 @@ def test_a_failed_background_write_is_raised_with_the_lost_systems():
     sink.write(other)
     with pytest.raises(BackgroundWriteError, match=r"2 systems were not stored \(system_id \[7, 8\]\)") as info:
         sink.flush()
-    assert isinstance(info.value.__cause__, InvalidDataError)
+    assert isinstance(info.value.__cause__, InvalidDataError)  # a child's exception is carried over
     assert len(sink) == 2  # the failed systems are no longer counted
     sink.write(batch_for([9]))
     sink.close()
@@ -92,7 +85,7 @@ def test_a_failure_is_raised_by_the_next_write_so_a_run_stops():
 
     sink.store.append = broken
     sink.write(batch_for([0]))
-    sink._background._queue.join()  # let the writer fail
+    sink._background.queue.join()  # let the writer fail
     with pytest.raises(BackgroundWriteError, match="disk full"):
         sink.write(batch_for([1]))
     sink.close()

@@ -217,10 +217,11 @@ def test_edge_fields_without_any_edges_and_tensors_with_grad():
     assert torch.equal(other.read().positions, tracked.positions.detach())
 
 
-def test_large_appends_cross_chunk_boundaries():
+def test_large_appends_cross_chunk_boundaries(monkeypatch):
+    monkeypatch.setattr(layout, "CHUNK_BYTES", 32 * 1024)  # 2048 rows of positions per chunk
     url = memory_url()
     sink = ZarrData(url)
-    ids = list(range(3000))  # ~15000 atoms: positions span two chunks, pointers one
+    ids = list(range(3000))  # ~15000 atoms: positions span several chunks, pointers one
     for lo in range(0, len(ids), 700):
         sink.write(batch_for(ids[lo : lo + 700]))
     got = ZarrData(url).read()
@@ -252,7 +253,8 @@ def test_an_s3_url_without_s3fs_says_what_to_install():
 
 
 def test_chunk_rows_aim_at_a_fixed_chunk_size():
-    assert layout.chunk_rows(12) == 8192  # float32 positions: ~96 KiB chunks
-    assert layout.chunk_rows(8) == 16384
+    assert layout.chunk_rows(12) == 32768  # float32 positions: 384 KiB chunks
+    assert layout.chunk_rows(8) == 65536
+    assert layout.chunk_rows(1) == layout.MAX_CHUNK_ROWS
     assert layout.chunk_rows(10**6) == layout.MIN_CHUNK_ROWS
     assert np.log2(layout.chunk_rows(72)).is_integer()

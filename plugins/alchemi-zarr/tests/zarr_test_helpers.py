@@ -44,3 +44,19 @@ def assert_matches_id(data: AtomicData) -> None:
     for k in expected.keys():
         a, b = getattr(data, k), getattr(expected, k)
         assert a.dtype == b.dtype and torch.equal(a, b), f"system {sid}: field {k} differs"
+
+
+def assert_moving_writes_kept_their_moment(stored: Batch, writes: int, shift: float = 100.0) -> None:
+    """``stored`` holds ``writes`` writes of ``batch_for([0, 1, 2])``, between which the test
+    added 3 to ``system_id`` and ``shift`` to the positions: each write must hold the batch as
+    it was when written, every field intact."""
+    from alchemi_core.testing.contracts import assert_same_systems
+
+    assert stored.system_id.tolist() == list(range(3 * writes))
+    original = batch_for([0, 1, 2])
+    for step in range(writes):
+        written = stored.index_select(list(range(3 * step, 3 * step + 3)))
+        torch.testing.assert_close(written.positions, original.positions + shift * step)
+        written.system_id.copy_(original.system_id)
+        written.positions.copy_(original.positions)
+        assert_same_systems(original, written)  # every other field as written

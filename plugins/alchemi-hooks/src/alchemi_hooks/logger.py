@@ -166,14 +166,10 @@ class LoggingHook(Hook):
             "temperature": rows[:, _TEMPERATURE].copy(),
         }
         if self._file is not None:
-            f = self._float_format
-            lines = [
-                f"{s},{i},{st},{f % e},{f % fm},{f % t}\n"
-                for s, i, st, e, fm, t in zip(
-                    columns["step"], columns["system_id"], columns["status"], columns["energy"],
-                    columns["fmax"], columns["temperature"], strict=True,
-                )
-            ]
+            # Python scalars from tolist() format twice as fast as numpy scalars: this runs on
+            # a thread that shares the interpreter lock with the stepping loop.
+            row = f"%d,%d,%d,{self._float_format},{self._float_format},{self._float_format}\n"
+            lines = [row % r for r in zip(*(columns[c].tolist() for c in COLUMNS), strict=True)]
             self._file.write("".join(lines))
             # Flushed per step so a run that dies keeps its log up to the last logged step.
             self._file.flush()

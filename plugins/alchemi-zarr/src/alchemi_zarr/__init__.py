@@ -1,7 +1,7 @@
 """alchemi-zarr: trajectory and dataset storage in Zarr v3 on any fsspec URL, with nothing lost.
 
 - :class:`ZarrData`: a ``DataSink`` (``sink:zarr``, ``alchemi_core.dynamics.ZarrData``), with an
-  asynchronous mode that writes on a background thread.
+  asynchronous mode that writes from a child process (or a thread, for in-memory stores).
 - :class:`AtomicDataZarrWriter` / :class:`AtomicDataZarrReader`: datasets of structures
   (``alchemi_core.data.datapipes``), random access and cheap size metadata for
   ``SizeAwareSampler``.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from alchemi_zarr.background import BackgroundWriteError
+    from alchemi_zarr.pending import BackgroundWriteError
     from alchemi_zarr.extxyz import export_extxyz
     from alchemi_zarr.reader import AtomicDataZarrReader
     from alchemi_zarr.sink import ZarrData
@@ -28,7 +28,7 @@ _WHERE = {
     "ZarrData": "alchemi_zarr.sink",
     "AtomicDataZarrReader": "alchemi_zarr.reader",
     "AtomicDataZarrWriter": "alchemi_zarr.writer",
-    "BackgroundWriteError": "alchemi_zarr.background",
+    "BackgroundWriteError": "alchemi_zarr.pending",
     "export_extxyz": "alchemi_zarr.extxyz",
 }
 __all__ = sorted(_WHERE)

@@ -79,10 +79,12 @@ _DTYPES: dict[torch.dtype, tuple[str, np.dtype]] = {
 _BY_NAME: dict[str, torch.dtype] = {name: dt for dt, (name, _) in _DTYPES.items()}
 
 #: Uncompressed bytes aimed at per chunk: reading one system decodes about one chunk per field,
-#: so chunks stay small enough for cheap random access and large enough for few files.
-CHUNK_BYTES = 128 * 1024
+#: so chunks stay small enough for cheap random access, and large enough that a trajectory
+#: snapshot of 10^5 atoms is a few chunks per field (zarr's cost is per chunk: 512 KiB writes a
+#: 221k-atom snapshot twice as fast as 128 KiB and reads one system 12 % slower).
+CHUNK_BYTES = 512 * 1024
 MIN_CHUNK_ROWS = 256
-MAX_CHUNK_ROWS = 65536
+MAX_CHUNK_ROWS = 1 << 18
 POINTER_CHUNK_ROWS = 16384
 
 

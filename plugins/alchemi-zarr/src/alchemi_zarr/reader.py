@@ -71,7 +71,7 @@ class AtomicDataZarrReader:
         store: A path, an fsspec URL, a dict or a zarr store written by ``ZarrData`` or
             ``AtomicDataZarrWriter``.
         storage_options: fsspec options for URLs.
-        cache_chunks: Decoded chunks kept per field (memory: about 128 KiB each).
+        cache_chunks: Decoded chunks kept per field (memory: up to 512 KiB each).
 
     Raises:
         InvalidDataError: No alchemi store there, or a damaged one.

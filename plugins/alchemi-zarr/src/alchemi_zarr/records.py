@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -24,6 +25,8 @@ from alchemi_core.data import Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
 
 from alchemi_zarr.layout import FieldSpec
+
+T = TypeVar("T")
 
 
 @attrs.define
@@ -39,6 +42,11 @@ class Snapshot:
     event: torch.cuda.Event | None = None
     # The device tensors being copied stay referenced until the copy is done.
     _sources: list[torch.Tensor] = attrs.field(factory=list)
+
+    def id_list(self) -> list[int]:
+        """The ``system_id`` of the snapshot's systems (empty when it has none), for messages."""
+        self.wait()
+        return [] if self.system_ids is None else self.system_ids.reshape(-1).tolist()
 
     def wait(self) -> None:
         if self.event is not None:
@@ -147,3 +155,15 @@ class HostRecords:
             np.concatenate([p.num_atoms for p in parts]),
             np.concatenate([p.num_edges for p in parts]),
         )
+
+
+def same_field_runs(items: list[tuple[HostRecords, T]]) -> list[list[tuple[HostRecords, T]]]:
+    """Consecutive ``(records, payload)`` pairs with identical fields, grouped: each group can be
+    committed as one append (``HostRecords.concat``), in the order given."""
+    runs: list[list[tuple[HostRecords, T]]] = []
+    for item in items:
+        if runs and runs[-1][0][0].specs == item[0].specs:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs

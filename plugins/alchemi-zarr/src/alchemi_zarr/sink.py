@@ -6,9 +6,12 @@ Every field, dtype and ``system_id`` round-trips; :meth:`ZarrData.read` gives th
 batch on the CPU.
 
 A write copies the selected systems to host memory and hands them to zarr. With
-``asynchronous=True`` a background thread does the zarr part while the caller (the dynamics
+``asynchronous=True`` the zarr part happens in the background while the caller (the dynamics
 loop) goes on; on a GPU the copy itself is non-blocking (pinned memory, the current stream).
-``flush()`` waits for pending writes, ``close()`` also stops the thread; both raise a failed
+A store another process can open (a local path, or a URL other than ``memory://``) is written
+by a child process, so zarr's Python work never competes with the stepping thread for the
+interpreter lock (``asynchronous="process"``); other stores by a thread (``"thread"``).
+``flush()`` waits for pending writes, ``close()`` also stops the writer; both raise a failed
 write's error. ``len()`` and the capacity count pending systems, so capacity errors stay
 immediate.
 
@@ -25,10 +28,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -38,6 +42,10 @@ from alchemi_core.errors import CapacityError, ConfigurationError
 
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
+
+if TYPE_CHECKING:
+    from alchemi_zarr.background import BackgroundWriter
+    from alchemi_zarr.process_writer import ProcessWriter
 
 #: The capacity of a sink made without one.
 UNLIMITED = 2**62
@@ -51,7 +59,9 @@ class ZarrData(DataSink):
             ``alchemi-zarr[s3]``), a dict, or a zarr store object. An existing store is
             continued.
         capacity: Most systems the store may hold, those already in it included (None: no limit).
-        asynchronous: Write on a background thread (call ``flush()``/``close()`` to wait).
+        asynchronous: Write in the background (call ``flush()``/``close()`` to wait): True picks
+            a child process for stores another process can open and a thread otherwise;
+            ``"process"`` or ``"thread"`` choose.
         max_pending: In asynchronous mode, most writes queued before ``write`` blocks.
         units: Units of custom fields, recorded in the store, e.g. ``{"dipole": "e*Å"}``.
         storage_options: fsspec options for URLs (credentials, endpoints).
@@ -65,7 +75,7 @@ class ZarrData(DataSink):
         store: Any,
         capacity: int | None = None,
         *,
-        asynchronous: bool = False,
+        asynchronous: bool | Literal["process", "thread"] = False,
         max_pending: int = 8,
         units: Mapping[str, str] | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -75,12 +85,21 @@ class ZarrData(DataSink):
         self._capacity = UNLIMITED if capacity is None else int(capacity)
         self.units = dict(units or {})
         self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
-        self._background = None
-        if asynchronous:
+        self._background: BackgroundWriter | ProcessWriter | None = None
+        mode = _writer_mode(asynchronous, store)
+        if mode == "thread":
             from alchemi_zarr.background import BackgroundWriter
 
             self._background = BackgroundWriter(self.store, self.units, max_pending)
-            # A sink dropped without close(): its thread still commits what is pending, then ends.
+        elif mode == "process":
+            from alchemi_zarr.process_writer import ProcessWriter
+
+            self._background = ProcessWriter(
+                os.fspath(store), self.store.where, storage_options, self.units, max_pending,
+                stored=self.store.num_systems,
+            )
+        if self._background is not None:
+            # A sink dropped without close(): its writer still commits what is pending, then ends.
             weakref.finalize(self, self._background.close_quietly)
 
     # ------------------------------------------------------------------ DataSink
@@ -92,9 +111,17 @@ class ZarrData(DataSink):
     def asynchronous(self) -> bool:
         return self._background is not None
 
+    @property
+    def writer(self) -> str | None:
+        """Who writes in the background: ``"process"``, ``"thread"`` or None (synchronous)."""
+        if self._background is None:
+            return None
+        return "thread" if type(self._background).__name__ == "BackgroundWriter" else "process"
+
     def __len__(self) -> int:
-        pending = self._background.pending if self._background is not None else 0
-        return self.store.num_systems + pending
+        if self._background is not None:
+            return self._background.ledger.held()
+        return self.store.num_systems
 
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
         """Store the systems of ``batch`` where ``mask`` is True (all when None), as whole records.
@@ -136,6 +163,8 @@ class ZarrData(DataSink):
         """Forget every record (the store becomes empty; its space is freed)."""
         self.flush()
         self.store.clear()
+        if self._background is not None:
+            self._background.ledger.cleared()
 
     # ------------------------------------------------------------------ asynchronous mode
     def flush(self) -> None:
@@ -148,7 +177,7 @@ class ZarrData(DataSink):
             self._background.flush()
 
     def close(self) -> None:
-        """Flush and stop the background thread (a no-op for a synchronous sink)."""
+        """Flush and stop the background writer (a no-op for a synchronous sink)."""
         if self._background is not None:
             self._background.close()
 
@@ -173,6 +202,25 @@ class ZarrData(DataSink):
         return export_extxyz(self.reader(), path)
 
     def __repr__(self) -> str:
-        mode = ", asynchronous" if self.asynchronous else ""
+        mode = f", asynchronous={self.writer!r}" if self.asynchronous else ""
         cap = "unlimited" if self._capacity == UNLIMITED else self._capacity
         return f"ZarrData({self.store.where!r}, {len(self)}/{cap}{mode})"
+
+
+def _writer_mode(asynchronous: Any, store: Any) -> str | None:
+    """"process", "thread" or None for the ``asynchronous`` argument and the ``store`` given."""
+    if asynchronous is False or asynchronous is None:
+        return None
+    reachable = isinstance(store, os.PathLike) or (isinstance(store, str) and not store.startswith("memory://"))
+    if asynchronous is True:
+        return "process" if reachable else "thread"
+    if asynchronous == "thread":
+        return "thread"
+    if asynchronous == "process":
+        if not reachable:
+            raise ConfigurationError(
+                f"ZarrData(asynchronous='process') needs a store another process can open (a local path "
+                f"or a URL other than memory://), got {store!r}; use asynchronous='thread' for it"
+            )
+        return "process"
+    raise ConfigurationError(f"ZarrData asynchronous must be True, False, 'process' or 'thread', got {asynchronous!r}")

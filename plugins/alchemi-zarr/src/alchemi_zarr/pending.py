@@ -1,0 +1,173 @@
+"""Bookkeeping shared by the asynchronous writers: what is pending, what failed, exit draining.
+
+A writer records each submitted write with :meth:`WriteLedger.submitted`, then either
+:meth:`~WriteLedger.committed` or :meth:`~WriteLedger.failed` once the store has answered.
+Failures are kept with the ``system_id`` of the systems they held and raised, once, by
+:meth:`~WriteLedger.raise_errors`: nothing is lost silently.
+
+Example:
+    >>> ledger = WriteLedger("memory://doc")
+    >>> ledger.submitted(3); ledger.pending
+    3
+    >>> ledger.failed(OSError("disk full"), [4, 5], 2); ledger.committed(1, stored=1)
+    >>> ledger.pending, ledger.held()
+    (0, 1)
+    >>> try:
+    ...     ledger.raise_errors()
+    ... except BackgroundWriteError as exc:
+    ...     print(str(exc).split(". First")[0])
+    1 background write(s) to memory://doc failed; 2 systems were not stored (system_id [4, 5])
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from alchemi_core.errors import AlchemiError
+
+
+class BackgroundWriteError(AlchemiError, RuntimeError):
+    """An asynchronous write failed; the message names the systems that were not stored."""
+
+
+def run_at_exit(fn: Callable[[], object]) -> None:
+    """Call ``fn`` at interpreter exit, before ``concurrent.futures`` stops its thread pools (zarr
+    writes through them, so a plain ``atexit`` handler would come too late)."""
+    register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
+    try:
+        register(fn) if register is not None else atexit.register(fn)
+    except RuntimeError:  # already shutting down: nothing can be scheduled any more
+        pass
+
+
+class WriteLedger:
+    """Counts of pending systems and the failures of one asynchronous writer (thread-safe).
+
+    Args:
+        where: The store, as messages name it.
+    """
+
+    def __init__(self, where: str, stored: int = 0) -> None:
+        self.where = where
+        self._changed = threading.Condition()
+        self._pending = 0
+        self._stored = int(stored)
+        self._errors: list[tuple[BaseException, list[int], int]] = []
+
+    @property
+    def pending(self) -> int:
+        """Systems submitted and neither committed nor failed yet."""
+        with self._changed:
+            return self._pending
+
+    def held(self) -> int:
+        """Systems in the store plus those pending, read together (what capacity counts)."""
+        with self._changed:
+            return self._stored + self._pending
+
+    def submitted(self, count: int) -> None:
+        with self._changed:
+            self._pending += count
+
+    def committed(self, count: int, stored: int) -> None:
+        """``count`` pending systems were committed; the store now holds ``stored``."""
+        with self._changed:
+            self._pending -= count
+            self._stored = int(stored)
+            self._changed.notify_all()
+
+    def cleared(self) -> None:
+        """The store was emptied (nothing may be pending)."""
+        with self._changed:
+            self._stored = 0
+
+    def failed(self, exc: BaseException, system_ids: Sequence[int], count: int) -> None:
+        with self._changed:
+            self._errors.append((exc, list(system_ids), count))
+            self._pending -= count
+            self._changed.notify_all()
+
+    def wait_until_idle(self, alive: Callable[[], bool], poll_s: float = 0.5) -> None:
+        """Wait until nothing is pending, or until ``alive()`` says the writer is gone."""
+        with self._changed:
+            while self._pending > 0 and alive():
+                self._changed.wait(poll_s)
+
+    def raise_errors(self) -> None:
+        """Raise the failures so far (once), naming every system that was not stored."""
+        with self._changed:
+            errors, self._errors = self._errors, []
+        if not errors:
+            return
+        lost = sum(count for _, _, count in errors)
+        ids = [i for _, system_ids, _ in errors for i in system_ids]
+        first = errors[0][0]
+        raise BackgroundWriteError(
+            f"{len(errors)} background write(s) to {self.where} failed; {lost} systems were not "
+            f"stored (system_id {ids[:20]}{'...' if len(ids) > 20 else ''}). First error: {first!r}"
+        ) from first
+
+
+class AsyncWriter:
+    """What both asynchronous writers share: a bounded queue of ``(snapshot, count)`` jobs, the
+    ledger, refusing work once closed, and draining at interpreter exit.
+
+    Subclasses consume ``self.queue`` (``None`` means stop) and implement ``flush`` and ``close``.
+
+    Args:
+        where: The store, as messages name it.
+        max_pending: Most jobs waiting in the queue before ``submit`` blocks.
+        stored: Systems already in the store.
+    """
+
+    def __init__(self, where: str, max_pending: int, stored: int) -> None:
+        self.where = where
+        self.ledger = WriteLedger(where, stored=stored)
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, int(max_pending)))
+        self.closed = False
+        # Drain at interpreter exit, so a script that forgets close() keeps its data. The weak
+        # reference lets an unused writer be collected.
+        ref = weakref.ref(self)
+        run_at_exit(lambda: (w := ref()) is not None and w.close_quietly())
+
+    @property
+    def pending(self) -> int:
+        """Systems submitted but not yet committed."""
+        return self.ledger.pending
+
+    def submit(self, snap: Any, count: int) -> None:
+        """Queue ``count`` systems for writing (blocks while ``max_pending`` jobs wait).
+
+        Raises:
+            BackgroundWriteError: An earlier write failed or the writer is closed (this one is
+                not queued).
+        """
+        if self.closed:
+            raise BackgroundWriteError(f"the background writer of {self.where} is closed")
+        self.raise_errors()
+        self.ledger.submitted(count)
+        self.queue.put((snap, count))
+
+    def raise_errors(self) -> None:
+        """Raise the failures so far (once), naming every system that was not stored."""
+        self.ledger.raise_errors()
+
+    def flush(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close_quietly(self) -> None:
+        """``close()`` where no caller is left to raise to (exit, garbage collection): failures
+        go to stderr."""
+        try:
+            self.close()
+        except BackgroundWriteError as exc:
+            print(f"alchemi-zarr: {exc}", file=sys.stderr)

@@ -1,0 +1,311 @@
+"""``ProcessWriter``: asynchronous appends done by a child process, off the stepping interpreter.
+
+A writer thread in the stepping process would share its interpreter lock with zarr, whose
+per-chunk Python work then delays every step that wants the lock back (on a GPU, the host
+falls behind and the device idles). Here the stepping process only waits for each snapshot's
+device-to-host copy (on a helper thread, lock released) and streams the host arrays through a
+pipe; a child process (``python -m alchemi_zarr.process_writer``) appends them to the store,
+merging jobs that queue up, and answers in order. Nothing is lost silently:
+
+- a failed append is answered with its exception and raised, naming the systems, by the next
+  ``submit``, ``flush`` or ``close`` (as with the thread writer);
+- if the child dies, every job it had not committed is reported the same way;
+- if the parent dies, the child commits every job it received whole, then exits (the pipe's end
+  of file tells it); a job cut off mid-transfer is never written, and the store's commit
+  protocol keeps a crash of the child itself from tearing a record.
+
+The store must be one that another process can open: a local path or an fsspec URL other than
+``memory://`` (``ZarrData`` picks the thread writer for the others).
+
+Example:
+    >>> import tempfile
+    >>> from alchemi_core.testing import make_batch
+    >>> from alchemi_zarr.records import snapshot
+    >>> path = tempfile.mkdtemp() + "/doc.zarr"
+    >>> writer = ProcessWriter(path, where=path)
+    >>> writer.submit(snapshot(make_batch([2, 3]), copy=True), count=2)
+    >>> writer.flush(); writer.ledger.held()
+    2
+    >>> writer.close()
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from alchemi_zarr.pending import AsyncWriter, BackgroundWriteError
+from alchemi_zarr.records import HostRecords, Snapshot, same_field_runs
+
+#: Seconds ``close`` waits for the child to exit after its last job before killing it.
+EXIT_WAIT_S = 60.0
+_PIPE_BYTES = 1 << 20  # a wider pipe: fewer system calls per snapshot
+_STOP = None
+
+
+class ProcessWriter(AsyncWriter):
+    """Appends submitted snapshots to a store from a child process, in order.
+
+    Args:
+        store: A local path or fsspec URL another process can open.
+        where: The store, as messages name it.
+        storage_options: fsspec options for URLs.
+        units: Units of custom fields, recorded in the header.
+        max_pending: Most snapshots waiting in this process before ``submit`` blocks.
+        max_merge: Most received jobs the child commits together in one append.
+        stored: Systems already in the store.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        where: str,
+        storage_options: dict[str, Any] | None = None,
+        units: Mapping[str, str] | None = None,
+        max_pending: int = 8,
+        max_merge: int = 64,
+        stored: int = 0,
+    ) -> None:
+        super().__init__(where, max_pending, stored)
+        self.units = dict(units or {})
+        self._answers_due: deque[tuple[int, list[int]]] = deque()  # (count, system ids) per job sent
+        self._gone: BaseException | None = None
+        self._lock = threading.Lock()
+        self._child, self._jobs, self._answers = _start_child()
+        self._jobs.send({"store": store, "storage_options": storage_options, "max_merge": max(1, int(max_merge))})
+        self._feeder = threading.Thread(target=self._feed, name=f"alchemi-zarr-feeder {where}", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"alchemi-zarr-answers {where}", daemon=True)
+        self._feeder.start()
+        self._reader.start()
+
+    def flush(self) -> None:
+        """Wait until everything submitted is committed, then raise any failure."""
+        self.queue.join()  # every job sent to the child (or failed before)
+        self.ledger.wait_until_idle(alive=self._reader.is_alive)
+        self.raise_errors()
+
+    def close(self) -> None:
+        """Commit what is pending, stop the child, and raise any failure."""
+        if not self.closed:
+            self.closed = True
+            self.queue.put(_STOP)
+            self._feeder.join()
+            self._reader.join(timeout=EXIT_WAIT_S)
+            try:
+                self._child.wait(timeout=EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.wait()
+            self._answers.close()
+        self.raise_errors()
+
+    # ------------------------------------------------------------------ the two helper threads
+    def _feed(self) -> None:
+        """Wait for each snapshot's copy, then stream it to the child (the lock is released while
+        waiting and while the pipe takes the bytes)."""
+        while True:
+            item = self.queue.get()
+            try:
+                if item is _STOP:
+                    self._send_stop()
+                    return
+                snap, count = item
+                try:
+                    records = HostRecords.from_snapshot(snap, self.units)
+                except BaseException as exc:  # noqa: BLE001 - kept and raised in the caller's thread
+                    self.ledger.failed(exc, snap.id_list(), count)
+                    continue
+                self._send(records, count, snap.id_list())
+            finally:
+                self.queue.task_done()
+
+    def _send(self, records: HostRecords, count: int, ids: list[int]) -> None:
+        with self._lock:
+            gone = self._gone
+            if gone is None:
+                self._answers_due.append((count, ids))
+        if gone is not None:
+            self.ledger.failed(gone, ids, count)
+            return
+        header = {
+            "count": count,
+            "specs": records.specs,
+            "num_atoms": records.num_atoms,
+            "num_edges": records.num_edges,
+            "fields": [(name, a.dtype.str, a.shape) for name, a in records.fields.items()],
+        }
+        try:
+            self._jobs.send(header)
+            for a in records.fields.values():
+                self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        except OSError as exc:  # the child is gone; the answer reader reports what it held
+            self._child_gone(BackgroundWriteError(f"the writer process of {self.where} is gone ({exc!r})"))
+
+    def _send_stop(self) -> None:
+        try:
+            self._jobs.send(_STOP)
+        except OSError:
+            pass
+        self._jobs.close()
+
+    def _read(self) -> None:
+        """Take the child's answers, in order, until it exits."""
+        while True:
+            try:
+                answer = self._answers.recv()
+            except (EOFError, OSError):
+                code = self._child.wait()
+                if self._answers_due:
+                    self._child_gone(
+                        BackgroundWriteError(f"the writer process of {self.where} ended (exit code {code}) "
+                                             "before committing these systems")
+                    )
+                return
+            kind = answer[0]
+            if kind == "committed":
+                _, jobs, stored = answer
+                count = sum(self._take_due()[0] for _ in range(jobs))
+                self.ledger.committed(count, stored=stored)
+            elif kind == "failed":
+                _, jobs, exc = answer
+                for _ in range(jobs):
+                    count, ids = self._take_due()
+                    self.ledger.failed(exc, ids, count)
+            elif kind == "fatal":  # the child could not open the store
+                self._child_gone(answer[1])
+
+    def _take_due(self) -> tuple[int, list[int]]:
+        with self._lock:
+            return self._answers_due.popleft()
+
+    def _child_gone(self, exc: BaseException) -> None:
+        """Fail every job the child has not answered, and every later one."""
+        with self._lock:
+            if self._gone is None:
+                self._gone = exc
+            due, self._answers_due = list(self._answers_due), deque()
+        for count, ids in due:
+            self.ledger.failed(exc, ids, count)
+
+
+def _start_child() -> tuple[subprocess.Popen[bytes], Connection, Connection]:
+    """Start ``python -m alchemi_zarr.process_writer`` with a job pipe and an answer pipe.
+
+    A fresh interpreter (not ``multiprocessing``): the parent's ``__main__`` is never re-run and
+    nothing of a CUDA context is inherited. It sees the parent's ``sys.path``.
+    """
+    jobs_r, jobs_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+    _widen(jobs_w)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "alchemi_zarr.process_writer", str(jobs_r), str(answers_w)],
+            pass_fds=(jobs_r, answers_w),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    finally:
+        os.close(jobs_r)
+        os.close(answers_w)
+    return child, Connection(jobs_w, readable=False), Connection(answers_r, writable=False)
+
+
+def _widen(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except (ImportError, OSError):  # not Linux, or above the system's limit: the default works
+        pass
+
+
+# ---------------------------------------------------------------------- the child's side
+def _receive(jobs: Connection) -> tuple[HostRecords, int] | None:
+    """The next whole job, or None at the stop message or end of file (a cut-off job is dropped)."""
+    try:
+        header = jobs.recv()
+        if header is _STOP:
+            return None
+        fields = {}
+        for name, dtype, shape in header["fields"]:
+            fields[name] = np.frombuffer(jobs.recv_bytes(), dtype=np.dtype(dtype)).reshape(shape)
+    except EOFError:
+        return None
+    return HostRecords(fields, header["specs"], header["num_atoms"], header["num_edges"]), header["count"]
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any unpicklable exception
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _answer(answers: Connection, message: tuple[Any, ...]) -> None:
+    """Send ``message`` to the parent; a parent that is gone no longer listens, but the jobs it
+    sent are still committed."""
+    try:
+        answers.send(message)
+    except OSError:
+        pass
+
+
+def serve(jobs: Connection, answers: Connection) -> int:
+    """The child's loop: open the store, then append jobs in order and answer each group."""
+    from alchemi_zarr.storage import AtomicStore
+
+    init = jobs.recv()
+    try:
+        store = AtomicStore(init["store"], read_only=False, storage_options=init["storage_options"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        _answer(answers, ("fatal", _portable(exc)))
+        return 1
+    max_merge = init["max_merge"]
+    stopping = False
+    while not stopping:
+        job = _receive(jobs)
+        if job is None:
+            return 0
+        received = [job]
+        # Merge what has already arrived: one commit for many jobs.
+        while len(received) < max_merge and jobs.poll():
+            job = _receive(jobs)
+            if job is None:
+                stopping = True
+                break
+            received.append(job)
+        for run in same_field_runs(received):
+            try:
+                store.append(HostRecords.concat([records for records, _ in run]))
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                _answer(answers, ("failed", len(run), _portable(exc)))
+            else:
+                _answer(answers, ("committed", len(run), store.num_systems))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    jobs = Connection(int(argv[0]), writable=False)
+    answers = Connection(int(argv[1]), readable=False)
+    try:
+        return serve(jobs, answers)
+    finally:
+        answers.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
