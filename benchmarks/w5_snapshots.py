@@ -50,7 +50,7 @@ def _measure(fw: Framework, crystal: Any, every: int, ctx: Context, cap: float) 
     try:
         plain.run(3)  # compilation and capture; the snapshot run shares the kernels
         deadline = ctx.budget.deadline(cap)
-        step_s = timed(lambda: plain.run(10), device) / 10
+        step_s = timed(lambda: plain.run(50), device) / 50  # long enough to hide per-run costs
         steps = steps_for(step_s, every, quick)
         t_plain, t_snap = [], []
         for _ in range(2 if quick else REPEATS):
