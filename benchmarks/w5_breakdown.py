@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--variants", default="all", help="comma-separated names among plain, process, thread, logging, both"
+    )
     args = parser.parse_args(argv)
 
     from alchemi_hooks.logger import LoggingHook
@@ -132,6 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "logging": logging,
         "snapshots + logging": both,
     }
+    short = dict(zip(["plain", "process", "thread", "logging", "both"], variants))
+    if args.variants != "all":
+        chosen = ["plain", *(v for v in args.variants.split(",") if v != "plain")]
+        variants = {short[v]: variants[short[v]] for v in chosen}
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "shape": f"{args.atoms}x{args.systems}",

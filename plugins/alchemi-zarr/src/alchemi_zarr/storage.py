@@ -38,11 +38,21 @@ from alchemi_zarr.stores import resolve_store, writer_lock
 _LEVEL_INDEX = {Level.SYSTEM: 0, Level.NODE: 1, Level.EDGE: 2}
 
 
-def _compressors() -> Any:
-    from zarr.codecs import ZstdCodec
+def _compressors(dtype: np.dtype | None = None) -> Any:
+    """Codecs of one array: zstd for integers and booleans (ids, elements, flags shrink to
+    almost nothing, fast), a checksum alone for floats (trajectory floats shrink ~10 % under
+    zstd for a third of the write time). Either way a damaged chunk is an error on reading
+    instead of wrong numbers."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
 
-    # The checksum makes a damaged chunk an error on reading instead of wrong numbers.
+    if dtype is not None and dtype.kind in "fc":
+        return [Crc32cCodec()]
     return [ZstdCodec(level=1, checksum=True)]
+
+
+#: Every chunk is stored, even one equal to the fill value: zarr would otherwise compare each
+#: chunk with it, a pass over all the data, to save space only for all-zero chunks.
+_ARRAY_CONFIG = {"write_empty_chunks": True}
 
 
 def _write_concurrently(writes: list[tuple[Any, slice, np.ndarray]]) -> None:
@@ -270,7 +280,8 @@ class AtomicStore:
                 shape=(0, *spec.shape),
                 dtype=layout.storage_dtype(spec.dtype),
                 chunks=(rows, *spec.shape),
-                compressors=_compressors(),
+                compressors=_compressors(layout.storage_dtype(spec.dtype)),
+                config=_ARRAY_CONFIG,
                 fill_value=0,
                 attributes={"level": spec.level.value, "dtype": layout.dtype_name(spec.dtype, name), "units": spec.units},
                 overwrite=True,
@@ -278,7 +289,7 @@ class AtomicStore:
         for name in (layout.ATOM_PTR, layout.EDGE_PTR):
             self._arrays[name] = self._group.create_array(
                 name, shape=(1,), dtype=np.int64, chunks=(layout.POINTER_CHUNK_ROWS,),
-                compressors=_compressors(), fill_value=0, overwrite=True,
+                compressors=_compressors(), config=_ARRAY_CONFIG, fill_value=0, overwrite=True,
             )
         if layout.COMMIT not in self._group:
             self._group.create_array(layout.COMMIT, shape=(3,), dtype=np.int64, chunks=(3,), fill_value=0)
