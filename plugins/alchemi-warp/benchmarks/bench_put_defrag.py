@@ -4,8 +4,9 @@ A batch of ``--systems`` structures of ``--atoms`` atoms (int64 atomic numbers, 
 velocities, forces and masses, a bool mask, cells, energies, ids; optionally a neighbour list
 with ``--edges-per-atom`` edges per atom) moves ``--moved`` of its systems into a pre-allocated
 buffer (``put``), removes them (``defrag``) and the buffer is emptied (``zero``). The same
-sequence runs with ``buffer:torch`` and ``buffer:warp``, and the resulting tensors are compared
-byte for byte. Single gathers of one field time the kernels without ``put``'s host planning.
+sequence runs with ``buffer:torch``, with every operation as a Warp kernel, and with
+``buffer:warp``'s default split (Warp for shifted index gathers only), and the resulting tensors
+are compared byte for byte. Single gathers of one field time the kernels without ``put``'s host planning.
 
 On a GPU the times come from CUDA events (median over ``--repeats``); on the CPU from
 ``time.perf_counter`` (Warp's CPU kernels are serial loops, so the CPU numbers only show that
@@ -138,9 +139,14 @@ def main() -> None:
         device = torch.device("cuda", torch.cuda.current_device())
 
     torch_times, torch_final = run_sequence(TorchBufferOps(), args, device)
-    warp_times, warp_final = run_sequence(WarpBufferOps(allow_cpu=True), args, device)
+    # "warp": every operation by a Warp kernel; "default": what buffer:warp does unless told
+    # otherwise (Warp for shifted index gathers, torch for the rest).
+    warp_times, warp_final = run_sequence(WarpBufferOps(allow_cpu=True, every_op=True), args, device)
+    default_times, default_final = run_sequence(WarpBufferOps(allow_cpu=True), args, device)
     identical = all(
-        torch.equal(torch_final[k].view(torch.uint8), warp_final[k].view(torch.uint8)) for k in torch_final
+        torch.equal(torch_final[k].view(torch.uint8), other[k].view(torch.uint8))
+        for other in (warp_final, default_final)
+        for k in torch_final
     )
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -151,7 +157,9 @@ def main() -> None:
         "dtype": "float64" if args.float64 else "float32",
         "repeats": args.repeats,
         "bit_identical": identical,
-        "ms": {op: {"torch": torch_times[op], "warp": warp_times[op]} for op in torch_times},
+        "ms": {
+            op: {"torch": torch_times[op], "warp": warp_times[op], "default": default_times[op]} for op in torch_times
+        },
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -160,9 +168,9 @@ def main() -> None:
         f"{result['device']}: {args.systems} systems x {args.atoms} atoms, {args.moved:.0%} moved, "
         f"{args.edges_per_atom} edges/atom, {result['dtype']}; median of {args.repeats}"
     )
-    print(f"{'operation':<30}{'torch ms':>10}{'warp ms':>10}{'torch/warp':>12}")
+    print(f"{'operation':<30}{'torch ms':>10}{'warp ms':>10}{'default ms':>12}{'torch/warp':>12}")
     for op, t in result["ms"].items():
-        print(f"{op:<30}{t['torch']:>10.3f}{t['warp']:>10.3f}{t['torch'] / t['warp']:>11.2f}x")
+        print(f"{op:<30}{t['torch']:>10.3f}{t['warp']:>10.3f}{t['default']:>12.3f}{t['torch'] / t['warp']:>11.2f}x")
     print(f"results bit-identical: {identical}")
 
 

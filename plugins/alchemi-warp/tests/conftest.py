@@ -30,7 +30,7 @@ def warp_ops_on_cpu() -> Iterator[object]:
     """Route ``Batch.put``/``defrag``/``zero`` on the CPU through the Warp kernels."""
     from alchemi_warp.buffer_ops import WarpBufferOps
 
-    ops = WarpBufferOps(allow_cpu=True)
+    ops = WarpBufferOps(allow_cpu=True, every_op=True)
     set_buffer_ops("cpu", ops)
     try:
         yield ops

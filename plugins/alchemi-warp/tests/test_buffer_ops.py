@@ -20,7 +20,7 @@ TORCH = TorchBufferOps()
 
 
 def ops_for(device: str) -> WarpBufferOps:
-    return WarpBufferOps(allow_cpu=(device == "cpu"))
+    return WarpBufferOps(allow_cpu=(device == "cpu"), every_op=True)
 
 
 def random_rows(n: int, trailing: tuple[int, ...], dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
@@ -178,3 +178,25 @@ def test_core_picks_warp_for_cuda():
 
     set_buffer_ops("cuda", None)
     assert isinstance(buffer_ops_for(torch.device("cuda")), WarpBufferOps)
+
+
+def test_by_default_only_shifted_gathers_run_as_warp_kernels(monkeypatch):
+    """The measured split: plain gathers and zeroing go to torch, index shifts to Warp."""
+    from alchemi_warp import launch
+
+    launched = []
+    real_run = launch.run
+    monkeypatch.setattr(launch, "run", lambda kernel, *a, **k: (launched.append(kernel.key), real_run(kernel, *a, **k)))
+    ops = WarpBufferOps(allow_cpu=True)
+    src = torch.arange(12, dtype=torch.int64).reshape(6, 2)
+    out = torch.zeros(3, 2, dtype=torch.int64)
+    ops.gather(src, torch.tensor([5, 0, 2]), out)
+    ops.zero([out])
+    assert launched == [] and out.sum() == 0
+    ops.gather_shifted(src, torch.tensor([5, 0, 2]), torch.tensor([100, 100, 100]), out)
+    assert len(launched) == 1 and "shifted" in launched[0]
+    assert out.tolist() == [[110, 111], [100, 101], [104, 105]]
+    every = WarpBufferOps(allow_cpu=True, every_op=True)
+    every.gather(src, torch.tensor([1]), out[:1])
+    every.zero([out])
+    assert len(launched) == 3

@@ -20,7 +20,7 @@ def test_launches_follow_torch_current_stream():
 
 
 def test_copies_on_a_side_stream_are_ordered_with_torch_work():
-    ops = WarpBufferOps()
+    ops = WarpBufferOps(every_op=True)
     side = torch.cuda.Stream()
     src = torch.zeros(1 << 16, 3, device="cuda")
     index = torch.arange(1 << 16, device="cuda").flip(0)
@@ -35,7 +35,7 @@ def test_copies_on_a_side_stream_are_ordered_with_torch_work():
 
 
 def test_gather_and_zero_replay_in_a_cuda_graph():
-    ops = WarpBufferOps()
+    ops = WarpBufferOps(every_op=True)
     src = torch.randn(64, 3, device="cuda")
     index = torch.tensor([5, 0, 63, 7], device="cuda")
     out = torch.zeros(4, 3, device="cuda")

@@ -19,7 +19,7 @@ from alchemi_core.testing import make_batch
 from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_warp.buffer_ops import WarpBufferOps
 
-WARP = WarpBufferOps(allow_cpu=True)
+WARP = WarpBufferOps(allow_cpu=True, every_op=True)
 
 
 def storage_bytes(batch: Batch) -> dict[str, bytes]:
@@ -99,7 +99,7 @@ def test_every_dtype_survives_a_round_trip_through_warp(edges, warp_ops_on_cpu):
 def test_put_and_defrag_on_cuda_match_torch_bit_for_bit(edges, dtype):
     sizes, mask_bits, held = [5, 1, 7, 3, 2, 6], [True, False, True, True, False, False], [2, 3]
     dest_t, src_t = put_then_defrag(TorchBufferOps(), sizes, edges, dtype, mask_bits, held, "cuda")
-    dest_w, src_w = put_then_defrag(WarpBufferOps(), sizes, edges, dtype, mask_bits, held, "cuda")
+    dest_w, src_w = put_then_defrag(WarpBufferOps(every_op=True), sizes, edges, dtype, mask_bits, held, "cuda")
     assert storage_bytes(dest_t) == storage_bytes(dest_w)
     assert storage_bytes(src_t) == storage_bytes(src_w)
     assert dest_w.system_id[len(held) :].tolist() == [0, 2, 3]

@@ -5,15 +5,21 @@ copied as integer words (:mod:`alchemi_warp.words`), so results are bit-identica
 path. Kernels run on torch's current CUDA stream and read and write the tensors in place through
 ``wp.from_torch``; nothing is read back to the host.
 
-Core picks these ops for CUDA devices when the plugin is installed (``buffer_ops_for``). On the
-CPU core keeps torch; Warp's CPU kernels are used only when asked for explicitly, which is how
-the tests exercise the kernels on machines without a GPU.
+Core picks these ops for CUDA devices when the plugin is installed (``buffer_ops_for``). What
+runs where follows a measurement on an H200 (``benchmarks/bench_put_defrag.py``, recorded in
+docs/performance.md): the shifted gather of index fields (neighbour lists moved to new atom
+offsets) is one Warp kernel instead of torch's gather plus add, 9.7x faster for 8.8M edges,
+which made ``put`` 1.6x faster on a batch with neighbour lists; plain row copies and zeroing are
+faster with torch's own kernels (``put`` of 2048 x 108 atoms without edges: torch 0.80 ms, Warp
+1.20 ms), so by default they stay on torch. ``every_op=True`` runs all three with Warp (the
+tests do, to exercise every kernel). On the CPU core keeps torch; Warp's CPU kernels are used
+only when asked for explicitly, which is how the tests run the kernels without a GPU.
 
 Example:
     >>> import torch
     >>> from alchemi_core.data.buffer_ops import set_buffer_ops
     >>> from alchemi_warp.buffer_ops import WarpBufferOps
-    >>> ops = WarpBufferOps(allow_cpu=True)
+    >>> ops = WarpBufferOps(allow_cpu=True, every_op=True)
     >>> out = torch.zeros(2, 3, dtype=torch.int64)
     >>> ops.gather(torch.arange(9).reshape(3, 3), torch.tensor([2, 0]), out)
     >>> out.tolist()
@@ -42,6 +48,8 @@ class WarpBufferOps:
     Args:
         allow_cpu: Also claim CPU tensors (Warp runs its kernels on the CPU too). Off by
             default, because torch's CPU ``index_select`` is already a tight loop.
+        every_op: Run plain gathers and zeroing with Warp kernels too; by default they use
+            torch's, measured faster for them (see the module docstring).
 
     Indices must lie inside ``src``: like every GPU gather, the kernels do not check them (a
     check would read back from the device). ``Batch`` builds its indices from its own counts.
@@ -49,8 +57,9 @@ class WarpBufferOps:
 
     name = "warp"
 
-    def __init__(self, allow_cpu: bool = False) -> None:
+    def __init__(self, allow_cpu: bool = False, every_op: bool = False) -> None:
         self.allow_cpu = allow_cpu
+        self.every_op = every_op
 
     def supports(self, device: torch.device | str) -> bool:
         """True on CUDA devices Warp can use, and on the CPU when ``allow_cpu`` is set."""
@@ -68,6 +77,9 @@ class WarpBufferOps:
             InvalidDataError: ``src`` and ``out`` differ in dtype, trailing shape or device, or
                 ``index`` does not have one entry per row of ``out``.
         """
+        if not self.every_op:
+            _TORCH.gather(src, index, out)  # measured faster for plain rows
+            return
         index = _check(src, index, out, "gather")
         if not (src.is_contiguous() and out.is_contiguous()):
             _TORCH.gather(src, index, out)  # strided user tensors: correctness over speed
@@ -106,6 +118,9 @@ class WarpBufferOps:
 
     def zero(self, tensors: Sequence[torch.Tensor]) -> None:
         """Set every element of every tensor to zero (False for bool); one launch per tensor."""
+        if not self.every_op:
+            _TORCH.zero(list(tensors))
+            return
         for t in tensors:
             if t.numel() == 0:
                 continue
@@ -116,7 +131,7 @@ class WarpBufferOps:
             launch.run(kernels.fill_words, flat.shape, flat, _zero_word(flat))
 
     def __repr__(self) -> str:
-        return f"WarpBufferOps(allow_cpu={self.allow_cpu})"
+        return f"WarpBufferOps(allow_cpu={self.allow_cpu}, every_op={self.every_op})"
 
 
 _zero_words: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
