@@ -258,3 +258,15 @@ def test_chunk_rows_aim_at_a_fixed_chunk_size():
     assert layout.chunk_rows(1) == layout.MAX_CHUNK_ROWS
     assert layout.chunk_rows(10**6) == layout.MIN_CHUNK_ROWS
     assert np.log2(layout.chunk_rows(72)).is_integer()
+
+
+@pytest.mark.parametrize("field", ["positions", "atomic_numbers"])  # a float (crc32c) and an int (zstd) field
+def test_a_damaged_chunk_is_an_error_not_wrong_numbers(tmp_path, field):
+    path = tmp_path / "flipped.zarr"
+    ZarrData(str(path)).write(batch_for(list(range(20))))
+    chunk = next(p for p in (path / "atoms" / field).rglob("*") if p.is_file() and p.name != "zarr.json")
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="(?i)checksum|crc|corrupt|zstd|decompress"):
+        AtomicDataZarrReader(str(path)).read_batch()
