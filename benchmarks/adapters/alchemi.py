@@ -15,13 +15,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from benchmarks import spec
 from benchmarks.adapters.base import (
     Framework,
-    IdTally,
     InflightOutcome,
     MDRun,
     ObservedMD,
@@ -34,10 +32,11 @@ try:
     from alchemi_integrators import FIRE, Langevin, VelocityVerlet
     from alchemi_potentials import LennardJones
 
-    from alchemi_core.data import AtomicData, Batch
+    from benchmarks.alchemi_parts import CellDataset, ConvergedCount, IdTallySink
+
+    from alchemi_core.data import Batch
     from alchemi_core.dynamics import (
         ConvergenceHook,
-        DataSink,
         DynamicsStage,
         FusedStage,
         Hook,
@@ -84,57 +83,6 @@ class _Deadline(Hook):
 
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         check_deadline(self.deadline)
-
-
-class _ConvergedCount(Hook):
-    """Counts the systems the relaxation released by convergence (read at check steps)."""
-
-    stage = DynamicsStage.ON_CONVERGE
-
-    def __init__(self) -> None:
-        super().__init__(frequency=1)
-        self.count = 0
-
-    def __call__(self, batch: Batch, dynamics: Any) -> None:
-        mask = dynamics.converged_mask
-        if mask is not None:
-            self.count += int(mask.sum())
-
-
-class _IdTally(IdTally, DataSink):
-    """The ``system_id`` of every structure that graduated."""
-
-    def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
-        self.add(batch.system_id, mask)
-
-
-class _CellDataset:
-    """W3's cells as alchemi ``AtomicData``, made when the sampler asks for them."""
-
-    def __init__(self, cells: ArgonCells) -> None:
-        self.cells = cells
-
-    def __len__(self) -> int:
-        return len(self.cells)
-
-    def __getitem__(self, index: int) -> AtomicData:
-        pos, cell = self.cells.cell(index)
-        n = len(pos)
-        return AtomicData(
-            atomic_numbers=torch.full((n,), spec.ARGON_Z, dtype=torch.long),
-            positions=pos.to(torch.float32),
-            cell=cell.to(torch.float32).unsqueeze(0),
-            pbc=torch.ones(1, 3, dtype=torch.bool),
-            atomic_masses=torch.full((n,), spec.ARGON_MASS, dtype=torch.float32),
-            system_id=torch.tensor([index], dtype=torch.long),
-        )
-
-    def get_metadata(self, index: int) -> tuple[int, int]:
-        return self.cells.num_atoms(index), 0
-
-    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
-        counts = self.cells.atom_counts()
-        return counts, np.zeros_like(counts)
 
 
 def to_batch(systems: Systems, device: str, dtype: torch.dtype = torch.float32) -> Batch:
@@ -277,8 +225,8 @@ class Alchemi(Framework):
 
         f, p = spec.FIRE, spec.LANGEVIN
         model = self.model()
-        sampler = SizeAwareSampler(_CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32)
-        converged, tally = _ConvergedCount(), _IdTally()
+        sampler = SizeAwareSampler(CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32)
+        converged, tally = ConvergedCount(), IdTallySink()
         relax = FIRE(
             model,
             n_steps=spec.W3_RELAX_BUDGET,

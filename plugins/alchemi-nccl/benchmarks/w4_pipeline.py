@@ -28,107 +28,34 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from alchemi_core import registry
-from alchemi_core.data import AtomicData, Batch
 from alchemi_core.dynamics import (
     ConvergenceHook,
-    DataSink,
     DemoDynamics,
     DistributedPipeline,
-    DynamicsStage,
 )
 from alchemi_core.dynamics.base import BufferConfig
 from alchemi_core.dynamics.sampler import SizeAwareSampler
-from alchemi_core.errors import CapacityError
 
-ARGON = {"epsilon": 0.0104, "sigma": 3.405, "cutoff": 8.5125}
-LATTICE = 5.26  # Å, FCC argon, cubic cell of 4 atoms
-REPEATS = (2, 3, 4, 6)  # 32, 108, 256, 864 atoms
+# W3's cells, the id tally and the converged count are the benchmark harness's (benchmarks/ at
+# the repository root), so W3 here and in `python -m benchmarks` are the same structures.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from benchmarks import spec  # noqa: E402
+from benchmarks.alchemi_parts import CellDataset, ConvergedCount, IdTallySink  # noqa: E402
+from benchmarks.structures import ArgonCells  # noqa: E402
 
-
-class ArgonCells:
-    """W3's structures, built on demand: FCC argon repeated n x n x n with n drawn from
-    {2, 3, 4, 6} (seed 0), rattled by 0.1 Å (seed = index)."""
-
-    def __init__(self, count: int, repeats: tuple[int, ...] = REPEATS, dtype: torch.dtype = torch.float32) -> None:
-        from ase.build import bulk
-
-        self.n = np.random.default_rng(0).choice(repeats, size=count)
-        self.dtype = dtype
-        self.templates = {}
-        for n in repeats:
-            atoms = bulk("Ar", "fcc", a=LATTICE, cubic=True).repeat((n, n, n))
-            self.templates[n] = (torch.tensor(atoms.positions, dtype=torch.float64), torch.tensor(atoms.cell.array, dtype=dtype))
-
-    def __len__(self) -> int:
-        return len(self.n)
-
-    def __getitem__(self, index: int) -> AtomicData:
-        pos, cell = self.templates[int(self.n[index])]
-        g = torch.Generator().manual_seed(int(index))
-        rattled = pos + 0.1 * torch.randn(pos.shape, generator=g, dtype=torch.float64)
-        return AtomicData(
-            atomic_numbers=torch.full((len(pos),), 18, dtype=torch.long), positions=rattled.to(self.dtype),
-            cell=cell.unsqueeze(0), pbc=torch.ones(1, 3, dtype=torch.bool),
-        )
-
-    def get_metadata(self, index: int) -> tuple[int, int]:
-        return 4 * int(self.n[index]) ** 3, 0
-
-    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
-        return (4 * self.n.astype(np.int64) ** 3), np.zeros(len(self.n), dtype=np.int64)
+ARGON = {"epsilon": spec.EPSILON, "sigma": spec.SIGMA, "cutoff": spec.CUTOFF}
 
 
-class Tally(DataSink):
-    """Keeps the ``system_id`` of every finished structure, without copying structures off the
-    GPU."""
-
-    def __init__(self) -> None:
-        self.ids: list[torch.Tensor] = []
-
-    def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
-        sel = torch.ones(batch.num_graphs, dtype=torch.bool, device=batch.device) if mask is None else mask
-        self.ids.append(batch.system_id[sel].cpu())
-
-    def read(self) -> Batch:
-        raise CapacityError("Tally keeps system ids only")
-
-    def zero(self) -> None:
-        self.ids = []
-
-    def __len__(self) -> int:
-        return 0  # never full
-
-    @property
-    def capacity(self) -> int:
-        return 2**62
-
-    def finished_ids(self) -> np.ndarray:
-        return torch.cat(self.ids).numpy() if self.ids else np.zeros(0, dtype=np.int64)
-
-
-class ConvergedCounter:
-    """Counts the structures the relaxation's convergence check released (force <= fmax)."""
-
-    stage = DynamicsStage.ON_CONVERGE
-    frequency = 1
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, batch: Batch, dynamics: Any) -> None:
-        if dynamics.converged_mask is not None:
-            self.count += int(dynamics.converged_mask.sum())  # a check step: reading back is fine
-
-
-def has(spec: str) -> bool:
-    kind = spec.split(":")[0]
-    return any(r.spec == spec for r in registry.available(kind))
+def has(component: str) -> bool:
+    kind = component.split(":")[0]
+    return any(r.spec == component for r in registry.available(kind))
 
 
 def make_model(dtype: torch.dtype) -> tuple[Any, str]:
@@ -141,20 +68,20 @@ def make_model(dtype: torch.dtype) -> tuple[Any, str]:
 
 def make_stages(
     args: argparse.Namespace, model: Any, count: int
-) -> tuple[Any, Any, Tally, ConvergedCounter, dict[str, str]]:
+) -> tuple[Any, Any, IdTallySink, ConvergedCount, dict[str, str]]:
     conv = ConvergenceHook.from_fmax(args.fmax, frequency=args.check_every)
     buffer = BufferConfig(num_systems=args.buffer_systems, num_nodes=args.buffer_atoms, num_edges=0)
     common = {"comm_mode": args.comm_mode, "buffer_config": buffer}
-    dataset = ArgonCells(count, args.repeats, dtype=args.torch_dtype)
+    dataset = CellDataset(ArgonCells.drawn(count, args.repeats), dtype=args.torch_dtype)
     sampler = SizeAwareSampler(dataset, max_atoms=args.max_atoms, max_batch_size=args.max_batch, bin_width=32)
-    converged = ConvergedCounter()
+    converged = ConvergedCount()
     relax_kw = {"model": model, "n_steps": args.relax_steps, "convergence_hook": conv, "sampler": sampler,
                 "refill_frequency": args.check_every, "hooks": [converged], **common}
     if has("integrator:fire"):
         relax, relax_name = registry.build("integrator:fire", dt=args.fire_dt, **relax_kw), "fire"
     else:
         relax, relax_name = DemoDynamics(dt=args.fire_dt, **relax_kw), "demo (NVE; install alchemi-integrators for FIRE)"
-    tally = Tally()
+    tally = IdTallySink()
     md_kw = {"model": model, "n_steps": args.md_steps, "sinks": [tally], "refill_frequency": args.check_every, **common}
     if has("integrator:langevin"):
         md = registry.build("integrator:langevin", dt=5.0, temperature=50.0, friction=0.01, **md_kw)
@@ -177,9 +104,9 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def summarise(
-    args: argparse.Namespace, mode: str, seconds: float, tally: Tally, converged: int, names: dict[str, str], count: int
+    args: argparse.Namespace, mode: str, seconds: float, tally: IdTallySink, converged: int, names: dict[str, str], count: int
 ) -> dict[str, Any]:
-    ids = tally.finished_ids()
+    ids = tally.all_ids()
     if len(ids) != count or len(np.unique(ids)) != count:
         raise SystemExit(f"accounting failed: {len(ids)} structures out ({len(np.unique(ids))} distinct) of {count}")
     return {
@@ -263,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for its peer")
     p.add_argument("--json", default=None, help="also write the result here (rank 1 / fused)")
     args = p.parse_args(argv)
-    args.repeats = REPEATS
+    args.repeats = spec.W3_REPEATS
     if args.smoke:
         args.structures, args.warmup, args.md_steps, args.relax_steps = 12, 0, 20, 30
         args.repeats, args.max_atoms, args.max_batch = (2,), 4 * 32, 4
