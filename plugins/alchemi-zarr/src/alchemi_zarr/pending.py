@@ -26,6 +26,7 @@ import queue
 import sys
 import threading
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,7 +115,7 @@ class WriteLedger:
         ) from first
 
 
-class AsyncWriter:
+class AsyncWriter(ABC):
     """What both asynchronous writers share: a bounded queue of ``(snapshot, count)`` jobs, the
     ledger, refusing work once closed, and draining at interpreter exit.
 
@@ -158,11 +159,13 @@ class AsyncWriter:
         """Raise the failures so far (once), naming every system that was not stored."""
         self.ledger.raise_errors()
 
-    def flush(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def flush(self) -> None:
+        """Wait until everything submitted is committed, then raise any failure."""
 
-    def close(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None:
+        """Commit what is pending, stop the writer, and raise any failure."""
 
     def close_quietly(self) -> None:
         """``close()`` where no caller is left to raise to (exit, garbage collection): failures

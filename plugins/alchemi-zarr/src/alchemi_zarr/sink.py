@@ -86,7 +86,7 @@ class ZarrData(DataSink):
         self.units = dict(units or {})
         self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._background: BackgroundWriter | ProcessWriter | None = None
-        mode = _writer_mode(asynchronous, store)
+        mode = self._mode = _writer_mode(asynchronous, store)
         if mode == "thread":
             from alchemi_zarr.background import BackgroundWriter
 
@@ -114,9 +114,7 @@ class ZarrData(DataSink):
     @property
     def writer(self) -> str | None:
         """Who writes in the background: ``"process"``, ``"thread"`` or None (synchronous)."""
-        if self._background is None:
-            return None
-        return "thread" if type(self._background).__name__ == "BackgroundWriter" else "process"
+        return self._mode
 
     def __len__(self) -> int:
         if self._background is not None:
