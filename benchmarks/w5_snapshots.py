@@ -50,7 +50,11 @@ def _measure(fw: Framework, crystal: Any, every: int, ctx: Context, cap: float) 
     try:
         plain.run(3)  # compilation and capture; the snapshot run shares the kernels
         deadline = ctx.budget.deadline(cap)
-        step_s = timed(lambda: plain.run(50), device) / 50  # long enough to hide per-run costs
+        # The cost of a step alone: the difference of two runs cancels what every run costs once
+        # (a 50-step run alone took three times as long per step, and the timed runs came out
+        # a third of the intended length).
+        short, long = timed(lambda: plain.run(50), device), timed(lambda: plain.run(250), device)
+        step_s = (long - short) / 200 if long > short else long / 250
         steps = steps_for(step_s, every, quick)
         t_plain, t_snap = [], []
         for _ in range(2 if quick else REPEATS):

@@ -11,6 +11,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -310,3 +311,13 @@ def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
     out = load("alchemi").inflight(ArgonCells.drawn(8, (2,)), "cpu", 50, deadline=time.perf_counter())
     assert out.completed is False and out.seconds > 0
     assert len(out.ids_out) < 8  # stopped within its first steps, long before 50 MD steps
+
+
+@pytest.mark.parametrize("repeat", [1, 3])
+def test_fcc_argon_is_ases_cubic_fcc_cell_repeated(repeat: int) -> None:
+    """The harness builds its crystals without ASE; they must be ASE's, atom for atom."""
+    build = pytest.importorskip("ase.build")
+    atoms = build.bulk("Ar", "fcc", a=spec.LATTICE, cubic=True).repeat((repeat, repeat, repeat))
+    positions, cell = fcc_argon.__wrapped__(repeat)
+    np.testing.assert_allclose(positions, atoms.positions, atol=1e-12)
+    np.testing.assert_allclose(cell, atoms.cell.array, atol=1e-12)
