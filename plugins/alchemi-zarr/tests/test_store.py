@@ -260,7 +260,7 @@ def test_chunk_rows_aim_at_a_fixed_chunk_size():
     assert np.log2(layout.chunk_rows(72)).is_integer()
 
 
-@pytest.mark.parametrize("field", ["positions", "atomic_numbers"])  # a float (crc32c) and an int (zstd) field
+@pytest.mark.parametrize("field", ["positions", "atomic_numbers"])  # a float (crc32c) and an int (blosc, crc32c) field
 def test_a_damaged_chunk_is_an_error_not_wrong_numbers(tmp_path, field):
     path = tmp_path / "flipped.zarr"
     ZarrData(str(path)).write(batch_for(list(range(20))))

@@ -1,0 +1,90 @@
+"""Chunks encoded by alchemi-zarr itself must be the bytes zarr writes, and read back by zarr."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+
+from alchemi_zarr.aligned import ChunkTails
+from alchemi_zarr.chunks import encoder, write_pieces
+
+CHAINS = {
+    "crc32c": [Crc32cCodec()],
+    "blosc+crc32c": [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=8), Crc32cCodec()],
+    "zstd": [ZstdCodec(level=1, checksum=True)],
+}
+
+
+def _values(dtype: str, rows: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if dtype == "bool":
+        return rng.random((rows, 3)) > 0.5
+    if dtype.startswith("int"):
+        return rng.integers(-50, 50, size=(rows, 3)).astype(dtype)
+    return rng.standard_normal((rows, 3)).astype(dtype)
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32", "bool"])
+def test_direct_chunks_are_the_bytes_zarr_writes(chain, dtype, tmp_path):
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    codecs = CHAINS[chain]
+    if chain == "blosc+crc32c":
+        codecs = [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=np.dtype(dtype).itemsize), Crc32cCodec()]
+    made = {
+        name: group.create_array(name, shape=(24, 3), dtype=dtype, chunks=(8, 3), compressors=codecs, fill_value=0)
+        for name in ("direct", "zarr")
+    }
+    assert encoder(made["direct"]) is not None
+    values = _values(dtype, 24)
+    write_pieces([(made["direct"], slice(0, 24), values)])
+    made["zarr"][:] = values
+    np.testing.assert_array_equal(made["direct"][:], values)
+    for chunk in range(3):
+        ours = (tmp_path / "g.zarr" / "direct" / "c" / str(chunk) / "0").read_bytes()
+        theirs = (tmp_path / "g.zarr" / "zarr" / "c" / str(chunk) / "0").read_bytes()
+        assert ours == theirs
+
+
+def test_pieces_that_are_not_whole_chunks_go_through_zarr():
+    group = zarr.open_group("memory://chunks-partial", mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(16,), dtype="int64", chunks=(8,), compressors=[Crc32cCodec()], fill_value=0)
+    write_pieces([(arr, slice(3, 6), np.array([7, 8, 9]))])
+    assert arr[:8].tolist() == [0, 0, 0, 7, 8, 9, 0, 0]
+
+
+def test_arrays_with_other_codecs_are_left_to_zarr():
+    from zarr.codecs import GzipCodec
+
+    group = zarr.open_group("memory://chunks-other", mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(16,), dtype="f4", chunks=(8,), compressors=[GzipCodec()], fill_value=0)
+    assert encoder(arr) is None
+    write_pieces([(arr, slice(0, 16), np.arange(16, dtype="f4"))])
+    assert arr[:].tolist() == list(range(16))
+
+
+def test_aligned_appends_keep_earlier_rows_of_a_shared_chunk():
+    """Appends of odd sizes through ChunkTails and write_pieces equal one assignment of all rows."""
+    group = zarr.open_group("memory://chunks-appends", mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(64, 3), dtype="f8", chunks=(8, 3), compressors=[Crc32cCodec()], fill_value=0)
+    tails, at, everything = ChunkTails(), 0, []
+    for size in (3, 5, 11, 1, 16, 7):
+        rows = _values("float64", size) + at
+        pieces = tails.pieces("x", at, rows, 8, read_tail=lambda a, b: arr[a:b])
+        write_pieces([(arr, slice(first, first + len(v)), v) for first, v in pieces])
+        at += size
+        everything.append(rows)
+    np.testing.assert_array_equal(arr[:at], np.concatenate(everything))
+
+
+def test_a_reopened_store_reads_the_tail_it_did_not_write(tmp_path):
+    """The first append after reopening reads the last chunk's committed rows from the store."""
+    group = zarr.open_group(str(tmp_path / "t.zarr"), mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(32,), dtype="i8", chunks=(8,), compressors=[Crc32cCodec()], fill_value=0)
+    first = ChunkTails().pieces("x", 0, np.arange(5), 8, read_tail=None)
+    write_pieces([(arr, slice(s, s + len(v)), v) for s, v in first])
+    again = ChunkTails().pieces("x", 5, np.arange(5, 9), 8, read_tail=lambda a, b: arr[a:b])
+    write_pieces([(arr, slice(s, s + len(v)), v) for s, v in again])
+    assert arr[:9].tolist() == list(range(9))
