@@ -11,12 +11,13 @@ import sys
 import time
 
 import pytest
+import torch
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.testing.contracts import SinkContract
 from alchemi_zarr import AtomicDataZarrReader, BackgroundWriteError, ZarrData
 
-from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url
+from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url, write_moving
 
 
 class TestZarrDataProcessWriter(SinkContract):
@@ -48,11 +49,7 @@ def test_asynchronous_true_picks_a_process_for_paths_and_a_thread_for_memory(tmp
 def test_writes_are_stored_in_order_with_the_values_of_their_moment(tmp_path):
     path = str(tmp_path / "order.zarr")
     sink = ZarrData(path, asynchronous="process", max_pending=4)
-    batch = batch_for([0, 1, 2])
-    for _ in range(12):
-        sink.write(batch)
-        batch.system_id.add_(3)  # the dynamics go on changing the batch after the write
-        batch.positions.add_(100.0)
+    write_moving(sink, writes=12)  # the dynamics go on changing the batch after each write
     assert len(sink) == 36
     sink.flush()
     assert_moving_writes_kept_their_moment(AtomicDataZarrReader(path).read_batch(), writes=12)
@@ -132,3 +129,57 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return True
+
+
+class _CountingPipe:
+    """Wraps the job pipe to count the bulk messages (field bytes) sent through it."""
+
+    def __init__(self, conn):
+        self.conn, self.bulk = conn, 0
+
+    def send(self, obj):
+        self.conn.send(obj)
+
+    def send_bytes(self, data):
+        self.bulk += 1
+        self.conn.send_bytes(data)
+
+    def close(self):
+        self.conn.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="shared staging needs memfd (Linux)")
+def test_fields_reach_the_child_through_shared_memory_and_shifted_indices_through_the_pipe(tmp_path):
+    from alchemi_core.testing import make_batch
+
+    path = str(tmp_path / "shared.zarr")
+    sink = ZarrData(path, asynchronous="process", max_pending=2)
+    pipe = sink._background._jobs = _CountingPipe(sink._background._jobs)
+    plain = make_batch([3, 4])
+    for _ in range(3):
+        sink.write(plain)
+    sink.flush()
+    assert pipe.bulk == 0  # every field was read from the staging slot
+    sink.close()
+
+    path = str(tmp_path / "edges.zarr")
+    sink = ZarrData(path, asynchronous="process", max_pending=2)
+    pipe = sink._background._jobs = _CountingPipe(sink._background._jobs)
+    with_edges = make_batch([3, 4], edges=True)
+    sink.write(with_edges)
+    sink.flush()
+    assert pipe.bulk == 1  # neighbor_list, shifted to per-system indices, is a new array
+    assert torch.equal(sink.read().neighbor_list, with_edges.neighbor_list)
+    sink.close()
+
+
+def test_without_shared_memory_fields_go_through_the_pipe(tmp_path, monkeypatch):
+    from alchemi_zarr import process_writer
+
+    monkeypatch.setattr(process_writer, "shared_staging_available", lambda: False)
+    path = str(tmp_path / "piped.zarr")
+    sink = ZarrData(path, asynchronous="process", max_pending=1)
+    write_moving(sink, writes=6)
+    sink.flush()
+    assert_moving_writes_kept_their_moment(AtomicDataZarrReader(path).read_batch(), writes=6)
+    sink.close()

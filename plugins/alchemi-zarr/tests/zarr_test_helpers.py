@@ -46,6 +46,17 @@ def assert_matches_id(data: AtomicData) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), f"system {sid}: field {k} differs"
 
 
+def write_moving(sink, writes: int, shift: float = 100.0) -> None:
+    """Write ``batch_for([0, 1, 2])`` ``writes`` times, adding 3 to its ``system_id`` and
+    ``shift`` to its positions after each write, as dynamics change a batch after a snapshot
+    (check with :func:`assert_moving_writes_kept_their_moment`)."""
+    batch = batch_for([0, 1, 2])
+    for _ in range(writes):
+        sink.write(batch)
+        batch.system_id.add_(3)
+        batch.positions.add_(shift)
+
+
 def assert_moving_writes_kept_their_moment(stored: Batch, writes: int, shift: float = 100.0) -> None:
     """``stored`` holds ``writes`` writes of ``batch_for([0, 1, 2])``, between which the test
     added 3 to ``system_id`` and ``shift`` to the positions: each write must hold the batch as

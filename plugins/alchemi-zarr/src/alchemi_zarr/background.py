@@ -66,6 +66,8 @@ class BackgroundWriter(AsyncWriter):
                 for group in self._same_fields(work):
                     self._write(group)
             finally:
+                for snap, _ in work:
+                    snap.release()  # written or failed: the host buffers take the next copies
                 for _ in jobs:
                     self.queue.task_done()
             if jobs[-1] is None:

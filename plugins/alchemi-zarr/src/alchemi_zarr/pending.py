@@ -28,9 +28,16 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
+from alchemi_core.data.staging import HostStaging
 from alchemi_core.errors import AlchemiError
+
+from alchemi_zarr.records import Snapshot, snapshot
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
 
 
 class BackgroundWriteError(AlchemiError, RuntimeError):
@@ -131,6 +138,8 @@ class AsyncWriter(ABC):
         self.where = where
         self.ledger = WriteLedger(where, stored=stored)
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, int(max_pending)))
+        # Host buffers for the queued jobs, the one being written and the one being copied.
+        self.staging = HostStaging(self.queue.maxsize + 2)
         self.closed = False
         # Drain at interpreter exit, so a script that forgets close() keeps its data. The weak
         # reference lets an unused writer be collected.
@@ -142,18 +151,32 @@ class AsyncWriter(ABC):
         """Systems submitted but not yet committed."""
         return self.ledger.pending
 
-    def submit(self, snap: Any, count: int) -> None:
-        """Queue ``count`` systems for writing (blocks while ``max_pending`` jobs wait).
+    def submit(self, snap: Snapshot, count: int) -> None:
+        """Queue a snapshot of ``count`` systems for writing (blocks while ``max_pending`` jobs
+        wait); the writer calls ``snap.release()`` once it no longer needs the host data.
 
         Raises:
             BackgroundWriteError: An earlier write failed or the writer is closed (this one is
                 not queued).
         """
+        try:
+            if self.closed:
+                raise BackgroundWriteError(f"the background writer of {self.where} is closed")
+            self.raise_errors()
+        except BaseException:
+            snap.release()
+            raise
+        self.ledger.submitted(count)
+        self.queue.put((snap, count))
+
+    def submit_batch(self, batch: Batch, count: int) -> None:
+        """Copy ``batch`` (``count`` systems) into reused host buffers and queue it (see
+        :meth:`submit`); waits while every buffer is in use."""
         if self.closed:
             raise BackgroundWriteError(f"the background writer of {self.where} is closed")
         self.raise_errors()
-        self.ledger.submitted(count)
-        self.queue.put((snap, count))
+        slot = self.staging.acquire()
+        self.submit(snapshot(batch, copy=True, slot=slot, release=partial(self.staging.release, slot)), count)
 
     def raise_errors(self) -> None:
         """Raise the failures so far (once), naming every system that was not stored."""

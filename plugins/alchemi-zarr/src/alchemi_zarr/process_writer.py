@@ -44,8 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from alchemi_core.data.staging import HostStaging
+
 from alchemi_zarr.pending import AsyncWriter, BackgroundWriteError
 from alchemi_zarr.records import HostRecords, Snapshot, same_field_runs
+from alchemi_zarr.shared_staging import SharedSlot, SlotMaps, shared_staging_available
 
 #: Seconds ``close`` waits for the child to exit after its last job before killing it.
 EXIT_WAIT_S = 60.0
@@ -78,11 +81,17 @@ class ProcessWriter(AsyncWriter):
     ) -> None:
         super().__init__(where, max_pending, stored)
         self.units = dict(units or {})
-        self._answers_due: deque[tuple[int, list[int]]] = deque()  # (count, system ids) per job sent
+        # (count, system ids, snapshot whose shared memory the child reads, or None) per job sent
+        self._answers_due: deque[tuple[int, list[int], Snapshot | None]] = deque()
         self._gone: BaseException | None = None
         self._lock = threading.Lock()
-        self._child, self._jobs, self._answers = _start_child()
-        self._jobs.send({"store": store, "storage_options": storage_options, "max_merge": max(1, int(max_merge))})
+        fds: list[int] = []
+        if shared_staging_available():
+            self.staging = HostStaging(self.queue.maxsize + 2, make_slot=SharedSlot)
+            fds = [slot.fd for slot in self.staging.all]  # type: ignore[attr-defined]
+        self._child, self._jobs, self._answers = _start_child(fds)
+        self._jobs.send({"store": store, "storage_options": storage_options, "max_merge": max(1, int(max_merge)),
+                         "slot_fds": fds})
         self._feeder = threading.Thread(target=self._feed, name=f"alchemi-zarr-feeder {where}", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"alchemi-zarr-answers {where}", daemon=True)
         self._feeder.start()
@@ -107,6 +116,9 @@ class ProcessWriter(AsyncWriter):
                 self._child.kill()
                 self._child.wait()
             self._answers.close()
+            for slot in self.staging.all:
+                if isinstance(slot, SharedSlot):
+                    slot.close()
         self.raise_errors()
 
     # ------------------------------------------------------------------ the two helper threads
@@ -120,36 +132,52 @@ class ProcessWriter(AsyncWriter):
                     self._send_stop()
                     return
                 snap, count = item
+                keep = False
                 try:
                     records = HostRecords.from_snapshot(snap, self.units)
                 except BaseException as exc:  # noqa: BLE001 - kept and raised in the caller's thread
                     self.ledger.failed(exc, snap.id_list(), count)
-                    continue
-                self._send(records, count, snap.id_list())
+                else:
+                    keep = self._send(records, count, snap)
+                finally:
+                    if not keep:  # sent through the pipe, or failed: the buffers take the next copy
+                        snap.release()
             finally:
                 self.queue.task_done()
 
-    def _send(self, records: HostRecords, count: int, ids: list[int]) -> None:
+    def _send(self, records: HostRecords, count: int, snap: Snapshot) -> bool:
+        """Send one job; True when the child reads it from the snapshot's shared slot (which is
+        then released when the child answers for it)."""
+        ids = snap.id_list()
+        slot = snap.slot if isinstance(snap.slot, SharedSlot) else None
+        fields = []
+        for name, a in records.fields.items():
+            where = slot.layout_of(a) if slot is not None else None
+            fields.append((name, a.dtype.str, a.shape, None if where is None else where[0]))
+        shared = any(f[3] is not None for f in fields)
         with self._lock:
             gone = self._gone
             if gone is None:
-                self._answers_due.append((count, ids))
+                self._answers_due.append((count, ids, snap if shared else None))
         if gone is not None:
             self.ledger.failed(gone, ids, count)
-            return
+            return False
         header = {
             "count": count,
             "specs": records.specs,
             "num_atoms": records.num_atoms,
             "num_edges": records.num_edges,
-            "fields": [(name, a.dtype.str, a.shape) for name, a in records.fields.items()],
+            "fields": fields,
+            "slot": None if slot is None else (slot.index, slot.size),
         }
         try:
             self._jobs.send(header)
-            for a in records.fields.values():
-                self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            for (_, _, _, offset), a in zip(fields, records.fields.values(), strict=True):
+                if offset is None:
+                    self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
         except OSError as exc:  # the child is gone; the answer reader reports what it held
             self._child_gone(BackgroundWriteError(f"the writer process of {self.where} is gone ({exc!r})"))
+        return shared
 
     def _send_stop(self) -> None:
         try:
@@ -185,8 +213,12 @@ class ProcessWriter(AsyncWriter):
                 self._child_gone(answer[1])
 
     def _take_due(self) -> tuple[int, list[int]]:
+        """The oldest job's count and ids; its shared slot, if any, is free again."""
         with self._lock:
-            return self._answers_due.popleft()
+            count, ids, snap = self._answers_due.popleft()
+        if snap is not None:
+            snap.release()
+        return count, ids
 
     def _child_gone(self, exc: BaseException) -> None:
         """Fail every job the child has not answered, and every later one."""
@@ -194,11 +226,13 @@ class ProcessWriter(AsyncWriter):
             if self._gone is None:
                 self._gone = exc
             due, self._answers_due = list(self._answers_due), deque()
-        for count, ids in due:
+        for count, ids, snap in due:
             self.ledger.failed(exc, ids, count)
+            if snap is not None:
+                snap.release()
 
 
-def _start_child() -> tuple[subprocess.Popen[bytes], Connection, Connection]:
+def _start_child(slot_fds: list[int]) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
     """Start ``python -m alchemi_zarr.process_writer`` with a job pipe and an answer pipe.
 
     A fresh interpreter (not ``multiprocessing``): the parent's ``__main__`` is never re-run and
@@ -212,7 +246,7 @@ def _start_child() -> tuple[subprocess.Popen[bytes], Connection, Connection]:
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "alchemi_zarr.process_writer", str(jobs_r), str(answers_w)],
-            pass_fds=(jobs_r, answers_w),
+            pass_fds=(jobs_r, answers_w, *slot_fds),
             stdin=subprocess.DEVNULL,
             env=env,
         )
@@ -232,15 +266,20 @@ def _widen(fd: int) -> None:
 
 
 # ---------------------------------------------------------------------- the child's side
-def _receive(jobs: Connection) -> tuple[HostRecords, int] | None:
-    """The next whole job, or None at the stop message or end of file (a cut-off job is dropped)."""
+def _receive(jobs: Connection, maps: SlotMaps) -> tuple[HostRecords, int] | None:
+    """The next whole job, or None at the stop message or end of file (a cut-off job is dropped).
+    Fields in a shared slot are read where they lie; the others come through the pipe."""
     try:
         header = jobs.recv()
         if header is _STOP:
             return None
         fields = {}
-        for name, dtype, shape in header["fields"]:
-            fields[name] = np.frombuffer(jobs.recv_bytes(), dtype=np.dtype(dtype)).reshape(shape)
+        for name, dtype, shape, offset in header["fields"]:
+            if offset is None:
+                fields[name] = np.frombuffer(jobs.recv_bytes(), dtype=np.dtype(dtype)).reshape(shape)
+            else:
+                slot, size = header["slot"]
+                fields[name] = maps.array(slot, size, offset, dtype, shape)
     except EOFError:
         return None
     return HostRecords(fields, header["specs"], header["num_atoms"], header["num_edges"]), header["count"]
@@ -275,15 +314,16 @@ def serve(jobs: Connection, answers: Connection) -> int:
         _answer(answers, ("fatal", _portable(exc)))
         return 1
     max_merge = init["max_merge"]
+    maps = SlotMaps(init["slot_fds"])
     stopping = False
     while not stopping:
-        job = _receive(jobs)
+        job = _receive(jobs, maps)
         if job is None:
             return 0
         received = [job]
         # Merge what has already arrived: one commit for many jobs.
         while len(received) < max_merge and jobs.poll():
-            job = _receive(jobs)
+            job = _receive(jobs, maps)
             if job is None:
                 stopping = True
                 break

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -23,6 +23,7 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
+from alchemi_core.data.staging import StagingSlot
 
 from alchemi_zarr.layout import FieldSpec
 
@@ -40,8 +41,10 @@ class Snapshot:
     num_edges: np.ndarray
     system_ids: torch.Tensor | None
     event: torch.cuda.Event | None = None
-    # The device tensors being copied stay referenced until the copy is done.
-    _sources: list[torch.Tensor] = attrs.field(factory=list)
+    #: Gives the staging buffers back (see :meth:`release`).
+    on_release: Callable[[], None] | None = None
+    #: The staging slot holding the host tensors, if any.
+    slot: StagingSlot | None = None
 
     def id_list(self) -> list[int]:
         """The ``system_id`` of the snapshot's systems (empty when it has none), for messages."""
@@ -52,27 +55,45 @@ class Snapshot:
         if self.event is not None:
             self.event.synchronize()
             self.event = None
-        self._sources.clear()
+
+    def release(self) -> None:
+        """The host data is no longer needed: its staging buffers may take the next copy
+        (a no-op without staging, and after the first call)."""
+        done, self.on_release = self.on_release, None
+        if done is not None:
+            self.wait()
+            # The ids stay known for messages about this snapshot; the buffers go back.
+            self.system_ids = None if self.system_ids is None else self.system_ids.clone()
+            self.tensors = {}
+            self.slot = None
+            done()
 
 
-def snapshot(batch: Batch, copy: bool) -> Snapshot:
+def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release: Callable[[], None] | None = None) -> Snapshot:
     """Copy every field of ``batch`` to host memory.
 
-    GPU fields go to pinned buffers with non-blocking copies on the current stream (no host
-    synchronisation; :meth:`Snapshot.wait` waits). CPU fields are cloned when ``copy`` is True, so
-    the caller may go on changing the batch while a background thread writes the snapshot.
+    With a staging ``slot`` (see :mod:`alchemi_core.data.staging`) the copies go into its
+    reused buffers, and ``release`` (called by :meth:`Snapshot.release`) gives it back once the
+    host data is consumed; without one, GPU fields go to new pinned tensors and CPU fields are
+    cloned when ``copy`` is True (so the caller may go on changing the batch while a background
+    thread writes the snapshot). GPU copies are non-blocking, on the current stream (no host
+    synchronisation; :meth:`Snapshot.wait` waits).
     """
     tensors: dict[str, torch.Tensor] = {}
-    sources: list[torch.Tensor] = []
     on_gpu = batch.device.type == "cuda"
+    if slot is not None:
+        fields = [getattr(batch, name) for name in batch.keys()]
+        slot.reserve(sum(t.numel() * t.element_size() for t in fields), pinned=on_gpu)
     for name in batch.keys():
-        t = getattr(batch, name)
-        if on_gpu:
+        t = getattr(batch, name).detach()
+        if slot is not None:
+            host = slot.buffer(name, t)
+            host.copy_(t, non_blocking=on_gpu)
+        elif on_gpu:
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t.detach(), non_blocking=True)
-            sources.append(t)
+            host.copy_(t, non_blocking=True)
         else:
-            host = t.detach().clone() if copy else t.detach()
+            host = t.clone() if copy else t
         tensors[name] = host
     event = None
     if on_gpu:
@@ -85,7 +106,8 @@ def snapshot(batch: Batch, copy: bool) -> Snapshot:
         num_edges=batch.num_edges_per_system.copy(),
         system_ids=tensors.get("system_id"),
         event=event,
-        sources=sources,
+        on_release=release,
+        slot=slot,
     )
 
 

@@ -142,8 +142,8 @@ class ZarrData(DataSink):
         if self._background is None:
             self.store.append(HostRecords.from_snapshot(snapshot(selected, copy=False), self.units))
         else:
-            # index_select already copied; a whole batch is cloned so the caller may change it.
-            self._background.submit(snapshot(selected, copy=m is None), n)
+            # Copied into the writer's reused host buffers: the caller may go on changing the batch.
+            self._background.submit_batch(selected, n)
 
     def read(self) -> Batch:
         """Every stored system as one batch on the CPU (waits for pending writes first).
