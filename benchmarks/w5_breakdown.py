@@ -2,8 +2,9 @@
 
 Runs the same Langevin dynamics (one dynamics object per variant, reused across repeats) with
 no hooks, with a ``SnapshotHook`` into an asynchronous ``ZarrData`` (child-process writer, and
-thread writer for comparison), with a CSV ``LoggingHook``, and with both, every ``--every``
-steps. For each it reports the median time of a run of ``--steps`` steps, of the wait for the
+thread writer for comparison), with the device-to-host copies alone (into reused staging
+buffers, as ``ZarrData`` copies, or into new pinned tensors per snapshot), with a CSV
+``LoggingHook``, and with both, every ``--every`` steps. For each it reports the median time of a run of ``--steps`` steps, of the wait for the
 sink's last writes after the run (``drain``), and the host time of each hook call; and, on its
 own, the time one synchronous ``ZarrData.write`` of the whole batch takes (what the writer
 process spends per snapshot).
@@ -46,6 +47,46 @@ class _Timed:
         t = time.perf_counter()
         self._hook(batch, dynamics)
         self._times.append(time.perf_counter() - t)
+
+
+class _CopyOnly:
+    """A sink that copies each snapshot to the host and drops it once the copy has landed: the
+    cost of the device-to-host copies alone, into reused staging buffers (as ``ZarrData`` does)
+    or, with ``reuse=False``, into new pinned tensors per snapshot."""
+
+    def __init__(self, reuse: bool = True) -> None:
+        import queue
+        import threading
+
+        from alchemi_core.data.staging import HostStaging
+
+        self.staging = HostStaging(4) if reuse else None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._drop, daemon=True).start()
+
+    def _drop(self) -> None:
+        while True:
+            snap = self._queue.get()
+            snap.wait()
+            snap.release()
+            self._queue.task_done()
+
+    def write(self, batch: Any, mask: Any = None) -> None:
+        from functools import partial
+
+        from alchemi_zarr.records import snapshot
+
+        if self.staging is None:
+            self._queue.put(snapshot(batch, copy=True))
+        else:
+            slot = self.staging.acquire()
+            self._queue.put(snapshot(batch, copy=True, slot=slot, release=partial(self.staging.release, slot)))
+
+    def flush(self) -> None:
+        self._queue.join()
+
+    def close(self) -> None:
+        self.flush()
 
 
 def _variant(
@@ -103,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
-        "--variants", default="all", help="comma-separated names among plain, process, thread, logging, both"
+        "--variants", default="all", help="comma-separated names among plain, process, thread, copy, copy-new, logging, both"
     )
     args = parser.parse_args(argv)
 
@@ -124,6 +165,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def logging(folder: Path) -> tuple[list[Any], list[Any]]:
         return [LoggingHook(backend="csv", log_path=folder / "log.csv", frequency=args.every)], []
 
+    def copy_only(reuse: bool) -> Callable[[Path], tuple[list[Any], list[Any]]]:
+        def make(folder: Path) -> tuple[list[Any], list[Any]]:
+            sink = _CopyOnly(reuse)
+            return [SnapshotHook(sink, frequency=args.every)], [sink]
+
+        return make
+
     def both(folder: Path) -> tuple[list[Any], list[Any]]:
         hooks, sinks = snapshots("process")(folder)
         return hooks + logging(folder)[0], sinks
@@ -132,10 +180,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "plain": lambda folder: ([], []),
         "snapshots (process writer)": snapshots("process"),
         "snapshots (thread writer)": snapshots("thread"),
+        "copies only (reused buffers)": copy_only(True),
+        "copies only (new pinned tensors)": copy_only(False),
         "logging": logging,
         "snapshots + logging": both,
     }
-    short = dict(zip(["plain", "process", "thread", "logging", "both"], variants))
+    short = dict(zip(["plain", "process", "thread", "copy", "copy-new", "logging", "both"], variants))
     if args.variants != "all":
         chosen = ["plain", *(v for v in args.variants.split(",") if v != "plain")]
         variants = {short[v]: variants[short[v]] for v in chosen}
