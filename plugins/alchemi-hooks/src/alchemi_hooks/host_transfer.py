@@ -3,8 +3,9 @@
 ``HostTransfer.submit(table, meta)`` enqueues a non-blocking copy of ``table`` into a pinned host
 buffer, records a CUDA event behind it and returns at once; a worker thread waits on that event
 (the wait releases the GIL), then hands the host copy to ``consume(array, meta)``, in submission
-order. On a CPU the copy is a plain one. A fixed ring of buffers is reused, so a run allocates
-pinned memory only when a table outgrows its slot; when every slot is still waiting for the
+order. On a CPU the copy is a plain one. A fixed set of buffers is reused
+(:class:`alchemi_core.data.staging.HostStaging`), so a run allocates pinned memory only when a
+table outgrows its slot; when every slot is still waiting for the
 consumer, ``submit`` waits for one (the consumer is then the bottleneck and the wait bounds
 memory). An exception in ``consume`` is raised, as :class:`HookWorkerError`, by the next
 ``submit`` or by ``close``: nothing fails silently.
@@ -30,28 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from alchemi_core.data.staging import HostStaging
+
 from alchemi_hooks.errors import HookWorkerError
 
 _STOP = object()
-
-
-class _Slot:
-    """One host buffer and the event that says when the copy into it has landed."""
-
-    __slots__ = ("host", "event")
-
-    def __init__(self) -> None:
-        self.host: torch.Tensor | None = None
-        self.event: Any = None
-
-    def host_view(self, like: torch.Tensor) -> torch.Tensor:
-        """Rows ``[:len(like)]`` of a host buffer shaped like ``like`` (grown when too small)."""
-        n = like.shape[0]
-        h = self.host
-        if h is None or h.shape[0] < n or h.shape[1:] != like.shape[1:] or h.dtype != like.dtype:
-            rows = max(n, 2 * h.shape[0] if h is not None else n, 1)
-            self.host = h = torch.empty((rows, *like.shape[1:]), dtype=like.dtype, pin_memory=like.is_cuda)
-        return h[:n]
 
 
 class HostTransfer:
@@ -68,9 +52,8 @@ class HostTransfer:
     def __init__(self, consume: Callable[[np.ndarray, Any], None], name: str, slots: int = 4) -> None:
         self._consume = consume
         self.name = name
-        self._free: queue.Queue[_Slot] = queue.Queue()
-        for _ in range(max(1, int(slots))):
-            self._free.put(_Slot())
+        self._staging = HostStaging(slots)
+        self._events: dict[int, Any] = {}  # one CUDA event per slot, reused
         self._work: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"alchemi-{name}", daemon=True)
@@ -87,18 +70,18 @@ class HostTransfer:
         self._raise_error()
         if self._closed:
             raise HookWorkerError(f"{self.name}: submit after close; the run has ended")
-        slot = self._free.get()
-        dst = slot.host_view(table)
+        slot = self._staging.acquire()
+        dst = slot.buffer("table", table)
+        ready = None
         if table.is_cuda:
             dst.copy_(table, non_blocking=True)
-            if slot.event is None:
-                slot.event = torch.cuda.Event()
-            slot.event.record(torch.cuda.current_stream(table.device))
-            ready = slot.event
+            ready = self._events.get(id(slot))
+            if ready is None:
+                ready = self._events[id(slot)] = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(table.device))
         else:
             dst.copy_(table)
-            ready = None
-        self._work.put((slot, table.shape[0], meta, ready))
+        self._work.put((slot, dst, meta, ready))
 
     def close(self) -> None:
         """Wait until everything submitted is consumed, stop the worker, raise its error if any."""
@@ -113,17 +96,16 @@ class HostTransfer:
             item = self._work.get()
             if item is _STOP:
                 return
-            slot, n, meta, ready = item
+            slot, host, meta, ready = item
             try:
                 if self._error is None:
                     if ready is not None:
                         ready.synchronize()
-                    assert slot.host is not None
-                    self._consume(slot.host[:n].numpy(), meta)
+                    self._consume(host.numpy(), meta)
             except BaseException as exc:  # noqa: BLE001 - reported to the stepping thread
                 self._error = exc
             finally:
-                self._free.put(slot)
+                self._staging.release(slot)
 
     def _raise_error(self) -> None:
         exc = self._error
