@@ -206,6 +206,8 @@ class Batch:
         The template gives the fields, their dtypes and trailing shapes; its values are not used.
 
         Example:
+            >>> from alchemi_core.testing import make_batch
+            >>> batch = make_batch([3, 2], edges=True)
             >>> buf = Batch.empty(num_systems=100, num_nodes=5000, num_edges=20000, template=batch)
             >>> len(buf), buf.system_capacity
             (0, 100)
