@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from alchemi_core.data import Batch
+from alchemi_core.data.staging import HostStaging
 from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
 from alchemi_core.errors import CapacityError, ConfigurationError
 
@@ -86,6 +87,7 @@ class ZarrData(DataSink):
         self.units = dict(units or {})
         self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._background: BackgroundWriter | ProcessWriter | None = None
+        self._staging = HostStaging(1)  # host buffers of synchronous writes from a GPU
         mode = self._mode = _writer_mode(asynchronous, store)
         if mode == "thread":
             from alchemi_zarr.background import BackgroundWriter
@@ -140,7 +142,13 @@ class ZarrData(DataSink):
             return
         selected = batch.index_select(m) if m is not None else batch
         if self._background is None:
-            self.store.append(HostRecords.from_snapshot(snapshot(selected, copy=False), self.units))
+            # From a GPU, through one reused pinned buffer set (no allocation per write).
+            slot = self._staging.acquire() if selected.device.type == "cuda" else None
+            try:
+                self.store.append(HostRecords.from_snapshot(snapshot(selected, copy=False, slot=slot), self.units))
+            finally:
+                if slot is not None:
+                    self._staging.release(slot)
         else:
             # Copied into the writer's reused host buffers: the caller may go on changing the batch.
             self._background.submit_batch(selected, n)
