@@ -20,7 +20,8 @@ def test_plain_lines_show_steps_of_the_total_counts_and_throughput(molecules):
     hook = ProgressHook(frequency=10, backend="plain", file=out)
     DemoDynamics(model=DemoModelWrapper(), n_steps=30, dt=0.5, hooks=[hook]).run(molecules([3, 4]))
     lines = out.getvalue().splitlines()
-    assert [re.search(r"step (\d+)/30", ln).group(1) for ln in lines] == ["1", "11", "21"]
+    # every 10 steps, and the end of the run
+    assert [re.search(r"step (\d+)/30", ln).group(1) for ln in lines] == ["1", "11", "21", "30"]
     assert all("0 done, 2 active" in ln for ln in lines)
     rates = [float(re.search(r"([\d.e+]+) atom-steps/s", ln).group(1)) for ln in lines]
     assert rates[-1] > 0
@@ -35,7 +36,7 @@ def test_bar_backends_write_the_counts(backend, molecules):
     DemoDynamics(model=DemoModelWrapper(), n_steps=20, dt=0.5, hooks=[hook]).run(molecules([3, 4]))
     text = out.getvalue()
     assert "atom-steps/s" in text and "2 active" in text
-    assert "16/20" in text  # last update: 16 steps of 20 done
+    assert "20/20" in text  # the bar ends at the run's last step, not at the last update (16)
 
 
 def test_streaming_run_counts_systems_done(molecule):
@@ -47,7 +48,8 @@ def test_streaming_run_counts_systems_done(molecule):
         model=DemoModelWrapper(), n_steps=6, dt=0.5, sampler=sampler, sinks=[HostMemory(None)], hooks=[hook]
     ).run()
     done = [int(re.search(r"(\d+) done", ln).group(1)) for ln in out.getvalue().splitlines()]
-    assert done == sorted(done) and done[0] == 0 and done[-1] >= 3
+    assert done == sorted(done) and done[0] == 0 and done[-1] == 5  # the end: every system done
+    assert out.getvalue().splitlines()[-1].split("|")[1].strip().startswith("5 done, 0 active")
     assert "/" not in out.getvalue().split("|")[0]  # no total: the run ends when systems are done
 
 

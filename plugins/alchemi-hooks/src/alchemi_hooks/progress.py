@@ -1,6 +1,6 @@
 """``ProgressHook``: a live progress bar for a run.
 
-Every ``frequency`` steps it shows the steps done (of ``total``, when known), the systems done
+Every ``frequency`` steps, and once more when the run ends, it shows the steps done (of ``total``, when known), the systems done
 (graduated to sinks or waiting in the batch at the exit status) and active, and the throughput in
 atom-steps per second over the last interval. It draws with rich when installed, else tqdm, else
 prints a plain line; pick one with ``backend``. The counts read the systems' status back from
@@ -172,10 +172,13 @@ class ProgressHook(Hook):
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         if self._display is None:
             self.on_run_start(batch, dynamics)
+        # Called after step k's update, before the engine counts it: k + 1 steps are done.
+        self._draw(batch, dynamics, int(dynamics.step_count) + 1)
+
+    def _draw(self, batch: Batch, dynamics: Any, steps: int) -> None:
         assert self._display is not None
         done, active, atoms = run_counts(batch, dynamics)  # reads back, so the clock is honest
         now = time.perf_counter()
-        steps = int(dynamics.step_count) + 1
         elapsed = now - self._last_time
         if elapsed > 0 and steps > self._last_step:
             self.throughput = atoms * (steps - self._last_step) / elapsed
@@ -183,6 +186,13 @@ class ProgressHook(Hook):
         self._display.update(steps, f"{done} done, {active} active, {self.throughput:.3g} atom-steps/s")
 
     def on_run_end(self, batch: Batch, dynamics: Any) -> None:
+        # The last state (every step, the final counts) is drawn even when the run did not end
+        # on an update step.
+        engine = getattr(dynamics, "_engine", None)
+        # The engine counts steps done; a stage's step_count is the index of its last step.
+        steps = int(engine.step_count) if engine is not None else int(getattr(dynamics, "step_count", -1)) + 1
+        if self._display is not None and steps > self._last_step:
+            self._draw(batch, dynamics, steps)
         self.close()
 
     def close(self) -> None:
