@@ -183,3 +183,30 @@ def test_without_shared_memory_fields_go_through_the_pipe(tmp_path, monkeypatch)
     sink.flush()
     assert_moving_writes_kept_their_moment(AtomicDataZarrReader(path).read_batch(), writes=6)
     sink.close()
+
+
+def test_a_larger_snapshot_grows_the_shared_slot_and_the_child_follows(tmp_path):
+    """Small writes size the staging slots; larger ones (more atoms, and one with edges) grow a
+    slot the child has mapped already: every record comes back as written."""
+    from alchemi_core.testing import make_batch
+    from alchemi_core.testing.contracts import assert_same_systems
+
+    path = str(tmp_path / "grow.zarr")
+    sink = ZarrData(path, asynchronous="process", max_pending=1)
+    sizes = [[3, 4], [3, 4], [40, 50, 60], [3], [80, 90, 100, 110], [5, 6]]
+    written = []
+    for i, counts in enumerate(sizes):
+        batch = make_batch(counts)
+        batch.system_id.add_(100 * i)
+        batch.positions.add_(float(i))
+        sink.write(batch)
+        written.append(batch)
+    sink.flush()
+    stored = AtomicDataZarrReader(path).read_batch()
+    at = 0
+    for batch in written:
+        n = batch.num_graphs
+        assert_same_systems(batch, stored.index_select(list(range(at, at + n))))
+        at += n
+    assert at == stored.num_graphs
+    sink.close()
