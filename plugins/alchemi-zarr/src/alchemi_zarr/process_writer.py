@@ -3,15 +3,20 @@
 A writer thread in the stepping process would share its interpreter lock with zarr, whose
 per-chunk Python work then delays every step that wants the lock back (on a GPU, the host
 falls behind and the device idles). Here the stepping process only waits for each snapshot's
-device-to-host copy (on a helper thread, lock released) and streams the host arrays through a
-pipe; a child process (``python -m alchemi_zarr.process_writer``) appends them to the store,
-merging jobs that queue up, and answers in order. Nothing is lost silently:
+device-to-host copy (on a helper thread, lock released) and tells a child process
+(``python -m alchemi_zarr.process_writer``) where it lies: on Linux the copy lands in staging
+slots of shared memory the child maps (:mod:`alchemi_zarr.shared_staging`), so only a header
+goes through the pipe and a slot is reused once the child has answered for it; elsewhere, and
+for fields the writer must transform (indices made per-system), the arrays go through the pipe.
+The child appends them to the store, merging jobs that queue up, and answers in order. Nothing
+is lost silently:
 
 - a failed append is answered with its exception and raised, naming the systems, by the next
   ``submit``, ``flush`` or ``close`` (as with the thread writer);
 - if the child dies, every job it had not committed is reported the same way;
 - if the parent dies, the child commits every job it received whole, then exits (the pipe's end
-  of file tells it); a job cut off mid-transfer is never written, and the store's commit
+  of file tells it; it holds the shared slots' files itself); a job cut off mid-transfer is
+  never written, and the store's commit
   protocol keeps a crash of the child itself from tearing a record.
 
 The store must be one that another process can open: a local path or an fsspec URL other than
