@@ -270,3 +270,26 @@ def test_a_damaged_chunk_is_an_error_not_wrong_numbers(tmp_path, field):
     chunk.write_bytes(bytes(data))
     with pytest.raises(Exception, match="(?i)checksum|crc|corrupt|zstd|decompress"):
         AtomicDataZarrReader(str(path)).read_batch()
+
+
+def test_a_store_with_the_earlier_zstd_codec_is_continued_and_read(tmp_path, monkeypatch):
+    """Stores written before blosc (zstd for integer fields) take appends and read back whole."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    from alchemi_zarr import storage
+
+    path = str(tmp_path / "old.zarr")
+    with monkeypatch.context() as m:
+        m.setattr(storage, "_compressors",
+                  lambda dtype=None: [Crc32cCodec()] if dtype is not None and dtype.kind in "fc"
+                  else [ZstdCodec(level=1, checksum=True)])
+        ZarrData(path).write(make_batch([3, 4], edges=True))
+    codecs = zarr.open_group(path, mode="r")["atoms/atomic_numbers"].metadata.codecs
+    assert any(isinstance(c, ZstdCodec) for c in codecs)
+    later = make_batch([5, 2, 6], edges=True)
+    later.system_id.add_(10)
+    sink = ZarrData(path)  # reopened with today's code: appends through the old codecs
+    sink.write(later)
+    stored = sink.read()
+    assert_same_systems(make_batch([3, 4], edges=True), stored.index_select([0, 1]))
+    assert_same_systems(later, stored.index_select([2, 3, 4]))
