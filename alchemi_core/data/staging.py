@@ -2,8 +2,8 @@
 
 A sink or hook that copies device tensors to the host every N steps should not allocate pinned
 memory each time: on an H200, PyTorch's ``torch.empty(..., pin_memory=True)`` per W5 snapshot
-(10.6 MB) slowed the stepping by 4.5 %, while copies into buffers allocated once cost nothing
-measurable (``python -m benchmarks.w5_breakdown --variants x-ring,copy``). ``HostStaging`` keeps
+(10.6 MB) slowed the stepping by 4.5-6.3 % (two runs), while copies into buffers allocated once
+cost nothing measurable (``python -m benchmarks.w5_breakdown --variants copy,copy-new``). ``HostStaging`` keeps
 a fixed number of :class:`StagingSlot` s; a writer takes one with :meth:`HostStaging.acquire`
 (waiting while all are in use, which bounds memory and applies back-pressure), copies into its
 buffers, and gives it back with :meth:`HostStaging.release` once the host data is consumed.
