@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from alchemi_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -31,12 +31,5 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy, so the plugin entry point (alchemi_integrators.plugin) imports nothing heavy.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alchemi_integrators' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+# Lazy, so the plugin entry point imports nothing heavy.
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -12,8 +12,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from alchemi_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -26,9 +25,5 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alchemi_potentials' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+# Lazy, so the plugin entry point imports nothing heavy.
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -13,7 +13,9 @@ Submodules import lazily, so ``import alchemi_zarr`` stays cheap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from alchemi_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,11 +35,5 @@ _WHERE = {
 }
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alchemi_zarr' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+# Lazy, so the plugin entry point imports nothing heavy.
+__getattr__ = lazy_exports(__name__, _WHERE)
