@@ -50,28 +50,25 @@ def test_compiled_fused_stage_matches_eager_and_captures_once_per_composition():
     assert 1 <= fused._engine.graph_captures <= 3
 
 
-def test_steps_allocate_no_device_memory_once_running():
-    batch = make_batch([8, 8], dtype=torch.float32).to("cuda")
-    dyn = DemoDynamics(model=DemoModelWrapper(), n_steps=1000, dt=0.5)
+def _allocations_in_steps(dyn: DemoDynamics, batch, steps: int = 50) -> int:
+    """Device allocations (caching allocator) of ``steps`` engine steps after a 5-step run."""
     dyn.run(batch, n_steps=5)
     engine = dyn._engine
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    for _ in range(50):
+    for _ in range(steps):
         engine.step()
     torch.cuda.synchronize()
-    per_step = (torch.cuda.memory_stats()["allocation.all.allocated"] - before) / 50
+    return torch.cuda.memory_stats()["allocation.all.allocated"] - before
+
+
+def test_steps_allocate_no_device_memory_once_running():
+    batch = make_batch([8, 8], dtype=torch.float32).to("cuda")
+    per_step = _allocations_in_steps(DemoDynamics(model=DemoModelWrapper(), n_steps=1000, dt=0.5), batch) / 50
     # Eager torch still allocates temporaries from its caching allocator (no cudaMalloc);
     # a captured step allocates nothing at all.
     graphed = DemoDynamics(model=DemoModelWrapper(), n_steps=1000, dt=0.5).compile()
-    graphed.run(batch, n_steps=5)
-    g = graphed._engine
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    for _ in range(50):
-        g.step()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert _allocations_in_steps(graphed, batch) == 0
     assert per_step < 40
 
 
