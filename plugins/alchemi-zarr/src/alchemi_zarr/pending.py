@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from alchemi_core.data.staging import HostStaging
+from alchemi_core.data.staging import HostStaging, StagingSlot
 from alchemi_core.errors import AlchemiError
 
 from alchemi_zarr.records import Snapshot, snapshot
@@ -134,12 +134,14 @@ class AsyncWriter(ABC):
         stored: Systems already in the store.
     """
 
-    def __init__(self, where: str, max_pending: int, stored: int) -> None:
+    def __init__(
+        self, where: str, max_pending: int, stored: int, make_slot: Callable[[int], StagingSlot] | None = None
+    ) -> None:
         self.where = where
         self.ledger = WriteLedger(where, stored=stored)
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, int(max_pending)))
         # Host buffers for the queued jobs, the one being written and the one being copied.
-        self.staging = HostStaging(self.queue.maxsize + 2)
+        self.staging = HostStaging(self.queue.maxsize + 2, make_slot=make_slot)
         self.closed = False
         # Drain at interpreter exit, so a script that forgets close() keeps its data. The weak
         # reference lets an unused writer be collected.
@@ -160,9 +162,7 @@ class AsyncWriter(ABC):
                 not queued).
         """
         try:
-            if self.closed:
-                raise BackgroundWriteError(f"the background writer of {self.where} is closed")
-            self.raise_errors()
+            self._refuse_work_if_closed_or_failed()
         except BaseException:
             snap.release()
             raise
@@ -172,15 +172,18 @@ class AsyncWriter(ABC):
     def submit_batch(self, batch: Batch, count: int) -> None:
         """Copy ``batch`` (``count`` systems) into reused host buffers and queue it (see
         :meth:`submit`); waits while every buffer is in use."""
-        if self.closed:
-            raise BackgroundWriteError(f"the background writer of {self.where} is closed")
-        self.raise_errors()
+        self._refuse_work_if_closed_or_failed()  # before waiting for a buffer
         slot = self.staging.acquire()
         self.submit(snapshot(batch, copy=True, slot=slot, release=partial(self.staging.release, slot)), count)
 
     def raise_errors(self) -> None:
         """Raise the failures so far (once), naming every system that was not stored."""
         self.ledger.raise_errors()
+
+    def _refuse_work_if_closed_or_failed(self) -> None:
+        if self.closed:
+            raise BackgroundWriteError(f"the background writer of {self.where} is closed")
+        self.raise_errors()
 
     @abstractmethod
     def flush(self) -> None:

@@ -49,8 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from alchemi_core.data.staging import HostStaging
-
 from alchemi_zarr.pending import AsyncWriter, BackgroundWriteError
 from alchemi_zarr.records import HostRecords, Snapshot, same_field_runs
 from alchemi_zarr.shared_staging import SharedSlot, SlotMaps, shared_staging_available
@@ -84,16 +82,15 @@ class ProcessWriter(AsyncWriter):
         max_merge: int = 64,
         stored: int = 0,
     ) -> None:
-        super().__init__(where, max_pending, stored)
+        # On Linux the staging slots are shared memory the child maps (handed over at start).
+        shared = shared_staging_available()
+        super().__init__(where, max_pending, stored, make_slot=SharedSlot if shared else None)
         self.units = dict(units or {})
         # (count, system ids, snapshot whose shared memory the child reads, or None) per job sent
         self._answers_due: deque[tuple[int, list[int], Snapshot | None]] = deque()
         self._gone: BaseException | None = None
         self._lock = threading.Lock()
-        fds: list[int] = []
-        if shared_staging_available():
-            self.staging = HostStaging(self.queue.maxsize + 2, make_slot=SharedSlot)
-            fds = [slot.fd for slot in self.staging.all]  # type: ignore[attr-defined]
+        fds = [slot.fd for slot in self.staging.all if isinstance(slot, SharedSlot)]
         self._child, self._jobs, self._answers = _start_child(fds)
         self._jobs.send({"store": store, "storage_options": storage_options, "max_merge": max(1, int(max_merge)),
                          "slot_fds": fds})

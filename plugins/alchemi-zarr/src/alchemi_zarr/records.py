@@ -81,11 +81,10 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
     """
     tensors: dict[str, torch.Tensor] = {}
     on_gpu = batch.device.type == "cuda"
+    sources = {name: getattr(batch, name).detach() for name in batch.keys()}
     if slot is not None:
-        fields = [getattr(batch, name) for name in batch.keys()]
-        slot.reserve(sum(t.numel() * t.element_size() for t in fields), pinned=on_gpu)
-    for name in batch.keys():
-        t = getattr(batch, name).detach()
+        slot.reserve(sum(t.numel() * t.element_size() for t in sources.values()), pinned=on_gpu)
+    for name, t in sources.items():
         if slot is not None:
             host = slot.buffer(name, t)
             host.copy_(t, non_blocking=on_gpu)

@@ -17,8 +17,8 @@ Example:
     >>> if shared_staging_available():
     ...     slot = SharedSlot(0)
     ...     slot.reserve(24, pinned=False)
-    ...     _ = slot.buffer("x", torch.zeros(2, 3)).copy_(torch.ones(2, 3))
-    ...     print(slot.layout_of(slot.views["x"]), slot.size >= 24)
+    ...     x = slot.buffer("x", torch.zeros(2, 3)).copy_(torch.ones(2, 3))
+    ...     print(slot.layout_of(x), slot.size >= 24)
     ...     slot.close()
     (0, 24) True
 """
@@ -44,7 +44,7 @@ def shared_staging_available() -> bool:
 class SharedSlot(StagingSlot):
     """One staging slot in a shared-memory file (see the module docstring)."""
 
-    __slots__ = ("index", "fd", "size", "views", "_map", "_region", "_registered", "_pin_tried", "_offset")
+    __slots__ = ("index", "fd", "size", "_map", "_region", "_registered", "_pin_tried", "_offset")
 
     def __init__(self, index: int) -> None:
         super().__init__()
@@ -52,7 +52,6 @@ class SharedSlot(StagingSlot):
         # Close-on-exec: only the writer process, which is handed it explicitly, inherits it.
         self.fd = os.memfd_create(f"alchemi-zarr-staging-{index}", os.MFD_CLOEXEC)
         self.size = 0
-        self.views: dict[str, torch.Tensor] = {}
         self._map: mmap.mmap | None = None
         self._region: torch.Tensor | None = None
         self._registered = False
@@ -66,7 +65,6 @@ class SharedSlot(StagingSlot):
         elif pinned and not self._pin_tried:
             self._remap(self.size, pinned)
         self._offset = 0
-        self.views = {}
 
     def buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         assert self._region is not None, "reserve() comes first"
@@ -75,9 +73,7 @@ class SharedSlot(StagingSlot):
         if start + nbytes > self.size:
             raise RuntimeError(f"staging slot {self.index}: {name} does not fit; reserve() was given too few bytes")
         self._offset = start + nbytes
-        view = self._region[start : start + nbytes].view(like.dtype).view(like.shape)
-        self.views[name] = view
-        return view
+        return self._region[start : start + nbytes].view(like.dtype).view(like.shape)
 
     def layout_of(self, array: Any) -> tuple[int, int] | None:
         """``(offset, nbytes)`` of ``array`` (numpy or tensor) in this slot, or None when its
@@ -116,7 +112,7 @@ class SharedSlot(StagingSlot):
         if self._registered and self._region is not None:
             torch.cuda.cudart().cudaHostUnregister(self._region.data_ptr())
         self._registered = False
-        self.views, self._region = {}, None
+        self._region = None
         if self._map is not None:
             try:
                 self._map.close()
