@@ -9,6 +9,8 @@ Example::
     $ alchemi list-plugins
     $ alchemi list-plugins --json --strict
     $ alchemi list-components model
+    $ alchemi run workflow.toml
+    $ alchemi inspect results.zarr --plot plots/
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ _BUILTIN_COMMANDS = {
 }
 _LAZY_COMMANDS = {
     "demo": "alchemi_core.cli.demo:demo",
+    "run": "alchemi_core.cli.run:run",
+    "inspect": "alchemi_core.cli.results:inspect_store",
+    "export": "alchemi_core.cli.results:export_store",
 }
 
 
@@ -74,8 +79,13 @@ def _plugin_command_records() -> list[Any]:
 
 @click.group(cls=AlchemiGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="alchemi", message="%(prog)s %(version)s")
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Show Warp's messages and full tracebacks (ALCHEMI_VERBOSE=1).")
+def main(verbose: bool) -> None:
     """alchemi: batched atomistic simulation on GPUs."""
+    if verbose:
+        import os
+
+        os.environ["ALCHEMI_VERBOSE"] = "1"
 
 
 if __name__ == "__main__":  # python -m alchemi_core.cli

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -269,8 +269,13 @@ class AtomicData:
     # ------------------------------------------------------------------ ASE
     @classmethod
     def from_atoms(cls, atoms: ase.Atoms, dtype: torch.dtype | None = None, device: Any = None) -> AtomicData:
-        """Build from an ASE ``Atoms``: numbers, positions, cell, pbc, masses, velocities
-        (converted to Å/fs) and any energy, forces and stress its calculator holds.
+        """Build from an ASE ``Atoms``, losing nothing (see :mod:`alchemi_core.data.ase_io`):
+        numbers, positions, cell, pbc, masses, velocities (converted to Å/fs), tags, initial
+        charges and magnetic moments, ``info``, constraints (``FixAtoms`` becomes the atom field
+        ``frozen``) and any energy, forces and stress its calculator holds.
+
+        Raises:
+            InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
 
         Example:
             >>> from ase.build import bulk
@@ -278,63 +283,21 @@ class AtomicData:
             >>> data.cell.shape, data.pbc.tolist()
             (torch.Size([1, 3, 3]), [[True, True, True]])
         """
-        from ase import units
+        from alchemi_core.data.ase_io import fields_from_atoms
 
-        dtype = dtype or torch.get_default_dtype()
-        fields: dict[str, Any] = {
-            "cell": torch.tensor(atoms.cell.array, dtype=dtype),
-            "pbc": torch.tensor(atoms.pbc, dtype=torch.bool),
-            "atomic_masses": torch.tensor(atoms.get_masses(), dtype=dtype),
-        }
-        if atoms.has("momenta"):
-            fields["velocities"] = torch.tensor(atoms.get_velocities() * units.fs, dtype=dtype)
-        calc = atoms.calc
-        results = getattr(calc, "results", {}) if calc is not None else {}
-        if "energy" in results:
-            fields["energy"] = torch.tensor([[results["energy"]]], dtype=dtype)
-        if "forces" in results:
-            fields["forces"] = torch.tensor(results["forces"], dtype=dtype)
-        if "stress" in results:
-            from ase.stress import voigt_6_to_full_3x3_stress
-
-            s = results["stress"]
-            full = voigt_6_to_full_3x3_stress(s) if len(s) == 6 else s
-            fields["stress"] = torch.tensor(full, dtype=dtype)
-        data = cls(
-            atomic_numbers=torch.tensor(atoms.numbers, dtype=torch.long),
-            positions=torch.tensor(atoms.positions, dtype=dtype),
-            **fields,
-        )
+        fields, levels = fields_from_atoms(atoms, dtype or torch.get_default_dtype())
+        data = cls(levels=levels, **fields)
         return data.to(device) if device is not None else data
 
-    def to_atoms(self) -> ase.Atoms:
-        """An ASE ``Atoms`` with numbers, positions, cell, pbc, masses and velocities; energy,
-        forces and stress, when present, sit in a ``SinglePointCalculator``."""
-        import ase
-        from ase import units
-        from ase.calculators.singlepoint import SinglePointCalculator
+    def to_atoms(self, exclude: Iterable[str] = ()) -> ase.Atoms:
+        """An ASE ``Atoms`` with everything :meth:`from_atoms` takes in: numbers, positions, cell,
+        pbc, masses, velocities (unless all zero), tags, charges, magnetic moments, ``info``, a
+        ``FixAtoms`` for ``frozen`` atoms; energy, forces and stress in a ``SinglePointCalculator``.
+        Other atom fields go to ``atoms.arrays``, other system fields (``system_id``, ``status``,
+        ``fmax``, ...) to ``atoms.info``; ``exclude`` names fields to leave out."""
+        from alchemi_core.data.ase_io import atoms_from_fields
 
-        f = {k: v.detach().cpu() for k, v in self._fields.items()}
-        atoms = ase.Atoms(
-            numbers=f["atomic_numbers"].numpy(),
-            positions=f["positions"].double().numpy(),
-            cell=f["cell"][0].double().numpy() if "cell" in f else None,
-            pbc=f["pbc"][0].numpy() if "pbc" in f else False,
-        )
-        if "atomic_masses" in f:
-            atoms.set_masses(f["atomic_masses"].double().numpy())
-        if "velocities" in f:
-            atoms.set_velocities(f["velocities"].double().numpy() / units.fs)
-        results: dict[str, Any] = {}
-        if "energy" in f:
-            results["energy"] = float(f["energy"].reshape(-1)[0])
-        if "forces" in f:
-            results["forces"] = f["forces"].double().numpy()
-        if "stress" in f:
-            results["stress"] = f["stress"][0].double().numpy()
-        if results:
-            atoms.calc = SinglePointCalculator(atoms, **results)
-        return atoms
+        return atoms_from_fields({k: v.detach().cpu() for k, v in self._fields.items()}, self._levels, exclude)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

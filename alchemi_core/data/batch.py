@@ -188,8 +188,18 @@ class Batch:
 
     @classmethod
     def from_atoms(cls, atoms_list: Sequence[ase.Atoms], device: Any = None, dtype: Any = None) -> Batch:
-        """A batch from ASE ``Atoms`` objects (see ``AtomicData.from_atoms``)."""
-        return cls.from_data_list([AtomicData.from_atoms(a, dtype=dtype) for a in atoms_list], device=device)
+        """A batch from ASE ``Atoms`` objects (see ``AtomicData.from_atoms``); structures without tags,
+        charges, magnetic moments or constraints get ASE's defaults when others have them.
+
+        Raises:
+            InvalidDataError: A constraint alchemi cannot honour, or structures with different ``info`` keys.
+        """
+        from alchemi_core.data.ase_io import fields_from_atoms, harmonise
+
+        dtype = dtype or torch.get_default_dtype()
+        converted = [fields_from_atoms(a, dtype) for a in atoms_list]
+        harmonise([f for f, _ in converted])
+        return cls.from_data_list([AtomicData(levels=lv, **f) for f, lv in converted], device=device)
 
     @classmethod
     def empty(

@@ -1,8 +1,12 @@
 """``LoggingHook``: one row per system every N steps, written off the step path.
 
-Each row holds ``step, system_id, status, energy, fmax, temperature``: the step index, the
-system's id and status, its potential energy (eV), its largest atomic force norm (eV/Å) and its
-instantaneous temperature (K; degrees of freedom as in :mod:`alchemi_hooks.observables`). Only
+Each row holds ``step, system_id, status, time, energy, kinetic_energy, total_energy, fmax,
+temperature``: the step index, the system's id and status, the time the system has spent in the
+stage (fs: its steps in the stage times the stage's ``dt``), its potential, kinetic and total
+energy (eV), its largest atomic force norm (eV/Å) and its instantaneous temperature (K) with the
+degrees of freedom the stage's thermostat uses: ``3N - 3`` when the stage keeps the centre of mass
+at rest (``Langevin(fix_com=True)``, Nose-Hoover, velocity Verlet), ``3N`` otherwise, frozen
+atoms not counted (:func:`alchemi_hooks.observables.temperature`). Only
 the systems of the hook's stage are logged (in a ``FusedStage``, the MD stage's hook logs the MD
 systems). The row for step ``k`` describes the state at the end of step ``k`` (after ``k + 1``
 integration steps), when ``k`` is a multiple of ``frequency``.
@@ -38,26 +42,25 @@ import torch
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
-
 from alchemi_hooks.host_transfer import HostTransfer
-from alchemi_hooks.observables import max_force, temperature
+from alchemi_hooks.observables import com_fixed, kinetic_energy, max_force, temperature
 from alchemi_hooks.scope import Scope
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 #: The columns of every row, in file order.
-COLUMNS = ("step", "system_id", "status", "energy", "fmax", "temperature")
+COLUMNS = ("step", "system_id", "status", "time", "energy", "kinetic_energy", "total_energy", "fmax", "temperature")
 BACKENDS = ("csv",)
 #: Written when neither ``log_path`` nor ``writer`` is given.
 DEFAULT_LOG_PATH = "dynamics_log.csv"
 
 # Device table layout: the stage mask first, then COLUMNS[1:] (step is known on the host).
-_IN_STAGE, _SYSTEM_ID, _STATUS, _ENERGY, _FMAX, _TEMPERATURE = range(6)
+_IN_STAGE, _SYSTEM_ID, _STATUS, _TIME, _ENERGY, _KINETIC, _TOTAL, _FMAX, _TEMPERATURE = range(9)
 
 
 class LoggingHook(Hook):
-    """Log per-system step, id, status, energy, fmax and temperature (see the module docstring).
+    """Log per-system step, id, status, time, energies, fmax and temperature (see the module docstring).
 
     Args:
         backend: ``"csv"``, the file backend.
@@ -140,8 +143,8 @@ class LoggingHook(Hook):
         self._transfer.submit(self._table(batch, dynamics), meta=int(dynamics.step_count))
 
     def _table(self, batch: Batch, dynamics: Any) -> torch.Tensor:
-        """``[B, 6]`` float64 on the device: in-stage flag, then the columns after ``step``."""
-        table = torch.empty(batch.num_graphs, 6, dtype=torch.float64, device=batch.device)
+        """``[B, 9]`` float64 on the device: in-stage flag, then the columns after ``step``."""
+        table = torch.empty(batch.num_graphs, len(COLUMNS), dtype=torch.float64, device=batch.device)
         systems = self._scope.systems(batch, dynamics)
         if systems is None:
             table[:, _IN_STAGE] = 1.0
@@ -149,9 +152,18 @@ class LoggingHook(Hook):
             table[:, _IN_STAGE] = systems
         table[:, _SYSTEM_ID] = batch.system_id
         table[:, _STATUS] = batch.status
+        # At AFTER_STEP the engine has counted this step in stage_steps already.
+        if "stage_steps" in batch:
+            steps = batch.stage_steps
+        else:
+            steps = torch.full_like(batch.system_id, dynamics.step_count + 1)
+        table[:, _TIME] = steps * _dt(batch, dynamics)
         table[:, _ENERGY] = batch.energy.reshape(-1)
+        ke = kinetic_energy(batch)
+        table[:, _KINETIC] = ke
+        table[:, _TOTAL] = table[:, _ENERGY] + table[:, _KINETIC]
         table[:, _FMAX] = max_force(batch)
-        table[:, _TEMPERATURE] = temperature(batch)
+        table[:, _TEMPERATURE] = temperature(batch, ke, com_fixed=com_fixed(dynamics))
         return table
 
     # ------------------------------------------------------------------ the writer thread
@@ -161,14 +173,17 @@ class LoggingHook(Hook):
             "step": np.full(len(rows), step, dtype=np.int64),
             "system_id": rows[:, _SYSTEM_ID].astype(np.int64),
             "status": rows[:, _STATUS].astype(np.int64),
+            "time": rows[:, _TIME].copy(),
             "energy": rows[:, _ENERGY].copy(),
+            "kinetic_energy": rows[:, _KINETIC].copy(),
+            "total_energy": rows[:, _TOTAL].copy(),
             "fmax": rows[:, _FMAX].copy(),
             "temperature": rows[:, _TEMPERATURE].copy(),
         }
         if self._file is not None:
             # Python scalars from tolist() format twice as fast as numpy scalars: this runs on
             # a thread that shares the interpreter lock with the stepping loop.
-            row = f"%d,%d,%d,{self._float_format},{self._float_format},{self._float_format}\n"
+            row = "%d,%d,%d," + ",".join([self._float_format] * (len(COLUMNS) - 3)) + "\n"
             lines = [row % r for r in zip(*(columns[c].tolist() for c in COLUMNS), strict=True)]
             self._file.write("".join(lines))
             # Flushed per step so a run that dies keeps its log up to the last logged step.
@@ -179,3 +194,28 @@ class LoggingHook(Hook):
     def __repr__(self) -> str:
         where = str(self.log_path) if self.log_path is not None else "writer"
         return f"LoggingHook({where!r}, frequency={self.frequency})"
+
+
+def _dt(batch: Batch, dynamics: Any) -> torch.Tensor | float:
+    """The stage's time step per system (fs)."""
+    per_system = getattr(dynamics, "per_system", None)
+    if callable(per_system) and "dt" in getattr(dynamics, "parameters", {}):
+        return per_system("dt", batch).to(torch.float64)
+    dt = getattr(dynamics, "dt", 1.0)
+    return dt.to(torch.float64) if isinstance(dt, torch.Tensor) else float(dt)
+
+
+def read_log(path: str | os.PathLike[str]) -> Any:
+    """A log file (this hook's CSV, or a workflow's) as a table: a ``pandas.DataFrame`` when pandas
+    is installed, else a dict of numpy columns (see :func:`alchemi_core.workflow.logs.read_log`).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
+        >>> _ = open(path, "w").write("step,system_id,energy\\n0,3,-1.5\\n")
+        >>> float(read_log(path)["energy"][0])
+        -1.5
+    """
+    from alchemi_core.workflow.logs import read_log as load
+
+    return load(path)

@@ -4,11 +4,11 @@ Units are alchemi's: velocities in Å/fs, masses in amu, energies in eV, forces 
 
 Temperature is ``T = 2 KE / (f kB)`` with ``f = 3 (N - N_frozen)`` degrees of freedom: three
 per atom that moves, as ASE's ``Atoms.get_temperature()`` counts them for atoms under
-``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one. The
-three centre-of-mass degrees of freedom are *not* removed: a thermostat that does not conserve
-momentum (Langevin) samples all 3N, and for NVE runs with zero total momentum the reported
-temperature is lower than the kinetic one by a factor (3N - 3) / 3N, which matters only for
-very small systems. A system with no moving atom reports 0 K.
+``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one. With
+``com_fixed=True`` the three centre-of-mass degrees of freedom are removed (``f = 3N - 3``), as
+a stage that keeps the centre of mass at rest thermalises only those: :func:`com_fixed` tells
+from a stage (``Langevin(fix_com=True)``, Nose-Hoover and velocity Verlet keep it at rest; a
+Langevin with ``fix_com=False`` samples all 3N). A system with no moving atom reports 0 K.
 
 Example:
     >>> import torch
@@ -46,22 +46,37 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
     return per_system_sum(twice_ke, batch).mul_(0.5 * AMU_A2_PER_FS2_TO_EV)
 
 
-def degrees_of_freedom(batch: Batch) -> torch.Tensor:
-    """``[B]`` three per atom that is not ``frozen`` (see the module docstring)."""
+def degrees_of_freedom(batch: Batch, com_fixed: bool = False) -> torch.Tensor:
+    """``[B]`` three per atom that is not ``frozen``, less three with ``com_fixed`` when no atom
+    is frozen (frozen atoms already pin the centre of mass; see the module docstring)."""
     moving = torch.ones(batch.num_nodes, dtype=batch.positions.dtype, device=batch.device)
     if "frozen" in batch:
         moving = moving.masked_fill_(batch.frozen.reshape(-1).to(torch.bool), 0.0)
-    return per_system_sum(moving, batch).mul_(3.0)
+    dof = per_system_sum(moving, batch).mul_(3.0)
+    if com_fixed:
+        pinned = per_system_sum(1.0 - moving, batch) > 0
+        dof = torch.where(pinned, dof, dof - 3.0)
+    return dof
 
 
-def temperature(batch: Batch, kinetic: torch.Tensor | None = None) -> torch.Tensor:
+def com_fixed(dynamics: object) -> bool:
+    """Whether ``dynamics`` keeps each system's centre of mass at rest (its ``fix_com``, else its
+    ``conserves_momentum`` attribute; False when it says neither)."""
+    value = getattr(dynamics, "fix_com", None)
+    if value is None:
+        value = getattr(dynamics, "conserves_momentum", False)
+    return bool(value)
+
+
+def temperature(batch: Batch, kinetic: torch.Tensor | None = None, com_fixed: bool = False) -> torch.Tensor:
     """``[B]`` instantaneous temperature in K (degrees of freedom: see the module docstring).
 
     Args:
         kinetic: The systems' kinetic energies, if already computed.
+        com_fixed: The centre of mass is held at rest: ``3N - 3`` degrees of freedom.
     """
     ke = kinetic_energy(batch) if kinetic is None else kinetic
-    dof = degrees_of_freedom(batch).clamp_(min=1.0)
+    dof = degrees_of_freedom(batch, com_fixed).clamp_(min=1.0)
     return (2.0 / KB) * ke / dof
 
 

@@ -42,13 +42,15 @@ class Display(Protocol):
 class PlainDisplay:
     """One line per update."""
 
-    def __init__(self, file: IO[str], total: int | None) -> None:
+    def __init__(self, file: IO[str], total: int | None, unit: str = "steps") -> None:
         self.file = file
         self.total = total
+        self.unit = unit
 
     def update(self, step: int, info: str) -> None:
         of = f"/{self.total}" if self.total is not None else ""
-        print(f"alchemi: step {step}{of} | {info}", file=self.file, flush=True)
+        what = "step" if self.unit == "steps" else self.unit
+        print(f"alchemi: {what} {step}{of} | {info}", file=self.file, flush=True)
 
     def close(self) -> None:
         self.file.flush()
@@ -57,10 +59,10 @@ class PlainDisplay:
 class TqdmDisplay:
     """A tqdm bar counting steps, the counts as its postfix."""
 
-    def __init__(self, file: IO[str], total: int | None) -> None:
+    def __init__(self, file: IO[str], total: int | None, unit: str = "steps") -> None:
         import tqdm
 
-        self.bar = tqdm.tqdm(total=total, file=file, unit="step", desc="alchemi", dynamic_ncols=True)
+        self.bar = tqdm.tqdm(total=total, file=file, unit=unit.rstrip("s"), desc="alchemi", dynamic_ncols=True)
 
     def update(self, step: int, info: str) -> None:
         self.bar.set_postfix_str(info, refresh=False)
@@ -73,12 +75,12 @@ class TqdmDisplay:
 class RichDisplay:
     """A rich progress bar counting steps, the counts beside it."""
 
-    def __init__(self, file: IO[str], total: int | None) -> None:
+    def __init__(self, file: IO[str], total: int | None, unit: str = "steps") -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
-            TextColumn("alchemi steps"),
+            TextColumn(f"alchemi {unit}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -96,8 +98,8 @@ class RichDisplay:
         self.progress.stop()
 
 
-def make_display(backend: str, file: IO[str], total: int | None) -> Display:
-    """The display for ``backend`` (``"auto"``: rich, else tqdm, else plain)."""
+def make_display(backend: str, file: IO[str], total: int | None, unit: str = "steps") -> Display:
+    """The display for ``backend`` (``"auto"``: rich, else tqdm, else plain), counting ``unit``."""
     if backend == "auto":
         backend = next((b for b in ("rich", "tqdm") if importlib.util.find_spec(b) is not None), "plain")
     if backend in ("rich", "tqdm") and importlib.util.find_spec(backend) is None:
@@ -105,10 +107,10 @@ def make_display(backend: str, file: IO[str], total: int | None) -> Display:
             f"ProgressHook(backend={backend!r}) needs {backend}: pip install {backend} (or use backend='plain')"
         )
     if backend == "rich":
-        return RichDisplay(file, total)
+        return RichDisplay(file, total, unit)
     if backend == "tqdm":
-        return TqdmDisplay(file, total)
-    return PlainDisplay(file, total)
+        return TqdmDisplay(file, total, unit)
+    return PlainDisplay(file, total, unit)
 
 
 def run_counts(batch: Batch, dynamics: Any) -> tuple[int, int, int]:
@@ -131,6 +133,8 @@ class ProgressHook(Hook):
         frequency: Update every N-th step.
         total: Steps the bar counts to (default: a plain run's ``n_steps``; unknown for runs that
             end when every system has graduated).
+        structures: Count structures done out of this many instead of steps (a run over a
+            dataset of known size: the bar then ends when every structure has finished).
         backend: ``"auto"``, ``"rich"``, ``"tqdm"`` or ``"plain"``.
         file: Where to draw (default ``sys.stderr``).
 
@@ -146,8 +150,12 @@ class ProgressHook(Hook):
         total: int | None = None,
         backend: str = "auto",
         file: IO[str] | None = None,
+        structures: int | None = None,
     ) -> None:
         super().__init__(frequency=frequency)
+        if structures is not None and int(structures) < 1:
+            raise ConfigurationError(f"ProgressHook: structures must be >= 1, got {structures}")
+        self.structures = None if structures is None else int(structures)
         if backend not in BACKENDS:
             raise ConfigurationError(f"ProgressHook: backend must be one of {BACKENDS}, got {backend!r}")
         self.total = None if total is None else int(total)
@@ -165,7 +173,10 @@ class ProgressHook(Hook):
         plain_run = engine is not None and not getattr(engine, "graduate_on_budget", True)
         if total is None and plain_run:
             total = int(getattr(dynamics, "n_steps", 0)) or None
-        self._display = make_display(self.backend, self.file or sys.stderr, total)
+        if self.structures is not None:
+            total = self.structures
+        unit = "structures" if self.structures else "steps"
+        self._display = make_display(self.backend, self.file or sys.stderr, total, unit)
         self._last_time = time.perf_counter()
         self._last_step = 0
 
@@ -183,7 +194,10 @@ class ProgressHook(Hook):
         if elapsed > 0 and steps > self._last_step:
             self.throughput = atoms * (steps - self._last_step) / elapsed
         self._last_time, self._last_step = now, steps
-        self._display.update(steps, f"{done} done, {active} active, {self.throughput:.3g} atom-steps/s")
+        if self.structures is not None:
+            self._display.update(done, f"step {steps}, {active} active, {self.throughput:.3g} atom-steps/s")
+        else:
+            self._display.update(steps, f"{done} done, {active} active, {self.throughput:.3g} atom-steps/s")
 
     def on_run_end(self, batch: Batch, dynamics: Any) -> None:
         # The last state (every step, the final counts) is drawn even when the run did not end
@@ -191,7 +205,7 @@ class ProgressHook(Hook):
         engine = getattr(dynamics, "_engine", None)
         # The engine counts steps done; a stage's step_count is the index of its last step.
         steps = int(engine.step_count) if engine is not None else int(getattr(dynamics, "step_count", -1)) + 1
-        if self._display is not None and steps > self._last_step:
+        if self._display is not None and (steps > self._last_step or self.structures is not None):
             self._draw(batch, dynamics, steps)
         self.close()
 

@@ -75,6 +75,9 @@ class NoseHooverChain(MDIntegrator):
         ConfigurationError: A chain length, sub-step count or order that cannot work.
     """
 
+    #: Keeps each system's centre of mass at rest (loggers count 3N - 3 degrees of freedom).
+    conserves_momentum = True
+
     cpu_backend = "warp"
 
     def __init__(

@@ -42,6 +42,9 @@ class VelocityVerlet(MDIntegrator):
             ``refill_frequency``, ``sinks``, ``comm_mode``, ``buffer_config``, ``name``.
     """
 
+    #: Keeps each system's centre of mass at rest (loggers count 3N - 3 degrees of freedom).
+    conserves_momentum = True
+
     def __init__(self, model: Any, n_steps: int = 1000, dt: ParameterValue = 1.0, **kwargs: Any) -> None:
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
 

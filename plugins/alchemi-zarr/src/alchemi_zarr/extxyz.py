@@ -26,50 +26,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
 from alchemi_core.data import AtomicData
-from alchemi_core.data.fields import Level
-from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
     import ase
 
-# Fields AtomicData.to_atoms already places (positions, masses, calculator results, ...).
-_PLACED = frozenset({"atomic_numbers", "positions", "velocities", "atomic_masses", "forces", "cell", "pbc", "energy", "stress"})
-_NOT_EXPORTED = frozenset({"neighbor_list", "shifts", "neighbor_list_shifts"})  # edges have no frame field
-
-
-def _as_numpy(name: str, t: torch.Tensor) -> np.ndarray:
-    if t.dtype.is_complex:
-        raise InvalidDataError(
-            f"field {name!r} is complex, which extended XYZ cannot hold; pass exclude=[{name!r}]"
-        )
-    if t.dtype in (torch.float16, torch.bfloat16):
-        t = t.float()
-    return t.detach().cpu().numpy()
+_NOT_EXPORTED = ("neighbor_list", "shifts", "neighbor_list_shifts")  # edges have no frame field
 
 
 def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Atoms:
-    """One frame: ``AtomicData.to_atoms()`` plus the other atom and system fields.
+    """One frame: ``AtomicData.to_atoms()`` (every field, see :mod:`alchemi_core.data.ase_io`).
 
     Raises:
         InvalidDataError: A field that extended XYZ cannot hold (and that is not excluded).
     """
-    atoms = data.to_atoms()
-    skip = _PLACED | _NOT_EXPORTED | set(exclude)
-    for name, level in data.levels.items():
-        if name in skip or level is Level.EDGE:
-            continue
-        value = _as_numpy(name, getattr(data, name))
-        if level is Level.NODE:
-            key = name if name not in atoms.arrays else f"alchemi_{name}"
-            atoms.arrays[key] = value
-        else:
-            row = value[0]
-            atoms.info[name] = row.item() if row.ndim == 0 or row.size == 1 else row.reshape(-1)
-    return atoms
+    return data.to_atoms(exclude=(*_NOT_EXPORTED, *exclude))
 
 
 def export_extxyz(

@@ -1,0 +1,94 @@
+"""``alchemi run WORKFLOW.toml``: a workflow file from its input to its results store.
+
+The file is validated before anything runs (see :mod:`alchemi_core.workflow.spec`); a problem
+is one line naming the key and the fix, with exit status 2. ``--dry-run`` prints the resolved
+plan and stops.
+
+Example::
+
+    $ alchemi run workflow.toml --dry-run
+    $ alchemi run workflow.toml --device cpu --json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from alchemi_core.cli.errors import reported
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The human-readable summary of a run."""
+    once = "each exactly once" if summary["every_structure_once"] else "MISMATCH: some structures are missing"
+    energy = summary.get("mean_energy_per_atom_eV")
+    lines = [
+        f"device                 {summary['device']}",
+        f"structures in / out    {summary['structures_in']} / {summary['structures_out']} ({once})",
+    ]
+    if energy is not None:
+        lines.append(f"mean energy per atom   {energy:.5f} eV")
+    lines += [
+        f"engine steps           {summary['steps']}",
+        f"wall time              {summary['wall_s']:.1f} s ({summary['structures_per_hour']:.3g} structures/h)",
+    ]
+    if summary.get("store"):
+        lines.append(f"results                {summary['store']}")
+    if summary.get("log"):
+        lines.append(f"log                    {summary['log']}")
+    return lines
+
+
+@click.command("run")
+@click.argument("workflow", type=click.Path(dir_okay=False))
+@click.option("--device", default=None, help="cpu, cuda, cuda:N or auto (overrides [run] device).")
+@click.option("--dry-run", is_flag=True, help="Validate, build the components and print the plan; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the summary as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@reported
+def run(workflow: str, device: str | None, dry_run: bool, as_json: bool, no_progress: bool) -> None:
+    """Run the workflow file WORKFLOW (TOML): model, input, stages, output."""
+    from alchemi_core.workflow import build_plan, load_workflow, run_workflow_detailed
+
+    wf = load_workflow(workflow)
+    if dry_run:
+        plan = build_plan(wf, device)
+        described = plan.describe()
+        if as_json:
+            click.echo(json.dumps({"schema_version": 1, "plan": described}, indent=2, default=str))
+        else:
+            click.echo(_plan_text(described))
+        return
+    result = run_workflow_detailed(wf, device, progress=not (as_json or no_progress))
+    summary = result.as_dict()
+    if as_json:
+        click.echo(json.dumps({"schema_version": 1, **summary}, indent=2))
+    else:
+        click.echo("\n".join(summary_lines(summary)))
+    if not summary["every_structure_once"]:
+        raise SystemExit(1)
+
+
+def _plan_text(plan: dict[str, Any]) -> str:
+    def params(d: dict[str, Any], skip: tuple[str, ...] = ("component", "built", "hooks")) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in d.items() if k not in skip)
+
+    lines = [f"device   {plan['device']}", f"model    {plan['model']['component']}({params(plan['model'])})"]
+    if plan["input"]:
+        lines.append(f"input    {plan['input']['path']} (format {plan['input']['format'] or 'from the file'}, "
+                     f"frames {plan['input']['index']}, {plan['input']['dtype']})")
+    for i, st in enumerate(plan["stages"]):
+        lines.append(f"stage {i}  {st['component']}({params(st)})")
+        for h in st["hooks"]:
+            lines.append(f"         hook {h['component']}({params(h)})")
+    out = plan["output"]
+    if out:
+        extra = f", trajectory every {out['trajectory_every']} steps" if out["trajectory_every"] else ""
+        lines.append(f"output   {out['component']} {out['path'] or ''}{extra}")
+    if plan["sampler"]:
+        lines.append(f"sampler  {params(plan['sampler'], ())}")
+    if plan["checkpoint"]:
+        lines.append(f"checkpoint {plan['checkpoint']['path']} every {plan['checkpoint']['every']} steps")
+    return "\n".join(lines)

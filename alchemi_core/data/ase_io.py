@@ -1,0 +1,268 @@
+"""ASE ``Atoms`` to alchemi fields and back, with nothing lost.
+
+What travels, in both directions:
+
+* numbers, positions, cell, pbc, masses, velocities (Å/fs) and the calculator's energy, forces
+  and stress (into a ``SinglePointCalculator`` on the way back);
+* ``tags`` (atom field ``tags``), initial charges (``initial_charges``) and initial magnetic
+  moments (``initial_magmoms``, ``[N]`` or ``[N, 3]``), when the ``Atoms`` has them;
+* ``info``: numbers, bools and numeric arrays become system fields ``info_<key>``; strings become
+  fixed-width UTF-8 system fields ``infotext_<key>`` (at most :data:`TEXT_WIDTH` bytes);
+* constraints: ``FixAtoms``, and ``FixCartesian`` that fixes all three components of its atoms,
+  become the bool atom field ``frozen``, which every alchemi stage holds in place; on the way
+  back ``frozen`` becomes a ``FixAtoms``. Any other constraint (bond lengths, partial
+  ``FixCartesian``, filters) is an error: alchemi cannot honour it and never drops one silently.
+
+A structure that left an optimiser (FIRE) has zero velocities (the optimiser's are not physical),
+so ``to_atoms`` of a relaxed structure carries no momenta. Zero velocities are not written back.
+
+Example:
+    >>> from ase.build import bulk
+    >>> from ase.constraints import FixAtoms
+    >>> from alchemi_core.data import AtomicData
+    >>> atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    >>> atoms.set_tags([0, 1, 1, 1])
+    >>> atoms.set_constraint(FixAtoms(indices=[0]))
+    >>> atoms.info["config_type"] = "bulk"
+    >>> data = AtomicData.from_atoms(atoms)
+    >>> data.frozen.tolist(), data.tags.tolist()
+    ([True, False, False, False], [0, 1, 1, 1])
+    >>> back = data.to_atoms()
+    >>> back.info["config_type"], back.constraints[0].get_indices().tolist()
+    ('bulk', [0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from alchemi_core.errors import InvalidDataError
+
+if TYPE_CHECKING:
+    import ase
+
+#: Bytes a text field (an ``info`` string, a source file name) holds per structure.
+TEXT_WIDTH = 256
+INFO_PREFIX = "info_"
+TEXT_PREFIX = "infotext_"
+#: Atom arrays of ``Atoms`` that travel as atom fields, and the defaults of absent ones.
+ATOM_ARRAYS = ("tags", "initial_charges", "initial_magmoms")
+#: Fields ``atoms_from_fields`` places itself (everything else goes to ``arrays``/``info``).
+PLACED = frozenset(
+    {"atomic_numbers", "positions", "velocities", "atomic_masses", "forces", "cell", "pbc", "energy", "stress",
+     "frozen", *ATOM_ARRAYS}
+)
+
+
+def encode_text(text: str, name: str) -> torch.Tensor:
+    """``text`` as a ``[TEXT_WIDTH]`` uint8 tensor (UTF-8, zero-padded).
+
+    Raises:
+        InvalidDataError: Longer than :data:`TEXT_WIDTH` bytes.
+    """
+    raw = text.encode("utf-8")
+    if len(raw) > TEXT_WIDTH or b"\x00" in raw:
+        raise InvalidDataError(
+            f"text {name!r} is {len(raw)} bytes; alchemi keeps at most {TEXT_WIDTH} bytes (no NUL) per "
+            f"structure: shorten it or delete atoms.info[{name!r}] before converting"
+        )
+    out = torch.zeros(TEXT_WIDTH, dtype=torch.uint8)
+    out[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else out[:0]
+    return out
+
+
+def decode_text(value: Any) -> str:
+    """The string a text field row holds."""
+    raw = bytes(np.asarray(value, dtype=np.uint8).reshape(-1).tolist())
+    return raw.split(b"\x00", 1)[0].decode("utf-8")
+
+
+def frozen_mask(atoms: ase.Atoms) -> np.ndarray | None:
+    """``[N]`` bool of atoms the constraints hold fixed, or None without constraints.
+
+    Raises:
+        InvalidDataError: A constraint alchemi cannot honour.
+    """
+    from ase.constraints import FixAtoms, FixCartesian
+
+    if not atoms.constraints:
+        return None
+    mask = np.zeros(len(atoms), dtype=bool)
+    for c in atoms.constraints:
+        if isinstance(c, FixAtoms) or isinstance(c, FixCartesian) and bool(np.all(c.mask)):
+            mask[c.get_indices()] = True
+        else:
+            what = type(c).__name__
+            if isinstance(c, FixCartesian):
+                what += " fixing only some components"
+            raise InvalidDataError(
+                f"the structure has a {what} constraint, which alchemi cannot honour (it holds whole atoms "
+                "fixed: FixAtoms, or FixCartesian of all three components); remove it (atoms.set_constraint()) "
+                "or replace it with FixAtoms"
+            )
+    return mask
+
+
+def _info_fields(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for key, value in info.items():
+        name = str(key)
+        if isinstance(value, str):
+            out[TEXT_PREFIX + name] = encode_text(value, name).unsqueeze(0)
+            continue
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf" or arr.dtype == object:
+            raise InvalidDataError(
+                f"atoms.info[{name!r}] is a {type(value).__name__}; alchemi keeps numbers, bools, numeric arrays "
+                f"and strings in info: convert it or delete atoms.info[{name!r}] before converting"
+            )
+        t = torch.as_tensor(arr.astype(np.float64) if arr.dtype.kind == "f" else arr)
+        out[INFO_PREFIX + name] = t.reshape(1, *t.shape) if t.dim() else t.reshape(1)
+    return out
+
+
+def fields_from_atoms(atoms: ase.Atoms, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, str]]:
+    """The fields of ``AtomicData`` for ``atoms`` and the levels of the custom ones."""
+    from ase import units
+
+    fields: dict[str, Any] = {
+        "atomic_numbers": torch.tensor(atoms.numbers, dtype=torch.long),
+        "positions": torch.tensor(atoms.positions, dtype=dtype),
+        "cell": torch.tensor(atoms.cell.array, dtype=dtype),
+        "pbc": torch.tensor(atoms.pbc, dtype=torch.bool),
+        "atomic_masses": torch.tensor(atoms.get_masses(), dtype=dtype),
+    }
+    levels: dict[str, str] = {}
+    if atoms.has("momenta"):
+        fields["velocities"] = torch.tensor(atoms.get_velocities() * units.fs, dtype=dtype)
+    frozen = frozen_mask(atoms)
+    if frozen is not None:
+        fields["frozen"] = torch.from_numpy(frozen)
+    for name in ATOM_ARRAYS:
+        if atoms.has(name):
+            value = torch.from_numpy(np.array(atoms.arrays[name]))
+            fields[name] = value.to(dtype) if value.dtype.is_floating_point else value.to(torch.long)
+            levels[name] = "node"
+    for name, value in _info_fields(atoms.info).items():
+        fields[name] = value
+        levels[name] = "system"
+    calc = atoms.calc
+    results = getattr(calc, "results", {}) if calc is not None else {}
+    if "energy" in results:
+        fields["energy"] = torch.tensor([[results["energy"]]], dtype=dtype)
+    if "forces" in results:
+        fields["forces"] = torch.tensor(results["forces"], dtype=dtype)
+    if "stress" in results:
+        from ase.stress import voigt_6_to_full_3x3_stress
+
+        s = results["stress"]
+        full = voigt_6_to_full_3x3_stress(s) if len(s) == 6 else s
+        fields["stress"] = torch.tensor(full, dtype=dtype)
+    return fields, levels
+
+
+def atoms_from_fields(
+    f: Mapping[str, torch.Tensor], levels: Mapping[str, Any] | None = None, exclude: Iterable[str] = ()
+) -> ase.Atoms:
+    """An ``Atoms`` from one structure's fields (on the CPU), the inverse of :func:`fields_from_atoms`.
+
+    Fields it has no ASE place for go to ``atoms.arrays`` (atom fields, renamed ``alchemi_<name>``
+    where ASE uses the name) and ``atoms.info`` (system fields: ``system_id``, ``status``, ``fmax``,
+    ...); edge fields and ``exclude`` are left out.
+
+    Raises:
+        InvalidDataError: A field of a dtype ASE files cannot hold (complex).
+    """
+    import ase
+    from ase import units
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.constraints import FixAtoms
+
+    atoms = ase.Atoms(
+        numbers=f["atomic_numbers"].numpy(),
+        positions=f["positions"].double().numpy(),
+        cell=f["cell"][0].double().numpy() if "cell" in f else None,
+        pbc=f["pbc"][0].numpy() if "pbc" in f else False,
+    )
+    if "atomic_masses" in f:
+        atoms.set_masses(f["atomic_masses"].double().numpy())
+    if "velocities" in f and bool(f["velocities"].any()):
+        atoms.set_velocities(f["velocities"].double().numpy() / units.fs)
+    if "tags" in f:
+        atoms.set_tags(f["tags"].numpy().astype(int))
+    if "initial_charges" in f:
+        atoms.set_initial_charges(f["initial_charges"].double().numpy())
+    if "initial_magmoms" in f:
+        atoms.set_initial_magnetic_moments(f["initial_magmoms"].double().numpy())
+    for name, value in f.items():
+        if name.startswith(TEXT_PREFIX):
+            atoms.info[name[len(TEXT_PREFIX):]] = decode_text(value[0])
+        elif name.startswith(INFO_PREFIX):
+            row = value[0].numpy()
+            atoms.info[name[len(INFO_PREFIX):]] = row.item() if row.ndim == 0 else row
+    if "frozen" in f and bool(f["frozen"].any()):
+        atoms.set_constraint(FixAtoms(mask=f["frozen"].reshape(-1).numpy().astype(bool)))
+    skip = set(exclude)
+    for name, value in f.items():
+        level = str(getattr((levels or {}).get(name), "value", (levels or {}).get(name)))
+        if name in PLACED or name in skip or name.startswith((INFO_PREFIX, TEXT_PREFIX)) or level not in _EXTRA_LEVELS:
+            continue
+        arr = _as_numpy(name, value)
+        if level == "node":
+            atoms.arrays[name if name not in atoms.arrays else f"alchemi_{name}"] = arr
+        else:
+            row = arr[0]
+            atoms.info[name] = row.item() if row.ndim == 0 or row.size == 1 else row.reshape(-1)
+    results: dict[str, Any] = {}
+    if "energy" in f:
+        results["energy"] = float(f["energy"].reshape(-1)[0])
+    if "forces" in f:
+        results["forces"] = f["forces"].double().numpy()
+    if "stress" in f:
+        results["stress"] = f["stress"][0].double().numpy()
+    if results:
+        atoms.calc = SinglePointCalculator(atoms, **results)
+    return atoms
+
+
+_EXTRA_LEVELS = ("node", "system")
+
+
+def _as_numpy(name: str, t: torch.Tensor) -> np.ndarray:
+    if t.dtype.is_complex:
+        raise InvalidDataError(f"field {name!r} is complex, which ASE files cannot hold; exclude it")
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return t.numpy()
+
+
+def harmonise(fields_list: list[dict[str, Any]]) -> None:
+    """Give every structure the atom arrays and ``frozen`` that any of them has (ASE's defaults:
+    zeros, not frozen), so structures from different files batch together. Info keys must match.
+
+    Raises:
+        InvalidDataError: Structures whose ``info`` keys differ.
+    """
+    optional = ("frozen", *ATOM_ARRAYS)
+    for name in optional:
+        have = [f for f in fields_list if name in f]
+        if not have or len(have) == len(fields_list):
+            continue
+        like = have[0][name]
+        for f in fields_list:
+            if name not in f:
+                n = int(f["atomic_numbers"].shape[0])
+                f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
+    keys0 = {k for k in fields_list[0] if k.startswith((INFO_PREFIX, TEXT_PREFIX))}
+    for i, f in enumerate(fields_list):
+        keys = {k for k in f if k.startswith((INFO_PREFIX, TEXT_PREFIX))}
+        if keys != keys0:
+            differ = sorted(k.split("_", 1)[1] for k in keys ^ keys0)
+            raise InvalidDataError(
+                f"structure {i} and structure 0 differ in their atoms.info keys {differ}; structures batched "
+                "together need the same info keys: add the missing ones or delete them from every structure"
+            )

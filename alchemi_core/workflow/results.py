@@ -1,0 +1,300 @@
+"""Getting results out of a store: a summary, a per-structure table, exports and plots.
+
+A results store holds records; a structure (one ``system_id``) has one record per stored frame:
+its final state, and trajectory frames when the run stored them. :func:`structure_table` has one
+row per structure (its last record), :func:`export_structures` writes the last frame of each
+structure or every frame to extended XYZ or an ASE ``.traj``, and :func:`plot_results` draws the
+run's log (``<store>.log.csv``) or, without one, the store's final values.
+
+Example:
+    >>> from alchemi_core.testing import make_batch
+    >>> from alchemi_zarr import ZarrData
+    >>> ZarrData("memory://results-doc").write(make_batch([3, 2]))
+    >>> summary = store_summary("memory://results-doc")
+    >>> summary["records"], summary["structures"]
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alchemi_core.errors import ConfigurationError, InvalidDataError
+
+#: Plots :func:`plot_results` draws.
+PLOTS = ("energy", "temperature", "fmax", "throughput")
+#: Export formats by file suffix.
+FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
+_EDGE_FIELDS = ("neighbor_list", "shifts", "neighbor_list_shifts")
+
+
+def open_store(path: Any) -> Any:
+    """An ``AtomicDataZarrReader`` over the store at ``path`` (needs alchemi-zarr).
+
+    Raises:
+        InvalidDataError: No alchemi store there.
+    """
+    from alchemi_core import registry
+
+    if isinstance(path, (str, os.PathLike)) and "://" not in str(path) and not Path(path).exists():
+        raise InvalidDataError(f"no results store at {str(path)!r}; give the path of a .zarr store a run wrote")
+    reader_cls = registry.resolve_export("alchemi_core.data.datapipes", "AtomicDataZarrReader")
+    return path if isinstance(path, reader_cls) else reader_cls(path)
+
+
+def _column(reader: Any, name: str) -> np.ndarray | None:
+    store = reader.store
+    if name not in reader.fields:
+        return None
+    return store.read_rows(name, 0, store.num_systems)
+
+
+def last_records(reader: Any) -> np.ndarray:
+    """Index of each structure's last record, in order of first appearance."""
+    ids = _column(reader, "system_id")
+    if ids is None:
+        return np.arange(len(reader))
+    last: dict[int, int] = {}
+    for i, sid in enumerate(ids.tolist()):
+        last[sid] = i
+    return np.fromiter(last.values(), dtype=np.int64, count=len(last))
+
+
+def structure_table(store: Any) -> list[dict[str, Any]]:
+    """One row per structure: id, source, atoms, frames, status, energy (eV and eV/atom), fmax (eV/Å)."""
+    from alchemi_core.data.ase_io import decode_text
+
+    reader = open_store(store)
+    n = len(reader)
+    if n == 0:
+        return []
+    atoms = reader.get_all_metadata()[0]
+    ids = _column(reader, "system_id")
+    frames = np.bincount(np.unique(ids, return_inverse=True)[1]) if ids is not None else np.ones(n, np.int64)
+    order = {sid: k for k, sid in enumerate(dict.fromkeys(ids.tolist()))} if ids is not None else {}
+    cols = {name: _column(reader, name) for name in ("status", "energy", "fmax", "info_source_index",
+                                                    "infotext_source_file")}
+    rows = []
+    for i in last_records(reader).tolist():
+        row: dict[str, Any] = {"system_id": int(ids[i]) if ids is not None else i, "record": i,
+                               "atoms": int(atoms[i])}
+        row["frames"] = int(frames[order[int(ids[i])]]) if ids is not None else 1
+        if cols["infotext_source_file"] is not None:
+            row["source_file"] = decode_text(cols["infotext_source_file"][i])
+        if cols["info_source_index"] is not None:
+            row["source_index"] = int(np.asarray(cols["info_source_index"][i]).reshape(-1)[0])
+        if cols["status"] is not None:
+            row["status"] = int(cols["status"][i])
+        if cols["energy"] is not None:
+            e = float(np.asarray(cols["energy"][i]).reshape(-1)[0])
+            row["energy_eV"] = e
+            row["energy_per_atom_eV"] = e / max(int(atoms[i]), 1)
+        if cols["fmax"] is not None:
+            row["fmax_eV_per_A"] = float(cols["fmax"][i])
+        rows.append(row)
+    return rows
+
+
+def store_summary(store: Any) -> dict[str, Any]:
+    """Records, structures, atoms, fields and statuses of a store, and its final energies."""
+    reader = open_store(store)
+    table = structure_table(reader)
+    statuses: dict[str, int] = {}
+    for r in table:
+        if "status" in r:
+            statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
+    energies = np.array([r["energy_per_atom_eV"] for r in table if "energy_per_atom_eV" in r])
+    out: dict[str, Any] = {
+        "store": str(getattr(reader.store, "where", store)),
+        "records": len(reader),
+        "structures": len(table),
+        "atoms": int(sum(r["atoms"] for r in table)),
+        "fields": sorted(reader.fields),
+        "final_status_counts": statuses,
+    }
+    if len(energies):
+        out["energy_per_atom_eV"] = {"mean": float(energies.mean()), "min": float(energies.min()),
+                                     "max": float(energies.max())}
+    return out
+
+
+def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "last", format: str | None = None) -> int:
+    """Write structures of ``store`` to ``out`` (replaced): each structure's last frame, or every
+    frame (``frames="all"``, grouped by structure in the order they were stored).
+
+    Args:
+        store: A results store (path, URL or reader).
+        out: An ``.extxyz``/``.xyz`` file (extended XYZ) or ``.traj`` (ASE trajectory).
+        frames: ``"last"`` or ``"all"``.
+        format: ``"extxyz"`` or ``"traj"`` (default: from the suffix of ``out``).
+
+    Returns:
+        Frames written.
+
+    Raises:
+        ConfigurationError: An unknown format or ``frames`` value.
+    """
+    import ase.io
+
+    reader = open_store(store)
+    fmt = format or FORMATS.get(Path(out).suffix.lower())
+    if fmt not in ("extxyz", "traj"):
+        raise ConfigurationError(
+            f"cannot tell the export format of {str(out)!r}; name it .extxyz, .xyz or .traj, or pass --format"
+        )
+    if frames not in ("last", "all"):
+        raise ConfigurationError(f"frames must be 'last' or 'all', got {frames!r}")
+    if frames == "last":
+        indices = last_records(reader).tolist()
+    else:
+        ids = _column(reader, "system_id")
+        indices = list(range(len(reader))) if ids is None else np.argsort(ids, kind="stable").tolist()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).unlink(missing_ok=True)
+    if fmt == "traj":
+        from ase.io.trajectory import Trajectory
+
+        with Trajectory(str(out), "w") as traj:
+            for i in indices:
+                traj.write(reader[i].to_atoms(exclude=_EDGE_FIELDS))
+        return len(indices)
+    block = 512
+    for lo in range(0, len(indices), block):
+        chunk = [reader[i].to_atoms(exclude=_EDGE_FIELDS) for i in indices[lo:lo + block]]
+        ase.io.write(str(out), chunk, format="extxyz", append=lo > 0)
+    return len(indices)
+
+
+def plot_results(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] = PLOTS,
+                 log: str | os.PathLike[str] | None = None) -> list[Path]:
+    """PNG plots with labelled axes, one per kind in ``kinds``, into ``outdir``.
+
+    With the run's log (``log``, default ``<store>.log.csv`` when it exists): energy per atom,
+    temperature and fmax over each stage's time, and throughput (steps per second) over the run.
+    Without a log: histograms of the stored final energy per atom and fmax (temperature and
+    throughput need a log and are skipped).
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+    """
+    from alchemi_core.errors import MissingDependencyError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("plots need matplotlib: pip install matplotlib (or alchemi-core[plot])") from None
+    from alchemi_core.workflow.logs import read_log
+    from alchemi_core.workflow.run import log_path_for
+
+    for k in kinds:
+        if k not in PLOTS:
+            raise ConfigurationError(f"unknown plot {k!r}; choose from {list(PLOTS)}")
+    reader = open_store(store)
+    if log is None and isinstance(store, (str, os.PathLike)) and log_path_for(str(store)).exists():
+        log = log_path_for(str(store))
+    table = read_log(log) if log is not None else None
+    cols = {k: np.asarray(table[k]) for k in table} if table is not None else None
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    ids = _column(reader, "system_id")
+    atoms = {} if ids is None else dict(zip(ids.tolist(), reader.get_all_metadata()[0].tolist(), strict=True))
+    for kind in kinds:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        drawn = _draw(ax, kind, cols, reader, atoms)
+        if not drawn:
+            plt.close(fig)
+            continue
+        fig.tight_layout()
+        path = outdir / f"{kind}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+_LABELS = {
+    "energy": ("potential energy per atom (eV/atom)", "energy"),
+    "temperature": ("temperature (K)", "temperature"),
+    "fmax": ("largest atomic force, fmax (eV/Å)", "fmax"),
+}
+
+
+def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, atoms: dict[int, int]) -> bool:
+    if cols is not None and len(cols.get("step", ())):
+        if kind == "throughput":
+            return _draw_throughput(ax, cols)
+        ylabel, column = _LABELS[kind]
+        values = cols[column].astype(float)
+        if kind == "energy":
+            n = np.array([atoms.get(int(s), 1) for s in cols["system_id"]], dtype=float)
+            values = values / n
+        for stage in np.unique(cols["stage"]).tolist():
+            sel = cols["stage"] == stage
+            t, v = cols["time"][sel].astype(float), values[sel]
+            grid = np.unique(t)
+            mean = np.array([v[t == g].mean() for g in grid])
+            lo = np.array([np.percentile(v[t == g], 10) for g in grid])
+            hi = np.array([np.percentile(v[t == g], 90) for g in grid])
+            line = ax.plot(grid, mean, label=f"stage {stage}: mean")[0]
+            ax.fill_between(grid, lo, hi, alpha=0.25, color=line.get_color(), label=f"stage {stage}: 10-90 %")
+        if kind == "fmax":
+            ax.set_yscale("log")
+        ax.set_xlabel("time in stage (fs)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{kind} per structure during the run")
+        ax.legend(fontsize="small")
+        return True
+    # No log: the store's final values.
+    if kind in ("temperature", "throughput"):
+        return False
+    column = "energy" if kind == "energy" else "fmax"
+    stored = _column(reader, column)
+    if stored is None:
+        return False
+    last = last_records(reader)
+    values = np.asarray(stored, dtype=float).reshape(len(reader), -1)[last, 0]
+    if kind == "energy":
+        values = values / np.maximum(reader.get_all_metadata()[0][last], 1)
+    ax.hist(values, bins=min(30, max(5, len(values) // 3)))
+    ax.set_xlabel(_LABELS[kind][0])
+    ax.set_ylabel("structures")
+    ax.set_title(f"final {kind} of each structure")
+    return True
+
+
+def _draw_throughput(ax: Any, cols: dict[str, np.ndarray]) -> bool:
+    """Engine steps per second over wall time, one line per run appended to the log (a run starts
+    where the step count goes back)."""
+    steps, walls = [], []
+    for step in dict.fromkeys(cols["step"].tolist()):  # logged steps in file order
+        steps.append(step)
+        walls.append(cols["wall_s"][cols["step"] == step].min())
+    step_arr, wall_arr = np.asarray(steps, dtype=float), np.asarray(walls, dtype=float)
+    starts = [0, *(np.nonzero(np.diff(step_arr) < 0)[0] + 1).tolist(), len(step_arr)]
+    drawn = False
+    for run, (lo, hi) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        s, w = step_arr[lo:hi], np.maximum.accumulate(wall_arr[lo:hi])
+        if len(s) < 3 or w[-1] <= w[0]:
+            continue
+        # Rows reach the host in bursts: smooth over a uniform grid of wall time.
+        grid = np.linspace(w[0], w[-1], min(40, len(s)))
+        rate = np.gradient(np.interp(grid, w, s), grid)
+        ax.plot(grid, rate, label=f"run {run}")
+        drawn = True
+    if not drawn:
+        return False
+    ax.set_xlabel("wall time since the run started (s)")
+    ax.set_ylabel("engine steps per second")
+    ax.set_title("throughput")
+    if len(starts) > 2:
+        ax.legend(fontsize="small")
+    return True

@@ -1,0 +1,484 @@
+"""A workflow file (TOML) read into a typed, validated :class:`Workflow`, before anything runs.
+
+A workflow file is data: components are named ``kind:name`` and built through the registry,
+parameters are plain TOML values, and nothing in the file is evaluated, unpickled or imported
+(a model file that would unpickle code needs ``trust_model_file = true`` on its model, which the
+model component enforces). Every problem is reported as one line that names the key and the fix
+(:class:`WorkflowError`).
+
+Sections:
+
+* ``[model]``: ``component = "model:..."`` plus the model's parameters.
+* ``[input]``: ``path`` (a file ASE reads, a glob, a directory, or a Zarr store), optional
+  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``) and
+  ``dtype`` (``"float32"``, the default, or ``"float64"``).
+* ``[[stage]]``: ``component = "integrator:..."`` plus its parameters, ``converge = { fmax = 0.05 }``
+  (or any criteria of ``ConvergenceHook``: ``converge = { criteria = [...] }``, ``frequency``) and
+  hooks as ``[[stage.hook]]`` tables with a ``component`` key.
+* ``[output]``: ``path`` of the results store (``sink:zarr``; another sink with ``component``),
+  ``trajectory_every = N`` to store every N-th step as well, ``log = false`` to skip the log.
+* ``[sampler]``: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``refill_frequency``.
+* ``[checkpoint]``: ``path`` and ``every`` (steps).
+* ``[run]``: ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``) and ``seed``.
+
+Example:
+    >>> from alchemi_core.workflow import parse_workflow
+    >>> wf = parse_workflow('''
+    ... [model]
+    ... component = "model:lennard-jones"
+    ... epsilon = 0.0104
+    ... sigma = 3.405
+    ... cutoff = 8.5125
+    ... [input]
+    ... path = "structures/*.extxyz"
+    ... [[stage]]
+    ... component = "integrator:fire"
+    ... n_steps = 500
+    ... converge = { fmax = 0.05 }
+    ... [output]
+    ... path = "results.zarr"
+    ... ''')
+    >>> wf.stages[0].component.spec, wf.stages[0].converge
+    ('integrator:fire', {'fmax': 0.05})
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from alchemi_core.errors import AlchemiError, ConfigurationError
+
+#: Parameters the workflow itself passes to integrators: a file may not set them.
+WORKFLOW_OWNED = frozenset({"model", "hooks", "sinks", "sampler", "convergence_hook"})
+SECTIONS = {
+    "model": ("component",),
+    "input": ("path", "format", "index", "dtype"),
+    "stage": ("component", "converge", "hook"),
+    "output": ("path", "component", "trajectory_every", "log"),
+    "sampler": ("max_atoms", "max_batch_size", "bin_width", "refill_frequency"),
+    "checkpoint": ("path", "every"),
+    "run": ("device", "seed"),
+}
+DTYPES = ("float32", "float64")
+
+
+class WorkflowError(ConfigurationError):
+    """A workflow file that cannot run: ``key`` names the place, the message the fix.
+
+    ``str(error)`` is one line: ``<file>: <key>: <what is wrong and how to fix it>``.
+    """
+
+    def __init__(self, key: str, message: str, source: str = "workflow") -> None:
+        self.key, self.message, self.source = key, message, source
+        super().__init__(f"{source}: {key}: {message}")
+
+
+@attrs.frozen
+class ComponentSpec:
+    """One component as the file names it: ``kind:name``, its parameters and where it was written."""
+
+    spec: str
+    params: dict[str, Any]
+    key: str
+
+    @property
+    def kind(self) -> str:
+        return self.spec.split(":", 1)[0]
+
+
+@attrs.frozen
+class StageSpec:
+    """One ``[[stage]]``: the integrator, its convergence criteria and hooks."""
+
+    component: ComponentSpec
+    converge: dict[str, Any] | None
+    hooks: tuple[ComponentSpec, ...]
+
+
+@attrs.frozen
+class InputSpec:
+    path: str
+    format: str | None = None
+    index: str = ":"
+    dtype: str = "float32"
+
+
+@attrs.frozen
+class OutputSpec:
+    sink: ComponentSpec | None
+    path: str | None
+    trajectory_every: int = 0
+    log: bool = True
+
+
+@attrs.frozen
+class Workflow:
+    """A validated workflow (see the module docstring); :func:`alchemi_core.workflow.build_plan`
+    turns it into components."""
+
+    model: ComponentSpec
+    input: InputSpec | None
+    stages: tuple[StageSpec, ...]
+    output: OutputSpec | None
+    sampler: dict[str, int]
+    checkpoint: dict[str, Any] | None
+    device: str = "auto"
+    seed: int = 0
+    source: str = "workflow"
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved plan as plain data (what ``alchemi run --dry-run`` prints)."""
+        return {
+            "model": {"component": self.model.spec, **self.model.params},
+            "input": attrs.asdict(self.input) if self.input is not None else None,
+            "stages": [
+                {
+                    "component": s.component.spec,
+                    **s.component.params,
+                    **({"converge": s.converge} if s.converge else {}),
+                    "hooks": [{"component": h.spec, **h.params} for h in s.hooks],
+                }
+                for s in self.stages
+            ],
+            "output": None if self.output is None else {
+                "component": self.output.sink.spec if self.output.sink else None,
+                "path": self.output.path,
+                **(self.output.sink.params if self.output.sink else {}),
+                "trajectory_every": self.output.trajectory_every,
+                "log": self.output.log,
+            },
+            "sampler": self.sampler,
+            "checkpoint": self.checkpoint,
+            "device": self.device,
+            "seed": self.seed,
+        }
+
+
+def _loads(text: str, source: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise WorkflowError("syntax", f"not valid TOML ({exc}); see https://toml.io", source) from None
+
+
+def load_workflow(path: str | os.PathLike[str]) -> Workflow:
+    """Read and validate the workflow file ``path``.
+
+    Raises:
+        WorkflowError: The file is missing, not TOML, or describes a workflow that cannot run.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkflowError("file", f"cannot read it ({exc.strerror}); give the path of a .toml file", str(p)) from None
+    return parse_workflow(text, source=str(p), base=p.parent)
+
+
+def parse_workflow(text: str, source: str = "workflow", base: str | os.PathLike[str] | None = None) -> Workflow:
+    """Validate the TOML ``text`` of a workflow (see the module docstring).
+
+    Args:
+        text: The file's contents.
+        source: Its name, for messages.
+        base: Directory relative paths in it are taken from (default: the working directory).
+
+    Raises:
+        WorkflowError: One line naming the key and the fix.
+    """
+    raw = _loads(text, source)
+    return _Validator(source, Path(base) if base is not None else None).workflow(raw)
+
+
+class _Validator:
+    def __init__(self, source: str, base: Path | None) -> None:
+        self.source = source
+        self.base = base
+
+    def fail(self, key: str, message: str) -> WorkflowError:
+        return WorkflowError(key, message, self.source)
+
+    def path(self, value: str) -> str:
+        if self.base is None or "://" in value or os.path.isabs(value):
+            return value
+        return str(self.base / value)
+
+    # ------------------------------------------------------------------ sections
+    def workflow(self, raw: dict[str, Any]) -> Workflow:
+        for key in raw:
+            if key not in SECTIONS:
+                raise self.fail(key, f"unknown section{_did_you_mean(key, SECTIONS)}; sections are {sorted(SECTIONS)}")
+        if "model" not in raw:
+            raise self.fail("model", 'missing section: add [model] with component = "model:<name>"')
+        model = self.component(self.table(raw, "model"), "model", "model")
+        stages_raw = raw.get("stage")
+        if not stages_raw:
+            raise self.fail("stage", 'missing: add at least one [[stage]] with component = "integrator:<name>"')
+        if not isinstance(stages_raw, list):
+            raise self.fail("stage", "must be an array of tables: write [[stage]], not [stage]")
+        stages = tuple(self.stage(s, f"stage[{i}]") for i, s in enumerate(stages_raw))
+        run = self.table(raw, "run", required=False)
+        self.only(run, "run")
+        device = self.typed(run, "run", "device", str, "auto")
+        seed = self.typed(run, "run", "seed", int, 0)
+        sampler = self.table(raw, "sampler", required=False)
+        self.only(sampler, "sampler")
+        for k, v in sampler.items():
+            if not _is_int(v) or v < 1:
+                raise self.fail(f"sampler.{k}", f"must be a positive integer, got {v!r}")
+        checkpoint = None
+        if "checkpoint" in raw:
+            ck = self.table(raw, "checkpoint")
+            self.only(ck, "checkpoint")
+            if "path" not in ck:
+                raise self.fail("checkpoint.path", 'missing: add path = "run.ckpt"')
+            every = self.typed(ck, "checkpoint", "every", int, 0)
+            if every < 0:
+                raise self.fail("checkpoint.every", f"must be >= 0 steps, got {every}")
+            checkpoint = {"path": self.path(self.typed(ck, "checkpoint", "path", str, "")), "every": every}
+        return Workflow(
+            model=model,
+            input=self.input(raw) if "input" in raw else None,
+            stages=stages,
+            output=self.output(raw) if "output" in raw else None,
+            sampler=dict(sampler),
+            checkpoint=checkpoint,
+            device=device,
+            seed=seed,
+            source=self.source,
+        )
+
+    def table(self, raw: Mapping[str, Any], key: str, required: bool = True) -> dict[str, Any]:
+        value = raw.get(key)
+        if value is None and not required:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table ([{key}] with keys under it), got {type(value).__name__}")
+        return dict(value)
+
+    def only(self, table: Mapping[str, Any], section: str) -> None:
+        allowed = SECTIONS[section]
+        for k in table:
+            if k not in allowed:
+                raise self.fail(f"{section}.{k}",
+                                f"unknown key{_did_you_mean(k, allowed)}; [{section}] takes {list(allowed)}")
+
+    def typed(self, table: Mapping[str, Any], section: str, key: str, kind: type, default: Any) -> Any:
+        if key not in table:
+            return default
+        value = table[key]
+        ok = _is_int(value) if kind is int else isinstance(value, kind)
+        if not ok:
+            raise self.fail(f"{section}.{key}", f"must be {_type_name(kind)}, got {value!r} ({_toml_type(value)})")
+        return value
+
+    def input(self, raw: Mapping[str, Any]) -> InputSpec:
+        t = self.table(raw, "input")
+        self.only(t, "input")
+        if "path" not in t:
+            raise self.fail("input.path",
+                            'missing: add path = "structures/*.extxyz" (a file, glob, directory or Zarr store)')
+        path = self.typed(t, "input", "path", str, "")
+        fmt = self.typed(t, "input", "format", str, None)
+        index = self.typed(t, "input", "index", str, ":")
+        dtype = self.typed(t, "input", "dtype", str, "float32")
+        if dtype not in DTYPES:
+            raise self.fail("input.dtype", f"must be one of {list(DTYPES)}, got {dtype!r}")
+        return InputSpec(path=self.path(path), format=fmt, index=index, dtype=dtype)
+
+    def output(self, raw: Mapping[str, Any]) -> OutputSpec:
+        t = self.table(raw, "output")
+        path = t.pop("path", None)
+        if path is not None and not isinstance(path, str):
+            raise self.fail("output.path", f"must be a string (the results store), got {path!r}")
+        every = t.pop("trajectory_every", 0)
+        if not _is_int(every) or every < 0:
+            raise self.fail("output.trajectory_every", f"must be an integer >= 0 (steps), got {every!r}")
+        log = t.pop("log", True)
+        if not isinstance(log, bool):
+            raise self.fail("output.log", f"must be true or false, got {log!r}")
+        spec = t.pop("component", "sink:zarr" if path is not None else None)
+        if spec is None and t:
+            k = next(iter(t))
+            raise self.fail(f"output.{k}", f"unknown key{_did_you_mean(k, SECTIONS['output'])}; [output] takes "
+                            f"{list(SECTIONS['output'])} and the parameters of its component")
+        if spec is None:
+            raise self.fail("output.path", 'missing: add path = "results.zarr" (or component = "sink:<name>")')
+        params = dict(t)
+        if spec == "sink:zarr" and path is not None:
+            params.setdefault("store", self.path(path))
+        sink = self.component({"component": spec, **params}, "output", "sink")
+        return OutputSpec(sink=sink, path=self.path(path) if path is not None else None, trajectory_every=int(every),
+                          log=log)
+
+    def stage(self, raw: Any, key: str) -> StageSpec:
+        if not isinstance(raw, dict):
+            raise self.fail(key, f"must be a table, got {type(raw).__name__}")
+        t = dict(raw)
+        converge = t.pop("converge", None)
+        hooks_raw = t.pop("hook", [])
+        if converge is not None:
+            converge = self.converge(converge, f"{key}.converge")
+        if isinstance(hooks_raw, dict):
+            hooks_raw = [hooks_raw]
+        if not isinstance(hooks_raw, list):
+            raise self.fail(f"{key}.hook", "must be [[stage.hook]] tables, each with a component key")
+        hooks = tuple(self.component(h, f"{key}.hook[{i}]", "hook") for i, h in enumerate(hooks_raw))
+        comp = self.component(t, key, "integrator")
+        for name in WORKFLOW_OWNED & set(comp.params):
+            raise self.fail(f"{key}.{name}", "is set by the workflow itself; remove it "
+                            "(hooks go in [[stage.hook]], convergence in converge = {...})")
+        return StageSpec(component=comp, converge=converge, hooks=hooks)
+
+    def converge(self, raw: Any, key: str) -> dict[str, Any]:
+        if not isinstance(raw, dict) or not raw:
+            raise self.fail(key, "must be a table such as { fmax = 0.05 } or { criteria = [...] }")
+        out = dict(raw)
+        for k, v in out.items():
+            if k == "criteria":
+                if not isinstance(v, list) or not all(isinstance(c, dict) for c in v):
+                    raise self.fail(f"{key}.criteria",
+                                    'must be a list of tables like { key = "fmax", threshold = 0.05 }')
+            elif k == "frequency":
+                if not _is_int(v) or v < 1:
+                    raise self.fail(f"{key}.frequency", f"must be a positive integer (steps), got {v!r}")
+            elif k in ("fmax", "energy_change"):
+                if not _is_number(v) or v <= 0:
+                    raise self.fail(f"{key}.{k}", f"must be a positive number, got {v!r}")
+            else:
+                known = ("fmax", "energy_change", "criteria", "frequency")
+                raise self.fail(f"{key}.{k}", f"unknown criterion{_did_you_mean(k, known)}; use one of {list(known)}")
+        return out
+
+    # ------------------------------------------------------------------ components
+    def component(self, raw: Mapping[str, Any], key: str, kind: str) -> ComponentSpec:
+        from alchemi_core import registry
+
+        if "component" not in raw:
+            raise self.fail(f"{key}.component",
+                            f'missing: add component = "{kind}:<name>" (alchemi list-components {kind})')
+        spec = raw["component"]
+        if not isinstance(spec, str):
+            raise self.fail(f"{key}.component", f'must be a string such as "{kind}:<name>", got {spec!r}')
+        if ":" not in spec:
+            spec = f"{kind}:{spec}"
+        if spec.split(":", 1)[0] != kind:
+            raise self.fail(f"{key}.component", f"{spec!r} is not a {kind}; use a {kind}:<name> component "
+                            f"(alchemi list-components {kind})")
+        try:
+            target = registry.resolve(spec)
+        except AlchemiError as exc:
+            raise self.fail(f"{key}.component", _one_line(str(exc))) from None
+        params = {k: v for k, v in raw.items() if k != "component"}
+        self.check_params(target, spec, params, key)
+        return ComponentSpec(spec=spec, params=params, key=key)
+
+    def check_params(self, target: Any, spec: str, params: Mapping[str, Any], key: str) -> None:
+        accepted, open_ended = accepted_parameters(target)
+        for name, value in params.items():
+            p = accepted.get(name)
+            if p is None:
+                if open_ended or name in WORKFLOW_OWNED:
+                    continue
+                names = [n for n in accepted if n not in WORKFLOW_OWNED]
+                raise self.fail(f"{key}.{name}", f"{spec} takes no parameter {name!r}{_did_you_mean(name, names)}; "
+                                f"it takes {names}")
+            problem = _type_problem(p.default, value)
+            if problem:
+                raise self.fail(f"{key}.{name}", f"{problem} for {spec}")
+        for name, p in accepted.items():
+            if p.default is inspect.Parameter.empty and name not in params and name not in WORKFLOW_OWNED and \
+                    p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                raise self.fail(f"{key}.{name}", f"missing: {spec} needs {name} = <value>")
+
+
+def accepted_parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The keyword parameters ``target(...)`` accepts, following ``**kwargs`` up a class's bases,
+    and whether it takes arbitrary others (``**kwargs`` with nowhere known to go)."""
+    out: dict[str, inspect.Parameter] = {}
+    chain = [c for c in getattr(target, "__mro__", ()) if "__init__" in vars(c) and c is not object]
+    functions = [c.__init__ for c in chain] if chain else [target]
+    for fn in functions:
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return out, True
+        var_kw = False
+        for name, p in sig.parameters.items():
+            if name == "self" or p.kind is p.VAR_POSITIONAL:
+                continue
+            if p.kind is p.VAR_KEYWORD:
+                var_kw = True
+                continue
+            out.setdefault(name, p)
+        if not var_kw:
+            return out, False
+    return out, True
+
+
+def _type_problem(default: Any, value: Any) -> str | None:
+    """Why ``value`` cannot stand for a parameter whose default is ``default`` (None if it can)."""
+    if default is inspect.Parameter.empty or default is None:
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r} ({_toml_type(value)})"
+    if isinstance(default, int):
+        return None if _is_int(value) else f"must be an integer, got {value!r} ({_toml_type(value)})"
+    if isinstance(default, float):
+        if _is_number(value) or (isinstance(value, str) and value.startswith("info_")):
+            return None  # "info_<key>": each structure's own value, from its atoms.info
+        return (f'must be a number (or "info_<key>" for each structure\'s info value), got {value!r} '
+                f"({_toml_type(value)})")
+    if isinstance(default, str):
+        return None if isinstance(value, str) else f'must be a string ("..."), got {value!r} ({_toml_type(value)})'
+    return None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _type_name(kind: type) -> str:
+    names = {int: "an integer", str: 'a string ("...")', bool: "true or false", float: "a number"}
+    return names.get(kind, kind.__name__)
+
+
+def _toml_type(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "a table"
+    return type(v).__name__
+
+
+def _did_you_mean(name: str, options: Any) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

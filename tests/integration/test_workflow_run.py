@@ -1,0 +1,194 @@
+"""``alchemi run WORKFLOW.toml``: the issue's file as written, validation errors, appends, sources."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("ase")
+pytest.importorskip("alchemi_zarr")
+pytest.importorskip("alchemi_potentials")
+pytest.importorskip("alchemi_integrators")
+
+import ase.io  # noqa: E402
+from ase.build import bulk  # noqa: E402
+
+from alchemi_core.cli import main  # noqa: E402
+
+#: The workflow of issue 15, as written.
+WORKFLOW = """\
+[model]
+component = "model:lennard-jones"
+epsilon = 0.0104
+sigma = 3.405
+cutoff = 8.5125
+
+[input]
+path = "structures/*.extxyz"      # any format ASE reads, a glob, a directory, or a Zarr store
+
+[[stage]]
+component = "integrator:fire"
+n_steps = 500
+dt = 5.0
+converge = { fmax = 0.05 }
+
+[[stage]]
+component = "integrator:langevin"
+n_steps = 200
+dt = 5.0
+temperature = 50.0
+
+[output]
+path = "results.zarr"
+"""
+
+
+def _structures(folder, files=2, per_file=3, seed=0):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        frames = []
+        for i in range(per_file):
+            atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 2))
+            atoms.positions += rng.normal(scale=0.05, size=atoms.positions.shape)
+            atoms.info["config_type"] = f"rattled-{f}-{i}"
+            frames.append(atoms)
+        ase.io.write(folder / f"ar{f}.extxyz", frames)
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    _structures(tmp_path / "structures")
+    (tmp_path / "workflow.toml").write_text(WORKFLOW)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_issue_workflow_runs_as_written(project):
+    from alchemi_zarr import AtomicDataZarrReader
+
+    result = _invoke("run", "workflow.toml", "--json", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["structures_in"] == summary["structures_out"] == 6 and summary["every_structure_once"]
+    reader = AtomicDataZarrReader(project / "results.zarr")
+    batch = reader.read_batch()
+    assert sorted(batch.system_id.tolist()) == list(range(6))
+    assert (batch.status == 2).all()  # both stages done
+    atoms = [reader[i].to_atoms() for i in range(len(reader))]
+    sources = sorted((a.info["source_file"], a.info["source_index"]) for a in atoms)
+    assert sources == [(f"structures/ar{f}.extxyz", i) for f in range(2) for i in range(3)]
+    by_source = {(a.info["source_file"], a.info["source_index"]): a for a in atoms}
+    assert by_source[("structures/ar1.extxyz", 2)].info["config_type"] == "rattled-1-2"
+    # The log has every stage, in fs and K.
+    from alchemi_core.workflow.logs import read_log
+
+    log = read_log(project / "results.log.csv")
+    assert set(np.unique(np.asarray(log["stage"]))) == {0, 1}
+    md = np.asarray(log["stage"]) == 1
+    assert np.asarray(log["time"])[md].max() == pytest.approx(200 * 5.0)
+
+
+def test_runs_appended_to_one_store_keep_ids_unique(project):
+    from alchemi_zarr import AtomicDataZarrReader
+
+    assert _invoke("run", "workflow.toml", "--no-progress").exit_code == 0
+    assert _invoke("run", "workflow.toml", "--no-progress").exit_code == 0
+    ids = AtomicDataZarrReader(project / "results.zarr").read_batch().system_id.tolist()
+    assert sorted(ids) == list(range(12))
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(project):
+    result = _invoke("run", "workflow.toml", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert [s["component"] for s in plan["stages"]] == ["integrator:fire", "integrator:langevin"]
+    assert plan["stages"][0]["converge"] == {"fmax": 0.05}
+    assert not (project / "results.zarr").exists()
+    text = _invoke("run", "workflow.toml", "--dry-run").stdout
+    assert "stage 1  integrator:langevin" in text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "hint"),
+    [
+        ('component = "integrator:langevin"', 'component = "integrator:langevine"', "stage[1].component", "langevin"),
+        ("temperature = 50.0", 'temperature = "hot"', "stage[1].temperature", "must be a number"),
+        ("n_steps = 500", "n_steps = 500.5", "stage[0].n_steps", "must be an integer"),
+        ("n_steps = 200", "n_stepz = 200", "stage[1].n_stepz", "did you mean 'n_steps'"),
+        ("cutoff = 8.5125", "", "model.cutoff", "missing"),
+        ('path = "results.zarr"', 'pth = "results.zarr"', "output.pth", ""),
+        ('component = "model:lennard-jones"', 'component = "integrator:fire"', "model.component", "not a model"),
+        ("converge = { fmax = 0.05 }", "converge = { fmax = -1 }", "stage[0].converge.fmax", "positive"),
+        ('path = "structures/*.extxyz"', 'path = "nowhere/*.xyz"', "input.path", "matches no files"),
+        ("dt = 5.0\nconverge", "dt = -5.0\nconverge", "stage[0]", "dt"),
+    ],
+)
+def test_a_malformed_workflow_is_one_line_naming_the_key_with_status_2(project, old, new, key, hint):
+    assert old in WORKFLOW
+    (project / "bad.toml").write_text(WORKFLOW.replace(old, new, 1))
+    result = _invoke("run", "bad.toml", "--no-progress")
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"bad.toml: {key}" in err and hint in err, err
+    assert not (project / "results.zarr").exists()
+
+
+def test_missing_sections_and_bad_toml_are_named(project):
+    (project / "bad.toml").write_text(WORKFLOW.split("[input]")[0])
+    result = _invoke("run", "bad.toml")
+    assert result.exit_code == 2 and "stage" in result.stderr and "[[stage]]" in result.stderr
+    (project / "bad.toml").write_text("[model\n")
+    result = _invoke("run", "bad.toml")
+    assert result.exit_code == 2 and "not valid TOML" in result.stderr
+    result = _invoke("run", "missing.toml")
+    assert result.exit_code == 2 and "cannot read" in result.stderr
+
+
+def test_a_workflow_cannot_name_an_import_path(project):
+    (project / "bad.toml").write_text(WORKFLOW.replace('"model:lennard-jones"', '"os:system"'))
+    result = _invoke("run", "bad.toml")
+    assert result.exit_code == 2 and "model.component" in result.stderr
+    (project / "bad.toml").write_text(WORKFLOW.replace('"model:lennard-jones"', '"model:os.system"'))
+    result = _invoke("run", "bad.toml")
+    assert result.exit_code == 2 and "no component" in result.stderr
+
+
+def test_stage_hooks_are_named_through_the_registry(project):
+    extra = '\n[[stage.hook]]\ncomponent = "hook:max-force-clamp"\nmax_force = 5.0\n'
+    text = WORKFLOW.replace("temperature = 50.0\n", "temperature = 50.0\n" + extra)
+    (project / "hooked.toml").write_text(text)
+    result = _invoke("run", "hooked.toml", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["stages"][1]["hooks"] == [{"component": "hook:max-force-clamp", "max_force": 5.0}]
+    (project / "bad.toml").write_text(text.replace("max_force = 5.0", "max_forse = 5.0"))
+    result = _invoke("run", "bad.toml")
+    assert result.exit_code == 2 and "stage[1].hook[0].max_forse" in result.stderr
+
+
+def test_execute_runs_a_plan_over_any_dataset_into_any_sink():
+    from alchemi_core.data import AtomicData
+    from alchemi_core.data.datapipes import ListDataset
+    from alchemi_core.dynamics import HostMemory
+    from alchemi_core.workflow import build_plan, execute, parse_workflow
+
+    no_io = re.sub(r"\[input\]\n[^\[]*", "", WORKFLOW).split("[output]")[0]
+    plan = build_plan(parse_workflow(no_io), device="cpu")
+    cells = [AtomicData.from_atoms(bulk("Ar", "fcc", a=5.3, cubic=True).repeat(2)) for _ in range(3)]
+    sink = HostMemory(capacity=None)
+    summary = execute(plan, ListDataset(cells), [sink], progress=False)
+    assert summary.structures_out == 3 == len(sink)
+    assert sorted(sink.read().system_id.tolist()) == [0, 1, 2]
+    # The same plan runs again over another shard.
+    summary = execute(plan, ListDataset(cells[:2]), [sink], progress=False)
+    assert summary.structures_out == 2 and len(sink) == 5
