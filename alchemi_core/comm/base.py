@@ -130,6 +130,19 @@ class CommBackend(ABC):
     def heartbeat(self) -> None:
         """Say this rank is alive (called between iterations; must be cheap)."""
 
+    def check_peers(self) -> None:
+        """Raise when another rank recorded a failure or its process is gone. Called often by
+        ranks that never wait on a peer (data parallel: each rank runs on its own), so it must
+        be cheap; implementations look at most about once per heartbeat period.
+
+        Raises:
+            PeerError: A peer failed (its message) or stopped answering (the lost rank).
+        """
+        self.heartbeat()
+        message = self.peer_failure()
+        if message is not None:
+            raise PeerError(message)
+
     def finish(self) -> None:
         """Called once by a rank that ended normally: return when every rank has finished, so
         no rank tears down a connection a peer still uses.

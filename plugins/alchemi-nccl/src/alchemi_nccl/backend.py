@@ -295,6 +295,9 @@ class TorchDistributedBackend(CommBackend):
     def heartbeat(self) -> None:
         self._signals.beat()
 
+    def check_peers(self) -> None:
+        self._signals.watch_all()
+
     def finish(self) -> None:
         self._signals.finish()
 

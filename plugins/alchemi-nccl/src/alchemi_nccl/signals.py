@@ -73,6 +73,8 @@ class StoreSignals:
         self.hosts_store = hosts_store
         self.stale_s = min(self.timeout_s, max(10.0, 10 * self.beat_s))
         self._next_check = 0.0
+        self._next_watch = 0.0
+        self._store_lost_since: float | None = None
         self._runs = 0
         self._origin: tuple[int, str] | None = None
         self._stop = threading.Event()
@@ -151,6 +153,36 @@ class StoreSignals:
             return
         self._next_check = now + self.beat_s
         self.raise_if_failed()
+
+    def watch_all(self) -> None:
+        """Raise if a failure is recorded or any other rank's heartbeat is stale, at most once
+        per ``beat_s`` (the data-parallel ranks call it after every step; store errors are
+        ignored, as in :meth:`watch`).
+
+        Raises:
+            PeerError: As ``raise_if_failed`` and ``check_alive``.
+        """
+        if self.store is None:
+            return
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + self.beat_s
+        self.raise_if_failed()
+        try:
+            for rank in range(self.world_size):
+                if rank != self.rank:
+                    self.check_alive(rank)
+        except PeerError:
+            raise
+        except Exception as exc:  # the store is unreachable: its host (rank 0 or the agent) is gone?
+            if self._store_lost_since is None:
+                self._store_lost_since = now
+            elif now - self._store_lost_since > self.stale_s:
+                raise PeerError(f"lost the rendezvous store for {self.stale_s:g} s ({exc}); the process "
+                                "hosting it (rank 0, or torchrun's agent) is gone") from None
+        else:
+            self._store_lost_since = None
 
     def check_alive(self, rank: int) -> None:
         """Raise when ``rank``'s heartbeat has not moved for ``stale_s`` (one store round trip;
