@@ -6,6 +6,8 @@
   (``alchemi_core.data.datapipes``), random access and cheap size metadata for
   ``SizeAwareSampler``.
 - :func:`export_extxyz`: any store to extended XYZ through ASE.
+- :class:`ShardedZarrStore` / :class:`ShardedZarrReader`: one results store with a part per
+  writing rank (data-parallel runs), read as one set; :func:`open_reader` opens either kind.
 
 The store layout is documented in ``docs/storage.md`` and defined in :mod:`alchemi_zarr.layout`.
 Submodules import lazily, so ``import alchemi_zarr`` stays cheap.
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from alchemi_zarr.pending import BackgroundWriteError
     from alchemi_zarr.extxyz import export_extxyz
     from alchemi_zarr.reader import AtomicDataZarrReader
+    from alchemi_zarr.sharded import ShardedZarrReader, ShardedZarrStore, open_reader
     from alchemi_zarr.sink import ZarrData
     from alchemi_zarr.writer import AtomicDataZarrWriter
 
@@ -32,6 +35,9 @@ _WHERE = {
     "AtomicDataZarrWriter": "alchemi_zarr.writer",
     "BackgroundWriteError": "alchemi_zarr.pending",
     "export_extxyz": "alchemi_zarr.extxyz",
+    "ShardedZarrReader": "alchemi_zarr.sharded",
+    "ShardedZarrStore": "alchemi_zarr.sharded",
+    "open_reader": "alchemi_zarr.sharded",
 }
 __all__ = sorted(_WHERE)
 

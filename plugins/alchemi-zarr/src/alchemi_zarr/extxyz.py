@@ -55,7 +55,8 @@ def export_extxyz(
     """Write structures ``start:stop`` of a store to the extended XYZ file ``path`` (replaced).
 
     Args:
-        source: An ``AtomicDataZarrReader``, or anything one opens (path, URL, zarr store).
+        source: An ``AtomicDataZarrReader`` or ``ShardedZarrReader``, or anything one opens
+            (path, URL, zarr store; the root of a sharded store reads as one set).
         path: The output file.
         exclude: Fields to leave out.
         block_size: Structures converted and written per block.
@@ -66,8 +67,9 @@ def export_extxyz(
     import ase.io
 
     from alchemi_zarr.reader import AtomicDataZarrReader
+    from alchemi_zarr.sharded import ShardedZarrReader, open_reader
 
-    reader = source if isinstance(source, AtomicDataZarrReader) else AtomicDataZarrReader(source)
+    reader = source if isinstance(source, AtomicDataZarrReader | ShardedZarrReader) else open_reader(source)
     stop = len(reader) if stop is None else min(int(stop), len(reader))
     exclude = tuple(exclude)
     Path(path).unlink(missing_ok=True)

@@ -96,6 +96,11 @@ class AtomicStore:
     # ------------------------------------------------------------------ opening
     def _initialise(self) -> None:
         """Mark an empty group as an alchemi store, or refuse a group that holds something else."""
+        if "alchemi_sharded" in self._group.attrs:
+            raise InvalidDataError(
+                f"{self.where} is the root of a sharded results store (a data-parallel run's); open its "
+                "records with alchemi_zarr.ShardedZarrReader (or open_reader) and write through ShardedZarrStore"
+            )
         if any(True for _ in self._group.keys()):
             raise InvalidDataError(
                 f"{self.where} holds a Zarr group that is not an alchemi store; "
@@ -107,7 +112,9 @@ class AtomicStore:
         """Read the header and the committed counts, and check they agree with the pointers."""
         attrs = self._group.attrs.asdict()
         if layout.HEADER_KEY not in attrs:
-            raise InvalidDataError(f"{self.where} is not an alchemi store (no {layout.HEADER_KEY!r} attribute)")
+            hint = (" but the root of a sharded results store: read it with alchemi_zarr.ShardedZarrReader (or "
+                    "open_reader)" if "alchemi_sharded" in attrs else f" (no {layout.HEADER_KEY!r} attribute)")
+            raise InvalidDataError(f"{self.where} is not an alchemi store{hint}")
         header = Header.from_json(attrs[layout.HEADER_KEY], self.where)
         counts = self._read_commit()
         self._arrays = {}

@@ -1,0 +1,75 @@
+"""Sharded results stores: a part per writing rank under one root, read back as one set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from alchemi_core.errors import InvalidDataError
+from alchemi_core.testing import make_batch
+from alchemi_zarr import AtomicDataZarrReader, ShardedZarrReader, ShardedZarrStore, ZarrData, open_reader
+
+
+def shifted(sizes: list[int], first_id: int):  # type: ignore[no-untyped-def]
+    batch = make_batch(sizes)
+    batch.system_id.add_(first_id)
+    return batch
+
+
+def test_parts_read_back_as_one_set(tmp_path: Path) -> None:
+    root = ShardedZarrStore(tmp_path / "r.zarr")
+    root.sink(1).write(shifted([4, 2], 10))
+    root.sink(0).write(shifted([3], 0))
+    root.sink(0).write(shifted([5], 1))
+    assert sorted(p.name for p in (tmp_path / "r.zarr").iterdir() if p.is_dir()) == ["part-00000", "part-00001"]
+    assert sorted(root.committed_ids().tolist()) == [0, 1, 10, 11] and root.committed_count() == 4
+    reader = root.reader()
+    assert len(reader) == 4 and reader.system_ids().tolist() == [0, 1, 10, 11]
+    assert [reader.get_metadata(i) for i in range(4)] == [(3, 0), (5, 0), (4, 0), (2, 0)]
+    assert reader.get_all_metadata()[0].tolist() == [3, 5, 4, 2]
+    assert reader[2].system_id.tolist() == [10] and reader[-1].num_nodes == 2
+    batch = reader.read_batch(1, 3)
+    assert batch.system_id.tolist() == [1, 10] and batch.num_nodes_list == [5, 4]
+    expected = shifted([4, 2], 10)
+    assert np.array_equal(reader.read_batch(2).positions.numpy(), expected.positions.numpy())
+    assert [d.num_nodes for d in reader] == [3, 5, 4, 2]
+    with pytest.raises(IndexError):
+        reader[4]
+
+
+def test_a_reopened_root_continues_and_a_reader_refreshes(tmp_path: Path) -> None:
+    path = tmp_path / "r.zarr"
+    ShardedZarrStore(path).sink(0).write(shifted([3], 0))
+    reader = ShardedZarrReader(path)
+    ShardedZarrStore(path).sink(2).write(shifted([2], 5))
+    assert len(reader) == 1 and reader.refresh() == 2
+    assert isinstance(open_reader(path), ShardedZarrReader)
+    assert isinstance(open_reader(ShardedZarrStore(path).part(0)), AtomicDataZarrReader)
+
+
+def test_roots_and_single_stores_are_not_confused(tmp_path: Path) -> None:
+    single = tmp_path / "single.zarr"
+    ZarrData(single).write(make_batch([2]))
+    with pytest.raises(InvalidDataError, match="single alchemi store"):
+        ShardedZarrStore(single)
+    root = tmp_path / "root.zarr"
+    ShardedZarrStore(root)
+    with pytest.raises(InvalidDataError, match="sharded results store"):
+        ZarrData(root)
+    ShardedZarrStore(root).sink(0).write(make_batch([2]))
+    with pytest.raises(InvalidDataError, match="ShardedZarrReader"):
+        AtomicDataZarrReader(root)
+    with pytest.raises(InvalidDataError, match="single alchemi store, not the root"):
+        ShardedZarrReader(single)
+
+
+def test_memory_urls_and_extxyz_export(tmp_path: Path) -> None:
+    ase_io = pytest.importorskip("ase.io")
+    root = ShardedZarrStore("memory://sharded-test")
+    root.sink(0).write(shifted([3], 0))
+    root.sink(1).write(shifted([2], 1))
+    out = tmp_path / "all.extxyz"
+    assert root.reader().to_extxyz(out) == 2
+    assert [len(a) for a in ase_io.read(out, index=":")] == [3, 2]
