@@ -130,6 +130,23 @@ def test_a_failing_rank_names_the_structures_it_did_not_store() -> None:
     assert info.value.failed_rank == 0 and info.value.unfinished == {0: [0, 1]}
 
 
-def test_make_run_must_return_something_with_hooks() -> None:
+def test_make_run_may_run_the_shard_itself() -> None:
+    results = MemoryResults()
+
+    def runs_itself(ctx: Any) -> str:
+        stage = make_run(ctx)
+        stage.hooks.append(ctx.watch)
+        stage.run()
+        return "done"
+
+    assert run_data_parallel(runs_itself, ListDataset(random_structures([2, 3])), results).complete
+    assert sorted(results.committed_ids().tolist()) == [0, 1]
+
+
+def test_a_runnable_needs_a_hooks_list() -> None:
+    class NoHooks:
+        def run(self) -> None:
+            pass
+
     with pytest.raises(DataParallelError, match="no hooks list"):
-        run_data_parallel(lambda ctx: object(), ListDataset(random_structures([2])), MemoryResults())
+        run_data_parallel(lambda ctx: NoHooks(), ListDataset(random_structures([2])), MemoryResults())

@@ -86,6 +86,8 @@ class RankContext:
         device: Where to put the model and the batches (GPU ``LOCAL_RANK``, or the CPU).
         dataset: This rank's shard (give it to the ``SizeAwareSampler``).
         sink: This rank's part of the results store (give it to the last stage's ``sinks``).
+        watch: The hook that stops this rank when another fails; the runner adds it to what
+            ``make_run`` returns, or ``make_run`` adds it to its stages when it runs them itself.
     """
 
     rank: int
@@ -94,6 +96,7 @@ class RankContext:
     device: torch.device
     dataset: ShardDataset
     sink: DataSink
+    watch: PeerWatch
 
 
 @attrs.frozen
@@ -196,8 +199,10 @@ def run_data_parallel(
     Args:
         make_run: Builds this rank's stages from a :class:`RankContext`: a ``SizeAwareSampler``
             over ``context.dataset``, ``sinks=[context.sink]``, the model on ``context.device``.
-            It returns what to ``run()`` (a ``FusedStage``, a ``BaseDynamics``); a watch hook is
-            added to its ``hooks``. It is not called on a rank whose shard is empty.
+            It returns what to ``run()`` (a ``FusedStage``, a ``BaseDynamics``), to which
+            ``context.watch`` is added; or it runs them itself, with ``context.watch`` among
+            their hooks, and returns anything without a ``run`` method. It is not called on a
+            rank whose shard is empty.
         dataset: Every structure of the campaign (``len``, ``[i]``, ``get_metadata``); the same
             on every rank. Structures are known by ``system_id``: the dataset's ``system_ids()``
             or their positions.
@@ -270,15 +275,17 @@ def _run(
     try:
         with _stop_on_sigterm():
             if len(shard):
-                runnable = make_run(RankContext(rank, world, local_rank, dev, shard, sink))
-                hooks = getattr(runnable, "hooks", None)
-                if not isinstance(hooks, list):
-                    raise ConfigurationError(
-                        f"make_run returned {type(runnable).__name__}, which has no hooks list; return the "
-                        "FusedStage or BaseDynamics to run"
-                    )
-                hooks.append(PeerWatch(backend, report, progress_every_s))
-                runnable.run()
+                watch = PeerWatch(backend, report, progress_every_s)
+                runnable = make_run(RankContext(rank, world, local_rank, dev, shard, sink, watch))
+                if callable(getattr(runnable, "run", None)):
+                    hooks = getattr(runnable, "hooks", None)
+                    if not isinstance(hooks, list):
+                        raise ConfigurationError(
+                            f"make_run returned {type(runnable).__name__}, which has no hooks list; return the "
+                            "FusedStage or BaseDynamics to run"
+                        )
+                    hooks.append(watch)
+                    runnable.run()
             _close(sink)
             backend.finish()  # waits for the others, watching their heartbeats
     except BaseException as exc:
@@ -388,6 +395,8 @@ def _failure(
     lines = [what]
     if failed is not None and failed != rank:
         lines.append(f"rank {failed} held {_ids(unfinished.get(failed, []))} not in the store")
+    for other in sorted(set(unfinished) - {rank, failed}):
+        lines.append(f"rank {other} left {_ids(unfinished[other])} not in the store")
     left = unfinished.get(rank, [])
     lines.append(f"this rank (rank {rank}) left {_ids(left)} not in the store" if left
                  else f"this rank (rank {rank}) stored all of its structures")
