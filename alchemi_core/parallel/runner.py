@@ -288,11 +288,11 @@ def _run(
                     runnable.run()
             _close(sink)
             backend.finish()  # waits for the others, watching their heartbeats
+            ran = backend.all_reduce_sum(len(shard))
+            ran_atoms = backend.all_reduce_sum(shard.num_atoms)
+            wall = backend.all_reduce_max(int(1000 * (time.monotonic() - start))) / 1000.0
     except BaseException as exc:
         raise _failure(exc, backend, results, ids, shards, sink) from exc
-    ran = backend.all_reduce_sum(len(shard))
-    ran_atoms = backend.all_reduce_sum(shard.num_atoms)
-    wall = backend.all_reduce_max(int(1000 * (time.monotonic() - start))) / 1000.0
     summary = DataParallelSummary(rank, world, len(ids), len(ids) - len(todo), ran, ran_atoms, wall)
     if rank == 0:
         summary = _checked(summary, ids, results.committed_ids())
