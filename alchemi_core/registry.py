@@ -214,15 +214,16 @@ def resolve(spec: str) -> Any:
     return _import_target(rec.target, key, rec.plugin, rec.requires)
 
 
-def build(spec: str, /, **kwargs: Any) -> Any:
-    """``resolve(spec)(**kwargs)``: an instance of the named component.
+def build(spec: str, /, *args: Any, **kwargs: Any) -> Any:
+    """``resolve(spec)(*args, **kwargs)``: an instance of the named component, e.g.
+    ``build("model:ase", EMT())``.
 
     Example:
         >>> sink = build("sink:host-memory", capacity=10)
         >>> sink.capacity
         10
     """
-    return resolve(spec)(**kwargs)
+    return resolve(spec)(*args, **kwargs)
 
 
 def resolve_export(module: str, attr: str) -> Any:

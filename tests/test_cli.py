@@ -108,3 +108,29 @@ def test_new_plugin_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "x" / "keep").write_text("")
     result = CliRunner().invoke(main, ["new-plugin", "alchemi-x", "--dest", str(tmp_path / "x")])
     assert result.exit_code != 0 and "not empty" in result.output
+
+
+def test_list_components_of_an_unknown_kind_is_an_error_naming_the_kinds():
+    result = CliRunner().invoke(main, ["list-components", "modle"])
+    assert result.exit_code == 2
+    assert "no components of kind 'modle'" in result.stderr and "did you mean 'model'" in result.stderr
+
+
+def test_registry_build_passes_positional_arguments():
+    from alchemi_core import registry
+
+    sink = registry.build("sink:host-memory", 7)
+    assert sink.capacity == 7
+
+
+def test_a_plain_list_is_a_dataset_for_the_sampler():
+    import torch
+
+    from alchemi_core.data import AtomicData
+    from alchemi_core.data.datapipes import Dataset
+    from alchemi_core.dynamics import SizeAwareSampler
+
+    ds = Dataset([AtomicData(atomic_numbers=[1] * n, positions=torch.zeros(n, 3)) for n in (2, 3, 4)])
+    assert ds.get_all_metadata()[0].tolist() == [2, 3, 4]
+    batch = SizeAwareSampler(ds, max_atoms=20).build_initial_batch()
+    assert sorted(batch.num_nodes_list) == [2, 3, 4]

@@ -74,10 +74,18 @@ def list_plugins(as_json: bool, verbose: bool, kind: str | None, strict: bool, s
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON object instead of a table.")
 def list_components(kind: str | None, as_json: bool) -> None:
     """List registered components (optionally of one KIND), with the plugin providing each."""
+    import difflib
+
     from alchemi_core import registry
 
     recs = registry.available(kind)
     pm = registry.manager()
+    if kind is not None and not recs:
+        kinds = sorted({r.kind for r in registry.available()})
+        close = difflib.get_close_matches(kind, kinds, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        click.echo(f"alchemi: error: no components of kind {kind!r}{hint}; kinds are: {', '.join(kinds)}", err=True)
+        raise SystemExit(2)
     if as_json:
         click.echo(
             json.dumps(
@@ -106,7 +114,6 @@ def list_components(kind: str | None, as_json: bool) -> None:
         plugin = r.plugin if len(providers) == 1 else "CONFLICT: " + " and ".join(p.plugin for p in providers)
         rows.append([r.spec, plugin, r.summary])
     if not rows:
-        kinds = sorted({r.kind for r in registry.available()})
-        click.echo(f"No components of kind {kind!r}; kinds are: {', '.join(kinds)}")
+        click.echo("No components registered (alchemi list-plugins shows what is installed).")
         return
     click.echo(render_table(["Component", "Plugin", "Summary"], rows))

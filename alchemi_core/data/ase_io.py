@@ -7,7 +7,9 @@ What travels, in both directions:
 * ``tags`` (atom field ``tags``), initial charges (``initial_charges``) and initial magnetic
   moments (``initial_magmoms``, ``[N]`` or ``[N, 3]``), when the ``Atoms`` has them;
 * ``info``: numbers, bools and numeric arrays become system fields ``info_<key>``; strings become
-  fixed-width UTF-8 system fields ``infotext_<key>`` (at most :data:`TEXT_WIDTH` bytes);
+  fixed-width UTF-8 system fields ``infotext_<key>`` (at most :data:`TEXT_WIDTH` bytes); anything
+  else ASE's JSON encoder takes (dicts such as ``adsorbate_info``, lists, None) becomes
+  ``infojson_<key>`` (at most :data:`JSON_WIDTH` bytes of JSON);
 * constraints: ``FixAtoms``, and ``FixCartesian`` that fixes all three components of its atoms,
   become the bool atom field ``frozen``, which every alchemi stage holds in place; on the way
   back ``frozen`` becomes a ``FixAtoms``. Any other constraint (bond lengths, partial
@@ -47,8 +49,12 @@ if TYPE_CHECKING:
 
 #: Bytes a text field (an ``info`` string, a source file name) holds per structure.
 TEXT_WIDTH = 256
+#: Bytes of JSON an ``info`` value of another kind (a dict, a list) may take per structure.
+JSON_WIDTH = 1024
 INFO_PREFIX = "info_"
 TEXT_PREFIX = "infotext_"
+JSON_PREFIX = "infojson_"
+_INFO_PREFIXES = (INFO_PREFIX, TEXT_PREFIX, JSON_PREFIX)
 #: Atom arrays of ``Atoms`` that travel as atom fields, and the defaults of absent ones.
 ATOM_ARRAYS = ("tags", "initial_charges", "initial_magmoms")
 #: Fields ``atoms_from_fields`` places itself (everything else goes to ``arrays``/``info``).
@@ -58,19 +64,19 @@ PLACED = frozenset(
 )
 
 
-def encode_text(text: str, name: str) -> torch.Tensor:
-    """``text`` as a ``[TEXT_WIDTH]`` uint8 tensor (UTF-8, zero-padded).
+def encode_text(text: str, name: str, width: int = TEXT_WIDTH) -> torch.Tensor:
+    """``text`` as a ``[width]`` uint8 tensor (UTF-8, zero-padded).
 
     Raises:
-        InvalidDataError: Longer than :data:`TEXT_WIDTH` bytes.
+        InvalidDataError: Longer than ``width`` bytes.
     """
     raw = text.encode("utf-8")
-    if len(raw) > TEXT_WIDTH or b"\x00" in raw:
+    if len(raw) > width or b"\x00" in raw:
         raise InvalidDataError(
-            f"text {name!r} is {len(raw)} bytes; alchemi keeps at most {TEXT_WIDTH} bytes (no NUL) per "
+            f"{name!r} is {len(raw)} bytes of text; alchemi keeps at most {width} bytes (no NUL) per "
             f"structure: shorten it or delete atoms.info[{name!r}] before converting"
         )
-    out = torch.zeros(TEXT_WIDTH, dtype=torch.uint8)
+    out = torch.zeros(width, dtype=torch.uint8)
     out[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else out[:0]
     return out
 
@@ -79,6 +85,18 @@ def decode_text(value: Any) -> str:
     """The string a text field row holds."""
     raw = bytes(np.asarray(value, dtype=np.uint8).reshape(-1).tolist())
     return raw.split(b"\x00", 1)[0].decode("utf-8")
+
+
+def _to_json(name: str, value: Any) -> str:
+    from ase.io.jsonio import encode
+
+    try:
+        return str(encode(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidDataError(
+            f"atoms.info[{name!r}] is a {type(value).__name__} that alchemi cannot store ({exc}); keep numbers, "
+            f"strings, arrays, lists and dicts in info, or delete atoms.info[{name!r}] before converting"
+        ) from None
 
 
 def frozen_mask(atoms: ase.Atoms) -> np.ndarray | None:
@@ -114,12 +132,13 @@ def _info_fields(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if isinstance(value, str):
             out[TEXT_PREFIX + name] = encode_text(value, name).unsqueeze(0)
             continue
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except ValueError:  # ragged sequences
+            arr = np.asarray(None)
         if arr.dtype.kind not in "biuf" or arr.dtype == object:
-            raise InvalidDataError(
-                f"atoms.info[{name!r}] is a {type(value).__name__}; alchemi keeps numbers, bools, numeric arrays "
-                f"and strings in info: convert it or delete atoms.info[{name!r}] before converting"
-            )
+            out[JSON_PREFIX + name] = encode_text(_to_json(name, value), name, JSON_WIDTH).unsqueeze(0)
+            continue
         t = torch.as_tensor(arr.astype(np.float64) if arr.dtype.kind == "f" else arr)
         out[INFO_PREFIX + name] = t.reshape(1, *t.shape) if t.dim() else t.reshape(1)
     return out
@@ -201,6 +220,10 @@ def atoms_from_fields(
     for name, value in f.items():
         if name.startswith(TEXT_PREFIX):
             atoms.info[name[len(TEXT_PREFIX):]] = decode_text(value[0])
+        elif name.startswith(JSON_PREFIX):
+            from ase.io.jsonio import decode
+
+            atoms.info[name[len(JSON_PREFIX):]] = decode(decode_text(value[0]))
         elif name.startswith(INFO_PREFIX):
             row = value[0].numpy()
             atoms.info[name[len(INFO_PREFIX):]] = row.item() if row.ndim == 0 else row
@@ -209,7 +232,7 @@ def atoms_from_fields(
     skip = set(exclude)
     for name, value in f.items():
         level = str(getattr((levels or {}).get(name), "value", (levels or {}).get(name)))
-        if name in PLACED or name in skip or name.startswith((INFO_PREFIX, TEXT_PREFIX)) or level not in _EXTRA_LEVELS:
+        if name in PLACED or name in skip or name.startswith(_INFO_PREFIXES) or level not in _EXTRA_LEVELS:
             continue
         arr = _as_numpy(name, value)
         if level == "node":
@@ -257,9 +280,9 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
             if name not in f:
                 n = int(f["atomic_numbers"].shape[0])
                 f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
-    keys0 = {k for k in fields_list[0] if k.startswith((INFO_PREFIX, TEXT_PREFIX))}
+    keys0 = {k for k in fields_list[0] if k.startswith(_INFO_PREFIXES)}
     for i, f in enumerate(fields_list):
-        keys = {k for k in f if k.startswith((INFO_PREFIX, TEXT_PREFIX))}
+        keys = {k for k in f if k.startswith(_INFO_PREFIXES)}
         if keys != keys0:
             differ = sorted(k.split("_", 1)[1] for k in keys ^ keys0)
             raise InvalidDataError(

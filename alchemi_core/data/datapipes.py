@@ -113,11 +113,17 @@ class Dataset:
         reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
         device: Target device of the returned structures.
 
+    A plain list of ``AtomicData`` works too (sizes are then read from each structure).
+
     Example:
         >>> from alchemi_core.data.datapipes import Dataset, ListDataset
         >>> ds = Dataset(ListDataset([]), device="cpu")
         >>> len(ds)
         0
+        >>> import torch
+        >>> from alchemi_core.data import AtomicData
+        >>> Dataset([AtomicData(atomic_numbers=[1, 1], positions=torch.zeros(2, 3))]).get_all_metadata()
+        (array([2]), array([0]))
     """
 
     def __init__(self, reader: Any, device: torch.device | str | None = None) -> None:
@@ -145,9 +151,14 @@ class Dataset:
         return data.num_nodes, data.num_edges
 
     def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
-        return all_metadata(self.reader) if hasattr(self.reader, "get_metadata") or hasattr(
-            self.reader, "get_all_metadata"
-        ) else all_metadata(self)
+        if hasattr(self.reader, "get_metadata") or hasattr(self.reader, "get_all_metadata"):
+            return all_metadata(self.reader)
+        # A plain sequence (a list of AtomicData): each structure's sizes, one at a time.
+        n = len(self)
+        atoms, edges = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for i in range(n):
+            atoms[i], edges[i] = self.get_metadata(i)
+        return atoms, edges
 
 
 def __getattr__(name: str) -> Any:

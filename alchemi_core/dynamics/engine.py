@@ -393,11 +393,14 @@ class Engine:
 
     # ------------------------------------------------------------------ the step
     def forward(self) -> None:
-        """One model evaluation per distinct model; results written into the batch buffers."""
+        """One model evaluation per distinct model; results written into the batch buffers.
+        Atoms marked ``frozen`` feel no force (as under ASE's ``FixAtoms``): no integrator, FIRE's
+        velocity mixing included, moves them, and ``fmax`` counts only the atoms that move."""
         batch = self.batch
         if len(self.models) == 1:
             out = self.models[0](batch, compute_stress=self.needs_stress) if self.needs_stress else self.models[0](batch)
             self._store(batch, out)
+            _hold_frozen(batch)
             return
         # Several models: each system takes the forces of its own stage's model.
         base = self.models[0](batch)
@@ -409,6 +412,7 @@ class Engine:
                     nm = s.sys_mask.index_select(0, batch.batch_idx).unsqueeze(-1)
                     batch.forces.copy_(torch.where(nm, out["forces"], batch.forces))
                     batch.energy.copy_(torch.where(s.sys_mask.unsqueeze(-1), out["energy"], batch.energy))
+        _hold_frozen(batch)
 
     @staticmethod
     def _store(batch: Batch, out: Any) -> None:
@@ -549,6 +553,7 @@ class Engine:
                 status.masked_fill_(done, s.target)
         moved = status != before
         if bool(moved.any()):  # checks may read back; integrators' resets are not free
+            _rest_after_optimisers(batch, self.subs, moved, before)
             batch.stage_steps.masked_fill_(moved, 0)
             self._init_entering(moved)
             # Integrators and hooks may derive values from the masks in Python (caches refreshed
@@ -744,6 +749,25 @@ class Engine:
         if stream is not None and self.batch is not None and self.batch.device.type == "cuda":
             return torch.cuda.stream(stream)
         return nullcontext()
+
+
+def _hold_frozen(batch: Batch) -> None:
+    """Zero the forces on atoms marked ``frozen`` (in place: nothing allocated, no read-back)."""
+    if "frozen" in batch:
+        frozen = batch.frozen
+        mask = frozen if frozen.dtype == torch.bool else frozen.to(torch.bool)
+        batch.forces.masked_fill_(mask.view(-1, 1), 0.0)
+
+
+def _rest_after_optimisers(batch: Batch, subs: Sequence[SubStage], moved: torch.Tensor, before: torch.Tensor) -> None:
+    """Systems leaving an optimiser (a stage whose ``velocities_are_physical`` is False, FIRE)
+    leave at rest: its velocities are the minimiser's, not the atoms' (ASE keeps them apart too),
+    so neither the next stage nor ``to_atoms`` of a relaxed structure inherits them."""
+    for s in subs:
+        if getattr(s.dynamics, "velocities_are_physical", True):
+            continue
+        left = moved & (before == s.code)
+        batch.velocities.masked_fill_(left.index_select(0, batch.batch_idx).unsqueeze(-1), 0.0)
 
 
 def _noop(*_: Any) -> None:

@@ -188,3 +188,29 @@ def test_a_fused_stage_hook_logs_systems_of_every_sub_stage_but_not_graduated_on
     # 1 and 3 run MD for steps 0-4 and graduate; 0 and 2 optimise for 3 steps, then MD to step 7.
     assert per_step == {**{k: {0, 1, 2, 3} for k in range(5)}, **{k: {0, 2} for k in range(5, 8)}}
     assert {int(r["status"]) for r in rows} == {0, 1}
+
+
+@pytest.mark.parametrize(("fix_com", "removed"), [(True, 3), (False, 0)])
+def test_temperature_counts_the_degrees_of_freedom_the_thermostat_uses(tmp_path, fix_com, removed):
+    """Langevin(fix_com=True) thermalises 3N - 3 degrees of freedom, and the log divides by them;
+    time is the stage's steps times dt; total energy is potential plus kinetic."""
+    pytest.importorskip("alchemi_integrators")
+    from alchemi_core import registry
+
+    g = torch.Generator().manual_seed(3)
+    n = 8
+    data = AtomicData(atomic_numbers=torch.full((n,), 18), positions=torch.rand(n, 3, generator=g) * 6,
+                      cell=torch.eye(3) * 6.0, pbc=torch.tensor([True, True, True]))
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=2.9)
+    path = tmp_path / "log.csv"
+    md = registry.build("integrator:langevin", model=model, n_steps=20, dt=2.0, temperature=60.0,
+                        initial_temperature=60.0, fix_com=fix_com, random_seed=1,
+                        hooks=[LoggingHook(log_path=path, frequency=5)])
+    md.run(Batch.from_data_list([data, data]))
+    rows = read_log(path)
+    assert list(rows[0]) == list(COLUMNS) and len(rows) == 2 * 4
+    for r in rows:
+        ke = float(r["kinetic_energy"])
+        assert float(r["temperature"]) == pytest.approx(2 * ke / ((3 * n - removed) * KB), rel=1e-6)
+        assert float(r["total_energy"]) == pytest.approx(float(r["energy"]) + ke, rel=1e-6, abs=1e-9)
+        assert float(r["time"]) == pytest.approx((int(r["step"]) + 1) * 2.0)

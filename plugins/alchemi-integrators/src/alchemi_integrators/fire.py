@@ -114,6 +114,8 @@ class _FireBase(Integrator):
 
     #: FIRE marks "no velocity yet" with -1 (ASE skips the power test on its first step).
     _entry_positive_steps = 0
+    #: FIRE's velocities are the minimiser's: systems leave it at rest (the engine zeroes them).
+    velocities_are_physical = False
 
     # ------------------------------------------------------------------ the step
     def powers(self, batch: Batch) -> torch.Tensor:

@@ -1,0 +1,128 @@
+"""ASE structures in and out losslessly: constraints, tags, charges, magnetic moments, info, cell,
+pbc; frozen atoms held exactly; relaxed structures carry no optimiser velocities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ase")
+pytest.importorskip("alchemi_potentials")
+pytest.importorskip("alchemi_integrators")
+
+import ase.io  # noqa: E402
+from ase.build import bulk, fcc111, molecule  # noqa: E402
+from ase.constraints import FixAtoms, FixBondLength, FixCartesian  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from alchemi_core import registry  # noqa: E402
+from alchemi_core.data import AtomicData, Batch  # noqa: E402
+from alchemi_core.dynamics import ConvergenceHook  # noqa: E402
+from alchemi_core.errors import InvalidDataError  # noqa: E402
+
+CU_MORSE = {"D": 0.3429, "alpha": 1.3588, "r0": 2.866, "cutoff": 6.0}
+
+
+def _slab():
+    slab = fcc111("Cu", size=(2, 2, 4), vacuum=6.0, a=3.6)
+    slab.set_constraint(FixAtoms(mask=slab.get_tags() >= 3))  # the two bottom layers
+    slab.info["name"] = "cu111"
+    slab.info["miller"] = np.array([1, 1, 1])
+    slab.rattle(0.05, seed=1)  # moves only the free atoms: ASE applies the constraint
+    return slab
+
+
+def test_everything_ase_holds_comes_back():
+    atoms = molecule("H2O", vacuum=4.0, pbc=(True, False, True))
+    atoms.set_tags([1, 0, 2])
+    atoms.set_initial_charges([-0.8, 0.4, 0.4])
+    atoms.set_initial_magnetic_moments([[0, 0, 1.0], [0, 0.5, 0], [0, 0, 0]])
+    atoms.info.update({"name": "water", "step": 7, "weight": 0.25, "ok": True, "dipole": np.array([0.1, 0.2, 0.3]),
+                       "meta": {"source": "test", "ids": [1, 2]}})
+    atoms.set_constraint(FixAtoms(indices=[0]))
+    back = AtomicData.from_atoms(atoms, dtype=torch.float64).to_atoms()
+    np.testing.assert_array_equal(back.get_tags(), [1, 0, 2])
+    np.testing.assert_allclose(back.get_initial_charges(), [-0.8, 0.4, 0.4])
+    np.testing.assert_allclose(back.get_initial_magnetic_moments(), atoms.get_initial_magnetic_moments())
+    np.testing.assert_array_equal(back.pbc, [True, False, True])
+    np.testing.assert_allclose(back.cell.array, atoms.cell.array)
+    np.testing.assert_allclose(back.positions, atoms.positions)
+    assert back.info["name"] == "water" and back.info["step"] == 7 and back.info["ok"] is True
+    assert back.info["weight"] == 0.25 and back.info["meta"] == {"source": "test", "ids": [1, 2]}
+    np.testing.assert_allclose(back.info["dipole"], [0.1, 0.2, 0.3])
+    assert [c.get_indices().tolist() for c in back.constraints] == [[0]]
+    assert not back.has("momenta")  # zero velocities are not written back
+
+
+def test_fix_cartesian_of_all_components_freezes_and_others_are_errors():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.set_constraint(FixCartesian([1, 2], mask=(True, True, True)))
+    assert AtomicData.from_atoms(atoms).frozen.tolist() == [False, True, True, False]
+    atoms.set_constraint(FixCartesian([1], mask=(False, False, True)))
+    with pytest.raises(InvalidDataError, match="FixCartesian fixing only some components"):
+        AtomicData.from_atoms(atoms)
+    atoms.set_constraint(FixBondLength(0, 1))
+    with pytest.raises(InvalidDataError, match="FixBondLength.*cannot honour"):
+        Batch.from_atoms([atoms])
+
+
+def test_a_batch_of_mixed_structures_gets_ase_defaults_but_info_keys_must_match():
+    a, b = bulk("Cu", "fcc", a=3.6, cubic=True), bulk("Cu", "fcc", a=3.6, cubic=True)
+    a.set_tags([1, 1, 0, 0])
+    a.set_constraint(FixAtoms(indices=[0]))
+    batch = Batch.from_atoms([a, b])
+    assert batch.tags.tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert batch.frozen.tolist() == [True] + [False] * 7
+    a.info["name"] = "a"
+    with pytest.raises(InvalidDataError, match=r"info keys \['name'\]"):
+        Batch.from_atoms([a, b])
+
+
+def test_a_fixed_slab_relaxes_with_its_bottom_layers_unmoved_and_no_leftover_velocities():
+    slab = _slab()
+    fixed = slab.constraints[0].get_indices()
+    model = registry.build("model:morse", **CU_MORSE)
+    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=1.0,
+                          convergence_hook=ConvergenceHook.from_fmax(0.05))
+    out = fire.run(Batch.from_atoms([slab], dtype=torch.float64))
+    assert out.status.tolist() == [1]  # converged
+    relaxed = out.to_atoms()[0]
+    assert np.abs(relaxed.positions[fixed] - slab.positions[fixed]).max() <= 1e-12
+    free = np.setdiff1d(np.arange(len(slab)), fixed)
+    assert np.abs(relaxed.positions[free] - slab.positions[free]).max() > 1e-3  # the rest did relax
+    assert not relaxed.has("momenta")  # FIRE's velocities are not the atoms'
+    assert relaxed.constraints[0].get_indices().tolist() == fixed.tolist()
+    # fmax counts only the atoms that move, as ASE's does.
+    np.testing.assert_allclose(float(out.fmax[0]), np.linalg.norm(relaxed.get_forces(), axis=1).max(), rtol=1e-6)
+
+
+def test_the_slab_through_alchemi_run_and_export_keeps_constraint_tags_and_info(tmp_path, monkeypatch):
+    pytest.importorskip("alchemi_zarr")
+    from alchemi_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    slab = _slab()
+    ase.io.write("slab.extxyz", [slab])
+    slab = ase.io.read("slab.extxyz")  # the input as the run sees it (extended XYZ keeps 8 decimals)
+    (tmp_path / "relax.toml").write_text(
+        '[model]\ncomponent = "model:morse"\n' + "".join(f"{k} = {v}\n" for k, v in CU_MORSE.items())
+        + '[input]\npath = "slab.extxyz"\ndtype = "float64"\n'
+        + '[[stage]]\ncomponent = "integrator:fire"\nn_steps = 400\ndt = 1.0\nconverge = { fmax = 0.05 }\n'
+        + '[output]\npath = "slab.zarr"\n'
+    )
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", "relax.toml", "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for out in ("relaxed.extxyz", "relaxed.traj"):
+        result = runner.invoke(main, ["export", "slab.zarr", out], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        (back,) = ase.io.read(out, index=":")
+        fixed = slab.constraints[0].get_indices()
+        assert [c.get_indices().tolist() for c in back.constraints] == [fixed.tolist()]
+        np.testing.assert_array_equal(back.get_tags(), slab.get_tags())
+        assert back.info["name"] == "cu111" and back.info["source_file"] == "slab.extxyz"
+        np.testing.assert_array_equal(back.info["miller"], [1, 1, 1])
+        tol = 1e-7 if out.endswith(".extxyz") else 1e-12  # extended XYZ keeps 8 decimals
+        assert np.abs(back.positions[fixed] - slab.positions[fixed]).max() <= tol
+        assert not back.has("momenta")
