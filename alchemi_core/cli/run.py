@@ -2,7 +2,9 @@
 
 The file is validated before anything runs (see :mod:`alchemi_core.workflow.spec`); a problem
 is one line naming the key and the fix, with exit status 2. ``--dry-run`` prints the resolved
-plan and stops.
+plan and stops. Started by torchrun (``torchrun --nproc-per-node=4 alchemi run workflow.toml``),
+every rank runs the workflow on its shard of the input into one sharded store and rank 0 prints
+the summary (:mod:`alchemi_core.workflow.data_parallel`).
 
 Example::
 
@@ -34,6 +36,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"engine steps           {summary['steps']}",
         f"wall time              {summary['wall_s']:.1f} s ({summary['structures_per_hour']:.3g} structures/h)",
     ]
+    if summary.get("ranks"):
+        lines.insert(1, f"ranks                  {summary['ranks']} (data parallel; {summary['skipped']} "
+                        "structures already in the store)")
     if summary.get("store"):
         lines.append(f"results                {summary['store']}")
     if summary.get("log"):
@@ -61,8 +66,15 @@ def run(workflow: str, device: str | None, dry_run: bool, as_json: bool, no_prog
         else:
             click.echo(_plan_text(described))
         return
-    result = run_workflow_detailed(wf, device, progress=not (as_json or no_progress))
-    summary = result.as_dict()
+    from alchemi_core.workflow.data_parallel import launched_by_torchrun, run_workflow_data_parallel
+
+    if launched_by_torchrun():
+        # Every rank runs the workflow on its shard into one sharded store; rank 0 reports.
+        summary = run_workflow_data_parallel(wf, device, progress=not (as_json or no_progress))
+        if summary["rank"] != 0:
+            return
+    else:
+        summary = run_workflow_detailed(wf, device, progress=not (as_json or no_progress)).as_dict()
     if as_json:
         click.echo(json.dumps({"schema_version": 1, **summary}, indent=2))
     else:

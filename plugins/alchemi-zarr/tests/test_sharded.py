@@ -73,3 +73,15 @@ def test_memory_urls_and_extxyz_export(tmp_path: Path) -> None:
     out = tmp_path / "all.extxyz"
     assert root.reader().to_extxyz(out) == 2
     assert [len(a) for a in ase_io.read(out, index=":")] == [3, 2]
+
+
+def test_trajectory_frames_do_not_count_as_results(tmp_path: Path) -> None:
+    root = ShardedZarrStore(tmp_path / "r.zarr", frame_statuses=range(2))
+    frames = make_batch([3, 2])
+    frames.set_field("status", frames.system_id.new_tensor([0, 1]), "system")
+    root.sink(0).write(frames)  # snapshots of structures 0 and 1 in stages 0 and 1
+    final = make_batch([3])
+    final.set_field("status", final.system_id.new_tensor([2]), "system")
+    root.sink(0).write(final)  # structure 0's result (exit status 2)
+    assert root.committed_ids().tolist() == [0] and root.committed_count() == 1
+    assert sorted(ShardedZarrStore(tmp_path / "r.zarr").committed_ids().tolist()) == [0, 0, 1]

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,10 @@ class ShardedZarrStore:
     Args:
         root: A local path or an fsspec URL; created when absent, continued when present.
         asynchronous: Passed to each part's ``ZarrData`` (write in the background).
+        frame_statuses: Statuses of records that are trajectory frames, not results (e.g. the
+            stage codes ``range(n_stages)`` when a run also snapshots into the store):
+            ``committed_ids`` leaves them out, so a structure with frames but no result is not
+            taken as done.
         storage_options: fsspec options for URLs.
         **sink_options: Other ``ZarrData`` options of the parts (``units``, ``max_pending``).
 
@@ -123,11 +127,13 @@ class ShardedZarrStore:
         root: str | os.PathLike[str],
         *,
         asynchronous: bool | str = False,
+        frame_statuses: Iterable[int] = (),
         storage_options: dict[str, Any] | None = None,
         **sink_options: Any,
     ) -> None:
         self.root = _root_text(root)
         self.asynchronous = asynchronous
+        self.frame_statuses = np.asarray(sorted(int(s) for s in frame_statuses), dtype=np.int64)
         self.storage_options = storage_options
         self.sink_options = sink_options
         self._group = _open_root(self.root, True, storage_options)
@@ -147,16 +153,26 @@ class ShardedZarrStore:
                 for name in _part_names(group)]
 
     def committed_ids(self) -> np.ndarray:
-        """The ``system_id`` of every committed record, over all parts (one column read per part).
+        """The ``system_id`` of every committed result (frames left out), over all parts (one
+        column read per part, two with ``frame_statuses``).
 
         Raises:
-            InvalidDataError: A part's records carry no ``system_id``.
+            InvalidDataError: A part's records carry no ``system_id`` (or no ``status``).
         """
-        ids = [_system_ids(part) for part in self._parts()]
+        ids = [self._results(part) for part in self._parts()]
         return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
+    def _results(self, part: AtomicStore) -> np.ndarray:
+        ids = _system_ids(part)
+        if not len(self.frame_statuses) or not len(ids):
+            return ids
+        status = _column(part, "status")
+        return ids[~np.isin(status, self.frame_statuses)]
+
     def committed_count(self) -> int:
-        """Records committed over all parts (one small read per part)."""
+        """Results committed over all parts (one small read per part without ``frame_statuses``)."""
+        if len(self.frame_statuses):
+            return len(self.committed_ids())
         return sum(part.num_systems for part in self._parts())
 
     def reader(self) -> ShardedZarrReader:
@@ -167,12 +183,16 @@ class ShardedZarrStore:
         return f"ShardedZarrStore({self.root!r})"
 
 
-def _system_ids(part: AtomicStore) -> np.ndarray:
+def _column(part: AtomicStore, name: str) -> np.ndarray:
     if part.num_systems == 0:
         return np.zeros(0, dtype=np.int64)
-    if part.header is None or "system_id" not in part.header.fields:
-        raise InvalidDataError(f"{part.where} holds records without system_id; a results store needs them")
-    return np.asarray(part.read_rows("system_id", 0, part.num_systems), dtype=np.int64).reshape(-1)
+    if part.header is None or name not in part.header.fields:
+        raise InvalidDataError(f"{part.where} holds records without {name}; a results store needs them")
+    return np.asarray(part.read_rows(name, 0, part.num_systems), dtype=np.int64).reshape(-1)
+
+
+def _system_ids(part: AtomicStore) -> np.ndarray:
+    return _column(part, "system_id")
 
 
 class ShardedZarrReader:
