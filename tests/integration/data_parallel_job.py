@@ -46,8 +46,13 @@ class Fail(Hook):
             raise RuntimeError(f"injected failure at step {self.steps}")
 
 
+#: Where this process's ranks ran (make_run records ctx.device).
+DEVICES: list[str] = []
+
+
 def make_run_factory(fail_rank: int | None = None, how: str = "kill", at_step: int = 60) -> Any:
     def make_run(ctx: RankContext) -> Any:
+        DEVICES.append(str(ctx.device))
         model = DemoModelWrapper()
         sampler = SizeAwareSampler(ctx.dataset, max_atoms=24, max_batch_size=4, bin_width=2)
         relax = DemoDynamics(model=model, n_steps=RELAX_STEPS, dt=0.5, sampler=sampler)
@@ -90,7 +95,7 @@ def main() -> int:
         print(json.dumps({"error": str(exc), "failed_rank": exc.failed_rank,
                           "unfinished": {str(k): v for k, v in exc.unfinished.items()}}), flush=True)
         return 3
-    print(json.dumps({"ran": s.ran, "complete": s.complete}), flush=True)
+    print(json.dumps({"ran": s.ran, "complete": s.complete, "devices": DEVICES}), flush=True)
     return 0
 
 

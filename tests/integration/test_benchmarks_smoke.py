@@ -321,3 +321,15 @@ def test_fcc_argon_is_ases_cubic_fcc_cell_repeated(repeat: int) -> None:
     positions, cell = fcc_argon.__wrapped__(repeat)
     np.testing.assert_allclose(positions, atoms.positions, atol=1e-12)
     np.testing.assert_allclose(cell, atoms.cell.array, atol=1e-12)
+
+
+def test_w3_data_parallel_smoke_stores_every_cell_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("alchemi_zarr")
+    from benchmarks import w3_data_parallel
+
+    monkeypatch.chdir(tmp_path)
+    w3_data_parallel.main(["--smoke", "--json", "dp.json", "--keep"])
+    record = json.loads((tmp_path / "dp.json").read_text())
+    assert record["complete"] and (record["ranks"], record["stored"], record["duplicated"]) == (1, 16, 0)
+    with pytest.raises(SystemExit, match="already holds results"):  # a timed run starts from an empty store
+        w3_data_parallel.main(["--smoke"])

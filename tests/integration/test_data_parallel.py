@@ -125,3 +125,21 @@ def test_a_killed_rank_is_reported_and_a_rerun_completes_the_store(reference: An
     assert (summary.ran, summary.skipped) == (missing, len(ids))
     assert summary.complete and summary.committed == len(job.SIZES) and not summary.duplicated
     assert_same_results(root, reference)
+
+
+@pytest.mark.gpu
+def test_two_processes_share_one_gpu(reference: Any, tmp_path: Path) -> None:
+    """On a one-GPU machine both ranks run on cuda:0 (LOCAL_RANK modulo the GPUs) over gloo."""
+    import torch
+    from alchemi_nccl.spawn import launch_script
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    root = tmp_path / "results.zarr"
+    ranks = launch_script(str(JOB), 2, [str(root), "--timeout", "60"], timeout_s=300.0)
+    for r in ranks:
+        assert r.returncode == 0, r.output
+    reports = [json.loads(r.output.strip().splitlines()[-1]) for r in ranks]
+    assert [rep["devices"] for rep in reports] == [["cuda:0"], [f"cuda:{1 % torch.cuda.device_count()}"]]
+    assert reports[0]["complete"]
+    assert_same_results(root, reference)  # the reference ran on this process's device
