@@ -1,0 +1,50 @@
+"""Every distribution installs without warnings about its metadata, and the umbrella `alchemi`
+installs core and every first-party plugin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from alchemi_core.registry import FIRST_PARTY
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECTS = sorted(
+    p for p in ROOT.glob("**/pyproject.toml") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+)
+
+
+def _load(path: Path) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+@pytest.mark.parametrize("path", PYPROJECTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_metadata_is_spdx_with_classifiers(path):
+    meta = _load(path)
+    project = meta["project"]
+    assert project.get("license") == "Apache-2.0", f"{path}: use license = \"Apache-2.0\" (an SPDX expression)"
+    requires = meta["build-system"]["requires"]
+    assert any(r.replace(" ", "").startswith("setuptools>=77") for r in requires), (
+        f"{path}: an SPDX license string needs setuptools>=77 in build-system.requires"
+    )
+    if project["name"] != "alchemi-template":
+        assert any(c.startswith("Topic :: Scientific/Engineering") for c in project.get("classifiers", ())), path
+
+
+def test_the_repository_has_its_license():
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_umbrella_installs_core_and_every_first_party_plugin():
+    project = _load(ROOT / "distributions" / "alchemi" / "pyproject.toml")["project"]
+    names = {d.split("[")[0].split("=")[0].split(">")[0].strip() for d in project["dependencies"]}
+    assert names == {"alchemi-core", *FIRST_PARTY}
+    extras = project["optional-dependencies"]
+    assert "mace" in extras and "sevennet" in extras
