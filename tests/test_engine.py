@@ -42,7 +42,7 @@ class StepCounter(Hook):
         self.counts: Counter[int] = Counter()
 
     def __call__(self, batch, dynamics):
-        mask = dynamics.system_mask
+        mask = dynamics.context.system_mask
         ids = batch.system_id if mask is None else batch.system_id[mask]
         self.counts.update(ids.tolist())
 
@@ -311,7 +311,7 @@ def test_inner_hooks_run_once_per_step_for_their_own_stage():
             self.name = name
 
         def __call__(self, batch, dynamics):
-            calls.append((self.name, int(dynamics.system_mask.sum())))
+            calls.append((self.name, int(dynamics.context.system_mask.sum())))
 
     model = DemoModelWrapper()
     a = DemoDynamics(model=model, n_steps=3, dt=0.5, hooks=[Tag("a", DynamicsStage.BEFORE_PRE_UPDATE)])

@@ -17,6 +17,7 @@ from typing import Any
 
 from alchemi_core.dynamics import hooks
 from alchemi_core.dynamics.base import BaseDynamics, BufferConfig
+from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook, Criterion
 from alchemi_core.dynamics.demo import DemoDynamics
 from alchemi_core.dynamics.fused import FusedStage
@@ -39,6 +40,7 @@ __all__ = [
     "Hook",
     "HostMemory",
     "SizeAwareSampler",
+    "StepContext",
     "hooks",
 ]
 

@@ -3,45 +3,53 @@
 An integrator subclasses :class:`BaseDynamics` and implements ``pre_update`` (before the model
 forward: e.g. half-kick and drift) and ``post_update`` (after it: e.g. the second half-kick),
 plus ``setup``/``init_state`` when it keeps per-system state. Inside those methods,
-``self.node_weight`` (``[V, 1]`` 1.0/0.0, or None for all atoms) and ``self.system_mask``
-(``[B]`` bool, or None) say which atoms and systems this stage integrates; ``self.inv_mass``
-gives ``ACCELERATION / mass`` per atom; ``self.dt`` is the time step in fs. Keep persistent state
-in system- or atom-level batch fields so it travels with each system through sinks and ranks.
+``self.context`` (a :class:`~alchemi_core.dynamics.context.StepContext`) says which systems
+(``system_mask``, ``[B]`` bool or None for all) and atoms (``node_weight``, ``[V, 1]`` 1.0/0.0 or
+None) this stage integrates, and gives ``inv_mass`` and ``weighted_inv_mass`` per atom, the step
+index and a ``version`` to key caches on; ``self.dt`` is the time step in fs. Keep persistent
+state in system- or atom-level batch fields so it travels with each system through sinks and
+ranks.
+
+This module holds the integrator API only: running a stage is ``runner.StageRun``, ``+`` and
+``|`` are ``composition.Composable``, ``with stage:`` and ``compile()`` are
+``streams.StreamedRun``, and the pipeline communication methods ``pipeline_stage``.
 
 Example:
     >>> import torch
     >>> from alchemi_core.dynamics import BaseDynamics
     >>> class Euler(BaseDynamics):
     ...     def pre_update(self, batch):
+    ...         w = self.context.node_weight
     ...         step = self.dt * batch.velocities
-    ...         batch.positions.add_(step if self.node_weight is None else step * self.node_weight)
+    ...         batch.positions.add_(step if w is None else step * w)
     ...     def post_update(self, batch):
-    ...         acc = batch.forces * self.inv_mass * self.dt
-    ...         batch.velocities.add_(acc if self.node_weight is None else acc * self.node_weight)
+    ...         batch.velocities.addcmul_(batch.forces, self.context.weighted_inv_mass, value=self.dt)
 """
 
 from __future__ import annotations
 
-import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
+from alchemi_core.dynamics.composition import Composable
+from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
-from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.runner import StageRun
+from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import AlchemiError, ConfigurationError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
-    from alchemi_core.dynamics.engine import Engine, SubStage
-    from alchemi_core.dynamics.fused import FusedStage
-    from alchemi_core.dynamics.pipeline import DistributedPipeline
+    from alchemi_core.dynamics.engine import Engine
     from alchemi_core.dynamics.sampler import SizeAwareSampler
     from alchemi_core.dynamics.sinks import DataSink
+    from alchemi_core.dynamics.state import SubStage
 
 COMM_MODES = ("sync", "async_recv", "fully_async")
 
@@ -63,7 +71,7 @@ class BufferConfig:
     num_edges: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
-class BaseDynamics(StreamedRun, PipelineStageMixin):
+class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
     """A dynamics stage: an integrator, a model, hooks, and where systems come from and go.
 
     Args:
@@ -135,15 +143,9 @@ class BaseDynamics(StreamedRun, PipelineStageMixin):
         self.comm_mode = comm_mode
         self.buffer_config = buffer_config
         self.name = name or type(self).__name__
-        # Set by the engine while running.
-        self.step_count = 0
-        self.system_mask: torch.Tensor | None = None
-        self.node_weight: torch.Tensor | None = None
-        #: ``inv_mass * node_weight``: a kick ``v += dt * F * weighted_inv_mass`` leaves
-        #: atoms of other stages alone in one fused operation.
-        self.weighted_inv_mass: torch.Tensor | None = None
-        #: Bumped by the engine whenever it rewrites the masks above (in place).
-        self.mask_version = 0
+        #: What this stage owns in the current run (the engine replaces it at each run's start).
+        self.context = StepContext()
+        #: ``[B]`` bool after each convergence check: the systems that just converged.
         self.converged_mask: torch.Tensor | None = None
         self.status_code = 0
         self._engine: Engine | None = None
@@ -183,89 +185,53 @@ class BaseDynamics(StreamedRun, PipelineStageMixin):
         return self._engine.inv_mass()
 
     @property
+    def step_count(self) -> int:
+        """The index of the current (or last) step of the run."""
+        return self.context.step
+
+    @property
     def active_batch(self) -> Batch | None:
         """The batch of the current (or last) run."""
         return self._engine.batch if self._engine is not None else None
 
     def _attach(self, engine: Engine, sub: SubStage) -> None:
         self._engine = engine
+        self.context = sub.context
         self.status_code = sub.code
 
-    # ------------------------------------------------------------------ running
-    def _make_engine(self) -> Engine:
-        from alchemi_core.dynamics.engine import Engine
+    # ------------------------------------------------------------------ deprecated views
+    @property
+    def system_mask(self) -> torch.Tensor | None:
+        """Deprecated: ``self.context.system_mask``."""
+        _deprecated("system_mask", "context.system_mask")
+        return self.context.system_mask
 
-        return Engine(
-            [(0, self)],
-            entry_status=0,
-            exit_status=1,
-            sinks=self.sinks,
-            sampler=self.sampler,
-            refill_frequency=self.refill_frequency,
-            graduate_on_budget=self.sampler is not None,
-            owner=self,
-        )
+    @property
+    def node_weight(self) -> torch.Tensor | None:
+        """Deprecated: ``self.context.node_weight``."""
+        _deprecated("node_weight", "context.node_weight")
+        return self.context.node_weight
 
-    def run(
-        self,
-        batch: Batch | None = None,
-        n_steps: int | None = None,
-        *,
-        checkpoint: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 0,
-        resume_from: str | os.PathLike[str] | None = None,
-    ) -> Batch | None:
-        """Integrate ``batch`` in place (or stream from the sampler) and return it.
+    @property
+    def weighted_inv_mass(self) -> torch.Tensor | None:
+        """Deprecated: ``self.context.weighted_inv_mass``."""
+        _deprecated("weighted_inv_mass", "context.weighted_inv_mass")
+        return self.context.weighted_inv_mass
 
-        Without a sampler, runs ``n_steps`` steps (or until every system converged). With one,
-        runs until the dataset is drained: each system gets ``n_steps`` steps or converges, then
-        goes to the sinks. Returns the batch; with a sampler and no sinks, a batch of every
-        finished system; with a sampler and sinks, None (the results are in the sinks).
-
-        Args:
-            checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end
-                (see ``alchemi_core.dynamics.checkpoint``).
-            resume_from: Continue the run saved in this checkpoint (same stages, same sampler);
-                the result is the one the uninterrupted run would give.
-        """
-        from alchemi_core.dynamics.runner import execute
-
-        engine = self._make_engine()
-        steps = self.n_steps if n_steps is None else int(n_steps)
-        return execute(
-            self, engine, batch, None if self.sampler is not None else steps,
-            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume_from=resume_from,
-        )
-
-    def step(self, batch: Batch) -> Batch:
-        """One step of this stage on ``batch`` (prepares it on first use)."""
-        engine = self._engine
-        if engine is None or engine.batch is not batch or engine.owner is not self:
-            engine = self._make_engine()
-            engine.prepare(batch)
-            self._engine = engine
-        with engine.stream_context(self._stream):
-            engine.step()
-        return batch
-
-    # ------------------------------------------------------------------ composition
-    def __add__(self, other: BaseDynamics | FusedStage) -> FusedStage:
-        from alchemi_core.dynamics.fused import FusedStage
-
-        if isinstance(other, FusedStage):
-            return FusedStage([(0, self)] + [(i + 1, s) for i, (_, s) in enumerate(other.sub_stages)])
-        if not isinstance(other, BaseDynamics):
-            return NotImplemented
-        return FusedStage([(0, self), (1, other)])
-
-    def __or__(self, other: Any) -> DistributedPipeline:
-        from alchemi_core.dynamics.pipeline import DistributedPipeline
-
-        if isinstance(other, DistributedPipeline):
-            return DistributedPipeline.chain([self, *other.ordered_stages()])
-        if not isinstance(other, BaseDynamics):
-            return NotImplemented
-        return DistributedPipeline.chain([self, other])
+    @property
+    def mask_version(self) -> int:
+        """Deprecated: ``self.context.version``."""
+        _deprecated("mask_version", "context.version")
+        return self.context.version
 
     def __repr__(self) -> str:
         return f"{self.name}(n_steps={self.n_steps}, dt={self.dt}, hooks={len(self.hooks)})"
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"BaseDynamics.{old} is deprecated and goes away in the next release; read self.{new} "
+        "(the StepContext the engine gives every stage)",
+        DeprecationWarning,
+        stacklevel=3,
+    )

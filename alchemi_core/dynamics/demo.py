@@ -28,13 +28,14 @@ class DemoDynamics(BaseDynamics):
     def pre_update(self, batch: Batch) -> None:
         # One fused operation per update: the weighted inverse mass is zero for atoms of other
         # stages, so their velocities stay; the drift is masked explicitly for the same reason.
+        ctx = self.context
         v = batch.velocities
-        v.addcmul_(batch.forces, self.weighted_inv_mass, value=0.5 * self.dt)
-        w = self.node_weight
+        v.addcmul_(batch.forces, ctx.weighted_inv_mass, value=0.5 * self.dt)
+        w = ctx.node_weight
         if w is None:
             batch.positions.add_(v, alpha=self.dt)
         else:
             batch.positions.addcmul_(v, w, value=self.dt)
 
     def post_update(self, batch: Batch) -> None:
-        batch.velocities.addcmul_(batch.forces, self.weighted_inv_mass, value=0.5 * self.dt)
+        batch.velocities.addcmul_(batch.forces, self.context.weighted_inv_mass, value=0.5 * self.dt)

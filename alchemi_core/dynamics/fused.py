@@ -22,19 +22,22 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from alchemi_core.dynamics import composition
 from alchemi_core.dynamics.base import BaseDynamics
+from alchemi_core.dynamics.composition import Composable
+from alchemi_core.dynamics.context import StepContext
+from alchemi_core.dynamics.engine import Engine
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.runner import execute
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
-    from alchemi_core.dynamics.engine import Engine
-    from alchemi_core.dynamics.pipeline import DistributedPipeline
     from alchemi_core.dynamics.sinks import DataSink
 
 
-class FusedStage(StreamedRun, PipelineStageMixin):
+class FusedStage(Composable, StreamedRun, PipelineStageMixin):
     """Sub-stages by status code on one device (see the module docstring).
 
     Args:
@@ -75,6 +78,8 @@ class FusedStage(StreamedRun, PipelineStageMixin):
         self.compile_kwargs = dict(compile_kwargs or {})
         self.own_sinks: list[DataSink] = list(sinks or [])
         self.hooks: list[Any] = list(hooks or [])
+        #: What the fused stage's own hooks see: every system of any of its sub-stages.
+        self.context = StepContext(self.entry_status)
         self._engine: Engine | None = None
 
     # ------------------------------------------------------------------ composition
@@ -107,29 +112,8 @@ class FusedStage(StreamedRun, PipelineStageMixin):
         out.extend(x for x in self.own_sinks if all(x is not y for y in out))
         return out
 
-    def __add__(self, other: BaseDynamics | FusedStage) -> FusedStage:
-        n = len(self.sub_stages)
-        if isinstance(other, FusedStage):
-            extra = [(n + i, s) for i, (_, s) in enumerate(other.sub_stages)]
-        elif isinstance(other, BaseDynamics):
-            extra = [(n, other)]
-        else:
-            return NotImplemented
-        subs = [(i, s) for i, (_, s) in enumerate(self.sub_stages)] + extra
-        return FusedStage(subs, entry_status=0, compile_step=self.compile_step, compile_kwargs=self.compile_kwargs,
-                          sinks=self.own_sinks, hooks=self.hooks)
-
-    def __or__(self, other: Any) -> DistributedPipeline:
-        from alchemi_core.dynamics.pipeline import DistributedPipeline
-
-        if isinstance(other, DistributedPipeline):
-            return DistributedPipeline.chain([self, *other.ordered_stages()])
-        return DistributedPipeline.chain([self, other])
-
     # ------------------------------------------------------------------ running
     def make_engine(self) -> Engine:
-        from alchemi_core.dynamics.engine import Engine
-
         return Engine(
             self.sub_stages,
             entry_status=self.entry_status,
@@ -162,10 +146,12 @@ class FusedStage(StreamedRun, PipelineStageMixin):
             ``exit_status``); with a sampler and no sinks, a batch of every finished system;
             with a sampler and sinks, None.
         """
-        from alchemi_core.dynamics.runner import execute
-
         return execute(self, self.make_engine(), batch, None, checkpoint=checkpoint,
                        checkpoint_every=checkpoint_every, resume_from=resume_from)
+
+    def _attach_owner(self, engine: Engine, context: StepContext) -> None:
+        self._engine = engine
+        self.context = context
 
     @property
     def active_batch(self) -> Batch | None:
@@ -178,3 +164,29 @@ class FusedStage(StreamedRun, PipelineStageMixin):
     def __repr__(self) -> str:
         inner = ", ".join(f"{c}: {s!r}" for c, s in self.sub_stages)
         return f"FusedStage([{inner}], exit_status={self.exit_status})"
+
+
+def fuse(left: Any, right: Any) -> Any:
+    """``left + right``: one fused stage running the sub-stages of both, in order (the left
+    fused stage's compile setting, sinks and hooks carry over); ``NotImplemented`` for operands
+    that are not stages."""
+    if isinstance(left, FusedStage):
+        n = len(left.sub_stages)
+        if isinstance(right, FusedStage):
+            extra = [(n + i, s) for i, (_, s) in enumerate(right.sub_stages)]
+        elif isinstance(right, BaseDynamics):
+            extra = [(n, right)]
+        else:
+            return NotImplemented
+        subs = [(i, s) for i, (_, s) in enumerate(left.sub_stages)] + extra
+        return FusedStage(subs, entry_status=0, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
+                          sinks=left.own_sinks, hooks=left.hooks)
+    if isinstance(left, BaseDynamics):
+        if isinstance(right, FusedStage):
+            return FusedStage([(0, left)] + [(i + 1, s) for i, (_, s) in enumerate(right.sub_stages)])
+        if isinstance(right, BaseDynamics):
+            return FusedStage([(0, left), (1, right)])
+    return NotImplemented
+
+
+composition.register("+", fuse)

@@ -10,7 +10,9 @@ their own ``stage`` and ``frequency`` that the engine schedules in its place, wh
 methods stay on the outer hook.
 
 Hooks are not pluggy calls: each run builds, per point, a tuple of ``(frequency, hook, stage)``
-once, so an empty point costs nothing and a full one a Python call per hook.
+once (:func:`build_hook_table`, indexed by :class:`DynamicsStage` members), so an empty point
+costs nothing and a full one a Python call per hook; :func:`dispatch` is the one place that calls
+them.
 
 Example:
     >>> from alchemi_core.dynamics import Hook, DynamicsStage
@@ -102,7 +104,10 @@ def check_hook(hook: Any) -> None:
         raise ConfigurationError(f"{hook!r} has frequency {hook.frequency}; it must be >= 1")
 
 
-HookTable = tuple[tuple[tuple[int, Any, Any], ...], ...]
+#: One hook point's entries: ``(frequency, hook, stage the hook belongs to)``.
+HookEntries = tuple[tuple[int, Any, Any], ...]
+#: Per hook point (indexed by ``DynamicsStage`` members), its entries.
+HookTable = tuple[HookEntries, ...]
 
 
 def build_hook_table(owners: Iterable[tuple[Any, Iterable[Any]]]) -> HookTable:
@@ -113,3 +118,22 @@ def build_hook_table(owners: Iterable[tuple[Any, Iterable[Any]]]) -> HookTable:
             for part in hook_parts(hook):
                 points[int(part.stage)].append((int(part.frequency), part, stage))
     return tuple(tuple(p) for p in points)
+
+
+def dispatch(entries: HookEntries, batch: Batch | None, step: int) -> None:
+    """Call every hook of ``entries`` whose frequency divides ``step``, in order.
+
+    Example:
+        >>> calls = []
+        >>> class Note(Hook):
+        ...     def __call__(self, batch, dynamics):
+        ...         calls.append(dynamics)
+        >>> table = build_hook_table([("md", [Note(frequency=2)])])
+        >>> for k in range(4):
+        ...     dispatch(table[DynamicsStage.AFTER_STEP], None, k)
+        >>> calls
+        ['md', 'md']
+    """
+    for freq, hook, stage in entries:
+        if step % freq == 0:
+            hook(batch, stage)

@@ -35,6 +35,9 @@ import torch
 
 from alchemi_core.comm.base import CommBackend
 from alchemi_core.data import Batch
+from alchemi_core.dynamics import composition
+from alchemi_core.dynamics.base import BaseDynamics
+from alchemi_core.dynamics.fused import FusedStage
 from alchemi_core.dynamics.pipeline_rank import PipelineRank, stage_buffer_config
 from alchemi_core.errors import ConfigurationError, PipelineError
 
@@ -63,9 +66,6 @@ class DistributedPipeline:
         timeout_s: float = 120.0,
         device: torch.device | str | None = None,
     ) -> None:
-        from alchemi_core.dynamics.base import BaseDynamics
-        from alchemi_core.dynamics.fused import FusedStage
-
         if not stages:
             raise ConfigurationError("DistributedPipeline needs at least one stage")
         ranks = sorted(int(r) for r in stages)
@@ -289,5 +289,17 @@ class DistributedPipeline:
         inner = ", ".join(f"{r}: {s!r}" for r, s in sorted(self.stages.items()))
         return f"DistributedPipeline({{{inner}}}, synchronized={self.synchronized})"
 
+
+def chain(left: Any, right: Any) -> Any:
+    """``left | right``: a pipeline with ``left`` on rank 0 and ``right`` (or the ranks of a
+    pipeline ``right``) after it; ``NotImplemented`` when a single stage meets a non-stage."""
+    if isinstance(right, DistributedPipeline):
+        return DistributedPipeline.chain([left, *right.ordered_stages()])
+    if isinstance(left, BaseDynamics) and not isinstance(right, BaseDynamics):
+        return NotImplemented
+    return DistributedPipeline.chain([left, right])
+
+
+composition.register("|", chain)
 
 __all__ = ["DistributedPipeline", "PipelineRank"]

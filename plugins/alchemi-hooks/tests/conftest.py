@@ -65,7 +65,7 @@ class Recorder(Hook):
         self.records: list[dict[str, Any]] = []
 
     def __call__(self, batch: Batch, dynamics: Any) -> None:
-        mask = dynamics.system_mask
+        mask = dynamics.context.system_mask
         rec = {
             "step": dynamics.step_count,
             "in_stage": np.ones(batch.num_graphs, bool) if mask is None else mask.cpu().numpy().copy(),

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from alchemi_core.dynamics import DemoDynamics, FusedStage
+from alchemi_core.dynamics import DemoDynamics, FusedStage, StepContext
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.units import ACCELERATION
@@ -24,7 +24,7 @@ def _with_forces(batch, scale=20.0, seed=0):
 def test_norms_are_capped_and_directions_kept(molecules):
     batch = _with_forces(molecules([4, 6]), scale=8.0)
     before = batch.forces.clone()
-    MaxForceClampHook(max_force=10.0)(batch, SimpleNamespace(system_mask=None))
+    MaxForceClampHook(max_force=10.0)(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=None)))
     norms_before = before.norm(dim=1)
     norms = batch.forces.norm(dim=1)
     assert (norms_before > 10).any() and (norms_before < 10).any()
@@ -38,14 +38,14 @@ def test_norms_are_capped_and_directions_kept(molecules):
 def test_zero_forces_stay_zero(molecules):
     batch = molecules([3])
     batch.set_field("forces", torch.zeros(3, 3), "node")
-    MaxForceClampHook(max_force=1.0)(batch, SimpleNamespace(system_mask=None))
+    MaxForceClampHook(max_force=1.0)(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=None)))
     assert torch.equal(batch.forces, torch.zeros(3, 3))
 
 
 def test_only_the_stage_systems_are_clamped(molecules):
     batch = _with_forces(molecules([4, 6, 5]))
     before = batch.forces.clone()
-    stage = SimpleNamespace(system_mask=torch.tensor([False, True, False]))
+    stage = SimpleNamespace(context=StepContext.standalone(batch, system_mask=torch.tensor([False, True, False])))
     MaxForceClampHook(max_force=5.0)(batch, stage)
     inside = batch.batch_idx == 1
     assert torch.equal(batch.forces[~inside], before[~inside])

@@ -67,7 +67,7 @@ def test_reference_is_taken_when_a_system_enters_the_md_stage(molecules):
         frequency = 1
 
         def __call__(self, b, d):
-            b.velocities.mul_(torch.where(d.system_mask, 0.5, 1.0).index_select(0, b.batch_idx).unsqueeze(-1))
+            b.velocities.mul_(torch.where(d.context.system_mask, 0.5, 1.0).index_select(0, b.batch_idx).unsqueeze(-1))
 
     opt = DemoDynamics(model=DemoModelWrapper(), n_steps=20, dt=0.25, hooks=[Friction()])
     hook = EnergyDriftMonitorHook(threshold=THRESHOLD, frequency=5, action="raise")

@@ -19,14 +19,15 @@ class NoisyEuler(BaseDynamics):
     API asks: a stand-in for Langevin-type integrators."""
 
     def pre_update(self, batch):
-        w = self.node_weight
+        w = self.context.node_weight
         noise = 0.01 * torch.randn_like(batch.velocities)
         batch.velocities.add_(noise if w is None else noise * w)
         batch.positions.add_(self.dt * (batch.velocities if w is None else batch.velocities * w))
 
     def post_update(self, batch):
         kick = self.dt * batch.forces * self.inv_mass
-        batch.velocities.add_(kick if self.node_weight is None else kick * self.node_weight)
+        w = self.context.node_weight
+        batch.velocities.add_(kick if w is None else kick * w)
 
 
 def assert_frozen_held(start, batch):

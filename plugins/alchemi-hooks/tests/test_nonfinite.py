@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alchemi_core.dynamics import DemoDynamics, DynamicsStage, FusedStage
+from alchemi_core.dynamics import DemoDynamics, DynamicsStage, FusedStage, StepContext
 from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 
@@ -66,9 +66,11 @@ def test_only_the_stage_systems_are_checked(molecules):
     batch.set_field("forces", torch.zeros(batch.num_nodes, 3), "node")
     batch.forces[1, 2] = float("inf")  # system 0, atom 1
     hook = NaNDetectorHook(frequency=1)
-    hook(batch, SimpleNamespace(system_mask=torch.tensor([False, True, True]), step_count=3, name="md"))
+    md = SimpleNamespace(context=StepContext.standalone(batch, system_mask=torch.tensor([False, True, True])), step_count=3, name="md")
+    hook(batch, md)
     with pytest.raises(NonFiniteError, match=r"system_id 0: forces at atoms \[1\]"):
-        hook(batch, SimpleNamespace(system_mask=torch.tensor([True, False, False]), step_count=3, name="opt"))
+        mask = torch.tensor([True, False, False])
+        hook(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=mask), step_count=3, name="opt"))
 
 
 def test_a_clean_run_in_a_fused_stage_passes(molecules):

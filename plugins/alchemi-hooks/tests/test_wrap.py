@@ -14,7 +14,7 @@ from ase.geometry import complete_cell as ase_complete_cell  # noqa: E402
 from ase.geometry import wrap_positions  # noqa: E402
 
 from alchemi_core.data import AtomicData, Batch  # noqa: E402
-from alchemi_core.dynamics import DemoDynamics  # noqa: E402
+from alchemi_core.dynamics import DemoDynamics, StepContext  # noqa: E402
 from alchemi_core.errors import ConfigurationError  # noqa: E402
 
 from alchemi_hooks.wrap import WrapPeriodicHook, complete_cell  # noqa: E402
@@ -59,7 +59,7 @@ def test_complete_cell_is_perpendicular_like_ase_where_it_matters():
 def test_positions_match_ase_wrap_and_lie_inside_along_periodic_axes():
     batch = periodic_batch()
     before = batch.positions.clone()
-    WrapPeriodicHook()(batch, SimpleNamespace(system_mask=None))
+    WrapPeriodicHook()(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=None)))
     for row, (cell, pbc) in enumerate(zip(CELLS, PBC, strict=True)):
         lo, hi = int(batch.batch_ptr[row]), int(batch.batch_ptr[row + 1])
         want = wrap_positions(before[lo:hi].numpy(), np.array(cell), pbc=pbc, eps=0.0)
@@ -75,7 +75,7 @@ def test_positions_match_ase_wrap_and_lie_inside_along_periodic_axes():
 def test_periodic_energy_is_unchanged_by_the_wrap():
     batch = periodic_batch(seed=3)
     before = batch.positions.clone()
-    WrapPeriodicHook()(batch, SimpleNamespace(system_mask=None))
+    WrapPeriodicHook()(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=None)))
     for row in (0, 3):  # 3D-periodic cells, where ASE's Lennard-Jones is defined without vacuum
         lo, hi = int(batch.batch_ptr[row]), int(batch.batch_ptr[row + 1])
         energies = []
@@ -90,7 +90,7 @@ def test_periodic_energy_is_unchanged_by_the_wrap():
 def test_only_the_stage_systems_are_wrapped():
     batch = periodic_batch()
     before = batch.positions.clone()
-    WrapPeriodicHook()(batch, SimpleNamespace(system_mask=torch.tensor([False, True, False, True])))
+    WrapPeriodicHook()(batch, SimpleNamespace(context=StepContext.standalone(batch, system_mask=torch.tensor([False, True, False, True]))))
     untouched = (batch.batch_idx == 0) | (batch.batch_idx == 2)
     assert torch.equal(batch.positions[untouched], before[untouched])
     assert not torch.equal(batch.positions[~untouched], before[~untouched])

@@ -16,18 +16,21 @@ class SymplecticEuler(BaseDynamics):
 
     The model forward runs between ``pre_update`` and ``post_update``; this integrator does all
     its work before it, so the forces it uses are from the end of the previous step.
+
+    Everything it needs comes from ``self.context`` (a ``StepContext``): ``weighted_inv_mass``
+    is zero for atoms this stage does not own, so the kick leaves them alone, and
+    ``node_weight`` masks the drift the same way (None: every atom is this stage's). Both
+    updates work in place on the batch's own tensors, so a step allocates nothing and can be
+    captured as a CUDA graph.
     """
 
     def pre_update(self, batch: Batch) -> None:
-        kick = batch.forces * self.inv_mass * self.dt
-        drift_weight = self.node_weight
-        if drift_weight is not None:
-            kick.mul_(drift_weight)
-        batch.velocities.add_(kick)
-        if drift_weight is None:
+        ctx = self.context
+        batch.velocities.addcmul_(batch.forces, ctx.weighted_inv_mass, value=self.dt)
+        if ctx.node_weight is None:
             batch.positions.add_(batch.velocities, alpha=self.dt)
         else:
-            batch.positions.addcmul_(batch.velocities, drift_weight, value=self.dt)
+            batch.positions.addcmul_(batch.velocities, ctx.node_weight, value=self.dt)
 
     def post_update(self, batch: Batch) -> None:
         return None

@@ -16,7 +16,7 @@ Each hook lives in a module of its own and is registered as ``hook:<name>``; imp
 ``hook:stage-timing``         ``StageTimingHook``         :mod:`alchemi_hooks.timing`
 ============================  ==========================  ===================================
 
-Every hook acts only on the systems of the stage it is given to (``dynamics.system_mask``), so
+Every hook acts only on the systems of the stage it is given to (``dynamics.context.system_mask``), so
 it works alike in a single stage, in a ``FusedStage`` and under inflight refill.
 
 Example:

@@ -116,9 +116,9 @@ def make_display(backend: str, file: IO[str], total: int | None, unit: str = "st
 def run_counts(batch: Batch, dynamics: Any) -> tuple[int, int, int]:
     """``(systems done, systems active, atoms active)`` of the run ``dynamics`` belongs to (one
     read-back of the status)."""
-    engine = getattr(dynamics, "_engine", None)
-    exit_status = getattr(engine, "exit_status", None)
-    written = int(getattr(engine, "written_count", 0))
+    run = dynamics.context.run
+    exit_status = run.exit_status if run is not None else None
+    written = run.written_count if run is not None else 0
     if "status" not in batch or exit_status is None:
         return written, batch.num_graphs, batch.num_nodes
     finished = batch.status.cpu().numpy() >= exit_status
@@ -169,8 +169,8 @@ class ProgressHook(Hook):
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         self.close()
         total = self.total
-        engine = getattr(dynamics, "_engine", None)
-        plain_run = engine is not None and not getattr(engine, "graduate_on_budget", True)
+        run = dynamics.context.run
+        plain_run = run is not None and not run.ends_on_graduation
         if total is None and plain_run:
             total = int(getattr(dynamics, "n_steps", 0)) or None
         if self.structures is not None:
@@ -202,9 +202,9 @@ class ProgressHook(Hook):
     def on_run_end(self, batch: Batch, dynamics: Any) -> None:
         # The last state (every step, the final counts) is drawn even when the run did not end
         # on an update step.
-        engine = getattr(dynamics, "_engine", None)
-        # The engine counts steps done; a stage's step_count is the index of its last step.
-        steps = int(engine.step_count) if engine is not None else int(getattr(dynamics, "step_count", -1)) + 1
+        run = dynamics.context.run
+        # The run counts steps done; a stage's step index is that of its last step.
+        steps = run.steps_done if run is not None else dynamics.context.step + 1
         if self._display is not None and (steps > self._last_step or self.structures is not None):
             self._draw(batch, dynamics, steps)
         self.close()

@@ -122,7 +122,7 @@ class Integrator(BaseDynamics):
         self.backend = backend
         self.active_backend: str | None = None
         self.work = Workspace()
-        self._cache: dict[str, tuple[tuple[int, int, int], Any, Any]] = {}
+        self._cache: dict[str, tuple[int, Any]] = {}
         self._reads_user_fields = False
         self._warp: Any = None
 
@@ -144,9 +144,9 @@ class Integrator(BaseDynamics):
     # ------------------------------------------------------------------ run lifecycle
     def setup(self, batch: Batch) -> None:
         """Bind parameters, choose the backend and create state fields (once per run)."""
-        engine = self._engine
+        run = self.context.run
         why_not = ""
-        if engine is not None and engine.sampler is not None:
+        if run is not None and run.refills:
             why_not = "this run refills systems from a sampler, which brings systems the tensor has no value for"
         elif batch.num_graphs == 0:
             why_not = "this stage starts without systems (a downstream pipeline rank)"
@@ -246,24 +246,23 @@ class Integrator(BaseDynamics):
         """
         if reads_fields and self._reads_user_fields:
             return build()
-        weight = self.node_weight
-        # The entry keeps the mask it was built for, so its id cannot be reused meanwhile. The
-        # engine rewrites its masks in place at checks and bumps mask_version.
-        key = (batch.version, id(batch), id(weight), self.mask_version)
+        # The context's version changes whenever the engine rewrites the masks or the systems
+        # change, and is never reused, so it alone keys the cache.
+        key = self.context.version
         hit = self._cache.get(name)
         if hit is not None and hit[0] == key:
-            return hit[2]
+            return hit[1]
         value = build()
-        old = hit[2] if hit is not None and hit[0][:3] == key[:3] else None
+        old = hit[1] if hit is not None else None
         if (
             isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor)
             and old.shape == value.shape and old.dtype == value.dtype and old.device == value.device
         ):
-            # Same systems, new masks: refresh in place, so a captured CUDA graph that read the
+            # Same layout, new masks: refresh in place, so a captured CUDA graph that read the
             # old tensor sees the new values.
             old.copy_(value)
             value = old
-        self._cache[name] = (key, weight, value)
+        self._cache[name] = (key, value)
         return value
 
     def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
@@ -275,7 +274,7 @@ class Integrator(BaseDynamics):
 
     def active(self, batch: Batch) -> torch.Tensor | None:
         """``[B]`` 1.0 for systems this stage integrates now and 0.0 for the others (None: all)."""
-        mask = self.system_mask
+        mask = self.context.system_mask
         if mask is None:
             return None
         return self.cached("active", batch, lambda: mask.to(batch.positions.dtype), reads_fields=False)

@@ -75,6 +75,8 @@ class _FireBase(Integrator):
     """What FIRE and FIRE2 share: state fields, reductions, the per-atom update and the cap."""
 
     cpu_backend = "warp"
+    #: FIRE 2.0's rules (delay, minimum dt, half step back) instead of the original FIRE's.
+    uses_fire2 = False
 
     _FIRE_PARAMETERS: tuple[tuple[str, dict[str, Any]], ...] = (
         ("dt_max", {"unit": "fs", "low": 0.0, "low_open": True}),
@@ -134,7 +136,7 @@ class _FireBase(Integrator):
 
     def torch_pre_update(self, batch: Batch) -> None:
         coeff = self.system_update(batch, self.powers(batch))
-        active = self.system_mask
+        active = self.context.system_mask
         if active is not None:
             # Systems of other stages: v' = v and dx = 0 (their state was left as it was).
             still = torch.zeros_like(coeff[0])
@@ -184,7 +186,7 @@ class _FireBase(Integrator):
 
     def _keep_inactive(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``new`` where this stage integrates the system, else ``old``."""
-        mask = self.system_mask
+        mask = self.context.system_mask
         return new if mask is None else torch.where(mask, new, old)
 
     @staticmethod
@@ -261,7 +263,7 @@ class FIRE(_FireBase):
         dt.copy_(self._keep_inactive(new_dt, dt))
         alpha.copy_(self._keep_inactive(new_alpha, alpha))
         positive_steps.copy_(self._keep_inactive(torch.where(downhill, positive_steps + 1, 0), positive_steps))
-        steps.add_(1 if self.system_mask is None else self.system_mask.to(steps.dtype))
+        steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
         return coeff
 
 
@@ -291,6 +293,8 @@ class FIRE2(_FireBase):
         ("dt_min", {"unit": "fs", "low": 0.0}),
         ("n_delay", {"low": 0.0}),
     )
+
+    uses_fire2 = True
 
     def __init__(
         self,
@@ -347,7 +351,7 @@ class FIRE2(_FireBase):
         dt.copy_(self._keep_inactive(new_dt, dt))
         alpha.copy_(self._keep_inactive(new_alpha, alpha))
         positive_steps.copy_(self._keep_inactive(new_positive, positive_steps))
-        steps.add_(1 if self.system_mask is None else self.system_mask.to(steps.dtype))
+        steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
         return coeff
 
 

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
-from alchemi_core.units import ACCELERATION, KB
+from alchemi_core.units import KB
 from alchemi_integrators.base import MDIntegrator
 from alchemi_integrators.parameters import ParameterValue
+from alchemi_integrators.thermo import masses_and_totals
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -70,6 +71,9 @@ class Langevin(MDIntegrator):
     (see :mod:`alchemi_integrators.parameters`).
     """
 
+    #: The system field counting each system's noise draws (the Warp kernels read it by name).
+    noise_field = NOISE_COUNTER
+
     def __init__(
         self,
         model: Any,
@@ -96,7 +100,7 @@ class Langevin(MDIntegrator):
         def build() -> tuple[torch.Tensor, Coefficient, Coefficient, torch.Tensor]:
             dt, gamma, temp = (self.values(n, batch) for n in ("dt", "friction", "temperature"))
             inv_mass = self.inv_mass
-            weight = self.node_weight
+            weight = self.context.node_weight
             if all(isinstance(x, float) for x in (dt, gamma, temp)) and weight is None:
                 c1 = math.exp(-gamma * dt)
                 # Variance of each velocity component: kB T / m, in (Å/fs)² = kB T * inv_mass.
@@ -105,7 +109,7 @@ class Langevin(MDIntegrator):
             per_sys = torch.stack(
                 [self.per_system(n, batch) for n in ("dt", "friction", "temperature")], dim=-1
             )
-            if self.system_mask is not None:
+            if self.context.system_mask is not None:
                 per_sys = per_sys.clone()
                 per_sys[:, 0] *= self.active(batch)  # dt = 0: B, A and O all become the identity
             atom = per_sys.index_select(0, batch.batch_idx)
@@ -129,14 +133,14 @@ class Langevin(MDIntegrator):
         v.mul_(c1).add_(noise)
         _drift(x, v, half_dt)
         counter = getattr(batch, NOISE_COUNTER)
-        if self.system_mask is None:
+        if self.context.system_mask is None:
             counter.add_(1)
         else:
-            counter.add_(self.system_mask.to(counter.dtype))
+            counter.add_(self.context.system_mask.to(counter.dtype))
 
     def _com_velocity(self, batch: Batch, dv: torch.Tensor) -> torch.Tensor:
         """``[V, 3]``: each atom's system's mass-weighted mean of ``dv``."""
-        mass, total = self.cached("mass", batch, lambda: _masses(batch, self.inv_mass), reads_fields=False)
+        mass, total = self.cached("mass", batch, lambda: masses_and_totals(batch, self.inv_mass), reads_fields=False)
         momentum = self.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), dv.dtype, dv.device)
         weighted = self.work.get("weighted", batch.num_nodes, batch.node_capacity, (3,), dv.dtype, dv.device)
         momentum.zero_().index_add_(0, batch.batch_idx, torch.mul(dv, mass, out=weighted))
@@ -159,10 +163,3 @@ def _drift(x: torch.Tensor, v: torch.Tensor, half_dt: torch.Tensor | float) -> N
         x.add_(v, alpha=half_dt)
     else:
         x.addcmul_(v, half_dt)
-
-
-def _masses(batch: Batch, inv_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[V, 1]`` masses (amu) and ``[B, 1]`` total mass per system."""
-    mass = ACCELERATION / inv_mass
-    total = torch.zeros(batch.num_graphs, 1, dtype=mass.dtype, device=mass.device).index_add_(0, batch.batch_idx, mass)
-    return mass, total

@@ -79,6 +79,8 @@ class NoseHooverChain(MDIntegrator):
     conserves_momentum = True
 
     cpu_backend = "warp"
+    #: The thermostat state fields, positions then velocities (the Warp kernels read them by name).
+    chain_fields = (CHAIN_POSITIONS, CHAIN_VELOCITIES)
 
     def __init__(
         self,
@@ -119,6 +121,10 @@ class NoseHooverChain(MDIntegrator):
             getattr(batch, name).masked_fill_(rows, 0.0)
 
     # ------------------------------------------------------------------ physics
+    def yoshida_weights(self) -> tuple[float, ...]:
+        """The Suzuki-Yoshida weights of this integrator's order (they sum to 1)."""
+        return YOSHIDA_WEIGHTS[self.yoshida_order]
+
     def chain_masses(self, batch: Batch) -> torch.Tensor:
         """``[B, M]`` thermostat masses: ``Q_1 = N_f kB T tau²``, ``Q_j = kB T tau²`` (eV fs²)."""
         kt = self.per_system("temperature", batch) * KB

@@ -208,3 +208,10 @@ def draw_velocities(
         keep = ~mask.index_select(0, batch.batch_idx).unsqueeze(-1)
         v.copy_(torch.where(keep, v, new))
     return v
+
+
+def masses_and_totals(batch: Batch, inv_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[V, 1]`` masses (amu) and ``[B, 1]`` total mass per system."""
+    mass = ACCELERATION / inv_mass
+    total = torch.zeros(batch.num_graphs, 1, dtype=mass.dtype, device=mass.device).index_add_(0, batch.batch_idx, mass)
+    return mass, total

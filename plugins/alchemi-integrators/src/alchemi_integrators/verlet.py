@@ -73,7 +73,7 @@ def verlet_coefficients(dyn: Integrator, batch: Batch) -> tuple[torch.Tensor, to
 
     def build() -> tuple[torch.Tensor, torch.Tensor | float]:
         dt = dyn.values("dt", batch)
-        weight = dyn.node_weight
+        weight = dyn.context.node_weight
         if isinstance(dt, float) and weight is None:
             return dyn.inv_mass * (0.5 * dt), dt
         drift = dt.index_select(0, batch.batch_idx).unsqueeze(-1) if isinstance(dt, torch.Tensor) else dt

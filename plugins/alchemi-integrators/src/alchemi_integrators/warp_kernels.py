@@ -27,6 +27,7 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
+from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -623,11 +624,9 @@ def verlet_post(dyn: Integrator, batch: Batch) -> None:
 
 
 def langevin_pre(dyn: Any, batch: Batch) -> None:
-    from alchemi_integrators.langevin import NOISE_COUNTER, _masses
-
     x, v, f, im, sys, dt, act = _common(dyn, batch)
     mass, total = dyn.cached(
-        "warp_mass", batch, lambda: tuple(t.view(-1) for t in _masses(batch, dyn.inv_mass)), reads_fields=False
+        "warp_mass", batch, lambda: tuple(t.view(-1) for t in masses_and_totals(batch, dyn.inv_mass)), reads_fields=False
     )
     momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     launches = _launches(dyn)
@@ -635,7 +634,7 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
         momentum.zero_()
     seed = int(dyn.random_seed % (2**31 - 1))
     args = (
-        x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, NOISE_COUNTER), dt,
+        x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
         dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, _typed(KB, batch), seed,
         int(dyn.fix_com), momentum,
     )
@@ -648,26 +647,22 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
 
 
 def langevin_post(dyn: Any, batch: Batch) -> None:
-    from alchemi_integrators.langevin import NOISE_COUNTER
-
     _, v, f, im, sys, dt, act = _common(dyn, batch)
-    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, NOISE_COUNTER), dt, act)
+    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act)
     _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
 
 
 def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:
-    from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
-    from alchemi_integrators.thermo import degrees_of_freedom
-
+    positions_field, velocities_field = dyn.chain_fields
     dtype = batch.positions.dtype
     weights = dyn.cached(
         "nhc_weights", batch,
-        lambda: torch.tensor(YOSHIDA_WEIGHTS[dyn.yoshida_order], dtype=dtype, device=batch.device), reads_fields=False,
+        lambda: torch.tensor(dyn.yoshida_weights(), dtype=dtype, device=batch.device), reads_fields=False,
     )
     nf = dyn.cached("nhc_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False)
     scale = dyn.work.get("nhc_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
     args = (
-        ke, getattr(batch, CHAIN_POSITIONS), getattr(batch, CHAIN_VELOCITIES), dyn.per_system("temperature", batch),
+        ke, getattr(batch, positions_field), getattr(batch, velocities_field), dyn.per_system("temperature", batch),
         dyn.per_system("tau", batch), nf, dyn.per_system("dt", batch), _active(dyn, batch), weights,
         dyn.chain_steps, _typed(KB, batch), scale,
     )
@@ -697,15 +692,13 @@ def nose_hoover_post(dyn: Any, batch: Batch) -> None:
 
 
 def fire_pre(dyn: Any, batch: Batch) -> None:
-    from alchemi_integrators.fire import FIRE2
-
     x, v, f, im, sys, _, act = _common(dyn, batch)
     launches = _launches(dyn)
     dtype, dev = v.dtype, v.device
     sums = dyn.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
     sums.zero_()
     launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, sys, sums), batch.device)
-    fire2 = isinstance(dyn, FIRE2)
+    fire2 = bool(dyn.uses_fire2)
     per = dyn.per_system
     delay = per("n_delay" if fire2 else "n_min", batch)
     dt_min = per("dt_min", batch) if fire2 else delay  # unused by FIRE

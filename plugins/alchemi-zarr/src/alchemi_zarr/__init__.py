@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from alchemi_zarr.pending import BackgroundWriteError
-    from alchemi_zarr.extxyz import export_extxyz
+    from alchemi_zarr.export import export_extxyz
     from alchemi_zarr.reader import AtomicDataZarrReader
     from alchemi_zarr.sharded import ShardedZarrReader, ShardedZarrStore, open_reader
     from alchemi_zarr.sink import ZarrData
@@ -34,7 +34,7 @@ _WHERE = {
     "AtomicDataZarrReader": "alchemi_zarr.reader",
     "AtomicDataZarrWriter": "alchemi_zarr.writer",
     "BackgroundWriteError": "alchemi_zarr.pending",
-    "export_extxyz": "alchemi_zarr.extxyz",
+    "export_extxyz": "alchemi_zarr.export",
     "ShardedZarrReader": "alchemi_zarr.sharded",
     "ShardedZarrStore": "alchemi_zarr.sharded",
     "open_reader": "alchemi_zarr.sharded",

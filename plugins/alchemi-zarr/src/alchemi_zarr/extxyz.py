@@ -1,4 +1,4 @@
-"""Export an alchemi store to extended XYZ through ASE, in blocks, so a large store streams.
+"""Write an alchemi store to extended XYZ through ASE, in blocks, so a large store streams.
 
 Each structure becomes one frame: numbers, positions, cell, pbc, masses and velocities, with
 energy, forces and stress as calculator results (what ``ase.io.read`` gives back as
@@ -7,6 +7,9 @@ system fields ``atoms.info`` entries (``system_id``, ``status``, ...), under the
 (ASE reads a per-atom ``charges`` column back as the calculator's charges). Extended XYZ keeps
 positions and forces to 8 decimals; the store itself keeps every bit.
 
+``alchemi_zarr.export.export_extxyz`` opens a store by path or URL (sharded or not) and writes
+it with :func:`write_extxyz`.
+
 Example:
     >>> import ase.io, tempfile, os
     >>> from alchemi_core.testing import random_structures
@@ -14,7 +17,7 @@ Example:
     >>> AtomicDataZarrWriter("memory://extxyz-doc").write(random_structures([3, 2]))
     2
     >>> path = os.path.join(tempfile.mkdtemp(), "out.extxyz")
-    >>> export_extxyz(AtomicDataZarrReader("memory://extxyz-doc"), path)
+    >>> write_extxyz(AtomicDataZarrReader("memory://extxyz-doc"), path)
     2
     >>> [len(a) for a in ase.io.read(path, index=":")]
     [3, 2]
@@ -43,8 +46,8 @@ def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Ato
     return data.to_atoms(exclude=(*_NOT_EXPORTED, *exclude))
 
 
-def export_extxyz(
-    source: Any,
+def write_extxyz(
+    reader: Any,
     path: str | Path,
     *,
     start: int = 0,
@@ -52,11 +55,11 @@ def export_extxyz(
     exclude: Iterable[str] = (),
     block_size: int = 1024,
 ) -> int:
-    """Write structures ``start:stop`` of a store to the extended XYZ file ``path`` (replaced).
+    """Write structures ``start:stop`` of an open reader to the extended XYZ file ``path`` (replaced).
 
     Args:
-        source: An ``AtomicDataZarrReader`` or ``ShardedZarrReader``, or anything one opens
-            (path, URL, zarr store; the root of a sharded store reads as one set).
+        reader: An ``AtomicDataZarrReader`` or ``ShardedZarrReader`` (anything with ``len`` and
+            indexing by position).
         path: The output file.
         exclude: Fields to leave out.
         block_size: Structures converted and written per block.
@@ -66,10 +69,6 @@ def export_extxyz(
     """
     import ase.io
 
-    from alchemi_zarr.reader import AtomicDataZarrReader
-    from alchemi_zarr.sharded import ShardedZarrReader, open_reader
-
-    reader = source if isinstance(source, AtomicDataZarrReader | ShardedZarrReader) else open_reader(source)
     stop = len(reader) if stop is None else min(int(stop), len(reader))
     exclude = tuple(exclude)
     Path(path).unlink(missing_ok=True)

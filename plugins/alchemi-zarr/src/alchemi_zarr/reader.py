@@ -155,10 +155,10 @@ class AtomicDataZarrReader:
         return self.store.read_batch(int(start), stop, device=device)
 
     def to_extxyz(self, path: str | Path, **kwargs: Any) -> int:
-        """Write the structures to an extended XYZ file (see :func:`export_extxyz`)."""
-        from alchemi_zarr.extxyz import export_extxyz
+        """Write the structures to an extended XYZ file (see ``alchemi_zarr.extxyz.write_extxyz``)."""
+        from alchemi_zarr.extxyz import write_extxyz
 
-        return export_extxyz(self, path, **kwargs)
+        return write_extxyz(self, path, **kwargs)
 
     def __repr__(self) -> str:
         return f"AtomicDataZarrReader({self.store.where!r}, {len(self)} structures)"

@@ -285,10 +285,10 @@ class ShardedZarrReader:
         return out.trim()
 
     def to_extxyz(self, path: str | Path, **kwargs: Any) -> int:
-        """Write every record to an extended XYZ file (see :func:`export_extxyz`)."""
-        from alchemi_zarr.extxyz import export_extxyz
+        """Write every record to an extended XYZ file (see ``alchemi_zarr.extxyz.write_extxyz``)."""
+        from alchemi_zarr.extxyz import write_extxyz
 
-        return export_extxyz(self, path, **kwargs)
+        return write_extxyz(self, path, **kwargs)
 
     def __repr__(self) -> str:
         return f"ShardedZarrReader({self.root!r}, {len(self.parts)} parts, {len(self)} structures)"

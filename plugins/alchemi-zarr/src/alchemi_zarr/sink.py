@@ -202,10 +202,10 @@ class ZarrData(DataSink):
         return AtomicDataZarrReader(self.store.zarr_store)
 
     def to_extxyz(self, path: str | Path) -> int:
-        """Write every stored system to an extended XYZ file (see :func:`export_extxyz`)."""
-        from alchemi_zarr.extxyz import export_extxyz
+        """Write every stored system to an extended XYZ file (see ``alchemi_zarr.extxyz.write_extxyz``)."""
+        from alchemi_zarr.extxyz import write_extxyz
 
-        return export_extxyz(self.reader(), path)
+        return write_extxyz(self.reader(), path)
 
     def __repr__(self) -> str:
         mode = f", asynchronous={self.writer!r}" if self.asynchronous else ""

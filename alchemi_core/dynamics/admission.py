@@ -1,0 +1,275 @@
+"""Systems in and out of the engine: checks, graduation, refill and admission.
+
+At a check step the engine reads back from the device, the only place it does: convergence
+criteria move converged systems on (``ON_CONVERGE`` hooks run), systems that used a stage's
+budget move on, graduated systems (``status >= exit_status``) go to the sinks, first sink with
+room first, and the sampler refills their slots. Systems that arrive (from the sampler, or from
+the previous rank of a pipeline) get the fields the engine and integrators read, their stage's
+``init_state``, and fresh forces. Everything that enters is counted in ``loaded_count`` and
+everything that leaves in ``written_count``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from alchemi_core.data import Batch
+from alchemi_core.data.elements import masses_for
+from alchemi_core.dynamics.hook import dispatch
+from alchemi_core.dynamics.sinks import DataSink, HostMemory
+from alchemi_core.dynamics.stage import DynamicsStage
+from alchemi_core.dynamics.state import SubStage
+from alchemi_core.dynamics.step import StepLoop
+from alchemi_core.errors import CapacityError, InvalidDataError
+
+ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
+
+
+class Admission(StepLoop):
+    """The admission layer of the engine (see the module docstring)."""
+
+    # ------------------------------------------------------------------ fields of new systems
+    def _fill_defaults(self, batch: Batch, first: bool) -> None:
+        """Give ``batch`` every field the engine and integrators read."""
+        n, dev = batch.num_graphs, batch.device
+        ftype = batch.positions.dtype
+        if "status" not in batch:
+            batch.set_field("status", torch.full((n,), self.entry_status, dtype=torch.long, device=dev), "system")
+        elif not first:
+            batch.status.fill_(self.entry_status)
+        if "system_id" not in batch:
+            batch.set_field("system_id", torch.arange(n, dtype=torch.long, device=dev), "system")
+        if "velocities" not in batch:
+            batch.set_field("velocities", torch.zeros_like(batch.positions), "node")
+        if "forces" not in batch:
+            batch.set_field("forces", torch.zeros_like(batch.positions), "node")
+        if "energy" not in batch:
+            batch.set_field("energy", torch.zeros(n, 1, dtype=ftype, device=dev), "system")
+        if "atomic_masses" not in batch:
+            batch.set_field("atomic_masses", masses_for(batch.atomic_numbers, ftype), "node")
+        if "stage_steps" not in batch or not first:
+            batch.set_field("stage_steps", torch.zeros(n, dtype=torch.long, device=dev), "system")
+        if self.track_fmax and ("fmax" not in batch or not first):
+            batch.set_field("fmax", torch.full((n,), math.inf, dtype=ftype, device=dev), "system")
+        if self.track_energy_change:
+            if "energy_change" not in batch or not first:
+                batch.set_field("energy_change", torch.full((n,), math.inf, dtype=ftype, device=dev), "system")
+            if "energy_prev" not in batch or not first:
+                batch.set_field("energy_prev", batch.energy.clone(), "system")
+        self._check_finite(batch)
+
+    @staticmethod
+    def _check_finite(batch: Batch) -> None:
+        bad = ~torch.isfinite(batch.positions).all(dim=1)
+        if bool(bad.any()):
+            systems = torch.unique(batch.batch_idx[bad]).tolist()
+            ids = batch.system_id[systems].tolist() if "system_id" in batch else systems
+            raise InvalidDataError(f"positions are NaN or infinite in systems with system_id {ids[:10]}")
+
+    def _with_capacity(self, batch: Batch) -> Batch:
+        """Move the sampler's batch into buffers sized for the sampler's budgets."""
+        s = self.sampler
+        assert s is not None
+        atoms, edges = s._atoms, s._edges
+        cap_sys = s.max_batch_size or len(s)
+        cap_sys = min(cap_sys, s.max_atoms // max(1, int(atoms.min()) if len(atoms) else 1))
+        cap_sys = max(cap_sys, batch.num_graphs)
+        if s.max_edges is not None:
+            cap_edges = s.max_edges
+        else:  # the most edges cap_sys systems can bring
+            cap_edges = int(np.sort(edges)[::-1][:cap_sys].sum()) if len(edges) else 0
+        buf = Batch.empty(
+            num_systems=cap_sys,
+            num_nodes=max(s.max_atoms, batch.num_nodes),
+            num_edges=max(cap_edges, batch.num_edges),
+            template=batch,
+        )
+        buf.put(batch)
+        return buf
+
+    # ------------------------------------------------------------------ checks
+    def _update_fmax(self) -> None:
+        b = self.batch
+        norms = torch.linalg.vector_norm(b.forces, dim=-1)
+        b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)
+
+    def check(self, k: int) -> None:
+        """Convergence, budgets, graduation and refill (the only device read-backs)."""
+        batch = self.batch
+        for m in self.models:
+            verify = getattr(m, "verify", None)
+            if verify is not None:
+                verify(batch)
+        status = batch.status
+        before = status.clone()
+        if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
+            self._update_fmax()
+        for s in self.subs:
+            if s.conv is not None and k % s.conv.frequency == 0:
+                conv = s.conv.evaluate(batch) & (before == s.source)
+                s.dynamics.converged_mask = conv
+                status.masked_fill_(conv, s.target)
+                if s.hooks[ON_CONVERGE]:
+                    dispatch(s.hooks[ON_CONVERGE], batch, k)
+            if self.graduate_on_budget:
+                done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
+                status.masked_fill_(done, s.target)
+        moved = status != before
+        if bool(moved.any()):  # checks may read back; integrators' resets are not free
+            _rest_after_optimisers(batch, self.subs, moved, before)
+            batch.stage_steps.masked_fill_(moved, 0)
+            self._init_entering(moved)
+            # Integrators and hooks may derive values from the masks in Python (caches refreshed
+            # when their code runs); a replayed graph would not run that code, so capture anew.
+            self._graph = None
+        if self.sampler is not None or self.sinks:
+            # A check scheduled for a budget also hands graduates on and refills their slots.
+            if k % self.refill_frequency == 0 or k >= self._budget_check:
+                self._graduate_and_refill()
+        self._update_masks()
+        self._check_done()
+        if self.done and (self.sampler is not None or self.sinks) and self.graduate_to_sinks:
+            # The run ends here: graduates still waiting for a refill check go out now.
+            if self.batch.num_graphs and bool(self.graduated_mask().any()):
+                self._graduate_and_refill()
+                self._update_masks()
+
+    def _check_done(self) -> None:
+        batch = self.batch
+        if self.sampler is not None and not self.sampler.exhausted:
+            return
+        if batch.num_graphs == 0:
+            self.done = True
+            return
+        if self.graduate_on_budget:
+            self.done = bool((batch.status >= self.exit_status).all())
+        else:
+            active = torch.zeros_like(batch.status, dtype=torch.bool)
+            for s in self.subs:
+                active |= batch.status == s.code
+            self.done = not bool(active.any())
+
+    def _graduate_and_refill(self) -> None:
+        if self.graduate_to_sinks:
+            grad = self.graduated_mask().cpu().numpy()
+            if grad.any():
+                self.write_to_sinks(np.nonzero(grad)[0])
+        if self.sampler is not None and not self.sampler.exhausted:
+            self.refill()
+
+    def sink_list(self) -> list[DataSink]:
+        """The run's sinks; without any, one unbounded ``HostMemory`` that ``run()`` returns."""
+        if self.sinks:
+            return self.sinks
+        if self.host_results is None:
+            self.host_results = HostMemory(capacity=None)
+        return [self.host_results]
+
+    def write_to_sinks(self, rows: np.ndarray) -> None:
+        """Move systems ``rows`` out of the batch into the sinks, first sink with room first.
+
+        Raises:
+            CapacityError: Every sink is full; the systems that did not fit stay in the batch.
+        """
+        batch = self.batch
+        remaining = list(rows.tolist())
+        written: list[int] = []
+        for sink in self.sink_list():
+            if not remaining:
+                break
+            room = sink.free
+            if room <= 0:
+                continue
+            take, remaining = remaining[:room], remaining[room:]
+            mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
+            mask[take] = True
+            sink.write(batch, mask.to(batch.device))
+            written.extend(take)
+        if written:
+            mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
+            mask[written] = True
+            batch.defrag(mask.to(batch.device))
+            self.written_count += len(written)
+        if remaining:
+            ids = batch.system_id[batch.status >= self.exit_status].tolist()
+            caps = ", ".join(f"{type(s).__name__} {len(s)}/{s.capacity}" for s in self.sink_list())
+            raise CapacityError(
+                f"every sink is full ({caps}): {len(remaining)} graduated systems (system_id "
+                f"{ids[:10]}{'...' if len(ids) > 10 else ''}) stay in the active batch "
+                "(dynamics.active_batch). Everything written before is in the sinks; add a sink or "
+                "raise a capacity and run again"
+            )
+
+    def refill(self) -> None:
+        """Fill free slots from the sampler (best fit within the remaining budgets)."""
+        batch, s = self.batch, self.sampler
+        assert s is not None
+        free_sys = batch.system_capacity - batch.num_graphs
+        free_atoms = min(s.max_atoms, batch.node_capacity) - batch.num_nodes
+        edge_room = batch.edge_capacity - batch.num_edges
+        free_edges = min(s.max_edges, edge_room) if s.max_edges is not None else edge_room
+        if free_sys <= 0 or free_atoms <= 0:
+            return
+        has_edges = batch.edge_capacity > 0
+        new = s.request_many(free_sys, free_atoms, free_edges if has_edges else None)
+        if not new:
+            return
+        incoming = Batch.from_data_list(new, device=batch.device)
+        self.admit(incoming)
+        self.loaded_count += incoming.num_graphs
+
+    def admit(self, incoming: Batch, partial: bool = False) -> int:
+        """Put new systems into the batch at ``entry_status`` and refresh forces.
+
+        Args:
+            incoming: The systems (a batch or a receive buffer; its status fields are reset).
+            partial: Copy as many as fit instead of requiring all to fit.
+
+        Returns:
+            How many were copied (``incoming._copied_mask`` says which).
+
+        Raises:
+            CapacityError: Not all fit and ``partial`` is False.
+        """
+        batch = self.batch
+        self._fill_defaults(incoming, first=False)
+        for m in self.models:
+            check = getattr(m, "check_batch", None)
+            if check is not None:
+                check(incoming)
+        n0 = batch.num_graphs
+        copied = batch.put(incoming)
+        if copied != incoming.num_graphs and not partial:
+            raise CapacityError(
+                f"{incoming.num_graphs - copied} incoming systems do not fit the active batch "
+                f"({batch.num_graphs}/{batch.system_capacity} systems, {batch.num_nodes}/"
+                f"{batch.node_capacity} atoms)"
+            )
+        if copied:
+            new = torch.zeros(batch.num_graphs, dtype=torch.bool, device=batch.device)
+            new[n0:] = True
+            self._init_entering(new)
+            self._update_masks()
+            self.forward()
+            if self.track_energy_change:
+                batch.energy_prev.copy_(batch.energy)
+        return copied
+
+    def after_removal(self) -> None:
+        """Refresh masks after systems were taken out of the batch."""
+        self._update_masks()
+
+
+def _rest_after_optimisers(batch: Batch, subs: Sequence[SubStage], moved: torch.Tensor, before: torch.Tensor) -> None:
+    """Systems leaving an optimiser (a stage whose ``velocities_are_physical`` is False, FIRE)
+    leave at rest: its velocities are the minimiser's, not the atoms' (ASE keeps them apart too),
+    so neither the next stage nor ``to_atoms`` of a relaxed structure inherits them."""
+    for s in subs:
+        if getattr(s.dynamics, "velocities_are_physical", True):
+            continue
+        left = moved & (before == s.code)
+        batch.velocities.masked_fill_(left.index_select(0, batch.batch_idx).unsqueeze(-1), 0.0)

@@ -1,0 +1,142 @@
+"""Which systems and atoms each stage owns, and the inverse masses: the engine's masks.
+
+At every check (and whenever systems arrive or leave) the engine rewrites, per stage, a ``[B]``
+system mask (status equals the stage's code and budget left), a ``[V, 1]`` atom weight (0 for
+atoms of other stages and for atoms marked ``frozen``) and ``inv_mass * weight``, and publishes
+them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version. The
+buffers are reallocated only when the batch's layout changes and rewritten in place otherwise,
+so a captured CUDA graph keeps seeing them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from alchemi_core.dynamics.context import next_version
+from alchemi_core.dynamics.state import NEVER, EngineState, SubStage
+from alchemi_core.units import ACCELERATION
+
+
+class Masks(EngineState):
+    """The mask layer of the engine (see the module docstring)."""
+
+    def inv_mass(self) -> torch.Tensor:
+        """``[V, 1]`` acceleration per unit force (Å/fs² per eV/Å) for every atom."""
+        batch = self.batch
+        assert batch is not None
+        if self._inv_mass_version != batch.version or self._inv_mass is None:
+            self._inv_mass = (ACCELERATION / batch.atomic_masses).unsqueeze(-1)
+            self._inv_mass_version = batch.version
+        return self._inv_mass
+
+    def _update_masks(self) -> None:
+        """Which systems (and atoms) each stage integrates until the next check.
+
+        The masks live in buffers that are reallocated only when the set of systems changes,
+        and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them; each
+        rewrite gives the contexts a new version so caches can tell. Atoms of a batch field
+        ``frozen`` get weight 0 in every stage: no integrator moves them.
+        """
+        batch = self.batch
+        assert batch is not None
+        inv_mass = self.inv_mass()
+        version = next_version()
+        frozen = batch.frozen.reshape(-1).to(torch.bool) if "frozen" in batch else None
+        for s in self.subs:
+            if not self.masked and frozen is None:
+                s.sys_mask = s.node_weight = None
+                s.weighted_inv_mass = inv_mass
+                self._publish(s, inv_mass, version)
+                continue
+            if s.buffers_version != batch.version or s.node_weight is None or s.weighted_inv_mass is None:
+                s.sys_mask = torch.empty(batch.num_graphs, dtype=torch.bool, device=batch.device) if self.masked else None
+                s.node_weight = torch.empty(batch.num_nodes, 1, dtype=batch.positions.dtype, device=batch.device)
+                s.weighted_inv_mass = torch.empty_like(s.node_weight)
+                s.buffers_version = batch.version
+            if s.sys_mask is not None:
+                torch.eq(batch.status, s.code, out=s.sys_mask)
+                if self.graduate_on_budget:
+                    s.sys_mask.logical_and_(batch.stage_steps < s.budget)
+                atoms = s.sys_mask.index_select(0, batch.batch_idx)
+                s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
+            else:
+                s.node_weight.copy_((~frozen).unsqueeze(-1))
+            torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
+            self._publish(s, inv_mass, version)
+        self._publish_owner(inv_mass, version)
+        self._schedule_budget_check()
+
+    def _publish(self, s: SubStage, inv_mass: torch.Tensor, version: int) -> None:
+        ctx = s.context
+        ctx.batch = self.batch
+        ctx.system_mask, ctx.node_weight, ctx.weighted_inv_mass = s.sys_mask, s.node_weight, s.weighted_inv_mass
+        ctx.inv_mass = inv_mass
+        ctx.version = version
+
+    def _publish_owner(self, inv_mass: torch.Tensor, version: int) -> None:
+        """A fused stage's context: every system of any of its sub-stages. Kept only when the fused
+        stage has hooks of its own (the only readers during a run), so other runs pay nothing."""
+        ctx = self.owner_context
+        if any(ctx is s.context for s in self.subs):
+            return
+        ctx.batch, ctx.inv_mass, ctx.version = self.batch, inv_mass, version
+        if not self.extra_hooks:
+            ctx.system_mask = ctx.node_weight = ctx.weighted_inv_mass = None
+            return
+        masks = [s.sys_mask for s in self.subs if s.sys_mask is not None]
+        weights = [s.node_weight for s in self.subs if s.node_weight is not None]
+        if len(masks) != len(self.subs) or len(weights) != len(self.subs):
+            ctx.system_mask, ctx.node_weight, ctx.weighted_inv_mass = None, None, inv_mass
+            return
+        batch = self.batch
+        assert batch is not None
+        system_mask, node_weight, weighted = ctx.system_mask, ctx.node_weight, ctx.weighted_inv_mass
+        stale = self._owner_buffers_version != batch.version
+        if stale or system_mask is None or node_weight is None or weighted is None:
+            system_mask = torch.empty(batch.num_graphs, dtype=torch.bool, device=batch.device)
+            node_weight = torch.empty(batch.num_nodes, 1, dtype=batch.positions.dtype, device=batch.device)
+            weighted = torch.empty_like(node_weight)
+            ctx.system_mask, ctx.node_weight, ctx.weighted_inv_mass = system_mask, node_weight, weighted
+            self._owner_buffers_version = batch.version
+        system_mask.copy_(masks[0])
+        node_weight.copy_(weights[0])
+        for m, w in zip(masks[1:], weights[1:]):
+            system_mask.logical_or_(m)
+            torch.maximum(node_weight, w, out=node_weight)
+        torch.mul(inv_mass, node_weight, out=weighted)
+
+    def _schedule_budget_check(self) -> None:
+        """Set ``_budget_check`` to the step after which the first active system will have used
+        its stage's budget (one read-back, where the masks are rewritten anyway)."""
+        self._budget_check = NEVER
+        batch = self.batch
+        if not self._schedule_budgets or batch is None or not batch.num_graphs:
+            return
+        steps = batch.stage_steps
+        left = torch.full_like(steps, NEVER)
+        for s in self.subs:
+            torch.where(s.sys_mask, torch.clamp_min(s.budget - steps, 1).minimum(left), left, out=left)
+        soonest = int(left.min())
+        if soonest < NEVER:
+            self._budget_check = self.step_count + soonest - 1
+
+    def graduated_mask(self) -> torch.Tensor:
+        """``[B]`` bool: systems at or past the exit status."""
+        assert self.batch is not None
+        return self.batch.status >= self.exit_status
+
+    def _init_entering(self, entering: torch.Tensor) -> None:
+        """Let each stage set up integrator state for systems that just entered it.
+
+        The systems changed before the masks are rewritten, so the contexts get a new version
+        and inverse masses first: an integrator's caches must not serve the old layout here.
+        """
+        batch = self.batch
+        assert batch is not None
+        if self._inv_mass_version != batch.version:
+            inv_mass, version = self.inv_mass(), next_version()
+            for ctx in (*(s.context for s in self.subs), self.owner_context):
+                ctx.batch, ctx.inv_mass, ctx.version = batch, inv_mass, version
+        status = batch.status
+        for s in self.subs:
+            s.dynamics.init_state(batch, entering & (status == s.code))

@@ -1,0 +1,180 @@
+"""What an engine is made of: its sub-stages, its configuration and its counters.
+
+The engine (``alchemi_core.dynamics.engine``) is built in layers, one idea per module, each
+layer a class that adds methods to the one below:
+
+1. :class:`EngineState` (here): the sub-stages, the run's configuration and counters.
+2. ``masks.Masks``: which systems and atoms each stage owns, published in its ``StepContext``.
+3. ``step.StepLoop``: the step (integrator halves around the model forward), its CUDA-graph
+   capture and replay, and the hook points inside it.
+4. ``admission.Admission``: checks (convergence, budgets), graduation to sinks, refill from the
+   sampler and admission of new systems.
+5. ``engine.Engine``: preparing a run, running it, the once-per-run hooks.
+
+Checkpoints (``checkpoint``) read and restore the counters kept here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from alchemi_core.dynamics.context import RunView, StepContext
+from alchemi_core.dynamics.convergence import ConvergenceHook
+from alchemi_core.dynamics.hook import HookTable
+from alchemi_core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
+
+    from alchemi_core.data import Batch
+    from alchemi_core.dynamics.base import BaseDynamics
+    from alchemi_core.dynamics.sampler import SizeAwareSampler
+    from alchemi_core.dynamics.sinks import DataSink
+
+#: A step index no run reaches.
+NEVER = 2**62
+
+
+class SubStage:
+    """One stage inside an engine: its status code, budget, where its systems go next, and the
+    ``StepContext`` its integrator and hooks read."""
+
+    __slots__ = (
+        "code", "dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight",
+        "weighted_inv_mass", "buffers_version", "hooks", "context",
+    )
+
+    def __init__(self, code: int, dynamics: BaseDynamics, target: int) -> None:
+        self.code = int(code)
+        self.dynamics = dynamics
+        self.budget = int(dynamics.n_steps)
+        self.target = int(target)
+        self.conv: ConvergenceHook | None = dynamics.convergence_hook
+        self.source = self.code
+        if self.conv is not None:
+            if self.conv.source_status is not None:
+                self.source = self.conv.source_status
+            if self.conv.target_status is not None:
+                self.target = self.conv.target_status
+        self.sys_mask: torch.Tensor | None = None
+        self.node_weight: torch.Tensor | None = None
+        self.weighted_inv_mass: torch.Tensor | None = None
+        self.buffers_version = -1
+        #: Per hook point, this stage's ``(frequency, hook, stage)`` entries.
+        self.hooks: HookTable = ()
+        self.context = StepContext(self.code)
+
+
+class EngineState:
+    """The sub-stages, configuration and counters of an engine (see the module docstring).
+
+    Args:
+        stages: ``(status_code, dynamics)`` pairs, in order.
+        entry_status: Status of systems entering (from the sampler or a fresh batch).
+        exit_status: Status at which a system has graduated.
+        sinks: Graduated systems go to the first sink with room, in order.
+        sampler: Refills graduated slots when given.
+        refill_frequency: Steps between graduation/refill checks.
+        graduate_on_budget: Whether a system that used a stage's ``n_steps`` moves on. False for a
+            plain single stage, which instead runs ``n_steps`` steps in all.
+        owner: The object users called ``run`` on (for lifecycle hooks and messages).
+        hooks: Extra hooks applying to all systems (a fused stage's own).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[tuple[int, BaseDynamics]],
+        *,
+        entry_status: int,
+        exit_status: int,
+        sinks: Sequence[DataSink] = (),
+        sampler: SizeAwareSampler | None = None,
+        refill_frequency: int = 1,
+        graduate_on_budget: bool = True,
+        owner: Any = None,
+        hooks: Sequence[Any] = (),
+    ) -> None:
+        if not stages:
+            raise ConfigurationError("an engine needs at least one stage")
+        codes = [int(c) for c, _ in stages]
+        if len(set(codes)) != len(codes):
+            raise ConfigurationError(f"sub-stage status codes must differ, got {codes}")
+        self.entry_status = int(entry_status)
+        self.exit_status = int(exit_status)
+        if self.exit_status in codes:
+            raise ConfigurationError(f"exit_status {exit_status} is also a sub-stage's status code")
+        self.subs: list[SubStage] = []
+        for i, (code, dyn) in enumerate(stages):
+            nxt = codes[i + 1] if i + 1 < len(codes) else self.exit_status
+            self.subs.append(SubStage(code, dyn, nxt))
+        self.sinks = list(sinks)
+        self.sampler = sampler
+        self.refill_frequency = max(1, int(refill_frequency))
+        self.graduate_on_budget = bool(graduate_on_budget)
+        self.owner = owner
+        self.extra_hooks = list(hooks)
+        self.models = list({id(s.dynamics.model): s.dynamics.model for s in self.subs}.values())
+        self.masked = len(self.subs) > 1 or graduate_on_budget or any(s.conv is not None for s in self.subs)
+        freqs = [s.conv.frequency for s in self.subs if s.conv is not None]
+        if sampler is not None or (graduate_on_budget and self.sinks):
+            freqs.append(self.refill_frequency)
+        if graduate_on_budget and not freqs:
+            freqs.append(1)
+        self.check_interval = math.gcd(*freqs) if freqs else 0
+        # With checks more than a step apart, an extra check is scheduled for the step at which
+        # the first active system uses its budget, so every system gets exactly n_steps in a
+        # stage whatever the check interval (a fused stage and a pipeline then agree).
+        self._schedule_budgets = self.graduate_on_budget and self.check_interval > 1
+        self._budget_check = NEVER
+        keys: set[str] = set()
+        for s in self.subs:
+            if s.conv is not None:
+                keys |= s.conv.keys
+        self.track_fmax = "fmax" in keys
+        self.track_energy_change = "energy_change" in keys
+        self.needs_stress = any(getattr(s.dynamics, "needs_stress", False) for s in self.subs) or any(
+            getattr(h, "needs_stress", False) for h in self._all_hooks()
+        )
+        self.batch: Batch | None = None
+        self.step_count = 0
+        self.table: HookTable = ()
+        self.host_results: DataSink | None = None
+        self._inv_mass: torch.Tensor | None = None
+        self._inv_mass_version = -1
+        self._inner_hooks = False
+        self._inner_frequencies: tuple[int, ...] = ()
+        self.owner_hooks: HookTable = ()
+        self.done = False
+        #: Capture the step as a CUDA graph on GPUs (``compile()``); how often it was captured.
+        self.graph_requested = bool(getattr(owner, "compile_step", False))
+        self.graph_captures = 0
+        #: The context of the run's owner: a plain stage's own; a fused stage's covers every
+        #: system of its sub-stages (its masks are kept when it has hooks of its own).
+        self.run_view = RunView(self)
+        single = len(self.subs) == 1 and owner is self.subs[0].dynamics
+        self.owner_context = self.subs[0].context if single else StepContext(self.entry_status)
+        self._owner_buffers_version = -1
+        for s in self.subs:
+            s.context.run = self.run_view
+        self.owner_context.run = self.run_view
+        self._graph: Any = None
+        self._graph_key = -1
+        #: False on pipeline ranks that pass graduates downstream instead of to sinks.
+        self.graduate_to_sinks = True
+        #: Systems moved out to sinks so far.
+        self.written_count = 0
+        #: Systems taken in from the initial batch and the sampler so far.
+        self.loaded_count = 0
+
+    @property
+    def mask_version(self) -> int:
+        """The version of the masks the stages' contexts hold now."""
+        return self.subs[0].context.version
+
+    def _all_hooks(self) -> list[Any]:
+        out = list(self.extra_hooks)
+        for s in self.subs:
+            out.extend(s.dynamics.hooks)
+        return out
