@@ -54,12 +54,20 @@ class Work(ABC):
             PeerError: The peer failed or went away, or the timeout passed.
         """
 
+    def done(self) -> bool:
+        """Whether ``wait()`` would return at once (never blocks; a failed transfer counts as
+        done, and ``wait()`` then raises). The default knows nothing and says False."""
+        return False
+
 
 class DoneWork(Work):
     """A transfer that already completed."""
 
     def wait(self, timeout_s: float | None = None) -> None:
         return None
+
+    def done(self) -> bool:
+        return True
 
 
 class CommBackend(ABC):

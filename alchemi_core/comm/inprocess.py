@@ -46,6 +46,9 @@ class _RecvWork(Work):
     def __init__(self, group: _Group, q: queue.Queue[torch.Tensor], out: torch.Tensor, src: int) -> None:
         self.group, self.q, self.out, self.src = group, q, out, src
 
+    def done(self) -> bool:
+        return not self.q.empty() or self.group.failed.is_set()
+
     def wait(self, timeout_s: float | None = None) -> None:
         limit = self.group.timeout_s if timeout_s is None else timeout_s
         waited = 0.0

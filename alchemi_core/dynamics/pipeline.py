@@ -56,6 +56,8 @@ class DistributedPipeline:
         device: Where each rank's batch lives; default the backend's device for NCCL, else this
             process's GPU (``LOCAL_RANK``) when there is one, else the CPU. In-process: the
             batch's device.
+        queue_depth: In ``fully_async``, how many sends a rank may have in flight, i.e. how many
+            exchanges it may run ahead of its downstream neighbour (one frame each).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class DistributedPipeline:
         backend: CommBackend | str | None = None,
         timeout_s: float = 120.0,
         device: torch.device | str | None = None,
+        queue_depth: int = 4,
     ) -> None:
         if not stages:
             raise ConfigurationError("DistributedPipeline needs at least one stage")
@@ -81,6 +84,9 @@ class DistributedPipeline:
         self.backend_spec = backend
         self.timeout_s = float(timeout_s)
         self.device = torch.device(device) if device is not None else None
+        if int(queue_depth) < 1:
+            raise ConfigurationError(f"queue_depth must be >= 1, got {queue_depth}")
+        self.queue_depth = int(queue_depth)
         self._backend: CommBackend | None = None
         self._owns_backend = False
 
@@ -97,6 +103,7 @@ class DistributedPipeline:
         return DistributedPipeline(
             {i: s for i, s in enumerate([*self.ordered_stages(), *others])},
             synchronized=self.synchronized, backend=self.backend_spec, timeout_s=self.timeout_s, device=self.device,
+            queue_depth=self.queue_depth,
         )
 
     @property
@@ -219,7 +226,7 @@ class DistributedPipeline:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         pm = manager()
-        rank = PipelineRank(stage, backend, self.world_size, self.synchronized, device)
+        rank = PipelineRank(stage, backend, self.world_size, self.synchronized, device, self.queue_depth)
         try:
             try:
                 rank.setup(batch if backend.rank == 0 else None)
@@ -248,7 +255,7 @@ class DistributedPipeline:
         device = self.device or (batch.device if batch is not None else torch.device("cpu"))
         ranks: list[PipelineRank] = []
         for b in group:
-            rank = PipelineRank(self.stages[b.rank], b, self.world_size, self.synchronized, device)
+            rank = PipelineRank(self.stages[b.rank], b, self.world_size, self.synchronized, device, self.queue_depth)
             rank.setup(batch if b.rank == 0 else None)
             ranks.append(rank)
         return ranks

@@ -36,6 +36,7 @@ The routing methods (frames and schemas, overflow sinks) are ``pipeline_routing.
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,7 @@ class PipelineRank(RankRouting):
         world_size: Number of ranks in the pipeline.
         synchronized: Add an all-reduce per iteration so every rank stops together (debugging).
         device: Where this rank's batch lives.
+        queue_depth: ``fully_async``: sends in flight before this rank waits for the oldest.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class PipelineRank(RankRouting):
         world_size: int,
         synchronized: bool = False,
         device: torch.device | str = "cpu",
+        queue_depth: int = 4,
     ) -> None:
         self.stage = stage
         self.backend = backend
@@ -97,7 +100,14 @@ class PipelineRank(RankRouting):
         self.send_frame: Frame | None = None
         self.recv_frame: Frame | None = None
         self._pending_recv: Work | None = None
-        self._pending_send: Work | None = None
+        #: Most sends in flight at once (``fully_async``); its queue is ``queue_depth`` deep.
+        self.queue_depth = max(1, int(queue_depth))
+        self._in_flight: deque[tuple[Work, Frame]] = deque()
+        self._spare_frames: list[Frame] = []
+        self.max_in_flight = 0
+        #: Iterations whose arrivals were left for a later check (``fully_async``: the frame had
+        #: not come and this rank had systems to integrate).
+        self.deferred = 0
         self._incoming_flags = 0
         self._drained = False
         self._schema_sent = False
@@ -176,12 +186,12 @@ class PipelineRank(RankRouting):
 
     # ------------------------------------------------------------------ the four phases
     def _prestep_sync_buffers(self) -> None:
-        """Finish the previous send (``fully_async``) and post this iteration's receive."""
-        self._finish_send()
+        """Post this iteration's receive (``fully_async``: unless an earlier one is still pending)."""
         if self.upstream_done or self.recv_frame is None:
             return
-        self.recv_frame.rebind()
-        self._pending_recv = self.backend.irecv_tensor(self.recv_frame.arena, self.rank - 1)
+        if self._pending_recv is None:
+            self.recv_frame.rebind()
+            self._pending_recv = self.backend.irecv_tensor(self.recv_frame.arena, self.rank - 1)
         if self.comm_mode == "sync":
             self._wait_recv()
         else:
@@ -202,8 +212,18 @@ class PipelineRank(RankRouting):
         self._incoming_flags = flags
 
     def _complete_pending_recv(self) -> None:
-        """Finish the receive, drain overflow sinks back, then admit the new arrivals."""
+        """Finish the receive, drain overflow sinks back, then admit the new arrivals.
+
+        ``fully_async``: when the frame has not come yet and this rank has systems to integrate,
+        it does not wait: the receive stays posted, and the arrivals are admitted at a later
+        check step, this rank's own, once they are there."""
         if self._pending_recv is not None:
+            if self.comm_mode == "fully_async" and self._has_work() and not self._pending_recv.done():
+                self.deferred += 1
+                if not self._drained:
+                    self._drain_sinks_to_batch()
+                self._drained = False
+                return
             self._wait_recv()
         if not self._drained:
             self._drain_sinks_to_batch()
@@ -216,6 +236,10 @@ class PipelineRank(RankRouting):
             frame.clear(zero=False)
         if flags & FLAG_DONE:
             self.upstream_done = True
+
+    def _has_work(self) -> bool:
+        batch = self.engine.batch
+        return batch is not None and batch.num_graphs > 0
 
     def step(self) -> None:
         """Integrate the active batch up to and including the next check step (systems graduate
@@ -359,7 +383,8 @@ class PipelineRank(RankRouting):
                 self._notify_downstream()
             except Exception:  # the link may be gone too; peers then see it close
                 pass
-        self._pending_send = self._pending_recv = None
+        self._in_flight.clear()
+        self._pending_recv = None
         try:
             self.engine.end_hooks()
         except Exception:

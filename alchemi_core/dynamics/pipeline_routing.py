@@ -9,6 +9,7 @@ batch (``_recv_to_batch``, ``_buffer_to_batch``), graduates into the send frame
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,7 +79,10 @@ class RankRouting:
     _own_overflow: DataSink | None
     send_frame: Frame | None
     recv_frame: Frame | None
-    _pending_send: Work | None
+    _in_flight: deque[tuple[Work, Frame]]
+    _spare_frames: list[Frame]
+    queue_depth: int
+    max_in_flight: int
     _schema_sent: bool
     left: int
     staged: int
@@ -95,6 +99,9 @@ class RankRouting:
         return b.system_capacity, b.node_capacity, b.edge_capacity
 
     def _send_schema(self) -> None:
+        # Frames in flight keep the old layout: let them go, and shape every frame anew.
+        self._finish_send()
+        self._spare_frames = []
         b = self.engine.batch
         if b is None:  # nothing will ever come: a header-only frame
             schema: dict[str, Any] = {"capacity": [0, 0, 0], "fields": []}
@@ -252,16 +259,29 @@ class RankRouting:
 
     # ------------------------------------------------------------------ sending
     def _send(self, flags: int) -> None:
+        """Send the send frame. ``fully_async`` does not wait: the frame joins the queue of
+        sends in flight and the next one is filled in a frame of its own, so this rank runs up
+        to ``queue_depth`` exchanges ahead of its downstream neighbour before it waits for the
+        oldest send."""
         frame = self.send_frame
         assert frame is not None
         frame.stamp(flags)
         work = self.backend.isend_tensor(frame.arena, self.rank + 1)
-        if self.comm_mode == "fully_async":
-            self._pending_send = work
-        else:
+        if self.comm_mode != "fully_async":
             work.wait()
+            return
+        self._in_flight.append((work, frame))
+        self.max_in_flight = max(self.max_in_flight, len(self._in_flight))
+        while len(self._in_flight) >= self.queue_depth:
+            oldest, reusable = self._in_flight.popleft()
+            oldest.wait()
+            self._spare_frames.append(reusable)
+        # At most queue_depth + 1 frames are ever made, each once.
+        self.send_frame = self._spare_frames.pop() if self._spare_frames else Frame(frame.schema, self.device)
 
     def _finish_send(self) -> None:
-        work, self._pending_send = self._pending_send, None
-        if work is not None:
+        """Wait for every send in flight (their frames become free again)."""
+        while self._in_flight:
+            work, frame = self._in_flight.popleft()
             work.wait()
+            self._spare_frames.append(frame)

@@ -30,8 +30,8 @@ from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing.factories import make_batch, random_structures
 
 #: Per-stage step budgets and time steps (fs); the stages differ so a mix-up would show.
-STEPS = (3, 5, 2)
-DTS = (0.5, 0.25, 0.4)
+STEPS = (3, 5, 2, 4)
+DTS = (0.5, 0.25, 0.4, 0.3)
 #: Atoms per structure: uneven, so segment offsets and edge shifts matter.
 SIZES = (3, 5, 2, 4, 6, 3, 2, 5, 4)
 #: A send buffer far smaller than what graduates at once: forces back-pressure.
@@ -96,8 +96,42 @@ def _stats(rank: Any) -> dict[str, int]:
     return {
         "entered": rank.entered, "left": rank.left, "received": rank.received, "staged": rank.staged,
         "held_back": rank.held_back, "iterations": rank.iterations, "rounds": rank.rounds,
-        "schema_renewals": rank.schema_renewals,
+        "schema_renewals": rank.schema_renewals, "deferred": rank.deferred, "max_in_flight": rank.max_in_flight,
     }
+
+
+class Stall:
+    """Sleeps ``seconds`` at the given steps of its stage (every step: ``at=None``) and records
+    when each step ended (wall clock, comparable between the processes of one host)."""
+
+    stage = DynamicsStage.AFTER_STEP
+    frequency = 1
+
+    def __init__(self, seconds: float, at: tuple[int, ...] | None = None) -> None:
+        self.seconds, self.at = seconds, at
+        self.ends: list[float] = []
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        if self.at is None or dynamics.step_count in self.at:
+            time.sleep(self.seconds)
+        self.ends.append(time.time())
+
+
+def run_ahead(
+    backend: Any, n_stages: int, queue_depth: int, slow_rank: int, seconds: float, at: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """``fully_async`` stages with a tiny frame; ``slow_rank`` stalls. Every rank returns its
+    counters and the end times of its steps; the last also its sink."""
+    stages = make_stages(n_stages, "fully_async", TINY, False)
+    stall = Stall(seconds if backend.rank == slow_rank else 0.0, at)
+    stages[backend.rank].hooks.append(stall)
+    pipeline = DistributedPipeline(dict(enumerate(stages)), backend=backend, timeout_s=60.0, device="cpu",
+                                   queue_depth=queue_depth)
+    pipeline.run(structures() if backend.rank == 0 else None)
+    out: dict[str, Any] = {"rank": backend.rank, "step_ends": stall.ends, **_stats(stages[backend.rank].pipeline_rank)}
+    if backend.rank == n_stages - 1:
+        out["sink"] = sink_contents(stages[-1])
+    return out
 
 
 def chain(

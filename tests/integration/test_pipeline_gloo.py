@@ -43,7 +43,7 @@ scen = _load()
 def pool() -> Iterator[Any]:
     from alchemi_nccl.spawn import RankPool
 
-    with RankPool(3) as p:
+    with RankPool(4) as p:
         yield p
 
 
@@ -72,7 +72,7 @@ def assert_same_per_system(sink: dict[str, Any], reference: Any) -> None:
 
 @pytest.fixture(scope="module")
 def references() -> dict[tuple[int, bool], Any]:
-    return {(n, s): scen.fused_reference(n, s) for n in (2, 3) for s in (False, True) if n == 2 or not s}
+    return {(n, s): scen.fused_reference(n, s) for n in (2, 3, 4) for s in (False, True) if n == 2 or not s}
 
 
 @pytest.mark.parametrize("n_stages", [2, 3])
@@ -128,6 +128,34 @@ def test_a_raising_stage_fails_every_rank_and_the_group_can_be_rebuilt(pool: Any
         assert f"rank {r}:" in report
     assert report.count("injected failure in the stage") >= 3, report  # every rank names the cause
     results = run(pool, 2, "chain", n_stages=2, mode="sync", buffer=True, with_sampler=False)
+    assert_same_per_system(results[-1]["sink"], references[(2, False)])
+
+
+@pytest.mark.parametrize("n_stages", [2, 4])
+def test_a_sender_runs_ahead_of_a_stalled_neighbour_by_its_queue_depth(pool: Any, references: Any, n_stages: int) -> None:
+    """fully_async: while rank 1 stalls for 1.5 s at its first step, rank 0 keeps stepping and
+    sending into its queue of sends in flight, and with six frames in flight finishes all of its
+    work meanwhile; with a queue of one it waits for rank 1 after its first send."""
+    steps_during_stall, finished_during_stall = {}, {}
+    for depth in (1, 6):
+        results = run(pool, n_stages, "run_ahead", n_stages=n_stages, queue_depth=depth, slow_rank=1,
+                      seconds=1.5, at=(0,))
+        assert_each_system_once(results)
+        assert_same_per_system(results[-1]["sink"], references[(n_stages, False)])
+        stall_end = results[1]["step_ends"][0]
+        steps_during_stall[depth] = sum(t < stall_end for t in results[0]["step_ends"])
+        finished_during_stall[depth] = results[0]["step_ends"][-1] < stall_end
+        assert results[0]["max_in_flight"] == depth
+    assert finished_during_stall == {1: False, 6: True}, (finished_during_stall, steps_during_stall)
+    assert steps_during_stall[6] > steps_during_stall[1], steps_during_stall
+
+
+def test_arrivals_wait_for_the_receivers_own_check_when_it_has_work(pool: Any, references: Any) -> None:
+    """fully_async: rank 0 is slow, so rank 1's frame is often not there at its check; with
+    systems to integrate it does not wait but admits the arrivals at a later check."""
+    results = run(pool, 2, "run_ahead", n_stages=2, queue_depth=4, slow_rank=0, seconds=0.01, at=None)
+    assert_each_system_once(results)
+    assert results[1]["deferred"] > 0, results[1]
     assert_same_per_system(results[-1]["sink"], references[(2, False)])
 
 

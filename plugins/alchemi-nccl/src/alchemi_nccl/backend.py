@@ -20,6 +20,7 @@ Example (under ``torchrun --nproc-per-node=2``)::
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -54,13 +55,46 @@ def wire_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class _TorchWork(Work):
-    """A torch.distributed work item, waited on with failure detection."""
+    """A torch.distributed work item, waited on with failure detection.
+
+    ``done()`` asks NCCL's work directly; gloo's point-to-point work says it is complete only
+    once waited on, so the first ``done()`` hands the wait to a helper thread and reports when
+    it returned (the bytes are then in place; a GPU receive's copy from host memory still runs
+    in ``wait()``, on the caller's stream).
+    """
 
     def __init__(self, backend: TorchDistributedBackend, work: Any, peer: int, then: Callable[[], None] | None) -> None:
         self.backend, self.work, self.peer, self.then = backend, work, peer, then
+        self._waiter: threading.Thread | None = None
+        self._waited = threading.Event()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        if self.backend.polls_completion:
+            return bool(self.work.is_completed())
+        if self._waiter is None:
+            self._waiter = threading.Thread(target=self._wait_in_thread, name="alchemi-wait", daemon=True)
+            self._waiter.start()
+        return self._waited.is_set()
+
+    def _wait_in_thread(self) -> None:
+        try:
+            self.backend._wait(self.work, self.peer, None)
+        except BaseException as exc:  # re-raised by wait() in the caller's thread
+            self._error = exc
+        finally:
+            self._waited.set()
 
     def wait(self, timeout_s: float | None = None) -> None:
-        self.backend._wait(self.work, self.peer, timeout_s)
+        if self._waiter is not None:
+            limit = self.backend.timeout_s if timeout_s is None else timeout_s
+            if not self._waited.wait(limit + 1.0):
+                who = f"rank {self.peer}"
+                raise PeerError(f"comm:{self.backend.name}: no progress with {who} within {limit:g} s", self.peer)
+            if self._error is not None:
+                raise self._error
+        else:
+            self.backend._wait(self.work, self.peer, timeout_s)
         if self.then is not None:
             then, self.then = self.then, None
             then()
@@ -80,6 +114,8 @@ class TorchDistributedBackend(CommBackend):
     name = "torch"
     #: The torch.distributed backend name.
     transport = ""
+    #: Whether a transfer's ``is_completed()`` turns true without a wait (NCCL yes, gloo no).
+    polls_completion = False
 
     def __init__(
         self,
@@ -357,6 +393,7 @@ class NcclBackend(TorchDistributedBackend):
 
     name = "nccl"
     transport = "nccl"
+    polls_completion = True
     #: Extra seconds on the process group's timeout, so the backend's own, clearer error comes first.
     WATCHDOG_MARGIN_S = 30.0
 
