@@ -132,7 +132,7 @@ def test_a_raising_stage_fails_every_rank_and_the_group_can_be_rebuilt(pool: Any
 
 
 @pytest.mark.parametrize("n_stages", [2, 4])
-def test_a_sender_runs_ahead_of_a_stalled_neighbour_by_its_queue_depth(pool: Any, references: Any, n_stages: int) -> None:
+def test_a_sender_runs_ahead_of_a_stalled_neighbour(pool: Any, references: Any, n_stages: int) -> None:
     """fully_async: while rank 1 stalls for 1.5 s at its first step, rank 0 keeps stepping and
     sending into its queue of sends in flight, and with six frames in flight finishes all of its
     work meanwhile; with a queue of one it waits for rank 1 after its first send."""

@@ -114,6 +114,7 @@ def summarise(
         "structures_out": int(len(ids)), "converged": converged, "seconds": seconds,
         "structures_per_hour": 3600.0 * count / seconds, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         **names, "comm_mode": args.comm_mode, "dtype": args.dtype, "md_steps": args.md_steps,
+        "check_every": args.check_every, "queue_depth": args.queue_depth,
     }
 
 
@@ -146,7 +147,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
             if not count:
                 continue
             relax, md, tally, converged, names = make_stages(args, model, count)
-            pipeline = DistributedPipeline({0: relax, 1: md}, backend=backend, timeout_s=args.timeout, device=device)
+            pipeline = DistributedPipeline({0: relax, 1: md}, backend=backend, timeout_s=args.timeout, device=device,
+                                           queue_depth=args.queue_depth)
             backend.barrier()
             start = time.perf_counter()
             pipeline.run()
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--buffer-atoms", type=int, default=128 * 864)
     p.add_argument("--comm-mode", default="fully_async", choices=["sync", "async_recv", "fully_async"])
     p.add_argument("--backend", default=None, help="comm:nccl (default on GPUs) or comm:gloo")
+    p.add_argument("--queue-depth", type=int, default=4, help="fully_async: sends in flight before a rank waits")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for its peer")
     p.add_argument("--json", default=None, help="also write the result here (rank 1 / fused)")
