@@ -100,14 +100,11 @@ class PipelineRank(RankRouting):
         self.send_frame: Frame | None = None
         self.recv_frame: Frame | None = None
         self._pending_recv: Work | None = None
-        #: Most sends in flight at once (``fully_async``); its queue is ``queue_depth`` deep.
         self.queue_depth = max(1, int(queue_depth))
-        self._in_flight: deque[tuple[Work, Frame]] = deque()
+        self._in_flight: deque[tuple[Work, Frame]] = deque()  # fully_async: sends not waited yet
         self._spare_frames: list[Frame] = []
-        self.max_in_flight = 0
-        #: Iterations whose arrivals were left for a later check (``fully_async``: the frame had
-        #: not come and this rank had systems to integrate).
-        self.deferred = 0
+        #: Most sends in flight at once, and iterations whose arrivals waited for a later check.
+        self.max_in_flight = self.deferred = 0
         self._incoming_flags = 0
         self._drained = False
         self._schema_sent = False
@@ -218,7 +215,9 @@ class PipelineRank(RankRouting):
         it does not wait: the receive stays posted, and the arrivals are admitted at a later
         check step, this rank's own, once they are there."""
         if self._pending_recv is not None:
-            if self.comm_mode == "fully_async" and self._has_work() and not self._pending_recv.done():
+            batch = self.engine.batch
+            busy = batch is not None and batch.num_graphs > 0
+            if self.comm_mode == "fully_async" and busy and not self._pending_recv.done():
                 self.deferred += 1
                 if not self._drained:
                     self._drain_sinks_to_batch()
@@ -236,10 +235,6 @@ class PipelineRank(RankRouting):
             frame.clear(zero=False)
         if flags & FLAG_DONE:
             self.upstream_done = True
-
-    def _has_work(self) -> bool:
-        batch = self.engine.batch
-        return batch is not None and batch.num_graphs > 0
 
     def step(self) -> None:
         """Integrate the active batch up to and including the next check step (systems graduate
