@@ -34,6 +34,15 @@ Euler integrator of its Algorithm 2:
 The run stops each system by its convergence hook (e.g. ``ConvergenceHook.from_fmax(0.05)``); the
 paper's cap on consecutive negative-power steps is not applied.
 
+**Cell relaxation.** ``cell_filter="frechet"`` or ``"unit"`` relaxes each system's cell with its
+atoms, as ASE's ``FrechetCellFilter`` / ``UnitCellFilter`` under an ASE optimiser do (see
+:mod:`alchemi_integrators.cell_filter`): the cell's three rows of degrees of freedom take part in
+the power, the mixing and the step cap like three more atoms, with the system's mean atomic mass,
+and ``scalar_pressure`` (eV/Å³; a number, ``[B]`` tensor or field name) is the target pressure.
+Its step needs the model's stress, and runs on the torch backend. An ``fmax`` criterion of the
+convergence hook then counts the filter's forces (atoms' and cell's), ASE's criterion: the hook
+is given a copy that reads :data:`~alchemi_integrators.cell_filter.CELL_FILTER_FMAX` instead.
+
 **Step cap.** ``maxstep`` (Å) bounds the displacement of each step. ``maxstep_scope="atom"`` (the
 default) clamps each atom's displacement to ``maxstep``; ``"system"`` scales a system's whole
 displacement so its norm over all atoms is at most ``maxstep``, which is what ASE's FIRE does (and
@@ -50,10 +59,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
+from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError
+from alchemi_core.units import ACCELERATION
 from alchemi_integrators.base import Integrator
+from alchemi_integrators.cell_filter import (
+    CELL_DOF,
+    CELL_FILTER_FMAX,
+    CELL_REFERENCE,
+    CELL_VELOCITY,
+    CellFilter,
+)
 from alchemi_integrators.parameters import ParameterValue
 
 if TYPE_CHECKING:
@@ -89,12 +108,35 @@ class _FireBase(Integrator):
 
     def __init__(self, model: Any, n_steps: int, dt: ParameterValue, *, maxstep_scope: str, **kwargs: Any) -> None:
         values = {name: kwargs.pop(name) for name, _ in self._FIRE_PARAMETERS}
+        cell_filter = kwargs.pop("cell_filter", None)
+        filter_options = {k: kwargs.pop(k) for k in _FILTER_OPTIONS if k in kwargs}
+        scalar_pressure = kwargs.pop("scalar_pressure", None)
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         for name, rules in self._FIRE_PARAMETERS:
             self.declare(name, values[name], **rules)
         if maxstep_scope not in MAXSTEP_SCOPES:
             raise ConfigurationError(f"maxstep_scope must be one of {MAXSTEP_SCOPES}, got {maxstep_scope!r}")
         self.maxstep_scope = maxstep_scope
+        #: The cell filter (None: the cell stays as it is).
+        self.cell_filter: CellFilter | None = None
+        if cell_filter is None:
+            if filter_options or scalar_pressure is not None:
+                raise ConfigurationError(
+                    f"{sorted(filter_options) or ['scalar_pressure']} only apply with a cell filter: "
+                    "pass cell_filter='frechet' or 'unit'"
+                )
+            return
+        if self.backend == "warp":
+            raise ConfigurationError(f"{type(self).__name__}(cell_filter=...) runs on backend='torch' or 'auto'")
+        self.cell_filter = CellFilter(cell_filter, **filter_options)
+        self.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
+        self.needs_stress = True
+        self._filter_key: tuple[int, int] | None = None
+        if self.convergence_hook is not None:
+            self.convergence_hook = _count_cell_forces(self.convergence_hook)
+
+    def _choose_backend(self, device: torch.device) -> str:
+        return "torch" if self.cell_filter is not None else super()._choose_backend(device)
 
     # ------------------------------------------------------------------ state
     def create_state(self, batch: Batch) -> None:
@@ -103,6 +145,11 @@ class _FireBase(Integrator):
         self.ensure_field(batch, FIRE_ALPHA, (), dtype, "system")
         self.ensure_field(batch, FIRE_POSITIVE_STEPS, (), torch.int32, "system")
         self.ensure_field(batch, FIRE_STEPS, (), torch.int32, "system")
+        if self.cell_filter is not None:
+            for name in (CELL_REFERENCE, CELL_DOF, CELL_VELOCITY):
+                self.ensure_field(batch, name, (3, 3), dtype, "system")
+            self.ensure_field(batch, CELL_FILTER_FMAX, (), dtype, "system")
+            self._filter_key = None
 
     def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
         """Entering systems start at rest with dt, alpha and the counters reset."""
@@ -113,6 +160,10 @@ class _FireBase(Integrator):
         getattr(batch, FIRE_STEPS).masked_fill_(entering, 0)
         v = batch.velocities
         v.masked_fill_(entering.index_select(0, batch.batch_idx).unsqueeze(-1), 0.0)
+        if self.cell_filter is not None:
+            self.cell_filter.reset(batch, entering)
+            getattr(batch, CELL_FILTER_FMAX).masked_fill_(entering, float("inf"))
+            self._filter_key = None
 
     #: FIRE marks "no velocity yet" with -1 (ASE skips the power test on its first step).
     _entry_positive_steps = 0
@@ -120,9 +171,9 @@ class _FireBase(Integrator):
     velocities_are_physical = False
 
     # ------------------------------------------------------------------ the step
-    def powers(self, batch: Batch) -> torch.Tensor:
+    def powers(self, batch: Batch, forces: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, 3]`` per system: ``F . v``, ``v . v`` and ``F . F`` summed over its atoms."""
-        v, f = batch.velocities, batch.forces
+        v, f = batch.velocities, batch.forces if forces is None else forces
         per_atom = self.work.get("fire_products", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
         torch.sum(f * v, dim=-1, out=per_atom[:, 0])
         torch.sum(v * v, dim=-1, out=per_atom[:, 1])
@@ -134,14 +185,21 @@ class _FireBase(Integrator):
         """Advance the per-system state; return ``[B, 6]`` step coefficients (columns A_V...CAP)."""
         raise NotImplementedError
 
-    def torch_pre_update(self, batch: Batch) -> None:
-        coeff = self.system_update(batch, self.powers(batch))
+    def _step_coefficients(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
+        coeff = self.system_update(batch, sums)
         active = self.context.system_mask
         if active is not None:
             # Systems of other stages: v' = v and dx = 0 (their state was left as it was).
             still = torch.zeros_like(coeff[0])
             still[A_V] = 1.0
             coeff = torch.where(active.unsqueeze(-1), coeff, still)
+        return coeff
+
+    def torch_pre_update(self, batch: Batch) -> None:
+        if self.cell_filter is not None:
+            self._cell_step(batch)
+            return
+        coeff = self._step_coefficients(batch, self.powers(batch))
         c = self.to_atoms(batch, coeff, "fire_coeff")
         v, f, x = batch.velocities, batch.forces, batch.positions
         dx = self.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
@@ -163,7 +221,80 @@ class _FireBase(Integrator):
         dx.mul_(torch.clamp(cap / norm.clamp(min=torch.finfo(dx.dtype).tiny), max=1.0))
 
     def torch_post_update(self, batch: Batch) -> None:
-        return None  # the whole step is in pre_update: it uses the forces of the current positions
+        # The whole step is in pre_update: it uses the forces of the current positions. With a
+        # cell filter, the filter's forces of the new positions are computed here, so the
+        # convergence check that follows sees their fmax, and the next step reuses them.
+        if self.cell_filter is not None:
+            self._filter_forces(batch, fresh=True)
+
+    # ------------------------------------------------------------------ cell filter
+    def _filter_forces(self, batch: Batch, fresh: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Atom forces in the undeformed frame ``[V, 3]`` and cell forces ``[B, 3, 3]``; computed
+        after each forward, and again when systems entered or left since."""
+        assert self.cell_filter is not None
+        dtype, dev = batch.positions.dtype, batch.device
+        atom = self.work.get("filter_atom_forces", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+        cell = self.work.get("filter_cell_forces", batch.num_graphs, batch.system_capacity, (3, 3), dtype, dev)
+        key = (id(batch), batch.version)
+        if fresh or self._filter_key != key:
+            _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom)
+            cell.copy_(cell_forces)
+            self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
+            self._filter_key = key
+        return atom, cell
+
+    def _cell_inv_mass(self, batch: Batch) -> torch.Tensor:
+        """``[B, 1, 1]`` acceleration per unit force of the cell rows: the system's mean atomic mass."""
+
+        def build() -> torch.Tensor:
+            m = batch.atomic_masses
+            total = torch.zeros(batch.num_graphs, dtype=m.dtype, device=m.device).index_add_(0, batch.batch_idx, m)
+            mean = total / batch.node_counts.to(m.dtype).clamp(min=1)
+            return (ACCELERATION / mean).to(batch.positions.dtype).view(-1, 1, 1)
+
+        return self.cached("cell_inv_mass", batch, build, reads_fields=False)
+
+    def _cell_step(self, batch: Batch) -> None:
+        assert self.cell_filter is not None
+        f_atoms, f_cell = self._filter_forces(batch)
+        v, vc = batch.velocities, getattr(batch, CELL_VELOCITY)
+        sums = self.powers(batch, forces=f_atoms)
+        sums[:, 0] += (f_cell * vc).sum((1, 2))
+        sums[:, 1] += (vc * vc).sum((1, 2))
+        sums[:, 2] += (f_cell * f_cell).sum((1, 2))
+        coeff = self._step_coefficients(batch, sums)
+        c = self.to_atoms(batch, coeff, "fire_coeff")
+        dx = self.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
+        torch.mul(v, c[:, B_OLD : B_OLD + 1], out=dx)
+        v.mul_(c[:, A_V : A_V + 1]).addcmul_(f_atoms, c[:, A_F : A_F + 1])
+        v.addcmul_(f_atoms, c[:, A_KICK : A_KICK + 1] * self.inv_mass)
+        dx.addcmul_(v, c[:, B_V : B_V + 1])
+        cs = coeff.view(-1, 6, 1, 1)
+        d_cell = vc * cs[:, B_OLD]
+        vc.mul_(cs[:, A_V]).addcmul_(f_cell, cs[:, A_F])
+        vc.addcmul_(f_cell, cs[:, A_KICK] * self._cell_inv_mass(batch))
+        d_cell.addcmul_(vc, cs[:, B_V])
+        self._cap_with_cell(batch, dx, d_cell, c[:, CAP : CAP + 1], cs[:, CAP])
+        self.cell_filter.move(batch, dx, d_cell, self.context.system_mask)
+
+    def _cap_with_cell(
+        self, batch: Batch, dx: torch.Tensor, d_cell: torch.Tensor, cap: torch.Tensor, cell_cap: torch.Tensor
+    ) -> None:
+        """The step cap over atoms and cell rows (each row, or each system's whole step)."""
+        tiny = torch.finfo(dx.dtype).tiny
+        if self.maxstep_scope == "atom":
+            norm = torch.linalg.vector_norm(dx, dim=-1, keepdim=True)
+            dx.mul_(torch.clamp(cap / norm.clamp(min=tiny), max=1.0))
+            cell_norm = torch.linalg.vector_norm(d_cell, dim=-1, keepdim=True)
+            d_cell.mul_(torch.clamp(cell_cap / cell_norm.clamp(min=tiny), max=1.0))
+            return
+        sq = torch.zeros(batch.num_graphs, dtype=dx.dtype, device=dx.device).index_add_(
+            0, batch.batch_idx, (dx * dx).sum(-1)
+        )
+        sq.add_((d_cell * d_cell).sum((1, 2)))
+        scale = torch.clamp(cell_cap.view(-1) / sq.sqrt().clamp(min=tiny), max=1.0)
+        dx.mul_(scale.index_select(0, batch.batch_idx).unsqueeze(-1))
+        d_cell.mul_(scale.view(-1, 1, 1))
 
     def warp_pre_update(self, batch: Batch) -> None:
         self.warp_kernels.fire_pre(self, batch)
@@ -353,6 +484,20 @@ class FIRE2(_FireBase):
         positive_steps.copy_(self._keep_inactive(new_positive, positive_steps))
         steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
         return coeff
+
+
+_FILTER_OPTIONS = ("hydrostatic_strain", "constant_volume", "mask", "cell_factor")
+
+
+def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
+    """A copy of ``hook`` whose ``fmax`` criteria read the cell filter's fmax (atoms and cell)."""
+    criteria = [attrs.evolve(c, key=CELL_FILTER_FMAX) if c.key == "fmax" else c for c in hook.criteria]
+    if all(c.key != CELL_FILTER_FMAX for c in criteria):
+        return hook
+    return ConvergenceHook(
+        criteria=criteria, source_status=hook.source_status, target_status=hook.target_status,
+        frequency=hook.frequency,
+    )
 
 
 def _full_like(t: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ class ReferenceLJ(BaseModel):
     fine for a test reference, not for production models.
     """
 
-    card = ModelCard(name="reference-lj", cutoff=CUTOFF, periodic=True)
+    card = ModelCard(name="reference-lj", cutoff=CUTOFF, periodic=True, stress=True)
 
     def __init__(
         self, sigma: float = SIGMA, epsilon: float = EPSILON, cutoff: float = CUTOFF, skin: float = 1.0
@@ -48,6 +48,7 @@ class ReferenceLJ(BaseModel):
         self._key: tuple | None = None
         self._pairs: tuple | None = None
         self._built_at: torch.Tensor | None = None
+        self._built_cell: torch.Tensor | None = None
         self.rebuilds = 0
 
     def _search(self, batch: Batch) -> None:
@@ -74,12 +75,28 @@ class ReferenceLJ(BaseModel):
             img, i, j = torch.nonzero(near, as_tuple=True)
             ii.append(i + start)
             jj.append(j + start)
-            shifts.append(cart_shift[img, i, j])
+            shifts.append((wrap[None] + images[:, None, None, :])[img, i, j])  # in cell vectors
             system.append(torch.full_like(i, s))
             start += n
         self._pairs = (torch.cat(ii), torch.cat(jj), torch.cat(shifts), torch.cat(system))
         self._built_at = pos.clone()
+        self._built_cell = batch.cell.detach().double().clone()
         self.rebuilds += 1
+
+    def _moved_too_far(self, batch: Batch, pos: torch.Tensor) -> bool:
+        """Whether a pair outside the list may have come within the cutoff.
+
+        With ``M = h^-1 h_0`` mapping the current cell back to the one of the last search, a pair
+        listed beyond ``cutoff + skin`` is still beyond ``cutoff`` while every atom's ``x M`` is
+        within ``(skin - cutoff |M - 1|) / 2`` of where it was then (``|.|`` the Frobenius norm,
+        which bounds the stretch the deformation can give a distance)."""
+        cell = batch.cell.detach().double()
+        back = torch.linalg.inv(cell) @ self._built_cell
+        stretch = torch.linalg.matrix_norm(back - torch.eye(3, dtype=torch.float64, device=pos.device))
+        allowed = 0.5 * (self.skin - self.cutoff * stretch)
+        mapped = torch.bmm(pos.unsqueeze(1), back[batch.batch_idx]).squeeze(1)
+        moved = (mapped - self._built_at).norm(dim=-1)
+        return bool((moved > allowed[batch.batch_idx]).any())
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         pos = batch.positions.detach().double()
@@ -87,13 +104,14 @@ class ReferenceLJ(BaseModel):
         moved = (
             key != self._key
             or self._built_at is None
-            or float((pos - self._built_at).norm(dim=-1).max()) > 0.5 * self.skin
+            or self._moved_too_far(batch, pos)
         )
         if moved:
             self._search(batch)
             self._key = key
-        i, j, shift, system = self._pairs
-        d = pos[j] - pos[i] + shift
+        i, j, images, system = self._pairs
+        cell = batch.cell.detach().double()
+        d = pos[j] - pos[i] + torch.bmm(images.unsqueeze(1), cell[system]).squeeze(1)
         r2 = (d * d).sum(-1)
         inside = r2 < self.cutoff**2
         sr2 = torch.where(inside, self.sigma**2 / r2, 0.0)
@@ -105,7 +123,16 @@ class ReferenceLJ(BaseModel):
         energy = torch.zeros(batch.num_graphs, dtype=torch.float64, device=pos.device)
         energy.index_add_(0, system, 0.5 * pair_energy)
         dtype = batch.positions.dtype
-        return {"energy": energy.unsqueeze(-1).to(dtype), "forces": forces.to(dtype)}
+        out = {"energy": energy.unsqueeze(-1).to(dtype), "forces": forces.to(dtype)}
+        if compute_stress:
+            # sigma = (1/V) dE/d(strain) = (1/V) sum over pairs of phi'(r)/r d d^T (each pair is
+            # listed from both ends: half of each).
+            outer = 0.5 * dphi_over_r[:, None, None] * d[:, :, None] * d[:, None, :]
+            virial = torch.zeros(batch.num_graphs, 3, 3, dtype=torch.float64, device=pos.device)
+            virial.index_add_(0, system, outer)
+            volume = torch.linalg.det(batch.cell.detach().double()).abs().view(-1, 1, 1)
+            out["stress"] = (virial / volume).to(dtype)
+        return out
 
 
 def argon(repeat: int = 2, rattle: float = 0.0, seed: int = 0, dtype: torch.dtype = torch.float64) -> AtomicData:
@@ -126,3 +153,33 @@ def ase_lj_calculator():  # type: ignore[no-untyped-def]
     from ase.calculators.lj import LennardJones
 
     return LennardJones(sigma=SIGMA, epsilon=EPSILON, rc=CUTOFF, smooth=False)
+
+
+def fast_ase_calculator():  # type: ignore[no-untyped-def]
+    """The same potential as :func:`ase_lj_calculator` (to rounding), evaluated by
+    :class:`ReferenceLJ`: ASE's own LJ costs ~0.5 s per call on a busy 2-core machine, which long
+    ASE optimisations in tests cannot afford."""
+    from ase.calculators.calculator import Calculator, all_changes
+
+    class _ReferenceLJCalculator(Calculator):
+        implemented_properties = ["energy", "free_energy", "forces", "stress"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = ReferenceLJ()
+
+        def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):  # type: ignore[no-untyped-def]
+            super().calculate(atoms, properties, system_changes)
+            data = AtomicData.from_atoms(self.atoms, dtype=torch.float64)
+            from alchemi_core.data import Batch
+
+            out = self.model(Batch.from_data_list([data]), compute_stress=True)
+            stress = out["stress"][0].numpy()
+            self.results = {
+                "energy": float(out["energy"][0, 0]),
+                "free_energy": float(out["energy"][0, 0]),
+                "forces": out["forces"].numpy().copy(),
+                "stress": stress[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]].copy(),
+            }
+
+    return _ReferenceLJCalculator()
