@@ -48,7 +48,7 @@ __all__ = [
 FIRST_PARTY: dict[str, tuple[str, ...]] = {
     "alchemi-integrators": (
         "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover",
-        "integrator:fire", "integrator:fire2",
+        "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale",
     ),
     "alchemi-potentials": ("model:lennard-jones", "model:morse", "model:ase"),
     "alchemi-hooks": (

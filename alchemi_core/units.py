@@ -9,6 +9,10 @@ Example:
     8.617e-05
     >>> round(1.0 * units.EV_PER_A3_TO_GPA, 2)
     160.22
+    >>> round(2.0 * units.GPA, 6)          # 2 GPa in eV/Å³
+    0.012483
+    >>> round(units.pressure_in(0.0125, "bar"), 1)
+    20027.2
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ AMU_A2_PER_FS2_TO_EV = 1.0 / ACCELERATION
 #: One eV/Å³ in GPa and in bar.
 EV_PER_A3_TO_GPA = 160.21766208
 EV_PER_A3_TO_BAR = EV_PER_A3_TO_GPA * 1.0e4
+#: One GPa and one bar in eV/Å³: ``pressure=1.5 * units.GPA`` is 1.5 GPa, and a compressibility of
+#: 4.5e-5 per bar is ``4.5e-5 / units.BAR`` Å³/eV.
+GPA = 1.0 / EV_PER_A3_TO_GPA
+BAR = 1.0 / EV_PER_A3_TO_BAR
 
 
 def pressure_to_ev_per_a3(value: float, unit: str = "GPa") -> float:
@@ -34,3 +42,9 @@ def pressure_to_ev_per_a3(value: float, unit: str = "GPa") -> float:
     if unit in ("ev/a3", "ev/a^3"):
         return value
     raise ValueError(f"unknown pressure unit {unit!r}; use 'GPa', 'bar' or 'eV/A3'")
+
+
+def pressure_in(value: float, unit: str = "GPa") -> float:
+    """Convert a pressure in eV/Å³ to ``"GPa"``, ``"bar"`` or ``"eV/A3"`` (the inverse of
+    :func:`pressure_to_ev_per_a3`)."""
+    return value / pressure_to_ev_per_a3(1.0, unit)

@@ -53,16 +53,20 @@ class StepLoop(Masks):
             self._store(batch, out)
             _hold_frozen(batch)
             return
-        # Several models: each system takes the forces of its own stage's model.
-        base = self.models[0](batch)
+        # Several models: each system takes the forces (and stress) of its own stage's model.
+        kwargs = {"compute_stress": True} if self.needs_stress else {}
+        base = self.models[0](batch, **kwargs)
         self._store(batch, base)
         for m in self.models[1:]:
-            out = m(batch)
+            out = m(batch, **kwargs)
             for s in self.subs:
                 if s.dynamics.model is m and s.sys_mask is not None:
                     nm = s.sys_mask.index_select(0, batch.batch_idx).unsqueeze(-1)
                     batch.forces.copy_(torch.where(nm, out["forces"], batch.forces))
                     batch.energy.copy_(torch.where(s.sys_mask.unsqueeze(-1), out["energy"], batch.energy))
+                    if self.needs_stress and out.get("stress") is not None:
+                        rows = s.sys_mask.view(-1, 1, 1)
+                        batch.stress.copy_(torch.where(rows, out["stress"], batch.stress))
         _hold_frozen(batch)
 
     @staticmethod

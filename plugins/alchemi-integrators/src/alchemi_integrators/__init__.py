@@ -1,7 +1,9 @@
-"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, FIRE and FIRE2.
+"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, FIRE and FIRE2 (with
+cell filters), NPT (MTK and C-rescale).
 
 Every integrator is a ``BaseDynamics`` found by name (``integrator:velocity-verlet``,
-``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:fire``, ``integrator:fire2``)
+``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:fire``, ``integrator:fire2``,
+``integrator:npt-mtk``, ``integrator:npt-crescale``)
 and imported from here or from ``alchemi_core.dynamics``. Parameters take a number, one value per
 system, or a batch field's name (:mod:`alchemi_integrators.parameters`); :mod:`.thermo` has the
 per-system kinetic energy, temperature and Maxwell-Boltzmann velocities.
@@ -22,6 +24,8 @@ _LAZY = {
     "NoseHooverChain": "alchemi_integrators.nose_hoover",
     "FIRE": "alchemi_integrators.fire",
     "FIRE2": "alchemi_integrators.fire",
+    "NPTMTK": "alchemi_integrators.npt",
+    "NPTCRescale": "alchemi_integrators.npt",
     "initialize_velocities": "alchemi_integrators.thermo",
     "kinetic_energy": "alchemi_integrators.thermo",
     "temperature": "alchemi_integrators.thermo",

@@ -10,6 +10,8 @@ _INTEGRATORS = (
     ("nose-hoover", "nose_hoover:NoseHooverChain", "NVT Nose-Hoover chains (MTK), with a conserved energy"),
     ("fire", "fire:FIRE", "FIRE geometry optimiser (ASE's variant, per-system state)"),
     ("fire2", "fire:FIRE2", "FIRE 2.0 geometry optimiser (Guenole et al. 2020)"),
+    ("npt-mtk", "npt:NPTMTK", "NPT Martyna-Tobias-Klein with Nose-Hoover chains (isotropic or anisotropic)"),
+    ("npt-crescale", "npt:NPTCRescale", "NPT stochastic cell rescaling (Bernetti-Bussi 2020) with velocity rescaling"),
 )
 
 

@@ -1,0 +1,429 @@
+"""Constant-pressure molecular dynamics: ``integrator:npt-mtk`` and ``integrator:npt-crescale``.
+
+Both move each system's cell with its atoms towards a target ``pressure`` (eV/Å³; see
+``alchemi_core.units.GPA``) at a target ``temperature`` (K), per system: each is a number, a
+``[B]`` tensor or the name of a system-level field, so targets travel with their systems. The
+cell is ``batch.cell`` (rows are lattice vectors); the model must return stress (positive under
+tension), which both ask for every step. ``anisotropic=False`` keeps the cell's shape and changes
+its volume; ``anisotropic=True`` lets all six strain components fluctuate (the cell does not
+rotate). The internal pressure tensor is ``P = (sum_i m_i v_i v_i^T) / V - sigma``.
+
+**MTK** (:class:`NPTMTK`; Martyna, Tobias & Klein, J. Chem. Phys. 101, 4177 (1994), integrated as
+in Tuckerman et al., J. Phys. A 39, 5629 (2006)). The cell's strain rate ``g`` (a symmetric
+``[3, 3]``, 1/fs) has mass ``W = (N_f + 3) kB T tau_p² / 3``; the atoms and the barostat each
+couple to a Nose-Hoover chain (``tau_t``, and ``tau_p`` for the barostat's chain). The step is
+the Trotter splitting::
+
+    barostat chain, particle chain (dt/2); g += dt/2 G/W; v <- exp(-B dt/2) v + dt/2 phi1(.) F/m
+    x <- exp(g dt) x + dt phi1(g dt) v; h <- exp(g dt) h          (pre_update)
+    F, sigma = model(x, h)
+    v <- exp(-B dt/2) v + ...; g += dt/2 G/W; particle chain, barostat chain (dt/2)   (post_update)
+
+with ``G = sum m v v^T - V sigma - V p I + (2 KE / N_f) I`` (its trace part only when isotropic)
+and ``B = g + tr(g)/N_f I``. The matrix exponentials are exact for the strain rates of NPT runs
+(``|g dt| << 0.1``). It conserves
+``H = KE + E + p V + W |g|² / 2 + (both chains' energies)``: :meth:`NPTMTK.conserved_energy`.
+
+**C-rescale** (:class:`NPTCRescale`; Bernetti & Bussi, J. Chem. Phys. 153, 114107 (2020)):
+stochastic cell rescaling. Each step the log-volume moves by
+``d eps = -(beta_T / tau_p)(p - P_int - kB T / V) dt + sqrt(2 kB T beta_T dt / (V tau_p)) R``
+(``R`` standard normal; anisotropic: the same per strain component, with ``beta_T / 3``), the
+positions and cell are scaled by ``exp(d eps / 3)`` and the velocities by its inverse; the
+temperature is held by stochastic velocity rescaling (Bussi, Donadio & Parrinello 2007) with
+``tau_t``. ``compressibility`` (``beta_T``, Å³/eV) sets how fast the volume relaxes, not where
+it goes: an estimate within a factor of a few is fine. The step::
+
+    thermostat (dt/2); v += dt/2 F/m; x += dt/2 v; rescale (dt); x += dt/2 v   (pre_update)
+    F, sigma = model(x, h)
+    v += dt/2 F/m; thermostat (dt/2)                                            (post_update)
+
+It samples the isothermal-isobaric ensemble exactly in the limit of small dt; it conserves no
+energy (it is stochastic), and relaxes the volume without the oscillations of MTK.
+
+Example:
+    >>> from alchemi_core import registry, units
+    >>> npt = registry.build("integrator:npt-crescale", model=model, dt=5.0, temperature=50.0,
+    ...                      pressure=0.0 * units.GPA, n_steps=1000)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from alchemi_core.errors import ConfigurationError
+from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
+from alchemi_integrators.base import MDIntegrator
+from alchemi_integrators.cell_math import expm, phi1, sym
+from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS, nhc_half_step
+from alchemi_integrators.parameters import ParameterValue
+from alchemi_integrators.thermo import degrees_of_freedom, kinetic_energy
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: MTK state (system-level fields): the cell's strain rate ``[B, 3, 3]`` (1/fs) and the chains.
+CELL_STRAIN_RATE = "npt_strain_rate"
+THERMOSTAT_POSITIONS = "npt_thermostat_positions"
+THERMOSTAT_VELOCITIES = "npt_thermostat_velocities"
+BAROSTAT_CHAIN_POSITIONS = "npt_barostat_chain_positions"
+BAROSTAT_CHAIN_VELOCITIES = "npt_barostat_chain_velocities"
+
+
+class _NPTBase(MDIntegrator):
+    """What both barostats share: targets, cell geometry and the per-atom 3x3 transforms."""
+
+    needs_stress = True
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int,
+        dt: ParameterValue,
+        temperature: ParameterValue,
+        pressure: ParameterValue,
+        tau_t: ParameterValue,
+        tau_p: ParameterValue,
+        *,
+        anisotropic: bool,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("backend", "auto") == "warp":
+            raise ConfigurationError(f"{type(self).__name__} runs on backend='torch' or 'auto'")
+        super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
+        self.declare("temperature", temperature, unit="K", low=0.0, low_open=True)
+        self.declare("pressure", pressure, unit="eV/Å³")
+        self.declare("tau_t", tau_t, unit="fs", low=0.0, low_open=True)
+        self.declare("tau_p", tau_p, unit="fs", low=0.0, low_open=True)
+        self.anisotropic = bool(anisotropic)
+
+    def _choose_backend(self, device: torch.device) -> str:
+        return "torch"
+
+    def setup(self, batch: Batch) -> None:
+        if "cell" not in batch:
+            raise ConfigurationError(f"{self.name}: constant-pressure dynamics needs periodic systems with a cell")
+        super().setup(batch)
+
+    # ------------------------------------------------------------------ helpers
+    def _step_sizes(self, batch: Batch, fraction: float) -> torch.Tensor:
+        """``[B]`` ``fraction * dt``, 0 for systems this stage does not integrate now."""
+        h = self.per_system("dt", batch) * fraction
+        active = self.active(batch)
+        return h if active is None else h * active
+
+    def kt(self, batch: Batch) -> torch.Tensor:
+        return self.per_system("temperature", batch) * KB
+
+    @staticmethod
+    def volume(batch: Batch) -> torch.Tensor:
+        """``[B]`` cell volumes, Å³."""
+        return torch.linalg.det(batch.cell.to(batch.positions.dtype)).abs()
+
+    @staticmethod
+    def kinetic_tensor(batch: Batch) -> torch.Tensor:
+        """``[B, 3, 3]`` ``sum_i m_i v_i v_i^T`` in eV (twice the kinetic energy tensor)."""
+        v = batch.velocities
+        mv = v * (batch.atomic_masses * AMU_A2_PER_FS2_TO_EV).unsqueeze(-1).to(v.dtype)
+        outer = mv.unsqueeze(-1) * v.unsqueeze(-2)
+        return torch.zeros(batch.num_graphs, 3, 3, dtype=v.dtype, device=v.device).index_add_(
+            0, batch.batch_idx, outer
+        )
+
+    def pressure_tensor(self, batch: Batch) -> torch.Tensor:
+        """``[B, 3, 3]`` instantaneous pressure ``(sum m v v^T) / V - sigma`` (eV/Å³)."""
+        stress = batch.stress.to(batch.positions.dtype)
+        return self.kinetic_tensor(batch) / self.volume(batch).view(-1, 1, 1) - stress
+
+    def _project(self, g: torch.Tensor) -> torch.Tensor:
+        """The part of a ``[B, 3, 3]`` cell force the cell follows: symmetric, or isotropic."""
+        if self.anisotropic:
+            return sym(g)
+        eye = torch.eye(3, dtype=g.dtype, device=g.device)
+        return g.diagonal(dim1=-2, dim2=-1).mean(-1).view(-1, 1, 1) * eye
+
+    def _rows_times(self, batch: Batch, rows: torch.Tensor, mats: torch.Tensor, name: str) -> torch.Tensor:
+        """``rows[i] @ mats[system of i]`` for ``[V, 3]`` rows and ``[B, 3, 3]`` matrices."""
+        per_atom = self.to_atoms(batch, mats.reshape(-1, 9), name).view(-1, 3, 3)
+        return torch.bmm(rows.unsqueeze(1), per_atom).squeeze(1)
+
+    def _scale_velocities(self, batch: Batch, scale: torch.Tensor) -> None:
+        batch.velocities.mul_(self.to_atoms(batch, scale.unsqueeze(-1), "npt_velocity_scale"))
+
+    def _accelerations(self, batch: Batch) -> torch.Tensor:
+        return batch.forces * self.inv_mass
+
+
+class NPTMTK(_NPTBase):
+    """Martyna-Tobias-Klein NPT with Nose-Hoover chains (see the module docstring).
+
+    Args:
+        model: Returns ``energy``, ``forces`` and, asked for it, ``stress``.
+        n_steps: Steps of ``run()``.
+        dt: Time step in fs.
+        temperature: Target temperature in K.
+        pressure: Target pressure in eV/Å³ (``1.0 * units.GPA``).
+        tau_t: Thermostat period in fs (~100 dt).
+        tau_p: Barostat period in fs (~1000 dt): the period of the volume's oscillation.
+        anisotropic: All six strain components fluctuate (else only the volume).
+        chain_length: Thermostats per chain (particles and barostat).
+        chain_steps: Sub-steps of each chain half-step.
+        yoshida_order: Suzuki-Yoshida order of the chain sub-steps: 1, 3 or 5.
+        **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        temperature: ParameterValue = 300.0,
+        pressure: ParameterValue = 0.0,
+        tau_t: ParameterValue = 100.0,
+        tau_p: ParameterValue = 1000.0,
+        *,
+        anisotropic: bool = False,
+        chain_length: int = 3,
+        chain_steps: int = 1,
+        yoshida_order: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
+        if int(chain_length) < 1 or int(chain_steps) < 1 or int(yoshida_order) not in YOSHIDA_WEIGHTS:
+            raise ConfigurationError(
+                f"chain_length and chain_steps must be >= 1 and yoshida_order one of {sorted(YOSHIDA_WEIGHTS)}, "
+                f"got {chain_length}, {chain_steps}, {yoshida_order}"
+            )
+        self.chain_length = int(chain_length)
+        self.chain_steps = int(chain_steps)
+        self.yoshida_order = int(yoshida_order)
+        #: Degrees of freedom of the cell: 6 (symmetric strain) or 1 (volume).
+        self.cell_dof = 6.0 if self.anisotropic else 1.0
+
+    # ------------------------------------------------------------------ state
+    def create_state(self, batch: Batch) -> None:
+        dtype = batch.positions.dtype
+        self.ensure_field(batch, CELL_STRAIN_RATE, (3, 3), dtype, "system")
+        for name in (THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES, BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES):
+            self.ensure_field(batch, name, (self.chain_length,), dtype, "system")
+
+    def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+        super().init_state(batch, entering)
+        getattr(batch, CELL_STRAIN_RATE).masked_fill_(entering.view(-1, 1, 1), 0.0)
+        for name in (THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES, BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES):
+            getattr(batch, name).masked_fill_(entering.unsqueeze(-1), 0.0)
+
+    # ------------------------------------------------------------------ masses and energies
+    def barostat_mass(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` ``W = (N_f + 3) kB T tau_p² / 3`` (eV fs²)."""
+        tau_p = self.per_system("tau_p", batch)
+        return (degrees_of_freedom(batch) + 3.0) * self.kt(batch) * tau_p * tau_p / 3.0
+
+    def _chain_masses(self, batch: Batch, first_dof: torch.Tensor | float, tau: str) -> torch.Tensor:
+        t = self.per_system(tau, batch)
+        q = (self.kt(batch) * t * t).unsqueeze(-1).repeat(1, self.chain_length)
+        q[:, 0] *= first_dof
+        return q
+
+    def _barostat_ke(self, batch: Batch) -> torch.Tensor:
+        g = getattr(batch, CELL_STRAIN_RATE)
+        return 0.5 * self.barostat_mass(batch) * (g * g).sum((1, 2))
+
+    def conserved_energy(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` ``KE + E + p V + W |g|²/2`` plus both chains' kinetic and potential terms (eV)."""
+        kt, nf = self.kt(batch), degrees_of_freedom(batch)
+        total = kinetic_energy(batch) + batch.energy.view(-1) + self.per_system("pressure", batch) * self.volume(batch)
+        total = total + self._barostat_ke(batch)
+        for (xi_name, v_name), dof, tau in (
+            ((THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES), nf, "tau_t"),
+            ((BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES), self.cell_dof, "tau_p"),
+        ):
+            xi, vxi = getattr(batch, xi_name), getattr(batch, v_name)
+            q = self._chain_masses(batch, dof, tau)
+            total = total + 0.5 * (q * vxi * vxi).sum(-1) + kt * (dof * xi[:, 0] + xi[:, 1:].sum(-1))
+        return total
+
+    # ------------------------------------------------------------------ the step
+    def _chains(self, batch: Batch) -> None:
+        """Both chains over dt/2: the barostat's scales g, the particles' scales v."""
+        half = self._step_sizes(batch, 0.5)
+        kt = self.kt(batch)
+        weights = YOSHIDA_WEIGHTS[self.yoshida_order]
+        g = getattr(batch, CELL_STRAIN_RATE)
+        s_cell = nhc_half_step(
+            self._barostat_ke(batch), getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
+            self._chain_masses(batch, self.cell_dof, "tau_p"), kt, torch.full_like(kt, self.cell_dof), half, weights,
+            self.chain_steps,
+        )
+        g.mul_(s_cell.view(-1, 1, 1))
+        nf = degrees_of_freedom(batch)
+        s_atoms = nhc_half_step(
+            kinetic_energy(batch), getattr(batch, THERMOSTAT_POSITIONS), getattr(batch, THERMOSTAT_VELOCITIES),
+            self._chain_masses(batch, nf, "tau_t"), kt, nf, half, weights, self.chain_steps,
+        )
+        self._scale_velocities(batch, s_atoms)
+
+    def _kick_cell(self, batch: Batch) -> None:
+        """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""
+        half = self._step_sizes(batch, 0.5)
+        volume = self.volume(batch).view(-1, 1, 1)
+        eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
+        nf = degrees_of_freedom(batch).view(-1, 1, 1)
+        two_ke = 2.0 * kinetic_energy(batch).view(-1, 1, 1)
+        p_ext = self.per_system("pressure", batch).view(-1, 1, 1)
+        force = volume * (self.pressure_tensor(batch) - p_ext * eye) + (two_ke / nf) * eye
+        g = getattr(batch, CELL_STRAIN_RATE)
+        g.add_(self._project(force) * (half / self.barostat_mass(batch)).view(-1, 1, 1))
+
+    def _kick_atoms(self, batch: Batch) -> None:
+        """``v <- exp(-B h) v + h phi1(-B h) F/m`` with ``B = g + tr(g)/N_f I``, h = dt/2."""
+        half = self._step_sizes(batch, 0.5).view(-1, 1, 1)
+        g = getattr(batch, CELL_STRAIN_RATE)
+        eye = torch.eye(3, dtype=g.dtype, device=g.device)
+        trace = g.diagonal(dim1=-2, dim2=-1).sum(-1).view(-1, 1, 1)
+        damp = -(g + trace / degrees_of_freedom(batch).view(-1, 1, 1) * eye) * half
+        v = batch.velocities
+        new_v = self._rows_times(batch, v, expm(damp, squarings=2, order=8), "npt_a")
+        new_v += self._rows_times(batch, self._accelerations(batch), phi1(damp) * half, "npt_b")
+        v.copy_(new_v)
+
+    def _drift(self, batch: Batch) -> None:
+        """``x <- exp(g dt) x + dt phi1(g dt) v``; ``h <- exp(g dt) h`` (as rows: ``x @ exp``)."""
+        dt = self._step_sizes(batch, 1.0).view(-1, 1, 1)
+        strain = getattr(batch, CELL_STRAIN_RATE) * dt
+        grow = expm(strain, squarings=2, order=8)
+        x = batch.positions
+        new_x = self._rows_times(batch, x, grow, "npt_a")
+        new_x += self._rows_times(batch, batch.velocities, phi1(strain) * dt, "npt_b")
+        x.copy_(new_x)
+        batch.cell.copy_((batch.cell.to(grow.dtype) @ grow).to(batch.cell.dtype))
+
+    def torch_pre_update(self, batch: Batch) -> None:
+        self._chains(batch)
+        self._kick_cell(batch)
+        self._kick_atoms(batch)
+        self._drift(batch)
+
+    def torch_post_update(self, batch: Batch) -> None:
+        self._kick_atoms(batch)
+        self._kick_cell(batch)
+        self._chains(batch)
+
+
+class NPTCRescale(_NPTBase):
+    """Stochastic cell rescaling with stochastic velocity rescaling (see the module docstring).
+
+    Args:
+        model: Returns ``energy``, ``forces`` and, asked for it, ``stress``.
+        n_steps: Steps of ``run()``.
+        dt: Time step in fs.
+        temperature: Target temperature in K.
+        pressure: Target pressure in eV/Å³ (``1.0 * units.GPA``).
+        tau_t: Thermostat relaxation time in fs (~100 dt; shorter is fine, it is a rescaling).
+        tau_p: Barostat relaxation time in fs (~100-1000 dt).
+        compressibility: ``beta_T`` in Å³/eV (default water's 4.5e-5 per bar, 72 Å³/eV; LJ argon at
+            50 K is ~60 Å³/eV).
+        anisotropic: All six strain components fluctuate (else only the volume).
+        **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        temperature: ParameterValue = 300.0,
+        pressure: ParameterValue = 0.0,
+        tau_t: ParameterValue = 100.0,
+        tau_p: ParameterValue = 1000.0,
+        compressibility: ParameterValue = 4.5e-5 / BAR,
+        *,
+        anisotropic: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
+        self.declare("compressibility", compressibility, unit="Å³/eV", low=0.0, low_open=True)
+
+    def _noise_weights(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-atom-component weights that pick ``N_f = 3N - 3`` of the ``3N`` normals of each
+        system (all but the first atom's y, z and the second atom's x), and the index of the
+        first atom's x, whose normal is the thermostat's correlated one."""
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            w = torch.ones(batch.num_nodes, 3, dtype=batch.positions.dtype, device=batch.device)
+            first = batch.batch_ptr[:-1]
+            w[first, 1] = 0.0
+            w[first, 2] = 0.0
+            w[(first + 1).clamp(max=batch.num_nodes - 1), 0] = 0.0
+            return w, first * 3
+
+        return self.cached("csvr_weights", batch, build, reads_fields=False)
+
+    def _thermostat(self, batch: Batch) -> None:
+        """Stochastic velocity rescaling over dt/2: the kinetic energy jumps to a sample of its
+        canonical relaxation (Bussi, Donadio & Parrinello 2007), one factor per system."""
+        half = self._step_sizes(batch, 0.5)
+        c = torch.exp(-half / self.per_system("tau_t", batch))
+        nf = degrees_of_freedom(batch)
+        ke = kinetic_energy(batch)
+        target = 0.5 * nf * self.kt(batch)
+        noise = self.work.get("csvr_noise", batch.num_nodes, batch.node_capacity, (3,), ke.dtype, ke.device)
+        noise.normal_(generator=self.generator(noise.device))
+        weights, first = self._noise_weights(batch)
+        chi2 = torch.zeros_like(ke).index_add_(0, batch.batch_idx, (noise * noise * weights).sum(-1))
+        r1 = noise.view(-1).index_select(0, first)
+        safe_ke = ke.clamp(min=torch.finfo(ke.dtype).tiny)
+        new_ke = c * ke + (1.0 - c) * target * chi2 / nf + 2.0 * r1 * torch.sqrt(c * (1.0 - c) * ke * target / nf)
+        alpha = torch.sqrt(new_ke.clamp(min=0.0) / safe_ke)
+        flip = (r1 + torch.sqrt(c * nf * ke / ((1.0 - c).clamp(min=1e-300) * target))) < 0
+        alpha = torch.where(flip, -alpha, alpha)
+        self._scale_velocities(batch, torch.where(ke > 0, alpha, torch.ones_like(alpha)))
+
+    def _rescale(self, batch: Batch) -> None:
+        """One step of the cell's stochastic equation; atoms and cell scale with it."""
+        dt = self._step_sizes(batch, 1.0).view(-1, 1, 1)
+        volume = self.volume(batch).view(-1, 1, 1)
+        kt = self.kt(batch).view(-1, 1, 1)
+        beta = self.per_system("compressibility", batch).view(-1, 1, 1)
+        tau = self.per_system("tau_p", batch).view(-1, 1, 1)
+        eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
+        drive = self.pressure_tensor(batch) - self.per_system("pressure", batch).view(-1, 1, 1) * eye + kt / volume * eye
+        noise = self.work.get("crescale_noise", batch.num_graphs, batch.system_capacity, (3, 3), volume.dtype,
+                              volume.device)
+        noise.normal_(generator=self.generator(noise.device))
+        if self.anisotropic:
+            # Per component: mobility beta/(3 tau); sym() of unit normals gives the off-diagonal
+            # strains half the variance of the diagonal ones, as their doubled force requires.
+            d_strain = (beta / (3.0 * tau)) * sym(drive) * dt
+            d_strain = d_strain + torch.sqrt(2.0 * kt * beta * dt / (3.0 * volume * tau)) * sym(noise)
+        else:
+            p_int = drive.diagonal(dim1=-2, dim2=-1).mean(-1).view(-1, 1, 1)
+            d_eps = (beta / tau) * p_int * dt + torch.sqrt(2.0 * kt * beta * dt / (volume * tau)) * noise[:, :1, :1]
+            d_strain = d_eps / 3.0 * eye
+        grow = expm(d_strain, squarings=2, order=8)
+        shrink = expm(-d_strain, squarings=2, order=8)
+        x = batch.positions
+        x.copy_(self._rows_times(batch, x, grow, "npt_a"))
+        v = batch.velocities
+        v.copy_(self._rows_times(batch, v, shrink, "npt_b"))
+        batch.cell.copy_((batch.cell.to(grow.dtype) @ grow).to(batch.cell.dtype))
+
+    def _half_drift(self, batch: Batch) -> None:
+        half = self.to_atoms(batch, self._step_sizes(batch, 0.5).unsqueeze(-1), "npt_half")
+        batch.positions.addcmul_(batch.velocities, half)
+
+    def _half_kick(self, batch: Batch) -> None:
+        half = self.to_atoms(batch, self._step_sizes(batch, 0.5).unsqueeze(-1), "npt_half")
+        batch.velocities.addcmul_(self._accelerations(batch), half)
+
+    def torch_pre_update(self, batch: Batch) -> None:
+        self._thermostat(batch)
+        self._half_kick(batch)
+        self._half_drift(batch)
+        self._rescale(batch)
+        self._half_drift(batch)
+
+    def torch_post_update(self, batch: Batch) -> None:
+        self._half_kick(batch)
+        self._thermostat(batch)

@@ -1,0 +1,119 @@
+"""NPT (MTK and C-rescale) on small LJ argon cells: conservation, targets per system, fused stages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alchemi_core import registry, units
+from alchemi_core.data import Batch
+from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook
+from alchemi_core.errors import ConfigurationError
+from alchemi_integrators import FIRE2, NPTCRescale, NPTMTK
+from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
+from alchemi_integrators.thermo import initialize_velocities
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+
+
+def _argon_batch(n: int, rattle: float = 0.05, strain: float = 1.0) -> Batch:
+    data = []
+    for s in range(n):
+        d = argon(2, rattle=rattle, seed=s)
+        d.cell, d.positions = d.cell * strain, d.positions * strain
+        data.append(d)
+    return Batch.from_data_list(data)
+
+
+def test_registered() -> None:
+    assert registry.resolve("integrator:npt-mtk") is NPTMTK
+    assert registry.resolve("integrator:npt-crescale") is NPTCRescale
+
+
+@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
+def test_mtk_conserves_its_energy(anisotropic: bool) -> None:
+    """The MTK extended energy of 32-atom argon at 50 K, dt 5 fs, stays within 2e-5 eV per atom
+    over 2 ps while the volume moves (a wrong coupling term moves it by far more; the drift per ns
+    is measured on 256-atom cells in tests/integration/test_npt_statistics.py)."""
+    batch = _argon_batch(2)
+    initialize_velocities(batch, 50.0, seed=1)
+    npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature=50.0, pressure=0.0, tau_t=100.0, tau_p=500.0,
+                 anisotropic=anisotropic)
+    npt.run(batch, n_steps=1)
+    v0 = torch.linalg.det(batch.cell).clone()
+    energies = [npt.conserved_energy(batch).clone()]
+    for _ in range(40):
+        npt.run(batch, n_steps=10)
+        energies.append(npt.conserved_energy(batch).clone())
+    e = torch.stack(energies) / 32
+    assert (e - e[0]).abs().max().item() < 2e-5
+    assert (torch.linalg.det(batch.cell) / v0 - 1).abs().max().item() > 1e-3  # the volume moved
+
+
+def test_targets_per_system_are_fields() -> None:
+    """Pressure and temperature may be batch fields: a system at 1 GPa shrinks, one at -0.1 GPa
+    grows, from the same start."""
+    batch = _argon_batch(2, rattle=0.0)
+    batch.set_field("p_target", torch.tensor([1.0, -0.1], dtype=torch.float64) * units.GPA, "system")
+    batch.set_field("t_target", torch.tensor([30.0, 30.0], dtype=torch.float64), "system")
+    initialize_velocities(batch, 30.0, seed=2)
+    v0 = torch.linalg.det(batch.cell).clone()
+    NPTCRescale(ReferenceLJ(), n_steps=300, dt=5.0, temperature="t_target", pressure="p_target", tau_t=100.0,
+                tau_p=500.0, compressibility=60.0, random_seed=3).run(batch)
+    ratio = torch.linalg.det(batch.cell) / v0
+    assert ratio[0].item() < 0.97 and ratio[1].item() > 1.0
+
+
+def test_crescale_is_reproducible_from_its_seed() -> None:
+    cells = []
+    for _ in range(2):
+        batch = _argon_batch(1)
+        initialize_velocities(batch, 50.0, seed=4)
+        NPTCRescale(ReferenceLJ(), n_steps=20, dt=5.0, temperature=50.0, tau_p=200.0, random_seed=7,
+                    anisotropic=True).run(batch)
+        cells.append(batch.cell.clone())
+    assert torch.equal(cells[0], cells[1])
+    assert not torch.allclose(cells[0], _argon_batch(1).cell)
+
+
+class _VolumesInStage(Hook):
+    """Each step, the volume of every system in status 1, by system_id."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.volumes: dict[int, list[float]] = {}
+        self.fmax_on_entry: dict[int, float] = {}
+
+    def __call__(self, batch: Batch, dynamics: object) -> None:
+        here = (batch.status == 1).nonzero().view(-1).tolist()
+        for s in here:
+            sid = int(batch.system_id[s])
+            if sid not in self.volumes:
+                self.fmax_on_entry[sid] = float(getattr(batch, CELL_FILTER_FMAX)[s])
+            self.volumes.setdefault(sid, []).append(float(torch.linalg.det(batch.cell[s])))
+
+
+@pytest.mark.parametrize("cls", [NPTMTK, NPTCRescale])
+def test_relax_cell_then_npt_in_a_fused_stage(cls: type) -> None:
+    """FIRE2 with a Frechet cell filter hands each converged system to NPT in one fused stage:
+    every system relaxes (fmax over atoms and cell rows below the threshold), then runs exactly
+    its NPT steps with a moving cell, and leaves."""
+    batch = _argon_batch(3, rattle=0.1, strain=1.03)
+    relax = FIRE2(ReferenceLJ(), n_steps=400, dt=5.0, dt_max=50.0, cell_filter="frechet",
+                  convergence_hook=ConvergenceHook.from_fmax(0.01))
+    probe = _VolumesInStage()
+    md = cls(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0, initial_temperature=50.0,
+             random_seed=5, hooks=[probe])
+    out = FusedStage([(0, relax), (1, md)]).run(batch)
+    assert out is not None and (out.status == 2).all()
+    assert sorted(probe.volumes) == [0, 1, 2]
+    for sid, volumes in probe.volumes.items():
+        assert len(volumes) == 40
+        assert probe.fmax_on_entry[sid] <= 0.01
+        assert max(volumes) - min(volumes) > 1e-3  # the cell moved under NPT
+
+
+def test_warp_backend_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="backend"):
+        NPTMTK(ReferenceLJ(), backend="warp")
