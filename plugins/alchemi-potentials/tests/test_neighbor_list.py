@@ -134,6 +134,35 @@ def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half):
     assert (builds > 1).any() and (builds < 26).all()  # rebuilt sometimes, not every step
 
 
+@pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
+def test_kept_list_follows_a_deforming_cell(ref, rng, half):
+    """Cells strained a little every step (atoms with them, plus thermal-like moves) give the
+    forces, energies and stress of a fresh build, while fully periodic systems rebuild only when
+    the accumulated deformation and displacements exceed what the skin covers."""
+    systems = some_systems(ref, rng)
+    batch = ref.batch(systems)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
+    g = torch.Generator().manual_seed(8)
+    ptr = batch.batch_ptr.tolist()
+    eye = torch.eye(3, dtype=torch.float64)
+    steps = 25
+    for step in range(steps):
+        for s in range(batch.num_graphs):
+            e = 0.003 * torch.randn(3, 3, generator=g, dtype=torch.float64)
+            strain = 1.004 * eye + 0.5 * (e + e.T)  # growing by ~10 % over the run, in all directions
+            batch.positions[ptr[s] : ptr[s + 1]] = batch.positions[ptr[s] : ptr[s + 1]] @ strain
+            batch.cell[s] = batch.cell[s] @ strain
+        batch.positions.add_(0.01 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
+        out = model(batch, compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        for key in ("energy", "forces", "stress"):
+            torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
+    builds = model.neighbor_list.builds(batch)
+    periodic = builds[[0, 1, 3]]
+    assert (periodic > 1).all() and (periodic < steps // 2).all(), builds.tolist()
+    assert builds[2].item() == steps  # the slab (an open axis) rebuilds whenever its cell changes
+
+
 def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
     systems = some_systems(ref, rng)
     model = LennardJones(0.01, 2.3, RC)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from alchemi_core.errors import ConfigurationError
-from alchemi_integrators.cell_math import expm, expm_frechet_adjoint, logm_near_identity
+from alchemi_integrators.cell_math import det3, expm, expm_frechet_adjoint, inv3, logm_near_identity
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -146,7 +146,7 @@ class CellFilter:
     def deformation(self, batch: Batch) -> torch.Tensor:
         """``[B, 3, 3]`` deformation gradient ``F`` of the current cell (``cell = cell_0 F^T``)."""
         ref = getattr(batch, CELL_REFERENCE)
-        ref_inv = torch.linalg.inv_ex(ref).inverse
+        ref_inv = inv3(ref)
         return (ref_inv @ batch.cell.to(ref.dtype)).transpose(-1, -2)
 
     def deformation_of_dof(self, batch: Batch, dof: torch.Tensor) -> torch.Tensor:
@@ -175,10 +175,10 @@ class CellFilter:
         per_atom = f.index_select(0, batch.batch_idx)
         torch.bmm(batch.forces.unsqueeze(1), per_atom, out=atom_out.unsqueeze(1))
         cell = batch.cell.to(f.dtype)
-        volume = torch.linalg.det(cell).abs().view(-1, 1, 1)
+        volume = det3(cell).abs().view(-1, 1, 1)
         eye = torch.eye(3, dtype=f.dtype, device=f.device)
         virial = -volume * (batch.stress.to(f.dtype) + pressure.view(-1, 1, 1) * eye)
-        f_inv_t = torch.linalg.inv_ex(f).inverse.transpose(-1, -2)
+        f_inv_t = inv3(f).transpose(-1, -2)
         mask = self._mask(f)
         if self.kind == "unit":
             virial = virial @ f_inv_t
@@ -225,7 +225,7 @@ class CellFilter:
             new_dof = self.dof_of_deformation(batch, f_new)
         # x' = (x F_old^-T + dx) F_new^T = x (F_old^-T F_new^T) + dx F_new^T
         f_new_t = f_new.transpose(-1, -2)
-        carry = torch.linalg.inv_ex(f_old).inverse.transpose(-1, -2) @ f_new_t
+        carry = inv3(f_old).transpose(-1, -2) @ f_new_t
         ref = getattr(batch, CELL_REFERENCE)
         new_cell = ref @ f_new_t
         if active is not None:

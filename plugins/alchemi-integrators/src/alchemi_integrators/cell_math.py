@@ -26,7 +26,21 @@ import math
 
 import torch
 
-__all__ = ["expm", "expm_frechet_adjoint", "logm_near_identity", "phi1", "sym"]
+__all__ = ["det3", "expm", "expm_frechet_adjoint", "inv3", "logm_near_identity", "phi1", "sym"]
+
+
+def det3(m: torch.Tensor) -> torch.Tensor:
+    """``[...]`` determinants of ``[..., 3, 3]`` matrices as the triple product of their rows
+    (LAPACK's batched determinant costs milliseconds for a few small matrices on a CPU)."""
+    return (m[..., 0, :] * torch.linalg.cross(m[..., 1, :], m[..., 2, :])).sum(-1)
+
+
+def inv3(m: torch.Tensor) -> torch.Tensor:
+    """Inverses of ``[..., 3, 3]`` matrices from the adjugate (no pivoting, no error check: the
+    cells and deformation gradients this serves are far from singular)."""
+    a, b, c = m[..., 0, :], m[..., 1, :], m[..., 2, :]
+    cols = torch.stack((torch.linalg.cross(b, c), torch.linalg.cross(c, a), torch.linalg.cross(a, b)), dim=-1)
+    return cols / det3(m)[..., None, None]
 
 
 def _eye_like(a: torch.Tensor) -> torch.Tensor:
@@ -74,8 +88,7 @@ def expm_frechet_adjoint(log_f: torch.Tensor, grad: torch.Tensor) -> torch.Tenso
 def _sqrtm_denman_beavers(a: torch.Tensor, iterations: int) -> torch.Tensor:
     y, z = a, _eye_like(a)
     for _ in range(iterations):
-        y_inv = torch.linalg.inv_ex(y).inverse
-        z_inv = torch.linalg.inv_ex(z).inverse
+        y_inv, z_inv = inv3(y), inv3(z)
         y, z = 0.5 * (y + z_inv), 0.5 * (z + y_inv)
     return y
 

@@ -55,7 +55,7 @@ import torch
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
 from alchemi_integrators.base import MDIntegrator
-from alchemi_integrators.cell_math import expm, phi1, sym
+from alchemi_integrators.cell_math import det3, expm, phi1, sym
 from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS, nhc_half_step
 from alchemi_integrators.parameters import ParameterValue
 from alchemi_integrators.thermo import degrees_of_freedom, kinetic_energy
@@ -119,7 +119,7 @@ class _NPTBase(MDIntegrator):
     @staticmethod
     def volume(batch: Batch) -> torch.Tensor:
         """``[B]`` cell volumes, Å³."""
-        return torch.linalg.det(batch.cell.to(batch.positions.dtype)).abs()
+        return det3(batch.cell.to(batch.positions.dtype)).abs()
 
     @staticmethod
     def kinetic_tensor(batch: Batch) -> torch.Tensor:

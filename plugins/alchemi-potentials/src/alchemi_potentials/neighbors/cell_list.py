@@ -11,7 +11,11 @@ search walks as many periodic images as the radius needs.
 Every call of :meth:`BatchedNeighborList.update` launches the same kernels: the atoms of each
 system check how far they moved since their system's last build, and a system rebuilds when one
 moved more than ``skin / 2`` or its cell or periodicity changed; the other systems' threads
-return at once. No value is read back, so the step can be captured in a CUDA graph. Buffers are
+return at once. A fully periodic system whose cell changed (constant-pressure dynamics, cell
+relaxation) keeps its list while the deformation fits in the skin: each atom's position mapped
+back to the cell of the last build is tested against a threshold that the deformation shrinks
+(:func:`~alchemi_potentials.neighbors.kernels.follow_cell`), and images shift by the current
+cell. No value is read back, so the step can be captured in a CUDA graph. Buffers are
 allocated when the set of systems changes (``batch.version``) and reused otherwise.
 
 Errors found on the device (more neighbours than columns, a cell that lost its volume, images
@@ -224,7 +228,9 @@ class BatchedNeighborList:
             ref, wrapped = layout.warp_reference, layout.warp_wrapped
             ns, na, r = layout.num_systems, layout.num_atoms, self.radius
             before = _warp.LaunchSequence(positions.device)
-            before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64((self._skin / 2) ** 2)])
+            before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(self._skin),
+                                           layout.warp_image_cell])
+            before.add(k.check_moved, na, [positions, ref, wrapped, g, a])
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])

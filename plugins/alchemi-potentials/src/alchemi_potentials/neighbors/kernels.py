@@ -75,6 +75,9 @@ class SystemState:
     overflow: wp.array(dtype=wp.int32)  # most neighbours of an atom that had more than fit
     image_out_of_range: wp.array(dtype=wp.int32)  # an image beyond what an entry holds
     far_atoms: wp.array(dtype=wp.int32)  # an atom absurdly far (or NaN) outside its cell
+    deform: wp.array(dtype=wp.mat33d)  # h^-1 h_0: maps positions back to the cell of the last build
+    allowed_sq: wp.array(dtype=wp.float64)  # squared displacement (so mapped) an atom may have
+    followed: wp.array(dtype=wp.int32)  # 1: the cell changed and the list follows it unrebuilt
 
 
 @wp.struct
@@ -143,19 +146,67 @@ def slot_offset(g: SystemState, a: AtomState, s: int):
 
 
 @wp.kernel
+def follow_cell(
+    cell: wp.array(dtype=Any),
+    pbc: wp.array2d(dtype=wp.bool),
+    g: SystemState,
+    cutoff: wp.float64,
+    skin: wp.float64,
+    image_cell: wp.array(dtype=Any),
+):
+    """Let a fully periodic system's list follow a deformed cell without a rebuild.
+
+    With ``M = h^-1 h_0`` (current cell ``h``, cell of the last build ``h_0``; rows are lattice
+    vectors), a pair listed beyond ``cutoff + skin`` stays beyond ``cutoff`` while every atom's
+    ``x M`` is within ``(skin - cutoff |M - 1|_F) / 2`` of its position at the build: distances in
+    the current cell are at least those of the build frame divided by ``|M|_2 <= 1 + |M - 1|_F``.
+    Images then shift by the current lattice. Otherwise (periodicity changed, an open axis, a
+    deformation too large for the skin) the build is left to :func:`begin_build`.
+    """
+    s = wp.tid()
+    half = skin * wp.float64(0.5)
+    g.deform[s] = wp.identity(n=3, dtype=wp.float64)
+    g.allowed_sq[s] = half * half
+    g.followed[s] = 0
+    m = mat33d_of(cell[s])
+    old = g.cell[s]
+    pa = flag_of(pbc[s, 0])
+    pb = flag_of(pbc[s, 1])
+    pc = flag_of(pbc[s, 2])
+    ref = g.pbc[s]
+    if pa != ref[0] or pb != ref[1] or pc != ref[2] or pa == 0 or pb == 0 or pc == 0:
+        return
+    if not (row_changed(m, old, 0) or row_changed(m, old, 1) or row_changed(m, old, 2)):
+        return
+    if not (wp.abs(wp.determinant(m)) > wp.float64(0.0)):
+        return
+    back = wp.inverse(m) * old
+    e = back - wp.identity(n=3, dtype=wp.float64)
+    stretch = wp.sqrt(wp.ddot(e, e))
+    allowed = (skin - cutoff * stretch) * wp.float64(0.5)
+    if not (allowed > wp.float64(0.0)):  # NaN too (the first build)
+        return
+    g.deform[s] = back
+    g.allowed_sq[s] = allowed * allowed
+    g.followed[s] = 1
+    lattice = periodic_rows(m, wp.vec3i(pa, pb, pc))
+    g.lattice[s] = lattice
+    store_mat(image_cell, s, lattice)
+
+
+@wp.kernel
 def check_moved(
     positions: wp.array(dtype=Any),
     reference: wp.array(dtype=Any),
     wrapped: wp.array(dtype=Any),
     g: SystemState,
     a: AtomState,
-    half_skin_sq: wp.float64,
 ):
     t = wp.tid()
     s = a.system[t]
     x = vec3d_of(positions[a.order[t]])
-    d = x - vec3d_of(reference[t])
-    if not (wp.dot(d, d) <= half_skin_sq):  # NaN too: the build reports it
+    d = x * g.deform[s] - vec3d_of(reference[t])
+    if not (wp.dot(d, d) <= g.allowed_sq[s]):  # NaN too: the build reports it
         # Read before writing: after the first mover, most threads find the flag set and leave
         # the line alone, instead of every atom of a large system storing to one address.
         if g.moved[s] == 0:
@@ -184,7 +235,9 @@ def begin_build(
     if pa != ref[0] or pb != ref[1] or pc != ref[2]:
         flag = 1
     # A change of a periodic row changes distances without moving any atom.
-    if (pa != 0 and row_changed(m, old, 0)) or (pb != 0 and row_changed(m, old, 1)) or (pc != 0 and row_changed(m, old, 2)):
+    if g.followed[s] == 0 and (
+        (pa != 0 and row_changed(m, old, 0)) or (pb != 0 and row_changed(m, old, 1)) or (pc != 0 and row_changed(m, old, 2))
+    ):
         flag = 1
     g.rebuild[s] = flag
     if flag == 0:
@@ -361,6 +414,7 @@ def search_neighbors(
 # module compiles once (and before a CUDA graph capture, which cannot load modules).
 for _vec, _mat in ((wp.vec3f, wp.mat33f), (wp.vec3d, wp.mat33d)):
     _arr = wp.array(dtype=_vec)
+    wp.overload(follow_cell, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})
     wp.overload(check_moved, {"positions": _arr, "reference": _arr, "wrapped": _arr})
     wp.overload(begin_build, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})
     wp.overload(bin_atoms, {"positions": _arr})

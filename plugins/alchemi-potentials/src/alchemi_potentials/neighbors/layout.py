@@ -88,6 +88,9 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "overflow": ((), torch.int32, None, 0),
     "image_out_of_range": ((), torch.int32, None, 0),
     "far_atoms": ((), torch.int32, None, 0),
+    "deform": ((3, 3), torch.float64, "mat33d", 0),
+    "allowed_sq": ((), torch.float64, None, 0),
+    "followed": ((), torch.int32, None, 0),
 }
 _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
     "system": ((), torch.int32, None, 0),
