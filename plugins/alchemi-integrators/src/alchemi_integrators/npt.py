@@ -252,7 +252,8 @@ class NPTMTK(_NPTBase):
         weights = YOSHIDA_WEIGHTS[self.yoshida_order]
         g = getattr(batch, CELL_STRAIN_RATE)
         s_cell = nhc_half_step(
-            self._barostat_ke(batch), getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
+            self._barostat_ke(batch), getattr(batch, BAROSTAT_CHAIN_POSITIONS),
+            getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
             self._chain_masses(batch, self.cell_dof, "tau_p"), kt, torch.full_like(kt, self.cell_dof), half, weights,
             self.chain_steps,
         )
@@ -388,7 +389,8 @@ class NPTCRescale(_NPTBase):
         beta = self.per_system("compressibility", batch).view(-1, 1, 1)
         tau = self.per_system("tau_p", batch).view(-1, 1, 1)
         eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
-        drive = self.pressure_tensor(batch) - self.per_system("pressure", batch).view(-1, 1, 1) * eye + kt / volume * eye
+        p_ext = self.per_system("pressure", batch).view(-1, 1, 1)
+        drive = self.pressure_tensor(batch) - p_ext * eye + kt / volume * eye
         noise = self.work.get("crescale_noise", batch.num_graphs, batch.system_capacity, (3, 3), volume.dtype,
                               volume.device)
         noise.normal_(generator=self.generator(noise.device))

@@ -235,9 +235,9 @@ def begin_build(
     if pa != ref[0] or pb != ref[1] or pc != ref[2]:
         flag = 1
     # A change of a periodic row changes distances without moving any atom.
-    if g.followed[s] == 0 and (
-        (pa != 0 and row_changed(m, old, 0)) or (pb != 0 and row_changed(m, old, 1)) or (pc != 0 and row_changed(m, old, 2))
-    ):
+    changed = (pa != 0 and row_changed(m, old, 0)) or (pb != 0 and row_changed(m, old, 1))
+    changed = changed or (pc != 0 and row_changed(m, old, 2))
+    if changed and g.followed[s] == 0:  # a change follow_cell did not absorb
         flag = 1
     g.rebuild[s] = flag
     if flag == 0:

@@ -1,0 +1,91 @@
+"""NPT statistics on 256-atom LJ argon cells at 50 K and 0 GPa (Warp potential, float64).
+
+Independent systems in one batch give the statistics cheaply: each system's time average is one
+independent sample, so standard errors come from the spread between systems. MTK and C-rescale
+sample the same ensemble, so their mean volumes and their volume fluctuations (the isothermal
+compressibility ``kappa = <dV²> / (kB T <V>)``) must agree; the mean pressure must be the target;
+and MTK's extended energy must not drift.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from ase.build import bulk
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.units import KB
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+EPS, SIG, RC = 0.0104, 3.405, 8.5125
+SYSTEMS, EQUILIBRATE, PRODUCE, EVERY = 12, 600, 3000, 10
+T = 50.0
+
+
+def _argon() -> Batch:
+    cells = []
+    for seed in range(SYSTEMS):
+        atoms = bulk("Ar", "fcc", a=5.30, cubic=True).repeat(4)  # 256 atoms, near 0 GPa at 50 K
+        atoms.rattle(0.02, seed=seed)
+        cells.append(atoms)
+    return Batch.from_atoms(cells, dtype=torch.float64)
+
+
+def _sample(kind: str) -> dict[str, torch.Tensor]:
+    model = registry.build("model:lennard-jones", epsilon=EPS, sigma=SIG, cutoff=RC, shift_energy=True)
+    options = {"compressibility": 60.0} if kind == "crescale" else {}
+    npt = registry.build(f"integrator:npt-{kind}", model=model, dt=5.0, temperature=T, pressure=0.0, tau_t=100.0,
+                         tau_p=500.0, initial_temperature=T, random_seed=11, **options)
+    batch = _argon()
+    npt.run(batch, n_steps=EQUILIBRATE)
+    volumes, pressures, energies = [], [], []
+    for _ in range(PRODUCE // EVERY):
+        npt.run(batch, n_steps=EVERY)
+        volumes.append(npt.volume(batch).clone())
+        pressures.append(npt.pressure_tensor(batch).diagonal(dim1=-2, dim2=-1).mean(-1).clone())
+        if kind == "mtk":
+            energies.append(npt.conserved_energy(batch).clone() / 256)
+    out = {"volume": torch.stack(volumes), "pressure": torch.stack(pressures)}  # [samples, systems]
+    if energies:
+        out["energy"] = torch.stack(energies)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, dict[str, torch.Tensor]]:
+    return {kind: _sample(kind) for kind in ("mtk", "crescale")}
+
+
+def _mean_and_error(per_system: torch.Tensor) -> tuple[float, float]:
+    return float(per_system.mean()), float(per_system.std() / math.sqrt(per_system.numel()))
+
+
+@pytest.mark.parametrize("kind", ["mtk", "crescale"])
+def test_mean_pressure_is_the_target(runs, kind):
+    mean, err = _mean_and_error(runs[kind]["pressure"].mean(0))
+    assert abs(mean - 0.0) <= 2 * err, (mean, err)
+
+
+def test_mean_volumes_agree(runs):
+    (v1, e1), (v2, e2) = (_mean_and_error(runs[k]["volume"].mean(0)) for k in ("mtk", "crescale"))
+    assert abs(v1 - v2) <= 2 * math.hypot(e1, e2), (v1, e1, v2, e2)
+
+
+def test_compressibilities_agree(runs):
+    kappas = {}
+    for kind in ("mtk", "crescale"):
+        v = runs[kind]["volume"]
+        kappas[kind] = _mean_and_error(v.var(0) / (KB * T * v.mean(0)))
+    (k1, e1), (k2, e2) = kappas["mtk"], kappas["crescale"]
+    assert k1 > 0 and abs(k1 - k2) <= 2 * math.hypot(e1, e2), kappas
+
+
+def test_mtk_extended_energy_does_not_drift(runs):
+    e = runs["mtk"]["energy"].mean(1)  # eV per atom, averaged over systems
+    t_ns = torch.arange(len(e), dtype=torch.float64) * EVERY * 5.0 * 1e-6
+    slope = ((t_ns - t_ns.mean()) * (e - e.mean())).sum() / ((t_ns - t_ns.mean()) ** 2).sum()
+    assert abs(float(slope)) < 1e-3, f"{float(slope) * 1e3:.3f} meV per atom per ns"
