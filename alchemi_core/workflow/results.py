@@ -34,7 +34,8 @@ _EDGE_FIELDS = ("neighbor_list", "shifts", "neighbor_list_shifts")
 
 
 def open_store(path: Any) -> Any:
-    """An ``AtomicDataZarrReader`` over the store at ``path`` (needs alchemi-zarr).
+    """An ``AtomicDataZarrReader`` over the store at ``path`` (needs alchemi-zarr); for the root
+    of a sharded store (a data-parallel run's), a ``ShardedZarrReader`` over all its parts.
 
     Raises:
         InvalidDataError: No alchemi store there.
@@ -44,13 +45,20 @@ def open_store(path: Any) -> Any:
     if isinstance(path, (str, os.PathLike)) and "://" not in str(path) and not Path(path).exists():
         raise InvalidDataError(f"no results store at {str(path)!r}; give the path of a .zarr store a run wrote")
     reader_cls = registry.resolve_export("alchemi_core.data.datapipes", "AtomicDataZarrReader")
-    return path if isinstance(path, reader_cls) else reader_cls(path)
+    if isinstance(path, reader_cls) or hasattr(path, "parts"):
+        return path
+    from alchemi_zarr.sharded import ShardedZarrReader, is_sharded  # alchemi-zarr is there: reader_cls is
+
+    return ShardedZarrReader(path) if is_sharded(path) else reader_cls(path)
 
 
 def _column(reader: Any, name: str) -> np.ndarray | None:
-    store = reader.store
     if name not in reader.fields:
         return None
+    column = getattr(reader, "column", None)
+    if column is not None:  # a sharded store: every part's rows, in reader order
+        return column(name)
+    store = reader.store
     return store.read_rows(name, 0, store.num_systems)
 
 
@@ -110,7 +118,7 @@ def store_summary(store: Any) -> dict[str, Any]:
             statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
     energies = np.array([r["energy_per_atom_eV"] for r in table if "energy_per_atom_eV" in r])
     out: dict[str, Any] = {
-        "store": str(getattr(reader.store, "where", store)),
+        "store": str(getattr(getattr(reader, "store", None), "where", store)),
         "records": len(reader),
         "structures": len(table),
         "atoms": int(sum(r["atoms"] for r in table)),

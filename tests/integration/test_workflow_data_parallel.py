@@ -96,3 +96,17 @@ def test_torchrun_alchemi_run_fills_one_store_and_a_rerun_runs_nothing(project):
 
     again = run_workflow_data_parallel(load_workflow("dp.toml"), device="cpu", progress=False)
     assert (again["ran"], again["skipped"], again["structures_out"]) == (0, 7, 7)
+
+    # alchemi inspect and export read the sharded store as one set.
+    from click.testing import CliRunner
+
+    from alchemi_core.cli import main
+
+    shown = CliRunner().invoke(main, ["inspect", "dp.zarr", "--json"], catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)["summary"]
+    assert (report["records"], report["structures"]) == (7, 7), report
+    done = CliRunner().invoke(main, ["export", "dp.zarr", "all.extxyz"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    frames = ase.io.read(project / "all.extxyz", index=":")
+    assert sorted(a.info["system_id"] for a in frames) == list(range(7))

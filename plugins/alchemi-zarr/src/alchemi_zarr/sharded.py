@@ -261,6 +261,11 @@ class ShardedZarrReader:
         ids = [_system_ids(p.store) for p in self.parts]
         return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
+    def column(self, name: str) -> np.ndarray:
+        """Every record's rows of system field ``name`` (e.g. ``energy``), in reader order."""
+        rows = [np.asarray(p.store.read_rows(name, 0, p.store.num_systems)) for p in self.parts if len(p)]
+        return np.concatenate(rows) if rows else np.zeros(0)
+
     def __getitem__(self, index: int) -> AtomicData:
         part, i = self._locate(index)
         return part[i]
