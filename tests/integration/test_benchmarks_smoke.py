@@ -333,3 +333,21 @@ def test_w3_data_parallel_smoke_stores_every_cell_once(tmp_path: Path, monkeypat
     assert record["complete"] and (record["ranks"], record["stored"], record["duplicated"]) == (1, 16, 0)
     with pytest.raises(SystemExit, match="already holds results"):  # a timed run starts from an empty store
         w3_data_parallel.main(["--smoke"])
+
+
+def test_w8_quick_relaxes_every_strained_cell_and_runs_npt(tmp_path) -> None:
+    """W8 at tiny sizes on the CPU: every strained, rattled cell converges (fmax over atoms and
+    cell rows at most 0.05 eV/Å, cells out = cells in) and both barostats step."""
+    import json
+
+    from benchmarks import w8_cell
+
+    path = tmp_path / "w8.json"
+    assert w8_cell.main(["--quick", "--device", "cpu", "--frameworks", "alchemi", "--repeats", "1",
+                         "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    relax = out["relax"]["alchemi"]
+    assert relax["converged"] == 16 and relax["count"] == {"in": 16, "out": 16}
+    assert relax["max_fmax"] <= 0.05
+    for kind in ("mtk", "crescale"):
+        assert out["npt"][f"alchemi-{kind}"]["steps_per_s"] > 0

@@ -1,0 +1,259 @@
+"""W8: variable-cell relaxation and NPT steps/s, alchemi beside TorchSim (BENCHMARKS.md W8).
+
+* **relax**: 2048 argon cells of 108 atoms, cell i strained by a factor drawn uniformly in
+  [0.97, 1.03] (``numpy.random.default_rng(i)``) and rattled 0.1 Å (seed i, the W2 rule),
+  relaxed in positions and cell with FIRE (ASE's parameters) on a Frechet cell filter until every
+  cell's fmax over atoms and cell rows (as ASE's ``FrechetCellFilter`` counts them) is at most
+  0.05 eV/Å. Reported: wall time (median of repeats after one untimed run), steps, the largest
+  final fmax, and cells out = cells in.
+* **npt**: 1024 cells of 256 argon atoms at 50 K and 0 GPa, dt 5 fs: steps/s of alchemi's
+  ``npt-mtk`` and ``npt-crescale`` (each captured as a CUDA graph on GPUs) and of TorchSim's
+  ``npt_nose_hoover_isotropic_step`` and ``npt_crescale_isotropic_step`` in a loop.
+
+nvalchemi-toolkit 0.2.0 has no variable-cell FIRE or NPT integrator to drive here: its rows say so.
+
+Run (GPU, with the ``make-bundle --full`` site on ``PYTHONPATH``)::
+
+    python -m benchmarks.w8_cell --json $OUT/w8.json
+
+``--quick`` runs tiny sizes (a smoke test on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks import spec
+from benchmarks.structures import ArgonCells, Systems, replicated_crystal
+from benchmarks.timing import median, synchronize
+
+FMAX = 0.05
+STRAIN = (0.97, 1.03)
+NPT_T, NPT_DT, TAU_T, TAU_P = 50.0, 5.0, 100.0, 1000.0
+COMPRESSIBILITY = 60.0  # Å³/eV, LJ argon near 50 K
+MAX_STEPS = 3000
+
+
+def strained_cells(count: int) -> Systems:
+    """W8's start: W2's rattled cells, each strained by its own factor in [0.97, 1.03]."""
+    cells = ArgonCells([3] * count)
+    parts = []
+    for i in range(count):
+        pos, cell = cells.cell(i)
+        s = float(np.random.default_rng(i).uniform(*STRAIN))
+        parts.append((pos * s, cell * s))
+    return Systems(
+        torch.cat([p for p, _ in parts]), torch.stack([c for _, c in parts]),
+        torch.as_tensor(cells.atom_counts(), dtype=torch.long),
+    )
+
+
+# ---------------------------------------------------------------------------------- alchemi
+def _alchemi_model() -> Any:
+    from alchemi_potentials import LennardJones
+
+    return LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, skin=spec.SKIN,
+                        max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN))
+
+
+def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:
+    from alchemi_core.dynamics import ConvergenceHook
+    from alchemi_integrators import FIRE
+    from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
+    from benchmarks.adapters.alchemi import to_batch
+
+    f = spec.FIRE
+    batch = to_batch(systems, device)
+    fire = FIRE(_alchemi_model(), n_steps=MAX_STEPS, dt=f.dt_fs, dt_max=f.dt_max_fs, maxstep=f.maxstep,
+                maxstep_scope="system", cell_filter="frechet",
+                convergence_hook=ConvergenceHook.from_fmax(FMAX, frequency=1))
+    synchronize(device)
+    t0 = time.perf_counter()
+    fire.run(batch)
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    done = int((batch.status >= 1).sum())
+    fmax = float(getattr(batch, CELL_FILTER_FMAX).max())
+    return {"seconds": seconds, "steps": fire.step_count + 1, "max_fmax": fmax, "converged": done,
+            "count": {"in": systems.num_systems, "out": batch.num_graphs}}
+
+
+def alchemi_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[str, Any]:
+    from alchemi_core import registry
+    from alchemi_integrators.thermo import temperature
+    from benchmarks.adapters.alchemi import to_batch
+
+    batch = to_batch(systems, device)  # W1's crystal with its Maxwell-Boltzmann velocities at 50 K
+    extra = {"compressibility": COMPRESSIBILITY} if kind == "crescale" else {}
+    npt = registry.build(f"integrator:npt-{kind}", model=_alchemi_model(), dt=NPT_DT, temperature=NPT_T, pressure=0.0,
+                         tau_t=TAU_T, tau_p=TAU_P, random_seed=0, **extra).compile()
+    with npt:
+        npt.run(batch, n_steps=10)  # warm-up and capture
+        times = []
+        for _ in range(3):
+            synchronize(device)
+            t0 = time.perf_counter()
+            npt.run(batch, n_steps=steps)
+            synchronize(device)
+            times.append((time.perf_counter() - t0) / steps)
+    ms = 1e3 * median(times)
+    return {"ms_per_step": ms, "steps_per_s": 1e3 / ms, "atom_steps_per_s": systems.num_atoms * 1e3 / ms,
+            "temperature_K": float(temperature(batch).mean()),
+            "volume_per_atom": float((torch.linalg.det(batch.cell.double()).abs().sum() / batch.num_nodes)),
+            "graph_captures": getattr(npt._engine, "graph_captures", None)}
+
+
+# ---------------------------------------------------------------------------------- TorchSim
+def _ts_state(systems: Systems, device: str) -> Any:
+    from benchmarks.adapters.torchsim import _state
+
+    return _state(systems, device)
+
+
+def _ts_model(device: str) -> Any:
+    from torch_sim.models.lennard_jones import LennardJonesModel
+
+    return LennardJonesModel(sigma=spec.SIGMA, epsilon=spec.EPSILON, cutoff=spec.CUTOFF, device=torch.device(device),
+                             dtype=torch.float32, compute_stress=True)
+
+
+def torchsim_relax(systems: Systems, device: str, deadline: float) -> dict[str, Any]:
+    from torch_sim.optimizers.cell_filters import CellFilter
+    from torch_sim.optimizers.fire import fire_init, fire_step
+    from torch_sim.runners import generate_force_convergence_fn
+
+    f = spec.FIRE
+    model = _ts_model(device)
+    state = _ts_state(systems, device)
+    converged = generate_force_convergence_fn(FMAX, include_cell_forces=True)
+    synchronize(device)
+    t0 = time.perf_counter()
+    st = fire_init(state, model, dt_start=f.dt_ase, fire_flavor="ase_fire", cell_filter=CellFilter.frechet)
+    steps = 0
+    done = converged(st)
+    while steps < MAX_STEPS and not bool(done.all()) and time.perf_counter() < deadline:
+        st = fire_step(st, model, dt_max=f.dt_max_ase, max_step=f.maxstep, fire_flavor="ase_fire")
+        steps += 1
+        done = converged(st)
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    cell_f = getattr(st, "cell_forces", None)
+    fmax = float(torch.linalg.vector_norm(st.forces, dim=-1).max())
+    if cell_f is not None:
+        fmax = max(fmax, float(torch.linalg.vector_norm(cell_f, dim=-1).max()))
+    return {"seconds": seconds, "steps": steps, "max_fmax": fmax, "converged": int(done.sum()),
+            "timed_out": not bool(done.all()), "count": {"in": systems.num_systems, "out": int(st.n_systems)}}
+
+
+def torchsim_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[str, Any]:
+    from torch_sim.integrators import npt as ts_npt
+
+    model = _ts_model(device)
+    state = _ts_state(systems, device)
+    state.rng = 0
+    dt = NPT_DT / spec.INTERNAL_TIME_FS
+    kt = NPT_T * spec.BOLTZMANN
+    tau_p = TAU_P / spec.INTERNAL_TIME_FS
+    if kind == "mtk":
+        st = ts_npt.npt_nose_hoover_isotropic_init(state, model, kT=kt, dt=dt)
+
+        def step(s: Any) -> Any:
+            return ts_npt.npt_nose_hoover_isotropic_step(s, model, dt=dt, kT=kt, external_pressure=0.0)
+    else:
+        st = ts_npt.npt_crescale_init(state, model, kT=kt, dt=dt, tau_p=tau_p,
+                                      isothermal_compressibility=COMPRESSIBILITY)
+
+        def step(s: Any) -> Any:
+            return ts_npt.npt_crescale_isotropic_step(s, model, dt=dt, kT=kt, external_pressure=0.0,
+                                                      tau=TAU_T / spec.INTERNAL_TIME_FS)
+    for _ in range(3):
+        st = step(st)
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        st = step(st)
+    synchronize(device)
+    ms = 1e3 * (time.perf_counter() - t0) / steps
+    return {"ms_per_step": ms, "steps_per_s": 1e3 / ms, "atom_steps_per_s": systems.num_atoms * 1e3 / ms}
+
+
+def _attempt(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return fn(*args)
+    except ImportError as exc:
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the others carry on
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.w8_cell", description=__doc__.split("\n")[0])
+    p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--frameworks", default="alchemi,torchsim")
+    args = p.parse_args(argv)
+    dev = args.device
+    frameworks = args.frameworks.split(",")
+    cells = 16 if args.quick else 2048
+    npt_shape = (256, 4) if args.quick else (256, 1024)
+    npt_steps = 5 if args.quick else 100
+    out: dict[str, Any] = {"workload": "W8", "device": dev, "torch": torch.__version__, "relax": {}, "npt": {}}
+    if dev == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=2)
+
+    start = strained_cells(cells)
+    out["relax"]["case"] = f"{cells}x108, strain in {list(STRAIN)}, rattle {spec.RATTLE} Å, fmax {FMAX} (Frechet)"
+    if "alchemi" in frameworks:
+        _attempt(alchemi_relax, start, dev)  # compilation, first allocations
+        runs = [_attempt(alchemi_relax, start, dev) for _ in range(args.repeats)]
+        best = runs[-1]
+        if "seconds" in best:
+            best["seconds"] = median([r["seconds"] for r in runs if "seconds" in r])
+        out["relax"]["alchemi"] = best
+        save()
+    if "torchsim" in frameworks:
+        out["relax"]["torchsim"] = _attempt(torchsim_relax, start, dev, time.perf_counter() + 150.0)
+        save()
+    out["relax"]["nvalchemi"] = {"unavailable": "nvalchemi-toolkit 0.2.0 has no variable-cell FIRE (cell filter)"}
+    crystal = replicated_crystal(npt_shape[0], npt_shape[1], NPT_T)
+    out["npt"]["case"] = f"{npt_shape[0]}x{npt_shape[1]}, {NPT_T} K, 0 GPa, dt {NPT_DT} fs, float32"
+    for kind in ("mtk", "crescale"):
+        if "alchemi" in frameworks:
+            out["npt"][f"alchemi-{kind}"] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps)
+            save()
+        if "torchsim" in frameworks:
+            out["npt"][f"torchsim-{kind}"] = _attempt(torchsim_npt, kind, crystal, dev, max(3, npt_steps // 10))
+            save()
+    out["npt"]["nvalchemi"] = {"unavailable": "nvalchemi-toolkit 0.2.0's NPT is not driven here"}
+    a, t = out["relax"].get("alchemi", {}), out["relax"].get("torchsim", {})
+    if "seconds" in a and "seconds" in t:
+        out["relax"]["speedup_vs_torchsim"] = t["seconds"] / a["seconds"]
+    for kind in ("mtk", "crescale"):
+        a, t = out["npt"].get(f"alchemi-{kind}", {}), out["npt"].get(f"torchsim-{kind}", {})
+        if "steps_per_s" in a and "steps_per_s" in t:
+            out["npt"][f"speedup_{kind}_vs_torchsim"] = a["steps_per_s"] / t["steps_per_s"]
+    ok = "converged" in out["relax"].get("alchemi", {}) and out["relax"]["alchemi"]["converged"] == cells
+    out["relax"]["every_structure_converged"] = ok
+    save()
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return 0 if ok and not math.isnan(out["relax"]["alchemi"].get("max_fmax", math.nan)) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
