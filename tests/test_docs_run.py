@@ -123,3 +123,34 @@ def test_the_skip_marker_is_rare():
     skipped = [(p, line) for p in pages() for line, _, why in blocks(p, "python") if why]
     total = sum(len(blocks(p, "python")) for p in pages())
     assert len(skipped) <= max(3, total // 10), f"too many skipped blocks: {skipped}"
+
+
+TOML_PAGES = [p for p in pages() if any("[model]" in body for _, body, _ in blocks(p, "toml"))]
+
+
+@pytest.mark.parametrize("page", TOML_PAGES, ids=_id)
+def test_workflow_files_in_toml_blocks_validate(page, tmp_path):
+    """Every ```toml block that is a workflow (has [model]) passes validation (nothing runs)."""
+    from alchemi_core.workflow import parse_workflow
+
+    for line, body, skip in blocks(page, "toml"):
+        if "[model]" in body and not skip:
+            try:
+                parse_workflow(body, source=f"{_id(page)}:{line}", base=tmp_path)
+            except Exception as exc:
+                raise AssertionError(f"{_id(page)}, the workflow at line {line} is not valid: {exc}") from exc
+
+
+def test_every_installed_component_is_documented():
+    from alchemi_core import registry
+
+    text = "\n".join(p.read_text(encoding="utf-8") for p in pages())
+    missing = [r.spec for r in registry.available() if r.spec not in text and r.plugin != "template"]
+    assert not missing, f"components without documentation (add them to docs/components.md or a page): {missing}"
+
+
+def test_the_cli_reference_is_current():
+    from alchemi_core.cli.reference import render
+
+    current = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert current == render(), "docs/cli.md is stale: python -m alchemi_core.cli.reference > docs/cli.md"
