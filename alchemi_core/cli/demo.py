@@ -49,20 +49,29 @@ seed = {seed}
 
 
 def argon_cells(count: int, seed: int, rattle: float = 0.1) -> list[Any]:
-    """``count`` FCC argon cells (a = 5.26 Å) of mixed sizes, each rattled by ``rattle`` Å."""
+    """``count`` FCC argon cells (a = 5.26 Å) of mixed sizes, each rattled by ``rattle`` Å (numpy
+    only: the demo needs no ASE)."""
     import numpy as np
     import torch
-    from ase.build import bulk
 
     from alchemi_core.data import AtomicData
 
+    a = 5.26
+    basis = a * np.array([[0.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.5, 0.0, 0.5], [0.5, 0.5, 0.0]])
     rng = np.random.default_rng(seed)
     repeats = [(2, 2, 2), (2, 2, 3), (2, 3, 3), (3, 3, 3)]  # 32, 48, 72, 108 atoms
     out = []
     for _ in range(count):
-        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(repeats[int(rng.integers(len(repeats)))])
-        atoms.positions += rng.normal(scale=rattle, size=atoms.positions.shape)
-        out.append(AtomicData.from_atoms(atoms, dtype=torch.float32))
+        n = repeats[int(rng.integers(len(repeats)))]
+        cells = a * np.array([(i, j, k) for i in range(n[0]) for j in range(n[1]) for k in range(n[2])], dtype=float)
+        positions = (cells[:, None, :] + basis[None, :, :]).reshape(-1, 3)
+        positions += rng.normal(scale=rattle, size=positions.shape)
+        out.append(AtomicData(
+            atomic_numbers=torch.full((len(positions),), 18, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.float32),
+            cell=torch.tensor(np.diag(np.array(n, dtype=float) * a), dtype=torch.float32),
+            pbc=torch.ones(3, dtype=torch.bool),
+        ))
     return out
 
 

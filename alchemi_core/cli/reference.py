@@ -20,7 +20,8 @@ HEADER = """\
 Generated from the commands by `python -m alchemi_core.cli.reference > docs/cli.md` (a test checks
 that it is current). Every command that prints data takes `--json`; errors are one line on stderr
 with exit status 2 for a configuration or input that cannot work, 1 for a run that failed.
-`alchemi -v COMMAND` (or `ALCHEMI_VERBOSE=1`) shows Warp's messages and full tracebacks.
+`alchemi -v COMMAND` (or `ALCHEMI_VERBOSE=1`) shows Warp's messages and full tracebacks;
+`-h`/`--help` after any command prints its help.
 """
 
 
@@ -38,7 +39,7 @@ def _commands() -> list[tuple[str, click.Command]]:
 def _option_rows(cmd: click.Command, ctx: click.Context) -> list[tuple[str, str]]:
     rows = []
     for p in cmd.get_params(ctx):
-        if isinstance(p, click.Argument):
+        if isinstance(p, click.Argument) or "--help" in p.opts:  # every command takes -h/--help
             continue
         record = p.get_help_record(ctx)
         if record is not None:

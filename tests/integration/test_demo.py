@@ -65,3 +65,26 @@ def test_bad_options_are_one_line_errors_with_status_2(tmp_path, monkeypatch, ar
     assert result.exit_code == 2, result.output
     assert says in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "demo-results.zarr").exists()
+
+
+@pytest.mark.gpu
+def test_the_demo_runs_on_the_gpu_quietly_and_leaves_a_store_and_plots(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = {k: v for k, v in os.environ.items() if k != "ALCHEMI_VERBOSE"}
+    result = subprocess.run([sys.executable, "-m", "alchemi_core.cli", "demo", "--json"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["device"].startswith("cuda") and summary["every_structure_once"]
+    assert summary["structures_out"] == 300 and -0.085 < summary["mean_energy_per_atom_eV"] < -0.07
+    assert "Warp" not in result.stderr and "Module" not in result.stderr, result.stderr
+    for p in summary["plots"]:
+        assert (tmp_path / p).read_bytes()[:4] == b"\x89PNG"
+    print(f"demo on {summary['device']}: {summary['wall_s']:.2f} s, {summary['structures_per_hour']:.3g} structures/h")
