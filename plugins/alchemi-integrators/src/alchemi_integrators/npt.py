@@ -54,7 +54,7 @@ import torch
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
-from alchemi_integrators.base import MDIntegrator
+from alchemi_integrators.base import MDIntegrator, warp_available
 from alchemi_integrators.cell_math import det3, expm, phi1, sym
 from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS, nhc_half_step
 from alchemi_integrators.parameters import ParameterValue
@@ -345,6 +345,37 @@ class NPTCRescale(_NPTBase):
     ) -> None:
         super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
         self.declare("compressibility", compressibility, unit="Å³/eV", low=0.0, low_open=True)
+        self._noise_counters: dict[torch.device, torch.Tensor] = {}
+        self._launches: Any = None
+
+    def _normals(self, out: torch.Tensor, name: str) -> None:
+        """Fill ``out`` with N(0, 1) numbers: Warp's counter-based generator when warp-lang is
+        installed (a CUDA graph replays it with fresh numbers), else this integrator's torch
+        generator. Both are seeded by ``random_seed``."""
+        if not warp_available():
+            out.normal_(generator=self.generator(out.device))
+            return
+        from alchemi_integrators import warp_kernels
+
+        if self._launches is None:
+            self._launches = warp_kernels.WarpLaunches()
+        counter = self._noise_counters.get(out.device)
+        if counter is None:
+            counter = self._noise_counters[out.device] = torch.zeros(1, dtype=torch.int32, device=out.device)
+        warp_kernels.counter_normals(self._launches, name, out, self.random_seed, counter)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The random state (see ``MDIntegrator.state_dict``) and the Warp draw counters."""
+        state = super().state_dict()
+        state["noise_counters"] = {str(d): int(c.item()) for d, c in self._noise_counters.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._noise_counters = {
+            torch.device(d): torch.full((1,), int(n), dtype=torch.int32, device=torch.device(d))
+            for d, n in state.get("noise_counters", {}).items()
+        }
 
     def _noise_weights(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-atom-component weights that pick ``N_f = 3N - 3`` of the ``3N`` normals of each
@@ -370,7 +401,7 @@ class NPTCRescale(_NPTBase):
         ke = kinetic_energy(batch)
         target = 0.5 * nf * self.kt(batch)
         noise = self.work.get("csvr_noise", batch.num_nodes, batch.node_capacity, (3,), ke.dtype, ke.device)
-        noise.normal_(generator=self.generator(noise.device))
+        self._normals(noise, "csvr")
         weights, first = self._noise_weights(batch)
         chi2 = torch.zeros_like(ke).index_add_(0, batch.batch_idx, (noise * noise * weights).sum(-1))
         r1 = noise.view(-1).index_select(0, first)
@@ -393,7 +424,7 @@ class NPTCRescale(_NPTBase):
         drive = self.pressure_tensor(batch) - p_ext * eye + kt / volume * eye
         noise = self.work.get("crescale_noise", batch.num_graphs, batch.system_capacity, (3, 3), volume.dtype,
                               volume.device)
-        noise.normal_(generator=self.generator(noise.device))
+        self._normals(noise, "crescale")
         if self.anisotropic:
             # Per component: mobility beta/(3 tau); sym() of unit normals gives the off-diagonal
             # strains half the variance of the diagonal ones, as their doubled force requires.

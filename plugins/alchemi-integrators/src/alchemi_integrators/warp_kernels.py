@@ -719,3 +719,37 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
     launches.launch("fire_atoms", _fire_atoms, batch.num_nodes, args, batch.device)
     if not per_atom:
         launches.launch("fire_move", _fire_move, batch.num_nodes, (x, sys, act, coeff, dx, dx_sq), batch.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# counter-based normal numbers (capturable in a CUDA graph, unlike a torch.Generator's draws)
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.kernel
+def _counter_normals(out: wp.array(dtype=Any), seed: wp.int32, counter: wp.array(dtype=wp.int32)):
+    # N(0, 1) keyed by (seed, draw number, index): a replayed graph reads the advanced counter.
+    i = wp.tid()
+    state = wp.rand_init(seed, counter[0])
+    state = wp.rand_init(wp.int32(state), i)
+    out[i] = type(out[i])(wp.randn(state))
+
+
+@wp.kernel
+def _advance_counter(counter: wp.array(dtype=wp.int32)):
+    counter[0] = counter[0] + 1
+
+
+for _scalar in (wp.float32, wp.float64):
+    wp.overload(_counter_normals, {"out": wp.array(dtype=_scalar)})
+
+
+def counter_normals(launches: WarpLaunches, name: str, out: torch.Tensor, seed: int, counter: torch.Tensor) -> None:
+    """Fill the contiguous tensor ``out`` with standard normal numbers keyed by ``seed``, the draw
+    number ``counter`` (a device int32 ``[1]``) and the index, then advance the counter; nothing
+    is read back and no generator state lives on the host, so a captured step replays with fresh
+    numbers each time."""
+    flat = out.view(-1)
+    launches.launch(f"{name}:draw", _counter_normals, flat.numel(), (flat, int(seed) & 0x7FFFFFFF, counter),
+                    out.device)
+    launches.launch(f"{name}:advance", _advance_counter, 1, (counter,), out.device)
