@@ -186,7 +186,8 @@ def torchsim_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[s
     kt = NPT_T * spec.BOLTZMANN
     tau_p = TAU_P / spec.INTERNAL_TIME_FS
     if kind == "mtk":
-        st = ts_npt.npt_nose_hoover_isotropic_init(state, model, kT=kt, dt=dt)
+        st = ts_npt.npt_nose_hoover_isotropic_init(state, model, kT=kt, dt=dt, t_tau=TAU_T / spec.INTERNAL_TIME_FS,
+                                                   b_tau=tau_p)
 
         def step(s: Any) -> Any:
             return ts_npt.npt_nose_hoover_isotropic_step(s, model, dt=dt, kT=kt, external_pressure=0.0)
