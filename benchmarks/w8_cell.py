@@ -10,7 +10,9 @@
   ``npt-mtk`` and ``npt-crescale`` (each captured as a CUDA graph on GPUs) and of TorchSim's
   ``npt_nose_hoover_isotropic_step`` and ``npt_crescale_isotropic_step`` in a loop.
 
-nvalchemi-toolkit 0.2.0 has no variable-cell FIRE or NPT integrator to drive here: its rows say so.
+nvalchemi-toolkit is driven where its API has the method: ``FIREVariableCell`` and ``NPT``
+(MTK + NHC) with its ``LennardJonesModelWrapper`` and ``NeighborListHook`` (skin 0.5 Å); a version
+without them, or a call that fails, gets a row saying why.
 
 Run (GPU, with the ``make-bundle --full`` site on ``PYTHONPATH``)::
 
@@ -40,6 +42,8 @@ STRAIN = (0.97, 1.03)
 NPT_T, NPT_DT, TAU_T, TAU_P = 50.0, 5.0, 100.0, 1000.0
 COMPRESSIBILITY = 60.0  # Å³/eV, LJ argon near 50 K
 MAX_STEPS = 3000
+#: Wall-time cap of a peer's relaxation (the whole command stays under ~5 minutes).
+PEER_CAP_S = 90.0
 
 
 def strained_cells(count: int) -> Systems:
@@ -209,12 +213,67 @@ def torchsim_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[s
     return {"ms_per_step": ms, "steps_per_s": 1e3 / ms, "atom_steps_per_s": systems.num_atoms * 1e3 / ms}
 
 
+# ---------------------------------------------------------------------------------- nvalchemi
+def nvalchemi_relax(systems: Systems, device: str, deadline: float) -> dict[str, Any]:
+    from nvalchemi.dynamics.base import ConvergenceHook as NvConvergence
+    from nvalchemi.dynamics.optimizers.fire import FIREVariableCell
+
+    from benchmarks.adapters.nvalchemi import NvAlchemi, _Deadline, _prime
+    from benchmarks.adapters.nvalchemi import to_batch as nv_batch
+
+    model, nl = NvAlchemi()._model(device)
+    f = spec.FIRE
+    batch = nv_batch(systems, device)
+    fire = FIREVariableCell(model, dt=f.dt_internal, dt_max=f.dt_max_internal, maxstep=f.maxstep, n_steps=MAX_STEPS,
+                            convergence_hook=NvConvergence.from_fmax(FMAX), hooks=[nl, _Deadline(deadline)])
+    synchronize(device)
+    t0 = time.perf_counter()
+    _prime(fire, batch)
+    fire.run(batch)
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    status = getattr(batch, "status", None)
+    out: dict[str, Any] = {"seconds": seconds, "steps": int(getattr(fire, "step_count", -1)),
+                           "max_atom_force": float(torch.linalg.vector_norm(batch.forces, dim=-1).max()),
+                           "count": {"in": systems.num_systems, "out": int(batch.num_graphs)}}
+    if status is not None:
+        out["converged"] = int((status.view(-1) >= 1).sum())
+    return out
+
+
+def nvalchemi_npt(systems: Systems, device: str, steps: int) -> dict[str, Any]:
+    from nvalchemi.dynamics import NPT
+
+    from benchmarks.adapters.nvalchemi import NvAlchemi, _prime
+    from benchmarks.adapters.nvalchemi import to_batch as nv_batch
+
+    model, nl = NvAlchemi()._model(device)
+    batch = nv_batch(systems, device)
+
+    def make(n: int) -> Any:
+        return NPT(model, dt=NPT_DT, temperature=NPT_T, pressure=0.0, barostat_time=TAU_P, thermostat_time=TAU_T,
+                   n_steps=n, hooks=[nl])
+
+    warm = make(3)
+    _prime(warm, batch)
+    warm.run(batch)
+    timed_run = make(steps)
+    synchronize(device)
+    t0 = time.perf_counter()
+    timed_run.run(batch)
+    synchronize(device)
+    ms = 1e3 * (time.perf_counter() - t0) / steps
+    return {"ms_per_step": ms, "steps_per_s": 1e3 / ms, "atom_steps_per_s": systems.num_atoms * 1e3 / ms}
+
+
 def _attempt(fn: Any, *args: Any) -> dict[str, Any]:
     try:
         return fn(*args)
     except ImportError as exc:
         return {"unavailable": f"{type(exc).__name__}: {exc}"}
-    except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the others carry on
+    except Exception as exc:  # noqa: BLE001
+        if type(exc).__name__ == "Unavailable":
+            return {"unavailable": str(exc)}
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -224,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--frameworks", default="alchemi,torchsim")
+    p.add_argument("--frameworks", default="alchemi,torchsim,nvalchemi")
     args = p.parse_args(argv)
     dev = args.device
     frameworks = args.frameworks.split(",")
@@ -251,9 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         out["relax"]["alchemi"] = best
         save()
     if "torchsim" in frameworks:
-        out["relax"]["torchsim"] = _attempt(torchsim_relax, start, dev, time.perf_counter() + 150.0)
+        out["relax"]["torchsim"] = _attempt(torchsim_relax, start, dev, time.perf_counter() + PEER_CAP_S)
         save()
-    out["relax"]["nvalchemi"] = {"unavailable": "nvalchemi-toolkit 0.2.0 has no variable-cell FIRE (cell filter)"}
+    if "nvalchemi" in frameworks:
+        out["relax"]["nvalchemi"] = _attempt(nvalchemi_relax, start, dev, time.perf_counter() + PEER_CAP_S)
+        save()
     crystal = replicated_crystal(npt_shape[0], npt_shape[1], NPT_T)
     out["npt"]["case"] = f"{npt_shape[0]}x{npt_shape[1]}, {NPT_T} K, 0 GPa, dt {NPT_DT} fs, float32"
     for kind in ("mtk", "crescale"):
@@ -263,14 +324,20 @@ def main(argv: list[str] | None = None) -> int:
         if "torchsim" in frameworks:
             out["npt"][f"torchsim-{kind}"] = _attempt(torchsim_npt, kind, crystal, dev, max(3, npt_steps // 10))
             save()
-    out["npt"]["nvalchemi"] = {"unavailable": "nvalchemi-toolkit 0.2.0's NPT is not driven here"}
-    a, t = out["relax"].get("alchemi", {}), out["relax"].get("torchsim", {})
-    if "seconds" in a and "seconds" in t:
-        out["relax"]["speedup_vs_torchsim"] = t["seconds"] / a["seconds"]
+    if "nvalchemi" in frameworks:
+        out["npt"]["nvalchemi-mtk"] = _attempt(nvalchemi_npt, crystal, dev, max(3, npt_steps // 5))
+        save()
+    a = out["relax"].get("alchemi", {})
+    for peer in ("torchsim", "nvalchemi"):
+        t = out["relax"].get(peer, {})
+        if "seconds" in a and "seconds" in t:
+            out["relax"][f"speedup_vs_{peer}"] = t["seconds"] / a["seconds"]
     for kind in ("mtk", "crescale"):
-        a, t = out["npt"].get(f"alchemi-{kind}", {}), out["npt"].get(f"torchsim-{kind}", {})
-        if "steps_per_s" in a and "steps_per_s" in t:
-            out["npt"][f"speedup_{kind}_vs_torchsim"] = a["steps_per_s"] / t["steps_per_s"]
+        a = out["npt"].get(f"alchemi-{kind}", {})
+        for peer in ("torchsim", "nvalchemi"):
+            t = out["npt"].get(f"{peer}-{kind}", {})
+            if "steps_per_s" in a and "steps_per_s" in t:
+                out["npt"][f"speedup_{kind}_vs_{peer}"] = a["steps_per_s"] / t["steps_per_s"]
     ok = "converged" in out["relax"].get("alchemi", {}) and out["relax"]["alchemi"]["converged"] == cells
     out["relax"]["every_structure_converged"] = ok
     save()
