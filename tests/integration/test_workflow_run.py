@@ -192,3 +192,30 @@ def test_execute_runs_a_plan_over_any_dataset_into_any_sink():
     # The same plan runs again over another shard.
     summary = execute(plan, ListDataset(cells[:2]), [sink], progress=False)
     assert summary.structures_out == 2 and len(sink) == 5
+
+
+def test_trajectories_are_stored_inspected_and_exported_whole(project):
+    from alchemi_core.workflow.results import store_summary, structure_table
+
+    text = WORKFLOW.replace('path = "results.zarr"', 'path = "results.zarr"\ntrajectory_every = 50')
+    text += '\n[checkpoint]\npath = "run.ckpt"\nevery = 100\n'
+    (project / "traj.toml").write_text(text)
+    result = _invoke("run", "traj.toml", "--json", "--no-progress")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["structures_out"] == 6 and summary["every_structure_once"]  # frames are not finished structures
+    assert (project / "run.ckpt").exists()
+    table = structure_table("results.zarr")
+    assert len(table) == 6 and all(r["frames"] > 1 and r["status"] == 2 for r in table)
+    assert store_summary("results.zarr")["records"] == sum(r["frames"] for r in table)
+    result = _invoke("export", "results.zarr", "all.traj", "--frames", "all", "--json")
+    assert result.exit_code == 0, result.output
+    frames = ase.io.read(project / "all.traj", index=":")
+    assert len(frames) == sum(r["frames"] for r in table)
+    ids = [a.info["system_id"] for a in frames]
+    assert ids == sorted(ids)  # grouped by structure, each structure's frames in the order stored
+    result = _invoke("export", "results.zarr", "last.extxyz")
+    last = ase.io.read(project / "last.extxyz", index=":")
+    assert result.exit_code == 0 and len(last) == 6 and {a.info["status"] for a in last} == {2}
+    result = _invoke("inspect", "results.zarr", "--json")
+    assert json.loads(result.stdout)["summary"]["structures"] == 6
