@@ -56,3 +56,18 @@ def test_streaming_run_counts_systems_done(molecule):
 def test_unknown_backend_is_rejected():
     with pytest.raises(ConfigurationError, match="plain"):
         ProgressHook(backend="fancy")
+
+
+def test_counting_structures_ends_at_the_datasets_size(molecule):
+    data = [molecule(n, seed=i) for i, n in enumerate([3, 4, 5, 3, 4])]
+    sampler = SizeAwareSampler(ListDataset(data), max_atoms=8, max_batch_size=2, bin_width=1)
+    out = io.StringIO()
+    hook = ProgressHook(frequency=3, backend="plain", file=out, structures=len(data))
+    DemoDynamics(
+        model=DemoModelWrapper(), n_steps=6, dt=0.5, sampler=sampler, sinks=[HostMemory(None)], hooks=[hook]
+    ).run()
+    lines = out.getvalue().splitlines()
+    counts = [int(re.match(r"alchemi: structures (\d+)/5 \|", ln).group(1)) for ln in lines]
+    assert counts == sorted(counts) and counts[-1] == 5
+    with pytest.raises(ConfigurationError):
+        ProgressHook(structures=0)
