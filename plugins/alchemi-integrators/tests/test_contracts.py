@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from alchemi_core.testing.contracts import IntegratorContract
-from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
+from alchemi_core.data import Batch
+from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, NPTCRescale, NPTMTK, VelocityVerlet
 from alchemi_integrators.base import warp_available
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
@@ -89,3 +91,46 @@ class TestFIREGpu(TestFIRE):
 @pytest.mark.gpu
 class TestFIRE2Gpu(TestFIRE2):
     device = "cuda"
+
+
+# Integrators that move cells: periodic argon cells and a model that gives stress (torch backend).
+class _CellContract(IntegratorContract):
+    def model(self) -> Any:
+        from integrators_testkit.lj_reference import ReferenceLJ
+
+        return ReferenceLJ()
+
+    def batch(self, sizes: list[int], dtype: torch.dtype = torch.float64) -> Batch:
+        from integrators_testkit.lj_reference import argon
+
+        cells = [argon(2, rattle=0.05, seed=i, dtype=dtype) for i in range(len(sizes))]
+        return Batch.from_data_list(cells).to(self.device)
+
+
+class TestFIRECellFilter(_CellContract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> FIRE:
+        return FIRE(model=model, n_steps=n_steps, dt=2.0, cell_filter="frechet", **kwargs)
+
+
+class TestFIRE2UnitCellFilter(_CellContract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> FIRE2:
+        return FIRE2(model=model, n_steps=n_steps, dt=2.0, cell_filter="unit", hydrostatic_strain=True, **kwargs)
+
+
+class TestNPTMTK(_CellContract):
+    integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0}
+
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> NPTMTK:
+        return NPTMTK(model=model, n_steps=n_steps, dt=5.0, **kwargs)
+
+
+class TestNPTMTKAnisotropic(TestNPTMTK):
+    integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0, "anisotropic": True}
+
+
+class TestNPTCRescale(_CellContract):
+    deterministic = False
+    integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0, "random_seed": 2, "anisotropic": True}
+
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> NPTCRescale:
+        return NPTCRescale(model=model, n_steps=n_steps, dt=5.0, **kwargs)
