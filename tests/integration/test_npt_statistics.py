@@ -25,7 +25,11 @@ EPS, SIG, RC = 0.0104, 3.405, 8.5125
 #: On a GPU (seconds there) many more systems; on 2 CPU cores this takes tens of minutes.
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SYSTEMS = 64 if DEVICE.type == "cuda" else 12
-EQUILIBRATE, PRODUCE, EVERY = 600, 3000, 10
+EQUILIBRATE, PRODUCE = (2000, 8000) if DEVICE.type == "cuda" else (600, 3000)
+EVERY = 10
+#: Two samplers' means are compared within three combined standard errors (a comparison at two
+#: fails 5 % of the time when both are right; the target pressure is checked at two).
+AGREE = 3.0
 T = 50.0
 
 
@@ -75,7 +79,7 @@ def test_mean_pressure_is_the_target(runs, kind):
 
 def test_mean_volumes_agree(runs):
     (v1, e1), (v2, e2) = (_mean_and_error(runs[k]["volume"].mean(0)) for k in ("mtk", "crescale"))
-    assert abs(v1 - v2) <= 2 * math.hypot(e1, e2), (v1, e1, v2, e2)
+    assert abs(v1 - v2) <= AGREE * math.hypot(e1, e2), (v1, e1, v2, e2)
 
 
 def test_compressibilities_agree(runs):
@@ -84,7 +88,7 @@ def test_compressibilities_agree(runs):
         v = runs[kind]["volume"]
         kappas[kind] = _mean_and_error(v.var(0) / (KB * T * v.mean(0)))
     (k1, e1), (k2, e2) = kappas["mtk"], kappas["crescale"]
-    assert k1 > 0 and abs(k1 - k2) <= 2 * math.hypot(e1, e2), kappas
+    assert k1 > 0 and abs(k1 - k2) <= AGREE * math.hypot(e1, e2), kappas
 
 
 def test_mtk_extended_energy_does_not_drift(runs):
