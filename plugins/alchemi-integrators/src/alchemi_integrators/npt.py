@@ -26,8 +26,11 @@ and ``B = g + tr(g)/N_f I``. The matrix exponentials are exact for the strain ra
 
 **C-rescale** (:class:`NPTCRescale`; Bernetti & Bussi, J. Chem. Phys. 153, 114107 (2020)):
 stochastic cell rescaling. Each step the log-volume moves by
-``d eps = -(beta_T / tau_p)(p - P_int - kB T / V) dt + sqrt(2 kB T beta_T dt / (V tau_p)) R``
-(``R`` standard normal; anisotropic: the same per strain component, with ``beta_T / 3``), the
+``d eps = -(beta_T / tau_p)(p - P_int) dt + sqrt(2 kB T beta_T dt / (V tau_p)) R``
+(``R`` standard normal, the noise's amplitude taken at the step's start: Ito; the paper's
+``kB T / V`` drift term belongs to other conventions, and in Ito form its stationary volume
+distribution would carry an extra factor V; anisotropic: the same per strain component, with
+``beta_T / 3``), the
 positions and cell are scaled by ``exp(d eps / 3)`` and the velocities by its inverse; the
 temperature is held by stochastic velocity rescaling (Bussi, Donadio & Parrinello 2007) with
 ``tau_t``. ``compressibility`` (``beta_T``, Å³/eV) sets how fast the volume relaxes, not where
@@ -421,7 +424,7 @@ class NPTCRescale(_NPTBase):
         tau = self.per_system("tau_p", batch).view(-1, 1, 1)
         eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
         p_ext = self.per_system("pressure", batch).view(-1, 1, 1)
-        drive = self.pressure_tensor(batch) - p_ext * eye + kt / volume * eye
+        drive = self.pressure_tensor(batch) - p_ext * eye
         noise = self.work.get("crescale_noise", batch.num_graphs, batch.system_capacity, (3, 3), volume.dtype,
                               volume.device)
         self._normals(noise, "crescale")
