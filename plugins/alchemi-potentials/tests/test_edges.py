@@ -1,0 +1,107 @@
+"""COO edges for message-passing models: exactly ASE's ``ijS`` pairs within the cutoff, padding
+that stays inert, updates without rebuilds, and capacity errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from ase.neighborlist import neighbor_list
+
+from alchemi_core.data import Batch
+from alchemi_core.errors import CapacityError
+from alchemi_potentials.neighbors import EdgeList
+
+RC = 5.0
+
+
+def systems(ref, rng):
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    cu.rattle(0.1, seed=1)
+    slab = ref.atoms(rng, 12, ref.cell(rng, (8.0, 9.0, 12.0), 0.3), (True, False, True), min_distance=2.0)
+    slab.positions[:3, 1] -= 7.0  # below the cell on the open axis
+    return [
+        cu,
+        ref.atoms(rng, 4, ref.cell(rng, (3.0, 3.5, 4.0), 0.3), True, min_distance=1.5),  # many images
+        slab,
+        ref.atoms(rng, 9, np.diag([8.0, 8.0, 8.0]), False, min_distance=2.0),  # a molecule in a box
+    ]
+
+
+def edge_set(edges, batch, first, n):
+    count = int(edges.num_edges)
+    i, j = edges.sender[:count].numpy(), edges.receiver[:count].numpy()
+    s = edges.unit_shifts[:count].numpy()
+    assert np.allclose(s, np.round(s)), "lattice shifts must be whole numbers"
+    mine = (i >= first) & (i < first + n)
+    assert ((j[mine] >= first) & (j[mine] < first + n)).all(), "an edge crosses systems"
+    out = [(int(a) - first, int(b) - first, *map(int, np.round(v))) for a, b, v in zip(i[mine], j[mine], s[mine], strict=True)]
+    assert len(out) == len(set(out)), "an edge appears twice"
+    return set(out)
+
+
+def check_against_ase(edges, batch, atoms_list):
+    ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
+    for s, atoms in enumerate(atoms_list):
+        i, j, shifts = neighbor_list("ijS", atoms, RC)
+        assert len(i) > 0
+        want = {(int(a), int(b), *map(int, v)) for a, b, v in zip(i, j, shifts, strict=True)}
+        assert edge_set(edges, batch, ptr[s], len(atoms)) == want, f"system {s}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_edges_are_ase_pairs_within_the_cutoff(ref, rng, dtype):
+    atoms_list = systems(ref, rng)
+    batch = ref.batch(atoms_list, dtype=dtype)
+    el = EdgeList(RC, skin=0.5)
+    edges = el.update(batch)
+    check_against_ase(edges, batch, atoms_list)
+    vec = edges.vectors(batch.positions, batch.cell)
+    count = int(edges.num_edges)
+    assert (vec[:count].norm(dim=1) < RC).all()
+    # padding: an atom to itself, vector exactly (cutoff, 0, 0)
+    assert edges.capacity > count
+    assert (edges.sender[count:] == edges.receiver[count:]).all()
+    assert torch.equal(vec[count:], torch.tensor([RC, 0.0, 0.0], dtype=dtype).expand(edges.capacity - count, 3))
+
+
+def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
+    atoms_list = systems(ref, rng)
+    batch = ref.batch(atoms_list)
+    el = EdgeList(RC, skin=1.0)
+    el.update(batch)
+    builds = el.neighbor_list.builds(batch).clone()
+    capacity = el.capacity
+    g = np.random.default_rng(3)
+    for _ in range(3):
+        step = g.normal(scale=0.08, size=(batch.num_nodes, 3)).clip(-0.15, 0.15)
+        batch.positions.add_(torch.as_tensor(step))
+        for a, lo, hi in zip(atoms_list, *_bounds(batch), strict=True):
+            a.positions = batch.positions[lo:hi].numpy()
+        edges = el.update(batch)
+        check_against_ase(edges, batch, atoms_list)
+    assert torch.equal(el.neighbor_list.builds(batch), builds), "moves within skin/2 must not rebuild"
+    assert el.capacity == capacity
+
+
+def _bounds(batch):
+    ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
+    return ptr[:-1], ptr[1:]
+
+
+def test_fixed_capacity_overflow_is_an_error(ref, rng):
+    atoms_list = systems(ref, rng)
+    batch = ref.batch(atoms_list)
+    el = EdgeList(RC, skin=0.5, max_edges=100)
+    edges = el.update(batch)
+    assert edges.capacity == 100
+    with pytest.raises(CapacityError, match="max_edges="):
+        el.verify(batch)
+
+
+def test_one_system_alone_has_the_edges_it_has_in_a_batch(ref, rng):
+    atoms_list = systems(ref, rng)
+    alone = Batch.from_atoms([atoms_list[0]], dtype=torch.float64)
+    edges = EdgeList(RC).update(alone)
+    check_against_ase(edges, alone, atoms_list[:1])
