@@ -21,6 +21,10 @@ _EXPORTS = {
     "Morse": "alchemi_potentials.morse",
     "AseCalculatorModel": "alchemi_potentials.ase_model",
     "BatchedNeighborList": "alchemi_potentials.neighbors",
+    "EdgeList": "alchemi_potentials.neighbors",
+    "EdgeModel": "alchemi_potentials.edge_model",
+    "D3Dispersion": "alchemi_potentials.d3",
+    "SumModel": "alchemi_potentials.sum_model",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,6 +20,17 @@ def alchemi_register_models(registrar):  # type: ignore[no-untyped-def]
         requires={"warp": "warp-lang"},
     )
     registrar.add(
+        "d3",
+        "alchemi_potentials.d3:D3Dispersion",
+        summary="DFT-D3 dispersion with Becke-Johnson damping (torch-dftd) on batched cell-list edges",
+        requires={"torch_dftd": "--no-deps torch-dftd", "warp": "warp-lang"},
+    )
+    registrar.add(
+        "sum",
+        "alchemi_potentials.sum_model:SumModel",
+        summary="the sum of several models (e.g. SevenNet + D3): energies, forces and stress added",
+    )
+    registrar.add(
         "ase",
         "alchemi_potentials.ase_model:AseCalculatorModel",
         summary="any ASE calculator, system by system on the CPU (validation, existing calculators)",

@@ -1,0 +1,142 @@
+"""``EdgeModel``: what machine-learned and other message-passing potentials share.
+
+A subclass says how to get the systems' energies from positions, cells and COO edges
+(:meth:`EdgeModel.energies`); this base class keeps the edges (:class:`EdgeList`, rebuilt only
+when an atom moved more than half the skin), and turns the energies into forces and stress by
+automatic differentiation:
+
+* forces ``F = -dE/dx``,
+* stress ``dE/d(eps) / V`` for a symmetric strain ``eps`` applied to positions and cell
+  (``x -> x (1 + eps)``, ``cell -> cell (1 + eps)``), positive under tension as in ASE; NaN for
+  a system whose cell has no volume.
+
+The forward makes no host synchronisation, so on a GPU the whole step (edges, model, backward)
+can be captured in a CUDA graph when the model's own code allows it (:attr:`cuda_graphs`).
+Inputs in another dtype than the model's are cast to it, results back to the positions'.
+
+Example:
+    >>> class Springs(EdgeModel):                       # a toy: E = sum over edges of r^2 / 4
+    ...     def energies(self, batch, positions, cell, edges):
+    ...         r2 = (edges.vectors(positions, cell) ** 2).sum(1)
+    ...         live = torch.arange(edges.capacity) < edges.count
+    ...         per_edge = torch.where(live, r2, torch.zeros_like(r2)) / 4
+    ...         return torch.zeros(batch.num_graphs, dtype=r2.dtype).index_add(0, edges.system, per_edge)
+    >>> from ase.build import bulk
+    >>> from alchemi_core.data import Batch
+    >>> model = Springs(cutoff=3.0, name="springs")
+    >>> out = model(Batch.from_atoms([bulk("Cu", "fcc", a=3.61, cubic=True)]), compute_stress=True)
+    >>> sorted(out)
+    ['energy', 'forces', 'stress']
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from alchemi_core.errors import InvalidDataError
+from alchemi_core.models.base import BaseModel, ModelCard
+from alchemi_potentials.neighbors import EdgeList, check_cells
+from alchemi_potentials.neighbors.edges import Edges
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+def cell_volumes(cell: torch.Tensor) -> torch.Tensor:
+    """``[B]`` ``|det(cell)|`` by the triple product (no solver, so no host synchronisation)."""
+    return torch.linalg.vecdot(cell[:, 0], torch.linalg.cross(cell[:, 1], cell[:, 2])).abs()
+
+
+class EdgeModel(BaseModel):
+    """Base class of models that read COO edges (see the module docstring).
+
+    Args:
+        cutoff: Edge cutoff in Å (the model's).
+        name: Name on the model card.
+        species: Atomic numbers the model knows (None: any).
+        dtype: The model's floating-point dtype (None: the positions').
+        skin: Verlet skin (Å) of the neighbour list under the edges.
+        max_neighbors: Columns of that neighbour list (None: sized from the structures).
+        max_edges: Edge capacity (None: sized from the structures; a number for CUDA graphs).
+        padding_length: Length (Å) of padding edges' vectors (default: the cutoff).
+    """
+
+    #: The step may be captured in a CUDA graph (no host reads, no CPU-side control flow on
+    #: device values in the model's own code).
+    cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self, *, cutoff: float, name: str, species: tuple[int, ...] | None = None,
+                 dtype: torch.dtype | None = None, skin: float = 0.5, max_neighbors: int | None = None,
+                 max_edges: int | None = None, padding_length: float | None = None) -> None:
+        super().__init__()
+        self.edge_list = EdgeList(cutoff, skin, max_neighbors, max_edges, padding_length)
+        self.dtype = dtype
+        self.card = ModelCard(name=name, cutoff=float(cutoff), periodic=True, stress=True, species=species)
+        self._no_cell: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ to implement
+    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+        """``[B]`` energies (eV), differentiable in ``positions`` and ``cell`` (both in the
+        model's dtype; the edges' vectors are ``edges.vectors(positions, cell)``)."""
+        raise NotImplementedError  # pragma: no cover
+
+    # ------------------------------------------------------------------ the forward
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        """Energies ``[B, 1]``, forces ``[V, 3]`` and, when asked, stress ``[B, 3, 3]``."""
+        edges = self.edge_list.update(batch)
+        pos_in = batch.positions
+        dtype = self.dtype or pos_in.dtype
+        with torch.enable_grad():
+            pos = pos_in.detach().to(dtype).requires_grad_(True)
+            cell = self._cell(batch, dtype)
+            wrt = [pos]
+            if compute_stress:
+                strain = torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=pos.device, requires_grad=True)
+                sym = 0.5 * (strain + strain.transpose(1, 2))
+                x = pos + torch.bmm(pos.unsqueeze(1), sym[batch.batch_idx]).squeeze(1)
+                c = cell + torch.bmm(cell, sym)
+                wrt.append(strain)
+            else:
+                x, c = pos, cell
+            energy = self.energies(batch, x, c, edges)
+            grads = torch.autograd.grad(energy.sum(), wrt, allow_unused=True)
+        out_dtype = pos_in.dtype
+        forces = grads[0]
+        forces = torch.zeros_like(pos) if forces is None else -forces
+        out = {"energy": energy.detach().to(out_dtype).unsqueeze(1), "forces": forces.to(out_dtype)}
+        if compute_stress:
+            g = grads[1] if grads[1] is not None else torch.zeros_like(cell)
+            out["stress"] = (g / cell_volumes(cell).view(-1, 1, 1)).to(out_dtype)
+        return out
+
+    def _cell(self, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        if "cell" in batch:
+            return batch.cell.detach().to(dtype)
+        key = (batch.num_graphs, dtype, batch.positions.device)
+        zero = self._no_cell.get(key)
+        if zero is None:
+            zero = self._no_cell[key] = torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=batch.positions.device)
+        return zero
+
+    # ------------------------------------------------------------------ checks
+    def check_batch(self, batch: Batch) -> None:
+        """Reject unknown species and periodic systems without a usable cell (reads back).
+
+        Raises:
+            InvalidDataError: Positions that are not floating point, species the model does not
+                know, or a degenerate periodic cell.
+        """
+        if not batch.positions.is_floating_point():
+            raise InvalidDataError(f"{self.card.name}: positions must be float32 or float64, got {batch.positions.dtype}")
+        super().check_batch(batch)
+        check_cells(batch, self.card.name)
+
+    def verify(self, batch: Batch) -> None:
+        """Raise what the edge list recorded on the device (capacity, cells, far atoms)."""
+        self.edge_list.verify(batch)
+
+    def memory_bytes(self) -> int:
+        """Device bytes of the edges and neighbour list (not the network's activations)."""
+        return self.edge_list.memory_bytes()
