@@ -45,7 +45,7 @@ def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[An
                             energy_tol: float, force_tol: float, stress_tol: float) -> dict[str, float]:
     """Largest differences of the batched model from ``calculator`` (absolute: eV per system,
     eV/Å, eV/Å³), asserting each is within its tolerance; also one system alone against the
-    batch. Stress is compared for systems with a 3-D cell."""
+    batch. Stress is compared for systems periodic in all three directions."""
     from alchemi_core.data import Batch
 
     batch = Batch.from_atoms(list(structures), dtype=dtype)
@@ -58,8 +58,9 @@ def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[An
         e = a.get_potential_energy()
         f = a.get_forces()
         worst["energy"] = max(worst["energy"], abs(float(out["energy"][s, 0]) - e))
-        worst["forces"] = max(worst["forces"], float(np.abs(out["forces"][ptr[s]:ptr[s + 1]].detach().numpy() - f).max()))
-        if abs(np.linalg.det(a.cell.array)) > 1e-6:
+        mine = out["forces"][ptr[s]:ptr[s + 1]].detach().numpy()
+        worst["forces"] = max(worst["forces"], float(np.abs(mine - f).max()))
+        if a.pbc.all():  # stress of a partly open system depends on the code's convention
             sigma = a.get_stress(voigt=False)
             worst["stress"] = max(worst["stress"], float(np.abs(out["stress"][s].detach().numpy() - sigma).max()))
     alone = model(Batch.from_atoms([structures[0]], dtype=dtype))

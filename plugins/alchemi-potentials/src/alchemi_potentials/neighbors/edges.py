@@ -92,7 +92,8 @@ class Edges:
 
     def cartesian_shifts(self, cell: torch.Tensor) -> torch.Tensor:
         """``unit_shifts @ cell[system] + padding`` (``cell``: ``[B, 3, 3]``; may carry a strain)."""
-        return torch.bmm(self.unit_shifts.unsqueeze(1), cell[self.system]).squeeze(1) + self.padding
+        shifts = self.unit_shifts.to(cell.dtype)  # a no-op unless the model computes in another precision
+        return torch.bmm(shifts.unsqueeze(1), cell[self.system]).squeeze(1) + self.padding.to(cell.dtype)
 
     def vectors(self, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
         """``[capacity, 3]`` edge vectors ``positions[receiver] - positions[sender] + shift``."""

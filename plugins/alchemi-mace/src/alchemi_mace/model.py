@@ -1,0 +1,185 @@
+"""``MaceModel`` (``model:mace``): a MACE network evaluated on whole batches.
+
+The network (a ``mace-torch`` module: MACE, ScaleShiftMACE, foundation models such as
+MACE-MP-0) reads alchemi's COO edges (:class:`~alchemi_potentials.neighbors.EdgeList`, exactly
+the pairs closer than its ``r_max``, in ASE's ``ijS`` convention) and Cartesian shifts that
+already carry the strain, so forces and stress come from one backward pass through
+:class:`~alchemi_potentials.edge_model.EdgeModel` and MACE's own displacement path is not used.
+Padding edges point from an atom to itself with a vector ``1.5 r_max`` long, beyond MACE's
+``r < r_max`` mask, so they add nothing. The step allocates no new device memory once warm and
+reads nothing back, so on a GPU the whole step (edges, network, backward, integrator) replays as
+a CUDA graph (``stage.compile()``).
+
+A ``.model`` file is a pickle: loading one runs code from it. ``model_path=`` therefore needs
+``trust_model_file=True``, which a workflow file must state itself.
+
+Example:
+    >>> from alchemi_mace import MaceModel
+    >>> net = small_mace()                       # any mace-torch module
+    >>> model = MaceModel(net, dtype="float64")
+    >>> model.card.cutoff
+    6.0
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from alchemi_core.errors import ConfigurationError
+from alchemi_mace.imports import import_mace
+from alchemi_potentials.edge_model import EdgeModel
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_potentials.neighbors.edges import Edges
+
+#: Padding edges' length as a multiple of r_max (beyond it: MACE masks r >= r_max).
+PADDING_FACTOR = 1.5
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, torch.float32: torch.float32,
+           torch.float64: torch.float64}
+
+
+def resolve_dtype(dtype: Any, module: torch.nn.Module, who: str) -> torch.dtype:
+    """``dtype`` as a torch dtype (None: the dtype of ``module``'s parameters).
+
+    Raises:
+        ConfigurationError: Anything but float32 / float64 (as strings or torch dtypes).
+    """
+    if dtype is None:
+        p = next(module.parameters(), None)
+        return p.dtype if p is not None and p.dtype in (torch.float32, torch.float64) else torch.float64
+    if dtype not in _DTYPES:
+        raise ConfigurationError(f"{who}: dtype must be 'float32' or 'float64', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load_model_file(path: str | os.PathLike[str], trust_model_file: bool, who: str) -> Any:
+    """Unpickle a model file, only when the caller said it is trusted.
+
+    Raises:
+        ConfigurationError: ``trust_model_file`` is not True, or the file does not exist.
+    """
+    if trust_model_file is not True:
+        raise ConfigurationError(
+            f"{who}: {os.fspath(path)!r} is a pickle, and loading it runs code from the file; pass "
+            "trust_model_file=True if you trust where it came from (or pass the loaded module as model=)"
+        )
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigurationError(f"{who}: no model file at {os.fspath(p)!r}")
+    return torch.load(p, map_location="cpu", weights_only=False)
+
+
+class MaceModel(EdgeModel):
+    """A MACE network as an alchemi model (see the module docstring).
+
+    Args:
+        model: A mace-torch module (give this or ``model_path``).
+        model_path: A ``.model`` file saved with ``torch.save`` (needs ``trust_model_file``).
+        trust_model_file: Confirms that ``model_path`` may be unpickled.
+        dtype: ``"float32"`` or ``"float64"`` (None: the network's own).
+        head: Head of a multi-head model (None: its only head, or the one named "default").
+        enable_cueq: Convert to cuEquivariance kernels on a GPU (None: when cuequivariance is
+            installed).
+        skin: Verlet skin (Å) of the neighbour list under the edges.
+        max_edges: Fixed edge capacity (None: sized from the structures).
+
+    Raises:
+        ConfigurationError: Neither or both of model and model_path, an untrusted or missing
+            file, something that is not a MACE network, a bad dtype or an unknown head.
+        MissingDependencyError: mace-torch is not installed.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
+                 trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
+                 enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None) -> None:
+        import_mace()
+        if (model is None) == (model_path is None):
+            raise ConfigurationError("model:mace: give exactly one of model= (a MACE module) or model_path= (a .model file)")
+        if model_path is not None:
+            model = load_model_file(model_path, trust_model_file, "model:mace")
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "r_max") or not hasattr(model, "atomic_numbers"):
+            raise ConfigurationError(
+                f"model:mace: expected a mace-torch network (a torch module with r_max and atomic_numbers), "
+                f"got {type(model).__name__}"
+            )
+        dt = resolve_dtype(dtype, model, "model:mace")
+        r_max = float(model.r_max)
+        species = tuple(int(z) for z in model.atomic_numbers)
+        super().__init__(cutoff=r_max, name="mace", species=species, dtype=dt, skin=skin, max_edges=max_edges,
+                         padding_length=PADDING_FACTOR * r_max)
+        self.heads = list(getattr(model, "heads", None) or ["Default"])
+        self.head = self._pick_head(head)
+        self.network = model.to(dt).eval()
+        for p in self.network.parameters():
+            p.requires_grad_(False)
+        self.enable_cueq = enable_cueq
+        self._converted = False
+        n = len(species)
+        lut = torch.full((119,), n, dtype=torch.int64)
+        lut[torch.tensor(species)] = torch.arange(n)
+        self.register_buffer("element_index", lut, persistent=False)
+        self.register_buffer("one_hot", torch.eye(n + 1, n, dtype=dt), persistent=False)  # row n: unknown (zeros)
+        self._heads_for: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _pick_head(self, head: str | None) -> int:
+        if head is not None:
+            if head not in self.heads:
+                raise ConfigurationError(f"model:mace: no head {head!r}; the model has {self.heads}")
+            return self.heads.index(head)
+        if len(self.heads) == 1:
+            return 0
+        named = [i for i, h in enumerate(self.heads) if h.lower() == "default"]
+        if not named:
+            raise ConfigurationError(f"model:mace: this model has heads {self.heads}; choose one with head=")
+        return named[0]
+
+    def _prepare(self, device: torch.device) -> None:
+        """Move to ``device``, and convert to cuEquivariance on a GPU when asked (once)."""
+        if self.element_index.device != device:
+            self.to(device)
+        if device.type == "cuda" and not self._converted:
+            self._converted = True
+            want = self.enable_cueq
+            if want is None:
+                try:
+                    import cuequivariance_torch  # noqa: F401
+                except ImportError:
+                    want = False
+                else:
+                    want = True
+            if want:
+                from mace.cli.convert_e3nn_cueq import run as to_cueq
+
+                self.network = to_cueq(self.network, device=str(device)).to(device)
+                for p in self.network.parameters():
+                    p.requires_grad_(False)
+
+    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+        self._prepare(positions.device)
+        n = batch.num_graphs
+        key = (n, positions.device)
+        heads = self._heads_for.get(key)
+        if heads is None:
+            heads = self._heads_for[key] = torch.full((n,), self.head, dtype=torch.int64, device=positions.device)
+        data = {
+            "positions": positions,
+            "node_attrs": self.one_hot[self.element_index[batch.atomic_numbers]],
+            "edge_index": edges.index,
+            "shifts": edges.cartesian_shifts(cell),
+            "unit_shifts": edges.unit_shifts,
+            "cell": cell.reshape(-1, 3),
+            "batch": batch.batch_idx,
+            "ptr": batch.batch_ptr,
+            "head": heads,
+        }
+        out = self.network(data, training=False, compute_force=False, compute_virials=False, compute_stress=False)
+        return out["energy"]
+
+    def extra_repr(self) -> str:
+        return f"r_max={self.card.cutoff}, dtype={self.dtype}, head={self.heads[self.head]!r}, {self.edge_list!r}"

@@ -1,0 +1,15 @@
+"""Entry point of alchemi-mace: registers ``model:mace`` as a string; imports nothing heavy."""
+
+from __future__ import annotations
+
+from alchemi_core.plugin.specs import hookimpl
+
+
+@hookimpl
+def alchemi_register_models(registrar):  # type: ignore[no-untyped-def]
+    registrar.add(
+        "mace",
+        "alchemi_mace.model:MaceModel",
+        summary="MACE (mace-torch): batched message passing on alchemi's cell-list edges, CUDA-graph steps",
+        requires={"mace": "mace-torch"},
+    )

@@ -1,0 +1,81 @@
+"""model:mace against MACE's own ASE calculator, and inside alchemi's engine."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_mace import MaceModel
+from alchemi_potentials.testing import compare_with_calculator, reference_structures, relax_then_md
+
+
+def test_float64_batch_equals_mace_calculator(mp_small_file):
+    from mace.calculators import MACECalculator
+
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64")
+    calc = MACECalculator(model_paths=str(mp_small_file), device="cpu", default_dtype="float64")
+    worst = compare_with_calculator(model, calc, reference_structures(), torch.float64,
+                                    energy_tol=1e-8, force_tol=1e-8, stress_tol=1e-8)
+    assert worst["forces"] < 1e-8
+
+
+def test_float32_positions_run_a_float64_model(mp_small_file):
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64")
+    atoms = reference_structures()[:2]
+    out32 = model(Batch.from_atoms(atoms, dtype=torch.float32))
+    out64 = model(Batch.from_atoms(atoms, dtype=torch.float64))
+    assert out32["forces"].dtype == torch.float32
+    torch.testing.assert_close(out32["energy"].double(), out64["energy"], rtol=1e-6, atol=1e-5)
+
+
+def test_a_model_file_is_only_unpickled_when_trusted(mp_small_file):
+    with pytest.raises(ConfigurationError, match="trust_model_file=True"):
+        MaceModel(model_path=mp_small_file)
+    with pytest.raises(ConfigurationError, match="trust_model_file=True"):
+        registry.build("model:mace", model_path=str(mp_small_file), trust_model_file="yes")
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        MaceModel()
+
+
+def test_unknown_head_and_species_are_errors(tiny_net):
+    with pytest.raises(ConfigurationError, match="no head 'omat'"):
+        MaceModel(tiny_net, head="omat")
+    model = MaceModel(tiny_net)
+    from ase import Atoms
+
+    with pytest.raises(InvalidDataError, match="atomic numbers \\[92\\]"):
+        model.check_batch(Batch.from_atoms([Atoms("U2", positions=[[0, 0, 0], [0, 0, 2.5]])]))
+
+
+def test_checkpoints_stay_safe_to_load_after_import_mace(tmp_path):
+    """``import mace`` sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1; alchemi's loads must still refuse code."""
+    import os
+
+    from alchemi_core.dynamics import checkpoint
+
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") == "1"
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bad = tmp_path / "bad.ckpt"
+    torch.save({"format": "alchemi-checkpoint", "state": Payload()}, bad)
+    with pytest.raises(pickle.UnpicklingError, match="(?i)weights.only"):
+        torch.load(bad, weights_only=True)  # what alchemi's loads pass, explicitly
+    with pytest.raises(Exception):  # noqa: B017 - any refusal will do, as long as nothing ran
+        checkpoint.load(bad)
+    assert not marker.exists(), "loading a checkpoint ran code from it"
+
+
+@pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])
+def test_fire_then_langevin(tiny_net, inflight):
+    model = MaceModel(tiny_net, dtype="float64")
+    structures = reference_structures()[:3]
+    relax_then_md(model, structures, torch.float64, inflight=inflight, fire_steps=8, md_steps=8)
