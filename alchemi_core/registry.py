@@ -50,7 +50,7 @@ FIRST_PARTY: dict[str, tuple[str, ...]] = {
         "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover",
         "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale",
     ),
-    "alchemi-potentials": ("model:lennard-jones", "model:morse", "model:ase"),
+    "alchemi-potentials": ("model:lennard-jones", "model:morse", "model:ase", "model:d3", "model:sum"),
     "alchemi-hooks": (
         "hook:max-force-clamp", "hook:logging", "hook:snapshot", "hook:converged-snapshot",
         "hook:nan-detector", "hook:energy-drift", "hook:freeze-atoms", "hook:wrap-periodic",

@@ -373,3 +373,31 @@ def test_a_captured_graph_is_dropped_when_systems_move_between_stages():
         assert engine._graph is sentinel  # nothing moved: the graph stays
     engine.step()  # the third step: both systems converge and move on
     assert engine._graph is None
+
+
+def test_a_model_that_cannot_be_captured_keeps_a_compiled_stage_eager():
+    class Eager(DemoModelWrapper):
+        cuda_graphs = False
+
+    assert DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.5).compile()._make_engine().graph_requested
+    assert not DemoDynamics(model=Eager(), n_steps=1, dt=0.5).compile()._make_engine().graph_requested
+
+
+def test_a_sampler_sized_from_memory_plans_with_the_models_bytes_per_atom(monkeypatch):
+    free = 80 * 2**30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free, 2 * free))
+    sampler = SizeAwareSampler(_dataset(20), max_atoms=None, bin_width=2)
+    assert sampler.max_atoms == int(free * 0.8 / 8192)
+    assert sampler.plan_memory(2e6) == int(free * 0.8 / 2e6)
+    fixed = SizeAwareSampler(_dataset(20), max_atoms=50, bin_width=2)
+    assert fixed.plan_memory(2e6) == 50  # a number the user gave is kept
+    monkeypatch.undo()
+
+    class Heavy(DemoModelWrapper):
+        def bytes_per_atom(self):
+            return 3e6
+
+    sampler = SizeAwareSampler(_dataset(10), max_atoms=None, bin_width=2)
+    DemoDynamics(model=Heavy(), n_steps=2, dt=0.5, sampler=sampler).run()
+    assert sampler.bytes_per_atom == 3e6

@@ -90,6 +90,11 @@ class Engine(Admission):
                     "run() without a batch needs a sampler: pass sampler=SizeAwareSampler(...) to "
                     "the first stage, or call run(batch)"
                 )
+            # Models that know their memory per atom (machine-learned potentials need far more
+            # than the sampler's generic guess) size the batches so that a run never runs out.
+            per_atom = [m.bytes_per_atom() for m in self.models if callable(getattr(m, "bytes_per_atom", None))]
+            if per_atom:
+                self.sampler.plan_memory(sum(per_atom))
             batch = self.sampler.build_initial_batch()
         if not isinstance(batch, Batch):
             raise InvalidDataError(f"run() takes a Batch, got {type(batch).__name__}")

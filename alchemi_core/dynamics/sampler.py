@@ -74,6 +74,11 @@ class SizeAwareSampler:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.max_gpu_memory_fraction = float(max_gpu_memory_fraction)
+        #: True when ``max_atoms`` was planned from free GPU memory (and may be planned again
+        #: from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
+        self.sized_from_memory = max_atoms is None
+        #: Device bytes per atom the plan assumed.
+        self.bytes_per_atom = float(BYTES_PER_ATOM_ESTIMATE)
         self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
         self.max_edges = int(max_edges) if max_edges is not None else None
         self.max_batch_size = int(max_batch_size) if max_batch_size is not None else None
@@ -88,8 +93,23 @@ class SizeAwareSampler:
     def _auto_max_atoms(self) -> int:
         if torch.cuda.is_available():
             free, _total = torch.cuda.mem_get_info()
-            return max(1, int(free * self.max_gpu_memory_fraction / BYTES_PER_ATOM_ESTIMATE))
+            return max(1, int(free * self.max_gpu_memory_fraction / self.bytes_per_atom))
         return CPU_DEFAULT_MAX_ATOMS
+
+    def plan_memory(self, bytes_per_atom: float) -> int:
+        """Plan ``max_atoms`` again for models that need ``bytes_per_atom`` device bytes per atom
+        (the engine calls it with its models' estimates before the first batch). Only a sampler
+        built with ``max_atoms=None`` that has handed nothing out changes; returns ``max_atoms``.
+
+        Raises:
+            InvalidDataError: A structure no longer fits.
+        """
+        if not self.sized_from_memory or self._handed or not bytes_per_atom > 0:
+            return self.max_atoms
+        self.bytes_per_atom = float(bytes_per_atom)
+        self.max_atoms = self._auto_max_atoms()
+        self._check_fits()
+        return self.max_atoms
 
     def _check_fits(self) -> None:
         too_big = np.nonzero(self._atoms > self.max_atoms)[0]

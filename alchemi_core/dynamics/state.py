@@ -148,7 +148,11 @@ class EngineState:
         self.owner_hooks: HookTable = ()
         self.done = False
         #: Capture the step as a CUDA graph on GPUs (``compile()``); how often it was captured.
-        self.graph_requested = bool(getattr(owner, "compile_step", False))
+        #: A model whose own code reads back from the device says ``cuda_graphs = False``: its
+        #: stage then steps eagerly even when compiled (a capture would fail or replay stale values).
+        self.graph_requested = bool(getattr(owner, "compile_step", False)) and all(
+            getattr(m, "cuda_graphs", True) for m in self.models
+        )
         self.graph_captures = 0
         #: The context of the run's owner: a plain stage's own; a fused stage's covers every
         #: system of its sub-stages (its masks are kept when it has hooks of its own).

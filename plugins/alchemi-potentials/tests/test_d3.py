@@ -73,4 +73,5 @@ def test_sum_adds_its_parts():
     out = total(batch, compute_stress=True)
     parts = [registry.build(p.pop("model"), **p)(batch, compute_stress=True) for p in (dict(lj), dict(d3))]
     for key in ("energy", "forces", "stress"):
-        torch.testing.assert_close(out[key], parts[0][key].reshape(out[key].shape) + parts[1][key].reshape(out[key].shape))
+        shape = out[key].shape
+        torch.testing.assert_close(out[key], parts[0][key].reshape(shape) + parts[1][key].reshape(shape))

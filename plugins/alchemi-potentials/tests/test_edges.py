@@ -36,7 +36,8 @@ def edge_set(edges, batch, first, n):
     assert np.allclose(s, np.round(s)), "lattice shifts must be whole numbers"
     mine = (i >= first) & (i < first + n)
     assert ((j[mine] >= first) & (j[mine] < first + n)).all(), "an edge crosses systems"
-    out = [(int(a) - first, int(b) - first, *map(int, np.round(v))) for a, b, v in zip(i[mine], j[mine], s[mine], strict=True)]
+    rows = zip(i[mine], j[mine], s[mine], strict=True)
+    out = [(int(a) - first, int(b) - first, *map(int, np.round(v))) for a, b, v in rows]
     assert len(out) == len(set(out)), "an edge appears twice"
     return set(out)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -95,15 +95,22 @@ class MaceModel(EdgeModel):
         MissingDependencyError: mace-torch is not installed.
     """
 
+    #: Per-atom device bytes of a step in float32 (MACE-MP-0 small, 128x0e and l_max 3, took
+    #: 2.2 MB per atom under TorchSim on an H200: W7).
+    BYTES_PER_ATOM: ClassVar[float] = 2.5e6
+
     def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
                  trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
                  enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None) -> None:
         import_mace()
         if (model is None) == (model_path is None):
-            raise ConfigurationError("model:mace: give exactly one of model= (a MACE module) or model_path= (a .model file)")
+            raise ConfigurationError(
+                "model:mace: give exactly one of model= (a MACE module) or model_path= (a .model file)"
+            )
         if model_path is not None:
             model = load_model_file(model_path, trust_model_file, "model:mace")
-        if not isinstance(model, torch.nn.Module) or not hasattr(model, "r_max") or not hasattr(model, "atomic_numbers"):
+        shaped = hasattr(model, "r_max") and hasattr(model, "atomic_numbers")
+        if not isinstance(model, torch.nn.Module) or not shaped:
             raise ConfigurationError(
                 f"model:mace: expected a mace-torch network (a torch module with r_max and atomic_numbers), "
                 f"got {type(model).__name__}"

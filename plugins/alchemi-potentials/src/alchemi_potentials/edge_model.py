@@ -66,6 +66,10 @@ class EdgeModel(BaseModel):
     #: The step may be captured in a CUDA graph (no host reads, no CPU-side control flow on
     #: device values in the model's own code).
     cuda_graphs: ClassVar[bool] = True
+    #: Device bytes per atom of one step in float32 (edges, activations, their gradients): a
+    #: deliberately high figure, so that batches planned from it fit;
+    #: :meth:`measure_bytes_per_atom` replaces it by a measurement.
+    BYTES_PER_ATOM: ClassVar[float] = 1e6
 
     def __init__(self, *, cutoff: float, name: str, species: tuple[int, ...] | None = None,
                  dtype: torch.dtype | None = None, skin: float = 0.5, max_neighbors: int | None = None,
@@ -75,6 +79,7 @@ class EdgeModel(BaseModel):
         self.dtype = dtype
         self.card = ModelCard(name=name, cutoff=float(cutoff), periodic=True, stress=True, species=species)
         self._no_cell: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._measured: float | None = None
 
     # ------------------------------------------------------------------ to implement
     def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
@@ -117,7 +122,8 @@ class EdgeModel(BaseModel):
         key = (batch.num_graphs, dtype, batch.positions.device)
         zero = self._no_cell.get(key)
         if zero is None:
-            zero = self._no_cell[key] = torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=batch.positions.device)
+            zero = torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=batch.positions.device)
+            self._no_cell[key] = zero
         return zero
 
     # ------------------------------------------------------------------ checks
@@ -129,13 +135,45 @@ class EdgeModel(BaseModel):
                 know, or a degenerate periodic cell.
         """
         if not batch.positions.is_floating_point():
-            raise InvalidDataError(f"{self.card.name}: positions must be float32 or float64, got {batch.positions.dtype}")
+            raise InvalidDataError(
+                f"{self.card.name}: positions must be float32 or float64, got {batch.positions.dtype}"
+            )
         super().check_batch(batch)
         check_cells(batch, self.card.name)
 
     def verify(self, batch: Batch) -> None:
         """Raise what the edge list recorded on the device (capacity, cells, far atoms)."""
         self.edge_list.verify(batch)
+
+    def bytes_per_atom(self) -> float:
+        """Device bytes one atom needs in a step: measured when :meth:`measure_bytes_per_atom`
+        ran, else the class's estimate scaled to the model's precision. A sampler built with
+        ``max_atoms=None`` plans its batches from it."""
+        if self._measured is not None:
+            return self._measured
+        return self.BYTES_PER_ATOM * (2 if self.dtype == torch.float64 else 1)
+
+    def measure_bytes_per_atom(self, batch: Batch, headroom: float = 1.25) -> float:
+        """Measure the peak device memory of one forward and backward (with stress) on
+        ``batch`` (on its GPU), per atom and with ``headroom``; :meth:`bytes_per_atom` returns it
+        from then on. On a CPU nothing is measured and the estimate is returned.
+
+        Example:
+            >>> model.measure_bytes_per_atom(batch.to("cuda"))   # doctest: +SKIP
+            3.1e5
+        """
+        device = batch.positions.device
+        if device.type != "cuda" or batch.num_nodes == 0:
+            return self.bytes_per_atom()
+        self(batch, compute_stress=True)  # warm: buffers of this batch, kernels, caches
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self(batch, compute_stress=True)
+        torch.cuda.synchronize(device)
+        held = self.memory_bytes()  # the edges belong to the step too
+        self._measured = headroom * (torch.cuda.max_memory_allocated(device) - base + held) / batch.num_nodes
+        return self._measured
 
     def memory_bytes(self) -> int:
         """Device bytes of the edges and neighbour list (not the network's activations)."""

@@ -84,6 +84,10 @@ class SumModel(BaseModel):
                     total[key] = value.clone() if key not in total else total[key] + value
         return total
 
+    def bytes_per_atom(self) -> float:
+        """The parts' per-atom device bytes, added (parts without an estimate count zero)."""
+        return float(sum(m.bytes_per_atom() for m in self.parts if callable(getattr(m, "bytes_per_atom", None))))
+
     def check_batch(self, batch: Batch) -> None:
         for m in self.parts:
             check = getattr(m, "check_batch", None)

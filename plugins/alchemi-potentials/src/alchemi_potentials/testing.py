@@ -35,6 +35,7 @@ def reference_structures(seed: int = 0, rattle: float = 0.05) -> list[Any]:
     ch4.center()
     slab = fcc111("Cu", size=(2, 2, 3), vacuum=6.0)
     slab.pbc = (True, True, False)
+    slab.info.clear()  # ase.build's adsorbate notes: structures batched together share info keys
     out = [cu, si, ch4, slab]
     for i, atoms in enumerate(out):
         atoms.rattle(rattle, seed=seed + i)
@@ -42,14 +43,15 @@ def reference_structures(seed: int = 0, rattle: float = 0.05) -> list[Any]:
 
 
 def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[Any], dtype: torch.dtype, *,
-                            energy_tol: float, force_tol: float, stress_tol: float) -> dict[str, float]:
+                            energy_tol: float, force_tol: float, stress_tol: float,
+                            device: str = "cpu") -> dict[str, float]:
     """Largest differences of the batched model from ``calculator`` (absolute: eV per system,
     eV/Å, eV/Å³), asserting each is within its tolerance; also one system alone against the
     batch. Stress is compared for systems periodic in all three directions."""
     from alchemi_core.data import Batch
 
-    batch = Batch.from_atoms(list(structures), dtype=dtype)
-    out = model(batch, compute_stress=True)
+    batch = Batch.from_atoms(list(structures), dtype=dtype, device=device)
+    out = {k: v.detach().cpu() for k, v in model(batch, compute_stress=True).items()}
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
     worst = {"energy": 0.0, "forces": 0.0, "stress": 0.0, "alone": 0.0}
     for s, atoms in enumerate(structures):
@@ -63,7 +65,8 @@ def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[An
         if a.pbc.all():  # stress of a partly open system depends on the code's convention
             sigma = a.get_stress(voigt=False)
             worst["stress"] = max(worst["stress"], float(np.abs(out["stress"][s].detach().numpy() - sigma).max()))
-    alone = model(Batch.from_atoms([structures[0]], dtype=dtype))
+    single = model(Batch.from_atoms([structures[0]], dtype=dtype, device=device))
+    alone = {k: v.detach().cpu() for k, v in single.items()}
     worst["alone"] = max(abs(float(alone["energy"][0, 0] - out["energy"][0, 0])),
                          float((alone["forces"] - out["forces"][: ptr[1]]).abs().max()))
     assert worst["energy"] < energy_tol, worst
@@ -74,8 +77,8 @@ def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[An
 
 
 def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, inflight: bool,
-                  fire_steps: int = 30, md_steps: int = 20, fmax: float = 0.05,
-                  extra_check: Callable[[Any], None] | None = None) -> Any:
+                  fire_steps: int = 30, md_steps: int = 20, fmax: float = 0.05, device: str = "cpu",
+                  compiled: bool = False, extra_check: Callable[[Any], None] | None = None) -> Any:
     """FIRE then Langevin (300 K, 1 fs) in one fused stage; returns the result batch.
 
     With ``inflight``, the structures stream through a ``SizeAwareSampler`` that holds fewer
@@ -88,7 +91,7 @@ def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, 
 
     sampler = None
     if inflight:
-        data = [AtomicData.from_atoms(a, dtype=dtype) for a in structures]
+        data = [AtomicData.from_atoms(a, dtype=dtype, device=device) for a in structures]
         most = max(len(a) for a in structures)
         sampler = SizeAwareSampler(ListDataset(data), max_atoms=most + min(len(a) for a in structures),
                                    max_batch_size=None, bin_width=1)
@@ -97,8 +100,10 @@ def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, 
     md = registry.build("integrator:langevin", model=model, n_steps=md_steps, dt=1.0, temperature=300.0,
                         friction=0.01, initial_temperature=300.0, random_seed=0)
     fused = relax + md
+    if compiled:
+        fused = fused.compile()
     with fused:
-        result = fused.run() if inflight else fused.run(Batch.from_atoms(list(structures), dtype=dtype))
+        result = fused.run() if inflight else fused.run(Batch.from_atoms(list(structures), dtype=dtype, device=device))
     if inflight:
         ids = sorted(result.system_id.view(-1).tolist())
         assert ids == list(range(len(structures))), ids

@@ -1,0 +1,91 @@
+"""model:mace on a GPU: a captured step replays like the eager one and allocates nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ase.build import bulk
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_mace import MaceModel
+from alchemi_potentials.testing import compare_with_calculator, reference_structures, relax_then_md
+
+pytestmark = pytest.mark.gpu
+
+
+def cu_cells(n):
+    out = []
+    for i in range(n):
+        atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(3)
+        atoms.rattle(0.05, seed=i)
+        out.append(atoms)
+    return out
+
+
+def langevin(model, steps):
+    return registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
+                          friction=0.01, initial_temperature=300.0, random_seed=0)
+
+
+def test_gpu_float64_equals_mace_calculator(mp_small_file):
+    from mace.calculators import MACECalculator
+
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64", enable_cueq=False)
+    calc = MACECalculator(model_paths=str(mp_small_file), device="cuda", default_dtype="float64")
+    compare_with_calculator(model, calc, reference_structures(), torch.float64, energy_tol=1e-8, force_tol=1e-8,
+                            stress_tol=1e-8, device="cuda")
+
+
+def test_captured_step_equals_eager(tiny_net):
+    model = MaceModel(tiny_net, dtype="float64", enable_cueq=False)
+    eager = Batch.from_atoms(cu_cells(3), dtype=torch.float64, device="cuda")
+    graphed = eager.clone()
+    langevin(model, 30).run(eager)
+    stage = langevin(model, 30).compile()
+    with stage:
+        stage.run(graphed)
+    assert stage._engine.graph_captures >= 1
+    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-8)
+    torch.testing.assert_close(graphed.forces, eager.forces, rtol=0, atol=1e-8)
+
+
+def _allocations(stage, batch, steps=20):
+    stage.run(batch, n_steps=5)
+    engine = stage._engine
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    return (after["allocation.all.allocated"] - before["allocation.all.allocated"],
+            after["segment.all.allocated"] - before["segment.all.allocated"])
+
+
+def test_captured_steps_allocate_nothing_and_eager_steps_take_no_new_memory():
+    from alchemi_mace.random_model import mace_mp_small_like
+
+    model = MaceModel(mace_mp_small_like(seed=0, dtype=torch.float32), dtype="float32")
+    batch = Batch.from_atoms(cu_cells(4), dtype=torch.float32, device="cuda")
+    allocations, segments = _allocations(langevin(model, 1000).compile(), batch.clone())
+    assert allocations == 0 and segments == 0
+    _, segments = _allocations(langevin(model, 1000), batch.clone())
+    assert segments == 0  # eager temporaries come from the caching allocator, no cudaMalloc
+
+
+@pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])
+def test_fire_then_langevin_compiled(tiny_net, inflight):
+    model = MaceModel(tiny_net, dtype="float32")
+    relax_then_md(model, cu_cells(3) + reference_structures()[:2], torch.float32, inflight=inflight,
+                  fire_steps=40, md_steps=40, device="cuda", compiled=True)
+
+
+def test_measured_bytes_per_atom_plan_batches():
+    from alchemi_mace.random_model import mace_mp_small_like
+
+    model = MaceModel(mace_mp_small_like(seed=0, dtype=torch.float32), dtype="float32")
+    estimate = model.bytes_per_atom()
+    measured = model.measure_bytes_per_atom(Batch.from_atoms(cu_cells(8), dtype=torch.float32, device="cuda"))
+    assert 0 < measured == model.bytes_per_atom()
+    print(f"MACE-MP-0-small shape, float32: estimate {estimate:.3g} B/atom, measured {measured:.3g} B/atom")

@@ -1,0 +1,150 @@
+"""``SevenNetModel`` (``model:sevennet``): a SevenNet network evaluated on whole batches.
+
+SevenNet's pretrained networks (``7net-0`` ships inside the ``sevenn`` wheel) take edge vectors
+as their input. alchemi computes them from its own COO edges
+(:class:`~alchemi_potentials.neighbors.EdgeList`) with the strain already applied, runs the
+network's layers up to the atomic energies, sums those per system itself and takes forces and
+stress from one backward pass (:class:`~alchemi_potentials.edge_model.EdgeModel`).
+
+Two things matter for correctness:
+
+* SevenNet's cutoff functions have no ``r < cutoff`` mask: a pair at or beyond the cutoff would
+  add energy. alchemi's edges hold exactly the pairs closer than the cutoff.
+* Padding edges (the unused tail of the fixed edge capacity) go from an atom to itself with a
+  vector exactly ``cutoff`` long, where SevenNet's polynomial and XPLOR cutoffs and their
+  derivatives are exactly zero, and its radial networks have no biases: they add nothing.
+
+The step stays eager on a GPU (``cuda_graphs = False``). SevenNet's own energy reduction and
+stress output read a value back from the device on every call (``int(batch.max())``); alchemi
+replaces both, but SevenNet's layers are not verified under CUDA-graph capture, so a compiled
+stage runs a SevenNet step eagerly rather than risk a capture that fails. It reads nothing back
+of its own and, once warm, takes no new device memory per step.
+
+SevenNet computes in float32; ``dtype`` is float32 only.
+
+Example:
+    >>> from alchemi_sevennet import SevenNetModel
+    >>> model = SevenNetModel("7net-0")
+    >>> model.card.cutoff
+    5.0
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_potentials.edge_model import EdgeModel
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+    from alchemi_potentials.neighbors.edges import Edges
+
+#: Layers alchemi does itself: the total-energy reduction and the force/stress output.
+_REPLACED = ("reduce_total_enegy", "reduce_total_energy", "force_output")
+
+
+def _sevenn() -> Any:
+    try:
+        import sevenn
+        import sevenn.util  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(f"model:sevennet needs SevenNet: pip install sevenn ({exc})") from exc
+    return sevenn
+
+
+class SevenNetModel(EdgeModel):
+    """A SevenNet network as an alchemi model (see the module docstring).
+
+    Args:
+        model: A pretrained name (``"7net-0"``, the one that ships with sevenn) or the path of a
+            SevenNet checkpoint (``.pth``).
+        modal: Fidelity of a multi-fidelity model (e.g. ``"mpa"`` for 7net-mf-ompa).
+        dtype: Only ``"float32"`` (SevenNet's precision).
+        enable_cueq: Use cuEquivariance kernels (sevenn's option; needs cuequivariance).
+        skin: Verlet skin (Å) of the neighbour list under the edges.
+        max_edges: Fixed edge capacity (None: sized from the structures).
+
+    Raises:
+        ConfigurationError: An unknown name or missing file, a modal the model lacks (or none
+            for a multi-fidelity model), or a dtype other than float32.
+        MissingDependencyError: sevenn is not installed.
+    """
+
+    cuda_graphs: ClassVar[bool] = False
+    #: Per-atom device bytes of a step in float32 (7net-0 took 4.9 MB per atom under TorchSim on
+    #: an H200: W7).
+    BYTES_PER_ATOM: ClassVar[float] = 5e6
+
+    def __init__(self, model: str | os.PathLike[str] = "7net-0", *, modal: str | None = None, dtype: Any = "float32",
+                 enable_cueq: bool = False, skin: float = 0.5, max_edges: int | None = None) -> None:
+        if dtype not in ("float32", torch.float32, None):
+            raise ConfigurationError(f"model:sevennet computes in float32 only, got dtype={dtype!r}")
+        sevenn = _sevenn()
+        import sevenn._keys as KEY
+
+        try:
+            checkpoint = sevenn.util.load_checkpoint(os.fspath(model))
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigurationError(
+                f"model:sevennet: {model!r} is neither a pretrained name nor a checkpoint file ({exc})"
+            ) from None
+        network = checkpoint.build_model(enable_cueq=enable_cueq)
+        config = checkpoint.config
+        cutoff = float(config[KEY.CUTOFF])
+        type_map = dict(config[KEY.TYPE_MAP])
+        super().__init__(cutoff=cutoff, name="sevennet", species=tuple(sorted(int(z) for z in type_map)),
+                         dtype=torch.float32, skin=skin, max_edges=max_edges, padding_length=cutoff)
+        network.set_is_batch_data(True)
+        network.eval_modal_map = False  # alchemi sets the modal index itself
+        self.network = network.float().eval()
+        for p in self.network.parameters():
+            p.requires_grad_(False)
+        self._layers = [m for name, m in self.network._modules.items() if name not in _REPLACED]
+        reduce = self.network._modules.get("reduce_total_enegy") or self.network._modules.get("reduce_total_energy")
+        self._energy_scale = float(getattr(reduce, "constant", 1.0))
+        modal_map = dict(getattr(self.network, "modal_map", None) or {})
+        if modal_map:
+            if modal is None or modal not in modal_map:
+                raise ConfigurationError(
+                    f"model:sevennet: {model!r} is a multi-fidelity model; choose modal= one of {sorted(modal_map)}"
+                )
+            self._modal: int | None = int(modal_map[modal])
+        elif modal is not None:
+            raise ConfigurationError(f"model:sevennet: {model!r} has one fidelity; leave modal unset")
+        else:
+            self._modal = None
+        self.modal = modal
+        self._keys = KEY
+        self._modal_for: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+        KEY = self._keys
+        if next(self.network.parameters()).device != positions.device:
+            self.network.to(positions.device)
+        data: dict[str, torch.Tensor] = {
+            KEY.ATOMIC_NUMBERS: batch.atomic_numbers,
+            KEY.POS: positions,
+            KEY.EDGE_IDX: edges.index,
+            KEY.EDGE_VEC: edges.vectors(positions, cell),
+            KEY.BATCH: batch.batch_idx,
+        }
+        if self._modal is not None:
+            key = (batch.num_graphs, positions.device)
+            modal = self._modal_for.get(key)
+            if modal is None:
+                modal = self._modal_for[key] = torch.full((batch.num_graphs,), self._modal, dtype=torch.int64,
+                                                          device=positions.device)
+            data[KEY.MODAL_TYPE] = modal
+        data = self.network._preprocess(data)
+        for layer in self._layers:
+            data = layer(data)
+        atomic = data[KEY.ATOMIC_ENERGY].reshape(-1)
+        total = torch.zeros(batch.num_graphs, dtype=atomic.dtype, device=atomic.device)
+        return total.index_add(0, batch.batch_idx, atomic) * self._energy_scale
+
+    def extra_repr(self) -> str:
+        return f"cutoff={self.card.cutoff}, modal={self.modal!r}, {self.edge_list!r}"

@@ -1,0 +1,76 @@
+"""model:sevennet against SevenNet's own ASE calculator, pinned 7net-0 values, and the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ase.build import bulk
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.errors import ConfigurationError
+from alchemi_potentials.testing import compare_with_calculator, reference_structures, relax_then_md
+
+#: 7net-0 energies per atom (eV) of ideal fcc Cu (a = 3.61 Å) and diamond Si (a = 5.43 Å), as
+#: SevenNetCalculator gives them (sevenn 0.13.0, CPU).
+PINNED = {"Cu": -4.096191883087158, "Si": -5.400829792022705}
+
+
+def test_float32_batch_equals_sevennet_calculator(seven_net):
+    from sevenn.calculator import SevenNetCalculator
+
+    calc = SevenNetCalculator("7net-0", device="cpu")
+    compare_with_calculator(seven_net, calc, reference_structures(), torch.float32,
+                            energy_tol=2e-4, force_tol=2e-5, stress_tol=1e-6)
+
+
+def test_7net_0_energies_per_atom_are_pinned(seven_net):
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True)
+    si = bulk("Si", "diamond", a=5.43, cubic=True)
+    out = seven_net(Batch.from_atoms([cu, si], dtype=torch.float32))
+    per_atom = out["energy"][:, 0] / torch.tensor([len(cu), len(si)])
+    assert per_atom[0].item() == pytest.approx(PINNED["Cu"], abs=2e-5)
+    assert per_atom[1].item() == pytest.approx(PINNED["Si"], abs=2e-5)
+
+
+def test_padding_edges_add_nothing(seven_net):
+    """A much larger edge capacity (more padding) leaves every result unchanged."""
+    from alchemi_sevennet import SevenNetModel
+
+    roomy = SevenNetModel("7net-0", max_edges=5_000)
+    batch = Batch.from_atoms(reference_structures()[:2], dtype=torch.float32)
+    a, b = seven_net(batch, compute_stress=True), roomy(batch, compute_stress=True)
+    assert roomy.edge_list.capacity == 5_000 > seven_net.edge_list.capacity
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+
+
+def test_bad_arguments_are_configuration_errors():
+    with pytest.raises(ConfigurationError, match="float32 only"):
+        registry.build("model:sevennet", dtype="float64")
+    with pytest.raises(ConfigurationError, match="neither a pretrained name"):
+        registry.build("model:sevennet", model="7net-nonexistent")
+    with pytest.raises(ConfigurationError, match="one fidelity"):
+        registry.build("model:sevennet", modal="mpa")
+
+
+def test_sevennet_plus_d3_is_the_sum_of_its_parts(seven_net):
+    pytest.importorskip("torch_dftd")
+    d3 = {"model": "model:d3", "cutoff": 10.0, "cn_cutoff": 8.0}
+    total = registry.build("model:sum", models=[seven_net, d3])
+    batch = Batch.from_atoms(reference_structures()[:2], dtype=torch.float32)
+    out = total(batch)
+    alone = seven_net(batch)["energy"] + registry.build("model:d3", cutoff=10.0, cn_cutoff=8.0)(batch)["energy"]
+    torch.testing.assert_close(out["energy"], alone)
+
+
+@pytest.mark.timeout(900)  # 7net-0 is a large network for two CPU cores
+@pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])
+def test_fire_then_langevin(seven_net, inflight):
+    # small cells: 7net-0 is a large network for two CPU cores
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True)
+    si = bulk("Si", "diamond", a=5.43, cubic=True)
+    ch4 = reference_structures()[2]
+    for i, atoms in enumerate((cu, si)):
+        atoms.rattle(0.05, seed=i)
+    relax_then_md(seven_net, [cu, si, ch4], torch.float32, inflight=inflight, fire_steps=3, md_steps=3)
