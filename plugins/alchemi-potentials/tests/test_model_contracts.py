@@ -33,3 +33,14 @@ class TestAseCalculator(ModelContract):
 
     def structures(self, dtype: torch.dtype = torch.float64) -> list[AtomicData]:
         return rattled_cells((1, 2), lattice=3.61, rattle=0.05, atomic_number=29, dtype=dtype)
+
+
+class TestD3(ModelContract):
+    """DFT-D3(BJ) with short cutoffs (small edge lists on a CPU)."""
+
+    def make_model(self):
+        pytest.importorskip("torch_dftd")
+        return registry.build("model:d3", functional="pbe", cutoff=9.0, cn_cutoff=7.0)
+
+    def structures(self, dtype: torch.dtype = torch.float64) -> list[AtomicData]:
+        return rattled_cells((1, 2), lattice=3.61, rattle=0.05, atomic_number=29, dtype=dtype)
