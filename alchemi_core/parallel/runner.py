@@ -324,7 +324,10 @@ def _reporter(
     first = committed_count(results)
 
     def report() -> None:
-        now = committed_count(results)
+        try:
+            now = committed_count(results)
+        except Exception:  # a part another rank is creating right now: report next time
+            return
         elapsed = time.monotonic() - start
         show(Progress(now, total, elapsed, (now - first) / max(elapsed, 1e-9)))
 

@@ -8,7 +8,7 @@ and runs it over its shard, and the ``[output]`` path becomes a sharded Zarr sto
 per rank (``alchemi-zarr``'s ``ShardedZarrStore``), read as one set by ``alchemi inspect``.
 
 Structures are numbered by their position in the input, so running the same command again
-finishes only the structures the store lacks (a killed job, a quarantined rank) and never
+finishes only the structures the store lacks (after a killed job or a failed rank) and never
 repeats one. Each rank logs to ``<store>.part-0000r.log.csv``.
 
 Example:

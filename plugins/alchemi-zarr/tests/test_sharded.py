@@ -85,3 +85,22 @@ def test_trajectory_frames_do_not_count_as_results(tmp_path: Path) -> None:
     root.sink(0).write(final)  # structure 0's result (exit status 2)
     assert root.committed_ids().tolist() == [0] and root.committed_count() == 1
     assert sorted(ShardedZarrStore(tmp_path / "r.zarr").committed_ids().tolist()) == [0, 0, 1]
+
+
+def test_a_root_whose_mark_was_overwritten_still_reads_and_is_marked_again(tmp_path: Path) -> None:
+    """Ranks create the root at once, and one's creation can overwrite another's mark."""
+    import zarr
+
+    path = tmp_path / "r.zarr"
+    root = ShardedZarrStore(path)
+    root.sink(0).write(make_batch([2]))
+    group = zarr.open_group(str(path), mode="a", zarr_format=3)
+    del group.attrs["alchemi_sharded"]
+    assert len(ShardedZarrReader(path)) == 1  # parts and nothing else: a root
+    assert root.committed_ids().tolist() == [0]
+    assert "alchemi_sharded" in zarr.open_group(str(path), mode="r").attrs  # the writer marked it again
+    bare = tmp_path / "bare.zarr"
+    zarr.open_group(str(bare), mode="a", zarr_format=3)
+    with pytest.raises(InvalidDataError, match="not a sharded"):
+        ShardedZarrReader(bare)
+    assert ShardedZarrStore(bare).committed_count() == 0

@@ -80,11 +80,15 @@ def _open_root(root: str, create: bool, storage_options: dict[str, Any] | None) 
             "AtomicDataZarrReader, or give the data-parallel run a new path"
         )
     if SHARDED_KEY not in attrs:
-        if not create:
-            raise InvalidDataError(f"{where} is not a sharded alchemi results store (no {SHARDED_KEY!r} attribute)")
-        if any(True for _ in group):
+        # Ranks open the root at once: one's creation may overwrite another's mark. A group of
+        # parts and nothing else is a root all the same, and a writer marks it again.
+        names = list(group.keys())
+        if any(not n.startswith(PART_PREFIX) for n in names):
             raise InvalidDataError(f"{where} holds a Zarr group that is not an alchemi store; choose a new path")
-        group.attrs[SHARDED_KEY] = SHARDED_FORMAT
+        if create:
+            group.attrs[SHARDED_KEY] = SHARDED_FORMAT
+        elif not names:
+            raise InvalidDataError(f"{where} is not a sharded alchemi results store (no {SHARDED_KEY!r} attribute)")
     elif int(dict(attrs[SHARDED_KEY]).get("version", 0)) > int(SHARDED_FORMAT["version"]):
         raise InvalidDataError(f"{where} is a sharded store of a newer version; upgrade alchemi-zarr")
     return group
@@ -148,7 +152,7 @@ class ShardedZarrStore:
                         storage_options=self.storage_options, **self.sink_options)
 
     def _parts(self) -> list[AtomicStore]:
-        group = _open_root(self.root, False, self.storage_options)
+        group = _open_root(self.root, True, self.storage_options)
         return [AtomicStore(_join(self.root, name), read_only=True, storage_options=self.storage_options)
                 for name in _part_names(group)]
 
