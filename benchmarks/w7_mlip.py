@@ -43,15 +43,9 @@ TARGETS = {"speedup_1": 3.0, "speedup_64": 1.5, "speedup_256": 1.5, "systems_in_
 
 def cu_cells(n: int) -> list[Any]:
     """``n`` Cu FCC 3x3x3 cells, rattled 0.05 Å with the cell's index as seed."""
-    from ase.build import bulk
+    from alchemi_potentials.testing import copper_cells
 
-    base = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(3)
-    out = []
-    for i in range(n):
-        atoms = base.copy()
-        atoms.positions += np.random.default_rng(i).normal(scale=0.05, size=atoms.positions.shape)
-        out.append(atoms)
-    return out
+    return copper_cells(n)
 
 
 def sync(device: str) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import alchemi_mace.imports
 import pytest
 import torch
-
-import alchemi_mace.imports
 
 alchemi_mace.imports.import_mace()  # before anything imports e3nn
 

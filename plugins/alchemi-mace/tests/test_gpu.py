@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ase.build import bulk
+from alchemi_mace import MaceModel
+from alchemi_potentials.testing import (
+    compare_with_calculator,
+    copper_cells,
+    reference_structures,
+    relax_then_md,
+)
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_mace import MaceModel
-from alchemi_potentials.testing import compare_with_calculator, reference_structures, relax_then_md
 
 pytestmark = pytest.mark.gpu
-
-
-def cu_cells(n):
-    out = []
-    for i in range(n):
-        atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(3)
-        atoms.rattle(0.05, seed=i)
-        out.append(atoms)
-    return out
 
 
 def langevin(model, steps):
@@ -39,7 +34,7 @@ def test_gpu_float64_equals_mace_calculator(mp_small_file):
 
 def test_captured_step_equals_eager(tiny_net):
     model = MaceModel(tiny_net, dtype="float64", enable_cueq=False)
-    eager = Batch.from_atoms(cu_cells(3), dtype=torch.float64, device="cuda")
+    eager = Batch.from_atoms(copper_cells(3), dtype=torch.float64, device="cuda")
     graphed = eager.clone()
     langevin(model, 30).run(eager)
     stage = langevin(model, 30).compile()
@@ -67,7 +62,7 @@ def test_captured_steps_allocate_nothing_and_eager_steps_take_no_new_memory():
     from alchemi_mace.random_model import mace_mp_small_like
 
     model = MaceModel(mace_mp_small_like(seed=0, dtype=torch.float32), dtype="float32")
-    batch = Batch.from_atoms(cu_cells(4), dtype=torch.float32, device="cuda")
+    batch = Batch.from_atoms(copper_cells(4), dtype=torch.float32, device="cuda")
     allocations, segments = _allocations(langevin(model, 1000).compile(), batch.clone())
     assert allocations == 0 and segments == 0
     _, segments = _allocations(langevin(model, 1000), batch.clone())
@@ -77,7 +72,7 @@ def test_captured_steps_allocate_nothing_and_eager_steps_take_no_new_memory():
 @pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])
 def test_fire_then_langevin_compiled(tiny_net, inflight):
     model = MaceModel(tiny_net, dtype="float32")
-    relax_then_md(model, cu_cells(3) + reference_structures()[:2], torch.float32, inflight=inflight,
+    relax_then_md(model, copper_cells(3) + reference_structures()[:2], torch.float32, inflight=inflight,
                   fire_steps=40, md_steps=40, device="cuda", compiled=True)
 
 
@@ -86,6 +81,6 @@ def test_measured_bytes_per_atom_plan_batches():
 
     model = MaceModel(mace_mp_small_like(seed=0, dtype=torch.float32), dtype="float32")
     estimate = model.bytes_per_atom()
-    measured = model.measure_bytes_per_atom(Batch.from_atoms(cu_cells(8), dtype=torch.float32, device="cuda"))
+    measured = model.measure_bytes_per_atom(Batch.from_atoms(copper_cells(8), dtype=torch.float32, device="cuda"))
     assert 0 < measured == model.bytes_per_atom()
     print(f"MACE-MP-0-small shape, float32: estimate {estimate:.3g} B/atom, measured {measured:.3g} B/atom")

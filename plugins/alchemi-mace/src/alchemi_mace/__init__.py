@@ -20,6 +20,6 @@ _EXPORTS = {
     "import_mace": "alchemi_mace.imports",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["MaceModel", "import_mace"]
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

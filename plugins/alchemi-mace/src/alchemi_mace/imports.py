@@ -33,7 +33,7 @@ def import_mace() -> Any:
     e3nn_first = "e3nn" in sys.modules
     try:
         import mace
-        import mace.modules  # noqa: F401 - imports e3nn, now in the right order
+        import mace.modules
     except ImportError as exc:
         hint = (" (e3nn was imported before mace: import alchemi_mace or mace first)" if e3nn_first else "")
         raise MissingDependencyError(

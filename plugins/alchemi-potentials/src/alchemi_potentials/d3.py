@@ -84,7 +84,7 @@ class D3Dispersion(EdgeModel):
             raise ConfigurationError(f"model:d3: need 0 < cn_cutoff <= cutoff, got {cn_cutoff} and {cutoff} Å")
         try:
             params = params_for(damping, functional.lower())
-        except Exception as exc:  # torch-dftd raises plain errors for unknown names
+        except Exception as exc:  # noqa: BLE001 - torch-dftd raises plain errors for unknown names
             raise ConfigurationError(
                 f"model:d3: no D3({damping}) parameters for functional {functional!r} ({exc})"
             ) from None

@@ -5,6 +5,7 @@
 * :func:`compare_with_calculator`: the model on all of them in one batch against an ASE
   calculator system by system (energies, forces, stress), and one system alone against the
   same system inside the batch.
+* :func:`copper_cells`: the rattled Cu cells of benchmark W7.
 * :func:`relax_then_md`: FIRE relaxation, then Langevin MD, in one fused stage, from a batch or
   streamed through a sampler (inflight); every structure comes out once, finite.
 
@@ -39,6 +40,20 @@ def reference_structures(seed: int = 0, rattle: float = 0.05) -> list[Any]:
     out = [cu, si, ch4, slab]
     for i, atoms in enumerate(out):
         atoms.rattle(rattle, seed=seed + i)
+    return out
+
+
+def copper_cells(n: int, rattle: float = 0.05) -> list[Any]:
+    """``n`` Cu FCC 3x3x3 cells (108 atoms, a = 3.61 Å), cell ``i`` rattled by ``rattle`` Å
+    (Gaussian) with seed ``i``: the structures of benchmark W7."""
+    from ase.build import bulk
+
+    base = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(3)
+    out = []
+    for i in range(n):
+        atoms = base.copy()
+        atoms.positions += np.random.default_rng(i).normal(scale=rattle, size=atoms.positions.shape)
+        out.append(atoms)
     return out
 
 

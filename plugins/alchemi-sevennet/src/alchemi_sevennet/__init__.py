@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 
 _EXPORTS = {"SevenNetModel": "alchemi_sevennet.model"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["SevenNetModel"]
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -35,13 +35,14 @@ import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-
-from alchemi_core.errors import ConfigurationError, MissingDependencyError
 from alchemi_potentials.edge_model import EdgeModel
 
+from alchemi_core.errors import ConfigurationError, MissingDependencyError
+
 if TYPE_CHECKING:
-    from alchemi_core.data import Batch
     from alchemi_potentials.neighbors.edges import Edges
+
+    from alchemi_core.data import Batch
 
 #: Layers alchemi does itself: the total-energy reduction and the force/stress output.
 _REPLACED = ("reduce_total_enegy", "reduce_total_energy", "force_output")
@@ -50,7 +51,7 @@ _REPLACED = ("reduce_total_enegy", "reduce_total_energy", "force_output")
 def _sevenn() -> Any:
     try:
         import sevenn
-        import sevenn.util  # noqa: F401
+        import sevenn.util
     except ImportError as exc:
         raise MissingDependencyError(f"model:sevennet needs SevenNet: pip install sevenn ({exc})") from exc
     return sevenn

@@ -199,7 +199,7 @@ class EdgeList:
         if fresh and self._fixed_capacity is None:
             need = int(buffers.ends[batch.num_nodes - 1])
             if need > buffers.capacity:
-                capacity = -(-int(math.ceil(need * EDGE_HEADROOM)) // EDGES_MULTIPLE_OF) * EDGES_MULTIPLE_OF
+                capacity = -(-math.ceil(need * EDGE_HEADROOM) // EDGES_MULTIPLE_OF) * EDGES_MULTIPLE_OF
                 buffers = self._buffers = _Buffers(capacity, batch.num_nodes, pos)
                 buffers.matrix = matrix
                 self._run(buffers, batch)
@@ -257,7 +257,7 @@ class EdgeList:
             raise CapacityError(
                 f"edge list overflow: the batch needed {need} edges within {self._cutoff:g} Å but the capacity is "
                 f"{b.capacity}, so edges were dropped and these results are wrong; pass max_edges="
-                f"{int(math.ceil(need * EDGE_HEADROOM))} (or None, to size it from the structures)"
+                f"{math.ceil(need * EDGE_HEADROOM)} (or None, to size it from the structures)"
             )
 
     def memory_bytes(self) -> int:
