@@ -9,6 +9,8 @@ from alchemi_core.testing.model_contract import ModelContract, rattled_cells
 
 
 class TestMace(ModelContract):
+    dtypes = (torch.float64,)  # float32 runs in test_mace.py; one precision keeps CI short
+
     def make_model(self):
         from alchemi_mace import MaceModel
         from alchemi_mace.random_model import mace_mp_small_like

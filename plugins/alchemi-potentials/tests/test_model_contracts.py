@@ -36,7 +36,10 @@ class TestAseCalculator(ModelContract):
 
 
 class TestD3(ModelContract):
-    """DFT-D3(BJ) with short cutoffs (small edge lists on a CPU)."""
+    """DFT-D3(BJ) with short cutoffs (small edge lists on a CPU), float64 (test_d3.py runs it
+    against the D3 program)."""
+
+    dtypes = (torch.float64,)
 
     def make_model(self):
         pytest.importorskip("torch_dftd")
