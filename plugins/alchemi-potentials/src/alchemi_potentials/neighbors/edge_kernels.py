@@ -49,7 +49,7 @@ def count_edges(pl: PairList, wrap: wp.array(dtype=wp.vec3i), positions: wp.arra
     t = wp.tid()
     i = pl.order[t]
     s = pl.system[t]
-    n = 0
+    n = int(0)  # noqa: UP018 - Warp needs a dynamic variable to count in a loop
     for k in range(pl.count[t]):
         u, shift = _shift_of(pl, wrap, t, pl.entries[k, t])
         if _distance_sq(positions, cell, s, i, pl.order[u], shift) < cutoff_sq:
