@@ -24,6 +24,11 @@ class InvalidDataError(AlchemiError, ValueError):
     """Input data has a wrong shape, dtype or value (NaN positions, a missing field, ...)."""
 
 
+class DamagedCheckpointError(InvalidDataError):
+    """A checkpoint file is truncated, fails its checksum, holds more than data, or contradicts
+    itself; the message names the file and, where its header is readable, the run that made it."""
+
+
 class CapacityError(AlchemiError, RuntimeError):
     """A buffer or sink has no room for what it was asked to hold; nothing was written."""
 
@@ -54,6 +59,7 @@ __all__ = [
     "ComponentConflictError",
     "ComponentNotFoundError",
     "ConfigurationError",
+    "DamagedCheckpointError",
     "InvalidDataError",
     "MissingDependencyError",
     "PipelineError",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alchemi_core.data.fields import Level, infer_level, level_of
+from alchemi_core.data.values import check_values
 from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
@@ -167,8 +168,7 @@ class AtomicData:
             raise InvalidDataError(f"{name} must have shape [N, 3], got {list(t.shape)}")
         if name == "atomic_masses":
             t = t.reshape(n)
-            if bool((t <= 0).any()):
-                raise InvalidDataError("atomic_masses must be positive (amu)")
+        check_values(name, t)
         return t
 
     @staticmethod

@@ -33,6 +33,7 @@ import torch
 from alchemi_core.data.atomic_data import AtomicData
 from alchemi_core.data.buffer_ops import buffer_ops_for
 from alchemi_core.data.fields import INDEX_FIELDS, Level, infer_level
+from alchemi_core.data.values import check_values
 from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
@@ -418,6 +419,7 @@ class Batch:
             raise InvalidDataError(
                 f"field {name!r} is {lvl.value}-level, so it needs {n} rows, got shape {list(t.shape)}"
             )
+        check_values(name, t)
         old = self._store.get(name)
         if cap == n:
             self._store[name] = t

@@ -73,6 +73,16 @@ def all_metadata(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     return atoms, edges
 
 
+def all_system_ids(dataset: Any) -> np.ndarray | None:
+    """The ``system_id`` each structure of ``dataset`` will have (its own, else its index), when
+    the dataset can tell without loading structures (``get_all_system_ids()``); else None."""
+    bulk = getattr(dataset, "get_all_system_ids", None)
+    if bulk is None:
+        return None
+    ids = bulk()
+    return None if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
 class ListDataset:
     """Structures held in memory.
 
@@ -102,6 +112,13 @@ class ListDataset:
         return (
             np.fromiter((s.num_nodes for s in self._items), dtype=np.int64, count=len(self._items)),
             np.fromiter((s.num_edges for s in self._items), dtype=np.int64, count=len(self._items)),
+        )
+
+    def get_all_system_ids(self) -> np.ndarray:
+        """Each structure's ``system_id``, or its index where it has none."""
+        return np.fromiter(
+            (int(s.system_id.reshape(-1)[0]) if "system_id" in s else i for i, s in enumerate(self._items)),
+            dtype=np.int64, count=len(self._items),
         )
 
 
@@ -149,6 +166,9 @@ class Dataset:
             return int(out[0]), int(out[1])
         data = as_atomic_data(self.reader[index], index)
         return data.num_nodes, data.num_edges
+
+    def get_all_system_ids(self) -> np.ndarray | None:
+        return all_system_ids(self.reader)
 
     def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
         if hasattr(self.reader, "get_metadata") or hasattr(self.reader, "get_all_metadata"):

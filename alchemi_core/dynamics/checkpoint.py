@@ -3,14 +3,19 @@
 A checkpoint holds the active batch (positions, velocities, every integrator's state fields,
 ``status``, ``stage_steps``, ``system_id``, ...), the step counter, each stage's random state
 (``state_dict()`` of integrators that have one), the sampler's position, the finished systems
-kept in memory, and the contents of sinks that can save themselves (``HostMemory``; a
-``ZarrData`` store persists on its own and is flushed when the checkpoint is written). A run
-resumed from it gives the same result as the uninterrupted run.
+kept in memory, and the committed state of every sink (``HostMemory`` and ``GPUBuffer`` save
+their contents; a ``ZarrData`` store saves how many records it had committed, and a resumed run
+cuts off the records written after the checkpoint, which it writes again). A run resumed from
+it gives the same result as the uninterrupted run, with every record stored exactly once.
 
-The file is written next to its final name and renamed into place, so a crash while writing
-leaves the previous checkpoint intact. It holds only tensors, numbers, strings, lists and
-dicts, and is read with ``torch.load(weights_only=True)``: loading an untrusted checkpoint
-cannot run code.
+The file (format version 2) is one line ``alchemi-checkpoint``, one line of JSON (the format
+version, the run that wrote it, the step, the payload's length and SHA-256), then the payload:
+``torch.save`` of plain tensors, numbers, strings, lists and dicts. It is written next to its
+final name and renamed into place, so a crash while writing leaves the previous checkpoint
+intact. Reading checks the length and the checksum before anything is unpacked, unpacks with
+``torch.load(weights_only=True)`` (loading an untrusted checkpoint cannot run code), and checks
+that the counts agree; a file that fails any of this raises :class:`DamagedCheckpointError`
+naming the file and the run that made it.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -24,27 +29,38 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+import pickle
+import re
+import socket
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from alchemi_core.data import Batch
-from alchemi_core.errors import InvalidDataError
+from alchemi_core.errors import DamagedCheckpointError, InvalidDataError
 
 if TYPE_CHECKING:
     from alchemi_core.dynamics.engine import Engine
 
 FORMAT = "alchemi-checkpoint"
-VERSION = 1
+VERSION = 2
+MAGIC = (FORMAT + "\n").encode()
+#: The header line is short; a longer first line means the file is not a checkpoint.
+_MAX_HEADER = 4096
 
 
 def batch_state(batch: Batch) -> dict[str, Any]:
     """A batch's contents (filled rows only) as plain tensors on the CPU."""
     return {
-        "fields": {k: getattr(batch, k).detach().cpu().clone() for k in batch.keys()},
-        "levels": {k: batch.level_of(k).value for k in batch.keys()},
+        "fields": {k: getattr(batch, k).detach().cpu().clone() for k in batch},
+        "levels": {k: batch.level_of(k).value for k in batch},
         "num_nodes": [int(n) for n in batch.num_nodes_list],
         "num_edges": [int(n) for n in batch.num_edges_list],
     }
@@ -61,6 +77,12 @@ def batch_from_state(state: dict[str, Any], device: torch.device | str) -> Batch
     )
 
 
+def new_run_id() -> str:
+    """A name for a run that checkpoints carry: unique, and telling where and when it started."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{stamp}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def engine_state(engine: Engine) -> dict[str, Any]:
     """What :func:`save` writes for ``engine`` (see the module docstring)."""
     batch = engine.batch
@@ -74,13 +96,17 @@ def engine_state(engine: Engine) -> dict[str, Any]:
             flush()  # a persistent sink must hold everything the checkpoint counts as written
         saver = getattr(sink, "state_dict", None)
         sinks.append(saver() if saver is not None else None)
+    if getattr(engine, "run_id", None) is None:
+        engine.run_id = new_run_id()
     return {
         "format": FORMAT,
         "version": VERSION,
+        "run_id": engine.run_id,
         "device": str(batch.device),
         "step_count": engine.step_count,
         "loaded_count": engine.loaded_count,
         "written_count": engine.written_count,
+        "sampled_count": int(getattr(engine, "sampled_count", -1)),
         "batch": batch_state(batch),
         "stages": [getattr(s.dynamics, "state_dict", dict)() for s in engine.subs],
         "sampler": engine.sampler.state_dict() if engine.sampler is not None else None,
@@ -91,41 +117,186 @@ def engine_state(engine: Engine) -> dict[str, Any]:
 
 def save(engine: Engine, path: str | os.PathLike[str]) -> Path:
     """Write a checkpoint of ``engine`` to ``path`` (atomically: a temporary file renamed)."""
+    return write_state(engine_state(engine), path)
+
+
+def write_state(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``state`` (what :func:`engine_state` gives) as a checksummed checkpoint file."""
+    payload = io.BytesIO()
+    torch.save(state, payload)
+    data = payload.getvalue()
+    header = {
+        "version": VERSION,
+        "run_id": state.get("run_id"),
+        "step_count": state.get("step_count"),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "payload_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".writing")
-    torch.save(engine_state(engine), tmp)
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, target)
     return target
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save` (data only: ``weights_only=True``).
+    """Read and check a checkpoint written by :func:`save` (data only: ``weights_only=True``).
 
     Raises:
-        InvalidDataError: The file is not an alchemi checkpoint of a version this code reads.
+        DamagedCheckpointError: The file is empty, truncated, fails its checksum, holds objects
+            other than data, or its counts contradict each other.
+        InvalidDataError: The file is not an alchemi checkpoint, or is of a newer version.
     """
-    state = torch.load(Path(path), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise InvalidDataError(f"{path} is not an alchemi checkpoint")
-    if int(state.get("version", -1)) > VERSION:
-        raise InvalidDataError(
-            f"{path} was written by a newer alchemi (checkpoint version {state['version']}, this one "
-            f"reads up to {VERSION}); upgrade alchemi-core to resume it"
+    raw = Path(path).read_bytes()
+    if not raw:
+        raise DamagedCheckpointError(f"checkpoint {path} is damaged: the file is empty (0 bytes)")
+    if raw.startswith(b"PK"):
+        return _load_version_1(path, raw)
+    if not raw.startswith(MAGIC):
+        if _looks_like_magic(raw):
+            raise DamagedCheckpointError(
+                f"checkpoint {path} is damaged: its first line is cut short or garbled, so the run that made "
+                "it is unknown"
+            )
+        raise InvalidDataError(f"{path} is not an alchemi checkpoint (it does not start with {FORMAT!r})")
+    end = raw.find(b"\n", len(MAGIC), len(MAGIC) + _MAX_HEADER)
+    try:
+        header = json.loads(raw[len(MAGIC) : end]) if end > 0 else None
+    except (ValueError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict) or not isinstance(header.get("payload_bytes"), int):
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is damaged: its header line is unreadable, so the run that made it is unknown"
         )
+    who = _made_by(header)
+    version = header.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise InvalidDataError(
+            f"{path} was written by a newer alchemi (checkpoint version {version!r}, this one reads up "
+            f"to {VERSION}); {who}. Upgrade alchemi-core to resume it"
+        )
+    data = raw[end + 1 :]
+    if len(data) != header["payload_bytes"]:
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is damaged: it is truncated or extended ({len(data)} payload bytes, the "
+            f"header says {header['payload_bytes']}); {who}. Resume from an earlier checkpoint or start anew"
+        )
+    if hashlib.sha256(data).hexdigest() != header.get("sha256"):
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is damaged: its contents fail the SHA-256 checksum (bytes changed on disk "
+            f"or in transfer); {who}. Resume from an earlier checkpoint or start anew"
+        )
+    state = _unpack(path, data, who)
+    check_consistent(state, f"checkpoint {path}", who)
     return state
 
 
+def _looks_like_magic(raw: bytes) -> bool:
+    """A first line that is the format name cut short or with a few bytes changed."""
+    head = raw[: len(MAGIC)]
+    if MAGIC.startswith(head):
+        return True
+    same = sum(a == b for a, b in zip(head, MAGIC, strict=False))
+    return same >= len(MAGIC) - 4
+
+
+def _made_by(header: dict[str, Any]) -> str:
+    return (
+        f"it was made by run {header.get('run_id')!s} at step {header.get('step_count')!s} "
+        f"({header.get('written_at')!s})"
+    )
+
+
+def _unpack(path: Any, data: bytes, who: str) -> dict[str, Any]:
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message suggests weights_only=False, which would let the file run code.
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"it asks for {found.group(1)}" if found else "it asks for Python objects"
+        raise DamagedCheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain data, which alchemi never "
+            f"writes ({what}); {who}. It is refused, since loading such objects could run code: resume "
+            "from a checkpoint alchemi wrote"
+        ) from None
+    except Exception as exc:  # a checksum-valid payload torch cannot read
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is damaged: its payload is unreadable ({exc}); {who}"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise DamagedCheckpointError(f"checkpoint {path} is damaged: its payload is not a checkpoint state; {who}")
+    return state
+
+
+def _load_version_1(path: Any, raw: bytes) -> dict[str, Any]:
+    """Checkpoints of format version 1 (a bare ``torch.save``, no checksum)."""
+    who = "it is a version 1 checkpoint (no checksum, no run recorded)"
+    state = _unpack(path, raw, who) if raw else {}
+    check_consistent(state, f"checkpoint {path}", who)
+    return state
+
+
+def check_consistent(state: dict[str, Any], what: str, who: str) -> None:
+    """Raise when the counts of ``state`` contradict each other (every structure must be
+    exactly once: in the batch, already written, or still with the sampler).
+
+    Raises:
+        DamagedCheckpointError: Missing parts, or counts that disagree.
+    """
+
+    def damaged(why: str) -> DamagedCheckpointError:
+        return DamagedCheckpointError(f"{what} is damaged: {why}; {who}. Resume from an earlier checkpoint")
+
+    needed = ("step_count", "loaded_count", "written_count", "batch", "stages", "sampler", "sinks")
+    missing = [k for k in needed if k not in state]
+    if missing:
+        raise damaged(f"it lacks {missing}")
+    try:
+        batch = batch_from_state(state["batch"], "cpu")
+    except Exception as exc:
+        raise damaged(f"its batch does not fit together ({exc})") from None
+    active = batch.num_graphs
+    loaded, written = int(state["loaded_count"]), int(state["written_count"])
+    if min(loaded, written, int(state["step_count"])) < 0 or loaded != written + active:
+        raise damaged(
+            f"it counts {loaded} systems taken in but {written} written and {active} active "
+            f"({written + active})"
+        )
+    if "system_id" in batch:
+        ids = batch.system_id.tolist()
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise damaged(f"its batch holds system_id {dup[:10]} more than once")
+    sampler = state["sampler"]
+    if sampler is not None:
+        handed = [int(i) for i in sampler.get("handed_out", [])]
+        if len(set(handed)) != len(handed):
+            raise damaged("its sampler position hands out some structures twice")
+        sampled = int(state.get("sampled_count", -1))
+        if sampled >= 0 and sampled != len(handed):
+            raise damaged(
+                f"its sampler position says {len(handed)} structures were handed out but the run took "
+                f"{sampled} from the sampler, so structures would be lost or run twice"
+            )
+
+
 def restore(engine: Engine, state: dict[str, Any]) -> None:
-    """Put the counters, random states, sampler position and kept results of ``state`` back
-    into a prepared ``engine`` (its batch already restored)."""
+    """Put the counters, random states, sampler position, kept results and sink states of
+    ``state`` back into a prepared ``engine`` (its batch already restored)."""
     stages = state["stages"]
     if len(stages) != len(engine.subs):
         raise InvalidDataError(
             f"the checkpoint has {len(stages)} stages but this run has {len(engine.subs)}: resume it "
             "with the same stages"
         )
-    for sub, saved in zip(engine.subs, stages):
+    for sub, saved in zip(engine.subs, stages, strict=False):
         loader = getattr(sub.dynamics, "load_state_dict", None)
         if saved and loader is not None:
             loader(saved)
@@ -137,10 +308,19 @@ def restore(engine: Engine, state: dict[str, Any]) -> None:
         held = engine.sink_list()[0] if not engine.sinks else None
         if held is not None:
             held.write(batch_from_state(state["host_results"], "cpu"))
-    for sink, saved in zip(engine.sinks, state["sinks"]):
+    saved_sinks = state["sinks"]
+    if len(saved_sinks) != len(engine.sinks):
+        raise InvalidDataError(
+            f"the checkpoint has {len(saved_sinks)} sinks but this run has {len(engine.sinks)}: resume it "
+            "with the same sinks"
+        )
+    for sink, saved in zip(engine.sinks, saved_sinks, strict=False):
         loader = getattr(sink, "load_state_dict", None)
         if saved is not None and loader is not None:
             loader(saved)
     engine.step_count = int(state["step_count"])
     engine.loaded_count = int(state["loaded_count"])
     engine.written_count = int(state["written_count"])
+    if int(state.get("sampled_count", -1)) >= 0:
+        engine.sampled_count = int(state["sampled_count"])
+    engine.run_id = state.get("run_id") or getattr(engine, "run_id", None)

@@ -36,6 +36,7 @@ from alchemi_core.data.fields import Level
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_core.validation import finite_number
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -73,7 +74,11 @@ class Criterion:
         custom = spec.get("custom_op")
         if custom is not None and not callable(custom):
             raise ConfigurationError("custom_op must be callable")
-        return cls(str(spec["key"]), float(spec["threshold"]), op, dims, custom)
+        key = str(spec["key"])
+        # fmax, energy_change and norms are never negative: a negative threshold can never pass.
+        floor = 0.0 if key in ENGINE_KEYS or op == "norm" else None
+        threshold = finite_number(f"convergence criterion {key!r} threshold", spec["threshold"], minimum=floor)
+        return cls(key, threshold, op, dims, custom)
 
 
 def _reduce_rows(value: torch.Tensor, op: str, dims: int | tuple[int, ...] | None) -> torch.Tensor:

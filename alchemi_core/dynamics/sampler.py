@@ -31,8 +31,10 @@ import numpy as np
 import torch
 
 from alchemi_core.data import AtomicData, Batch
-from alchemi_core.data.datapipes import all_metadata, as_atomic_data
+from alchemi_core.data.datapipes import all_metadata, all_system_ids, as_atomic_data
+from alchemi_core.dynamics.identity import check_dataset_ids
 from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_core.validation import whole_number
 
 #: Rough device bytes per atom of a running simulation, for ``max_atoms=None``.
 BYTES_PER_ATOM_ESTIMATE = 8192
@@ -65,8 +67,14 @@ class SizeAwareSampler:
         max_gpu_memory_fraction: float = 0.8,
         seed: int = 0,
     ) -> None:
-        if bin_width < 1:
-            raise ConfigurationError(f"bin_width must be >= 1, got {bin_width}")
+        bin_width = whole_number("SizeAwareSampler bin_width", bin_width, minimum=1)
+        if max_atoms is not None:
+            max_atoms = whole_number("SizeAwareSampler max_atoms", max_atoms, minimum=1, none_means="auto")
+        if max_edges is not None:
+            max_edges = whole_number("SizeAwareSampler max_edges", max_edges, minimum=0, none_means="no limit")
+        if max_batch_size is not None:
+            max_batch_size = whole_number("SizeAwareSampler max_batch_size", max_batch_size, minimum=1,
+                                          none_means="no limit")
         if not 0 < max_gpu_memory_fraction <= 1:
             raise ConfigurationError("max_gpu_memory_fraction must be in (0, 1]")
         self.dataset = dataset
@@ -86,6 +94,9 @@ class SizeAwareSampler:
             raise ConfigurationError("max_atoms and max_batch_size must be >= 1")
         self._atoms, self._edges = all_metadata(dataset)
         self._check_fits()
+        ids = all_system_ids(dataset)
+        if ids is not None:
+            check_dataset_ids(ids, f"the dataset {type(dataset).__name__}")
         self._bins: dict[int, deque[int]] = {}
         self._reset_bins()
 

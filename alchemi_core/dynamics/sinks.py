@@ -23,6 +23,7 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError, InvalidDataError
+from alchemi_core.validation import whole_number
 
 
 class DataSink(ABC):
@@ -73,6 +74,33 @@ class DataSink(ABC):
         return max(0, self.capacity - len(self))
 
 
+class SavesContents:
+    """Checkpoint support for a sink whose contents vanish with the process (host or device
+    memory): the contents are saved with the checkpoint and written back on resume, so the
+    resumed run holds exactly the records it had at the checkpoint.
+
+    A sink using it implements ``read``, ``write``, ``zero`` and ``__len__`` (any ``DataSink``).
+    """
+
+    #: Where restored contents are put (a device sink overrides it with its own device).
+    restore_device: str | torch.device = "cpu"
+
+    def state_dict(self) -> dict:
+        """The contents, for checkpoints (plain tensors on the CPU)."""
+        from alchemi_core.dynamics.checkpoint import batch_state
+
+        held = len(self)  # type: ignore[arg-type]
+        return {"count": held, "batch": batch_state(self.read()) if held else None}  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with those saved by :meth:`state_dict`."""
+        from alchemi_core.dynamics.checkpoint import batch_from_state
+
+        self.zero()  # type: ignore[attr-defined]
+        if state.get("batch") is not None:
+            self.write(batch_from_state(state["batch"], self.restore_device))  # type: ignore[attr-defined]
+
+
 def selected_count(batch: Batch, mask: torch.Tensor | None, who: str) -> tuple[int, torch.Tensor | None]:
     """Validate a write mask and count the selected systems (one read-back)."""
     if mask is None:
@@ -94,7 +122,7 @@ def capacity_error(who: str, wanted: int, held: int, capacity: int) -> CapacityE
     )
 
 
-class HostMemory(DataSink):
+class HostMemory(SavesContents, DataSink):
     """Systems kept in host (CPU) memory.
 
     Args:
@@ -102,8 +130,8 @@ class HostMemory(DataSink):
     """
 
     def __init__(self, capacity: int | None = 1000) -> None:
-        if capacity is not None and int(capacity) < 0:
-            raise InvalidDataError(f"HostMemory capacity must be >= 0, got {capacity}")
+        if capacity is not None:
+            capacity = whole_number("HostMemory capacity", capacity, minimum=0, none_means="no limit")
         self._capacity = capacity
         self._chunks: list[Batch] = []
         self._count = 0
@@ -138,20 +166,6 @@ class HostMemory(DataSink):
     def zero(self) -> None:
         self._chunks = []
         self._count = 0
-
-    def state_dict(self) -> dict:
-        """The contents, for checkpoints (plain tensors)."""
-        from alchemi_core.dynamics.checkpoint import batch_state
-
-        return {"batch": batch_state(self.read()) if self._count else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Replace the contents with those saved by :meth:`state_dict`."""
-        from alchemi_core.dynamics.checkpoint import batch_from_state
-
-        self.zero()
-        if state.get("batch") is not None:
-            self.write(batch_from_state(state["batch"], "cpu"))
 
     def __repr__(self) -> str:
         return f"HostMemory({self._count}/{self._capacity})"

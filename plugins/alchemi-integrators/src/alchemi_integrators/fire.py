@@ -117,6 +117,7 @@ class _FireBase(Integrator):
         if maxstep_scope not in MAXSTEP_SCOPES:
             raise ConfigurationError(f"maxstep_scope must be one of {MAXSTEP_SCOPES}, got {maxstep_scope!r}")
         self.maxstep_scope = maxstep_scope
+        self._check_step_bounds()
         #: The cell filter (None: the cell stays as it is).
         self.cell_filter: CellFilter | None = None
         if cell_filter is None:
@@ -137,6 +138,24 @@ class _FireBase(Integrator):
 
     def _choose_backend(self, device: torch.device) -> str:
         return "torch" if self.cell_filter is not None else super()._choose_backend(device)
+
+    def _check_step_bounds(self) -> None:
+        """``dt_min <= dt <= dt_max`` where the values are known now (numbers or tensors)."""
+        who = type(self).__name__
+        dt = _known_values(self.parameters["dt"])
+        for name, below in (("dt_max", False), ("dt_min", True)):
+            param = self.parameters.get(name)
+            bound = None if param is None else _known_values(param)
+            if dt is None or bound is None:
+                continue
+            wrong = (bound > dt) if below else (bound < dt)
+            if bool(wrong.any()):
+                relation = "larger" if below else "smaller"
+                fix = "dt_min <= dt" if below else "dt_max >= dt (FIRE's usual choice is dt_max = 10 dt)"
+                raise ConfigurationError(
+                    f"{who}: {name} ({_show(bound)} fs) is {relation} than dt ({_show(dt)} fs), so the step "
+                    f"could never stay within its bounds; pass {fix}"
+                )
 
     # ------------------------------------------------------------------ state
     def create_state(self, batch: Batch) -> None:
@@ -502,3 +521,16 @@ def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
 
 def _full_like(t: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, value) if isinstance(value, float) else value
+
+
+def _known_values(param: Any) -> torch.Tensor | None:
+    """A parameter's values as a float64 tensor, or None when they come from a field."""
+    if param.scalar is not None:
+        return torch.tensor([float(param.scalar)], dtype=torch.float64)
+    if param.tensor is not None:
+        return param.tensor.detach().to("cpu", torch.float64).reshape(-1)
+    return None
+
+
+def _show(values: torch.Tensor) -> str:
+    return f"{values.item():g}" if values.numel() == 1 else f"{values.tolist()[:4]}"

@@ -151,6 +151,8 @@ class PairPotential(BaseModel):
         self._type_luts: dict[torch.device, tuple[torch.Tensor, Any]] = {}
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
+        #: (id, version) of the batch check_batch last passed: a direct call checks each new one.
+        self._checked: tuple[int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
@@ -206,6 +208,10 @@ class PairPotential(BaseModel):
             InvalidDataError: Positions that are not float32 or float64.
         """
         self._check_list_cutoff()
+        if self._checked != (id(batch), batch.version):
+            # A direct call gets the checks a run makes when systems enter: once per set of
+            # systems (the engine's own check_batch marks the batch checked, so it costs nothing).
+            self.check_batch(batch)
         matrix = self.neighbor_list.update(batch)
         out = self._outputs_for(batch, matrix, compute_stress)
         out.launches.run(_warp.stream_for(batch.positions.device))
@@ -310,7 +316,8 @@ class PairPotential(BaseModel):
             super().check_batch(batch)  # species against card.species
         except InvalidDataError as exc:
             raise InvalidDataError(f"{exc}; add them to the model's per-element tables") from None
-        check_cells(batch, self.name)
+        check_cells(batch, self.name, radius=self.neighbor_list.radius)
+        self._checked = (id(batch), batch.version)
         nl = self.neighbor_list
         if not nl.sizes_itself and batch.num_nodes:
             probe = BatchedNeighborList(nl.cutoff, nl.skin, half_list=nl.half_list)

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from alchemi_core.data import Batch
-from alchemi_core.dynamics.sinks import DataSink, capacity_error
+from alchemi_core.dynamics.sinks import DataSink, SavesContents, capacity_error
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 
 
-class GPUBuffer(DataSink):
+class GPUBuffer(SavesContents, DataSink):
     """GPU-resident buffer for batched atomic data (the seed's ``GPUBuffer``).
 
     Args:
@@ -70,6 +70,7 @@ class GPUBuffer(DataSink):
         self._max_atoms = int(max_atoms)
         self._max_edges = int(max_edges)
         self._device = device
+        self.restore_device = device  # a checkpoint's contents go back onto the buffer's device
         self._storage: Batch | None = None
         #: Bool ``[B]`` on the last written batch's device: the systems the last write copied.
         self._copied_mask: torch.Tensor | None = None

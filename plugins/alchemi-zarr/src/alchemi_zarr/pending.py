@@ -90,10 +90,10 @@ class WriteLedger:
             self._stored = int(stored)
             self._changed.notify_all()
 
-    def cleared(self) -> None:
-        """The store was emptied (nothing may be pending)."""
+    def cleared(self, stored: int = 0) -> None:
+        """The store was emptied, or cut back to ``stored`` records (nothing may be pending)."""
         with self._changed:
-            self._stored = 0
+            self._stored = int(stored)
 
     def failed(self, exc: BaseException, system_ids: Sequence[int], count: int) -> None:
         with self._changed:

@@ -126,6 +126,14 @@ class AtomicDataZarrReader:
         """Atoms and edges of every structure, as two int64 arrays."""
         return np.diff(self._atom_ptr), np.diff(self._edge_ptr)
 
+    def get_all_system_ids(self) -> np.ndarray:
+        """Every structure's ``system_id`` (one read of that field), or its index when the store
+        has no such field."""
+        header = self.store.header
+        if header is None or "system_id" not in header.fields:
+            return np.arange(len(self), dtype=np.int64)
+        return self.store.read_rows("system_id", 0, len(self)).reshape(len(self), -1)[:, 0].astype(np.int64)
+
     # ------------------------------------------------------------------ structures
     def __getitem__(self, index: int) -> AtomicData:
         """Structure ``index`` with every stored field (neighbour indices local to it).

@@ -39,7 +39,7 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.data.staging import HostStaging
 from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
-from alchemi_core.errors import CapacityError, ConfigurationError
+from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
@@ -171,6 +171,47 @@ class ZarrData(DataSink):
         self.store.clear()
         if self._background is not None:
             self._background.ledger.cleared()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint records: where the store is and how many records it had committed
+        (waits for pending writes first), and the ``system_id`` of the last one."""
+        self.flush()
+        self.store.refresh()
+        n = self.store.num_systems
+        last = None
+        if n and self.store.header is not None and "system_id" in self.store.header.fields:
+            last = int(self.store.read_rows("system_id", n - 1, n).reshape(-1)[0])
+        return {"where": self.store.where, "committed": n, "last_system_id": last}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Return the store to the checkpoint: the records committed after it (by the run that
+        was interrupted) are cut off, since the resumed run writes them again.
+
+        Raises:
+            InvalidDataError: The store holds fewer records than the checkpoint counted, or a
+                different record where the checkpoint's last one was (it was replaced or changed).
+        """
+        self.flush()
+        self.store.refresh()
+        keep, held = int(state["committed"]), self.store.num_systems
+        where = self.store.where
+        if held < keep:
+            raise InvalidDataError(
+                f"ZarrData({where}) holds {held} records but the checkpoint counted {keep}: the store was "
+                "replaced or cut since the checkpoint; resume with the store the checkpointed run wrote"
+            )
+        last = state.get("last_system_id")
+        if keep and last is not None and self.store.header is not None and "system_id" in self.store.header.fields:
+            found = int(self.store.read_rows("system_id", keep - 1, keep).reshape(-1)[0])
+            if found != int(last):
+                raise InvalidDataError(
+                    f"ZarrData({where}): record {keep - 1} has system_id {found} but the checkpoint's has "
+                    f"{last}: this is not the store the checkpointed run wrote"
+                )
+        self.store.truncate(keep)
+        if self._background is not None:
+            self._background.ledger.cleared(stored=keep)
 
     # ------------------------------------------------------------------ asynchronous mode
     def flush(self) -> None:

@@ -81,10 +81,14 @@ class AtomicStore:
         except (FileNotFoundError, KeyError) as exc:  # zarr's GroupNotFoundError is one
             raise InvalidDataError(f"no alchemi store at {self.where}: {exc}") from None
         except Exception as exc:
-            if not type(exc).__module__.startswith("zarr."):
+            if not (type(exc).__module__.startswith("zarr.") or isinstance(exc, ValueError)):
                 raise
-            # An array where the group should be, unreadable metadata: zarr's own complaints.
-            raise InvalidDataError(f"{self.where} is not an alchemi store: {exc}") from exc
+            # An array where the group should be, unreadable metadata (garbled zarr.json): zarr's
+            # and json's own complaints.
+            raise InvalidDataError(
+                f"{self.where} is not an alchemi store, or a damaged one: its group metadata (zarr.json) is "
+                f"unreadable or not a group's ({type(exc).__name__}: {exc})"
+            ) from None
         self.header: Header | None = None
         self.counts = (0, 0, 0)  # committed systems, atoms, edges
         self._arrays: dict[str, Any] = {}
@@ -116,37 +120,93 @@ class AtomicStore:
                     "open_reader)" if "alchemi_sharded" in attrs else f" (no {layout.HEADER_KEY!r} attribute)")
             raise InvalidDataError(f"{self.where} is not an alchemi store{hint}")
         header = Header.from_json(attrs[layout.HEADER_KEY], self.where)
-        counts = self._read_commit()
         self._arrays = {}
         self._tails.forget()
+        counts = self._read_commit()
         if counts[0] == 0:
+            self._check_commit_not_lost()
             # Whatever an empty store's header says was never committed (a crashed first append,
             # a cleared store): there are no fields yet, and the first append decides them.
             self.header, self.counts = None, (0, 0, 0)
             return
         self.header = header
         self.counts = counts
-        atom_end, edge_end = (int(p[0]) for p in self.pointers(counts[0], counts[0]))
-        if (atom_end, edge_end) != counts[1:]:
-            raise InvalidDataError(
-                f"{self.where} is damaged: its pointers end at {atom_end} atoms and {edge_end} "
-                f"edges but it committed {counts[1]} and {counts[2]}"
-            )
+        self._check_layout(header, counts)
+
+    def _damaged(self, array: str, why: str) -> InvalidDataError:
+        return InvalidDataError(
+            f"{self.where} is damaged: array {array!r} {why}. Nothing was read or appended; restore the "
+            "store from a copy, or write to a new store"
+        )
+
+    def _open_array(self, key: str) -> Any:
+        """The zarr array at ``key``, or the damage that prevents opening it."""
+        try:
+            arr = self._group[key]
+        except KeyError:
+            raise self._damaged(key, "is missing") from None
+        except Exception as exc:
+            if not (type(exc).__module__.startswith("zarr.") or isinstance(exc, ValueError)):
+                raise
+            raise self._damaged(key, f"has unreadable metadata ({type(exc).__name__}: {exc})") from None
+        if not hasattr(arr, "shape"):
+            raise self._damaged(key, "is a group, not an array")
+        return arr
+
+    def _read_checked(self, key: str, arr: Any, start: int, stop: int) -> np.ndarray:
+        try:
+            return np.asarray(arr[start:stop])
+        except Exception as exc:  # a chunk failing its CRC-32C, or one that will not decode
+            if not (type(exc).__module__.split(".")[0] in ("zarr", "numcodecs") or isinstance(exc, ValueError)):
+                raise
+            raise self._damaged(key, f"has chunks that fail to decode ({type(exc).__name__}: {exc})") from None
+
+    def _check_commit_not_lost(self) -> None:
+        """An empty commit while the pointers hold records means the commit was lost, not that
+        the store is empty: appending would overwrite every record."""
+        if layout.COMMIT not in self._group and layout.ATOM_PTR in self._group:
+            rows = self._open_array(layout.ATOM_PTR).shape[0]
+            if rows > 1:
+                raise self._damaged(layout.COMMIT, f"is missing while {layout.ATOM_PTR!r} holds {rows - 1} systems")
+
+    def _check_layout(self, header: Header, counts: tuple[int, int, int]) -> None:
+        """Every array the header names exists with its dtype, row shape and enough rows, and the
+        pointers rise from 0 to the committed counts (all of them when opened for writing)."""
+        systems = counts[0]
+        for key, total in ((layout.ATOM_PTR, counts[1]), (layout.EDGE_PTR, counts[2])):
+            arr = self._arrays[key] = self._open_array(key)
+            if arr.ndim != 1 or np.dtype(arr.dtype) != np.int64:
+                raise self._damaged(key, f"is {arr.dtype} of shape {list(arr.shape)}, not int64 [S + 1]")
+            if arr.shape[0] < systems + 1:
+                raise self._damaged(key, f"has {arr.shape[0]} rows but {systems} committed systems need {systems + 1}")
+            first = 0 if not self.read_only else systems
+            ptr = self._read_checked(key, arr, first, systems + 1).astype(np.int64)
+            if not self.read_only and (ptr[0] != 0 or bool((np.diff(ptr) < 0).any())):
+                at = 0 if ptr[0] != 0 else int(np.nonzero(np.diff(ptr) < 0)[0][0]) + 1
+                raise self._damaged(key, f"does not rise from 0 (entry {at} is {int(ptr[at])})")
+            if int(ptr[-1]) != total:
+                raise self._damaged(key, f"ends at {int(ptr[-1])} but the commit records {total}")
         for name, spec in header.fields.items():
-            rows = self.array(name).shape[0]
-            if rows < counts[_LEVEL_INDEX[spec.level]]:
-                raise InvalidDataError(f"{self.where} is damaged: field {name!r} has {rows} rows, fewer than committed")
+            key = f"{layout.LEVEL_GROUP[spec.level]}/{name}"
+            arr = self._arrays[name] = self._open_array(key)
+            want = layout.storage_dtype(spec.dtype)
+            if np.dtype(arr.dtype) != want or tuple(arr.shape[1:]) != spec.shape:
+                raise self._damaged(
+                    key, f"is {arr.dtype} with rows {list(arr.shape[1:])} but the header records {spec.describe()}"
+                )
+            need = counts[_LEVEL_INDEX[spec.level]]
+            if arr.shape[0] < need:
+                raise self._damaged(key, f"has {arr.shape[0]} rows, fewer than the {need} committed")
 
     def _read_commit(self) -> tuple[int, int, int]:
         arr = self._arrays.get(layout.COMMIT)
         if arr is None:
-            try:
-                arr = self._arrays[layout.COMMIT] = self._group[layout.COMMIT]
-            except KeyError:
+            if layout.COMMIT not in self._group:
                 return (0, 0, 0)
-        values = np.asarray(arr[:], dtype=np.int64)
+            arr = self._arrays[layout.COMMIT] = self._open_array(layout.COMMIT)
+        values = self._read_checked(layout.COMMIT, arr, 0, 3).astype(np.int64)
         if values.shape != (3,) or np.any(values < 0):
-            raise InvalidDataError(f"{self.where} is damaged: commit record {values.tolist()}")
+            raise self._damaged(layout.COMMIT, f"holds {values.tolist()}, not three counts >= 0")
         return int(values[0]), int(values[1]), int(values[2])
 
     def refresh(self) -> bool:
@@ -323,6 +383,30 @@ class AtomicStore:
         if rows > have:
             # Geometric growth keeps metadata rewrites rare; rows past the commit are not records.
             arr.resize((max(rows, 2 * have, arr.chunks[0]), *arr.shape[1:]))
+
+    def truncate(self, num_systems: int) -> None:
+        """Keep the first ``num_systems`` records and forget the rest (a checkpoint's resume:
+        records written after it are written again). Only the commit changes; the rows past it
+        are an uncommitted tail that the next append overwrites.
+
+        Raises:
+            InvalidDataError: The store holds fewer records than ``num_systems``.
+        """
+        with writer_lock(self.where, self._lock_path):
+            self.refresh()
+            if num_systems > self.num_systems:
+                raise InvalidDataError(
+                    f"{self.where} holds {self.num_systems} records, fewer than the {num_systems} to keep"
+                )
+            if num_systems == self.num_systems:
+                return
+            atoms, edges = (int(p[0]) for p in self.pointers(num_systems, num_systems))
+            self.array(layout.COMMIT)[:] = np.array([num_systems, atoms, edges], dtype=np.int64)
+            self.counts = (num_systems, atoms, edges)
+            self._tails.forget()
+            if num_systems == 0:
+                self.header = None
+                self._arrays = {}
 
     def clear(self) -> None:
         """Forget every record: commit zero first, then drop the arrays to free their space."""

@@ -308,6 +308,10 @@ class BatchedNeighborList:
         t = layout.system_tensors
         flags = {name: t[name][:n].cpu().numpy() for name in ("bad_cell", "overflow", "image_out_of_range", "far_atoms")}
         ids = _system_ids(batch)
+        if "status" in batch and batch.num_graphs == n:
+            # Quarantined structures (negative status) went bad already and are leaving the run.
+            keep = batch.status.detach().reshape(-1).cpu().numpy() >= 0
+            flags = {name: np.where(keep, f, 0) for name, f in flags.items()}
 
         def which(name: str) -> list[int]:
             return ids[np.nonzero(flags[name])[0]][:10].tolist()
@@ -357,7 +361,7 @@ def _system_ids(batch: Batch) -> np.ndarray:
     return np.arange(batch.num_graphs)
 
 
-def check_cells(batch: Batch, who: str) -> None:
+def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
     """Reject periodic systems whose cell cannot define images (reads the cells back).
 
     A periodic axis needs a cell row; the periodic rows of a system must span a line, a plane or
@@ -402,3 +406,42 @@ def check_cells(batch: Batch, who: str) -> None:
             f"cell vectors are zero, parallel or coplanar), so periodic images are undefined: {detail}; "
             "fix the cell or set pbc False on axes that are not periodic"
         )
+    if radius is not None:
+        _check_thickness(batch, who, radius, pbc, cells, ids)
+
+
+#: Periodic images a search may walk either side along one axis (the bins' reach on the device).
+MAX_REACH = 512
+
+
+def _check_thickness(
+    batch: Batch, who: str, radius: float, pbc: np.ndarray, cells: np.ndarray, ids: np.ndarray
+) -> None:
+    """Reject periodic axes so thin (measured across the cell, in Å) that the search radius
+    would need more periodic images than a neighbour entry holds: the pairs beyond would be
+    dropped and the energy wrong (a 0.01 Å axis would give no pairs at all)."""
+    from alchemi_potentials.neighbors import entries
+
+    atoms = np.asarray(batch.num_nodes_list, dtype=np.int64)
+    limits = np.minimum((1 << (entries.image_bits(entries.index_bits(atoms)) - 1)) - 1, MAX_REACH)
+    for s in np.nonzero(pbc.any(axis=1))[0]:
+        axes = np.nonzero(pbc[s])[0]
+        rows = cells[s][axes]
+        if len(rows) == 3:
+            volume = abs(np.linalg.det(rows))
+            widths = [volume / np.linalg.norm(np.cross(rows[(i + 1) % 3], rows[(i + 2) % 3])) for i in range(3)]
+        elif len(rows) == 2:
+            area = np.linalg.norm(np.cross(rows[0], rows[1]))
+            widths = [area / np.linalg.norm(rows[1]), area / np.linalg.norm(rows[0])]
+        else:
+            widths = [np.linalg.norm(rows[0])]
+        for axis, width in zip(axes, widths, strict=True):
+            need = math.ceil(radius / width) if width > 0 else math.inf
+            if need > limits[s]:
+                raise InvalidDataError(
+                    f"{who}: system {ids[s]} is periodic along cell vector {int(axis)} but the cell is only "
+                    f"{width:.4g} Å thick across it, against a cutoff + skin of {radius:g} Å: that needs "
+                    f"{need} periodic images each side, more than the {int(limits[s])} a neighbour list of "
+                    f"{int(atoms[s])} atoms holds, so pairs would be dropped. Check that the cell is in Å, "
+                    "or repeat the cell along that vector"
+                )
