@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 import torch
 
 from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, DynamicsStage, Hook, HostMemory, SizeAwareSampler
 from alchemi_core.dynamics import checkpoint as ckpt
-from alchemi_core.errors import InvalidDataError
+from alchemi_core.errors import DamagedCheckpointError, InvalidDataError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing import make_batch, random_structures
 
@@ -80,11 +78,13 @@ def test_checkpoints_are_written_atomically_and_read_as_data(tmp_path):
         def __reduce__(self):
             return (open, (str(tmp_path / "pwned"), "w"))
 
+    # A crafted file with a valid checksum and a pickled object: refused, without running it.
     evil = tmp_path / "evil.ckpt"
-    torch.save({"format": ckpt.FORMAT, "version": 1, "x": Payload()}, evil)
-    with pytest.raises(pickle.UnpicklingError):
+    ckpt.write_state({"format": ckpt.FORMAT, "version": 2, "x": Payload()}, evil)
+    with pytest.raises(DamagedCheckpointError, match="objects other than tensors") as refused:
         ckpt.load(evil)
+    assert "weights_only" not in str(refused.value)
     assert not (tmp_path / "pwned").exists()
-    torch.save({"format": "something-else"}, tmp_path / "other.ckpt")
+    (tmp_path / "other.ckpt").write_text("something else\n")
     with pytest.raises(InvalidDataError, match="not an alchemi checkpoint"):
         ckpt.load(tmp_path / "other.ckpt")

@@ -19,6 +19,7 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.data.elements import masses_for
+from alchemi_core.dynamics.columns import flatten_system_columns
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -37,10 +38,13 @@ class Admission(StepLoop):
         """Give ``batch`` every field the engine and integrators read."""
         n, dev = batch.num_graphs, batch.device
         ftype = batch.positions.dtype
+        if first:
+            self.user_shapes = flatten_system_columns(batch)
         if "status" not in batch:
             batch.set_field("status", torch.full((n,), self.entry_status, dtype=torch.long, device=dev), "system")
         elif not first:
-            batch.status.fill_(self.entry_status)
+            # Quarantined systems passed on by an upstream rank keep their failure status.
+            batch.status.copy_(torch.where(batch.status < 0, batch.status, self.entry_status))
         if "system_id" not in batch:
             batch.set_field("system_id", torch.arange(n, dtype=torch.long, device=dev), "system")
         if "velocities" not in batch:
@@ -100,24 +104,28 @@ class Admission(StepLoop):
     def check(self, k: int) -> None:
         """Convergence, budgets, graduation and refill (the only device read-backs)."""
         batch = self.batch
+        status = batch.status
+        before = status.clone()
+        self._quarantine(k)  # first: a model's own checks would stop at the structures that went bad
         for m in self.models:
             verify = getattr(m, "verify", None)
             if verify is not None:
                 verify(batch)
-        status = batch.status
-        before = status.clone()
         if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
             self._update_fmax()
         for s in self.subs:
             if s.conv is not None and k % s.conv.frequency == 0:
-                conv = s.conv.evaluate(batch) & (before == s.source)
+                conv = s.conv.evaluate(batch) & (before == s.source) & (status == s.source)
                 s.dynamics.converged_mask = conv
                 status.masked_fill_(conv, s.target)
-                if s.hooks[ON_CONVERGE]:
+                # As in nvalchemi, ON_CONVERGE hooks run only when something converged (a check
+                # may read back).
+                if s.hooks[ON_CONVERGE] and bool(conv.any()):
                     dispatch(s.hooks[ON_CONVERGE], batch, k)
             if self.graduate_on_budget:
                 done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
                 status.masked_fill_(done, s.target)
+        self._pass_empty_stages()
         moved = status != before
         if bool(moved.any()):  # checks may read back; integrators' resets are not free
             _rest_after_optimisers(batch, self.subs, moved, before)
@@ -132,11 +140,43 @@ class Admission(StepLoop):
                 self._graduate_and_refill()
         self._update_masks()
         self._check_done()
+        self._flush_graduates()
+
+    def _flush_graduates(self) -> None:
+        """When the run ends, graduates still waiting for a refill check go out now."""
         if self.done and (self.sampler is not None or self.sinks) and self.graduate_to_sinks:
-            # The run ends here: graduates still waiting for a refill check go out now.
             if self.batch.num_graphs and bool(self.graduated_mask().any()):
                 self._graduate_and_refill()
                 self._update_masks()
+
+    def _pass_empty_stages(self) -> None:
+        """Systems at the status of a stage with ``n_steps=0`` move straight on: such a stage
+        takes no step (in stage order, so a run of empty stages is crossed at once)."""
+        if not self.graduate_on_budget or self.batch is None:
+            return
+        status = self.batch.status
+        for s in self.subs:
+            if s.budget == 0:
+                status.masked_fill_(status == s.code, s.target)
+
+    def _quarantine(self, k: int) -> bool:
+        """Give structures that went bad their failure status (``quarantine``); True if any."""
+        batch = self.batch
+        if batch is None or batch.num_graphs == 0:
+            return False
+        found = self.health.find(batch, self.active_mask(), k)
+        if not found:
+            return False
+        self.quarantined.extend(found)
+        self.masked = True  # from now on each stage steps only its own systems
+        for s in self.subs:
+            s.buffers_version = -1  # masks reallocated at the next update
+        self._graph = None
+        return True
+
+    def health_check(self, k: int) -> None:
+        if self._quarantine(k):
+            self._update_masks()
 
     def _check_done(self) -> None:
         batch = self.batch
@@ -146,7 +186,7 @@ class Admission(StepLoop):
             self.done = True
             return
         if self.graduate_on_budget:
-            self.done = bool((batch.status >= self.exit_status).all())
+            self.done = bool(self.graduated_mask().all())
         else:
             active = torch.zeros_like(batch.status, dtype=torch.bool)
             for s in self.subs:
@@ -219,8 +259,10 @@ class Admission(StepLoop):
         if not new:
             return
         incoming = Batch.from_data_list(new, device=batch.device)
+        self.ids.admit(incoming.system_id.tolist(), "a refill from the sampler")
         self.admit(incoming)
         self.loaded_count += incoming.num_graphs
+        self.sampled_count += incoming.num_graphs
 
     def admit(self, incoming: Batch, partial: bool = False) -> int:
         """Put new systems into the batch at ``entry_status`` and refresh forces.
@@ -250,6 +292,7 @@ class Admission(StepLoop):
                 f"{batch.node_capacity} atoms)"
             )
         if copied:
+            self._pass_empty_stages()
             new = torch.zeros(batch.num_graphs, dtype=torch.bool, device=batch.device)
             new[n0:] = True
             self._init_entering(new)

@@ -39,10 +39,12 @@ from alchemi_core.dynamics.composition import Composable
 from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
+from alchemi_core.dynamics.quarantine import DEFAULT_MAX_EXTENT, Quarantined
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
 from alchemi_core.dynamics.runner import StageRun
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import AlchemiError, ConfigurationError
+from alchemi_core.validation import finite_number, whole_number
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -87,6 +89,9 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         comm_mode: ``"sync"``, ``"async_recv"`` or ``"fully_async"`` (pipelines only).
         buffer_config: Send/receive buffer capacities (pipelines only).
         name: A label for logs (default: the class name).
+        strict: Raise when a structure goes bad (non-finite values, atoms flying apart) instead of
+            quarantining it (see ``alchemi_core.dynamics.quarantine``).
+        max_extent: Largest bounding-box side (Å) of a structure before its atoms count as flown apart.
 
     Raises:
         ConfigurationError: A value that cannot work (negative steps, unknown comm mode, ...).
@@ -108,15 +113,15 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         comm_mode: str = "async_recv",
         buffer_config: BufferConfig | None = None,
         name: str | None = None,
+        strict: bool = False,
+        max_extent: float = DEFAULT_MAX_EXTENT,
     ) -> None:
         if model is None or not callable(model):
             raise ConfigurationError(f"{type(self).__name__} needs a callable model, got {model!r}")
-        if int(n_steps) < 0:
-            raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
+        n_steps = whole_number(f"{type(self).__name__} n_steps", n_steps, minimum=0)
         if comm_mode not in COMM_MODES:
             raise ConfigurationError(f"comm_mode must be one of {COMM_MODES}, got {comm_mode!r}")
-        if int(refill_frequency) < 1:
-            raise ConfigurationError(f"refill_frequency must be >= 1, got {refill_frequency}")
+        refill_frequency = whole_number(f"{type(self).__name__} refill_frequency", refill_frequency, minimum=1)
         if buffer_config is not None and not isinstance(buffer_config, BufferConfig):
             raise ConfigurationError("buffer_config must be a BufferConfig")
         hooks = list(hooks or [])
@@ -143,6 +148,8 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         self.comm_mode = comm_mode
         self.buffer_config = buffer_config
         self.name = name or type(self).__name__
+        self.strict = bool(strict)
+        self.max_extent = finite_number("max_extent", max_extent, above=0.0, unit=" Å")
         #: What this stage owns in the current run (the engine replaces it at each run's start).
         self.context = StepContext()
         #: ``[B]`` bool after each convergence check: the systems that just converged.
@@ -157,9 +164,7 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
             if not bool((dt > 0).all()):
                 raise ConfigurationError("dt must be positive")
             return dt
-        if float(dt) <= 0:
-            raise ConfigurationError(f"dt must be positive (fs), got {dt}")
-        return float(dt)
+        return finite_number("dt", dt, above=0.0, unit=" fs")
 
     # ------------------------------------------------------------------ integrator API
     def setup(self, batch: Batch) -> None:
@@ -186,13 +191,19 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
 
     @property
     def step_count(self) -> int:
-        """The index of the current (or last) step of the run."""
-        return self.context.step
+        """Steps the run has completed: during a step, that step's index; after ``run(n)``, ``n``
+        (as in nvalchemi)."""
+        return int(self._engine.step_count) if self._engine is not None else 0
 
     @property
     def active_batch(self) -> Batch | None:
         """The batch of the current (or last) run."""
         return self._engine.batch if self._engine is not None else None
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """Structures the current (or last) run took out because they went bad, with reasons."""
+        return list(self._engine.quarantined) if self._engine is not None else []
 
     def _attach(self, engine: Engine, sub: SubStage) -> None:
         self._engine = engine

@@ -59,8 +59,9 @@ _MAX_HEADER = 4096
 def batch_state(batch: Batch) -> dict[str, Any]:
     """A batch's contents (filled rows only) as plain tensors on the CPU."""
     return {
-        "fields": {k: getattr(batch, k).detach().cpu().clone() for k in batch},
-        "levels": {k: batch.level_of(k).value for k in batch},
+        # keys(): iterating a Batch gives its structures, not its field names.
+        "fields": {k: getattr(batch, k).detach().cpu().clone() for k in batch.keys()},  # noqa: SIM118
+        "levels": {k: batch.level_of(k).value for k in batch.keys()},  # noqa: SIM118
         "num_nodes": [int(n) for n in batch.num_nodes_list],
         "num_edges": [int(n) for n in batch.num_edges_list],
     }

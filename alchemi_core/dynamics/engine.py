@@ -96,6 +96,7 @@ class Engine(Admission):
             if per_atom:
                 self.sampler.plan_memory(sum(per_atom))
             batch = self.sampler.build_initial_batch()
+            self.sampled_count = batch.num_graphs
         if not isinstance(batch, Batch):
             raise InvalidDataError(f"run() takes a Batch, got {type(batch).__name__}")
         if batch.num_graphs == 0 and self.sampler is None:
@@ -112,6 +113,7 @@ class Engine(Admission):
         for s in self.subs:
             s.dynamics.setup(batch)
         if resume is None:
+            self._pass_empty_stages()
             # Systems that already took steps (a batch continuing an earlier run) keep their state.
             entering = batch.stage_steps == 0
             if bool(entering.any()):
@@ -124,9 +126,14 @@ class Engine(Admission):
         self.step_count = 0
         self.done = False
         self.loaded_count = batch.num_graphs
-        if resume is not None:
+        if resume is None:
+            self.ids.admit(batch.system_id.tolist(), "the first batch")
+        else:
+            self.ids.reset(batch.system_id.tolist())
             ckpt.restore(self, resume)
             self._update_masks()  # budget checks are scheduled from the restored step count
+        if resume is None and self.graduate_on_budget:
+            self._check_done()  # every system may have passed through stages of n_steps=0
         return batch
 
     def prepare_empty(self, template: Batch, num_systems: int, num_nodes: int, num_edges: int) -> Batch:
@@ -151,12 +158,19 @@ class Engine(Admission):
         every ``checkpoint_every``-th step (its checks included) and when the run stops.
         """
         every = int(checkpoint_every) if checkpoint is not None else 0
+        self._flush_graduates()
+        if every and self.step_count == 0:
+            # Before anything reaches a sink: a run killed before its first periodic checkpoint
+            # then resumes from here and cuts the sinks back, instead of starting over on top.
+            ckpt.save(self, checkpoint)
         while not self.done:
             if max_steps is not None and self.step_count >= max_steps:
                 break
             self.step()
             if every and self.step_count % every == 0:
                 ckpt.save(self, checkpoint)
+        if self.health_every and self.step_count % self.health_every != 0:
+            self.health_check(self.step_count - 1)
         if checkpoint is not None:
             ckpt.save(self, checkpoint)
 

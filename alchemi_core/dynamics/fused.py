@@ -28,7 +28,9 @@ from alchemi_core.dynamics.composition import Composable
 from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.engine import Engine
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.quarantine import Quarantined
 from alchemi_core.dynamics.runner import execute
+from alchemi_core.dynamics.status_flow import check_status_flow
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import ConfigurationError
 
@@ -48,6 +50,14 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         compile_kwargs: Options kept for ``compile()`` (``mode``, ``fullgraph``).
         sinks: The fused stage's own sinks (after those of its sub-stages).
         hooks: Hooks that see every system.
+        strict: Raise when a structure goes bad instead of quarantining it (default: True if any
+            sub-stage asks for it).
+        max_extent: Largest bounding-box side (Å) before atoms count as flown apart (default: the
+            smallest of the sub-stages').
+
+    Raises:
+        ConfigurationError: Status codes that lead nowhere (an entry status that is no stage's, a
+            convergence target that is neither a stage nor graduation), and the like.
     """
 
     def __init__(
@@ -59,6 +69,8 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         compile_kwargs: dict[str, Any] | None = None,
         sinks: Sequence[DataSink] | None = None,
         hooks: Sequence[Any] | None = None,
+        strict: bool | None = None,
+        max_extent: float | None = None,
     ) -> None:
         subs = [(int(c), s) for c, s in sub_stages]
         if not subs:
@@ -74,6 +86,16 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         self.sub_stages: list[tuple[int, BaseDynamics]] = subs
         self.entry_status = int(entry_status)
         self.exit_status = len(subs) if int(exit_status) == -1 else int(exit_status)
+        moves = []
+        for i, (code, stage) in enumerate(subs):
+            conv = stage.convergence_hook
+            if conv is not None:
+                nxt = codes[i + 1] if i + 1 < len(codes) else self.exit_status
+                source = code if conv.source_status is None else conv.source_status
+                moves.append((code, source, nxt if conv.target_status is None else conv.target_status, stage.name))
+        check_status_flow(codes, self.entry_status, self.exit_status, moves)
+        self.strict = any(s.strict for _, s in subs) if strict is None else bool(strict)
+        self.max_extent = min(s.max_extent for _, s in subs) if max_extent is None else float(max_extent)
         self.compile_step = bool(compile_step)
         self.compile_kwargs = dict(compile_kwargs or {})
         self.own_sinks: list[DataSink] = list(sinks or [])
@@ -159,7 +181,28 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
 
     @property
     def step_count(self) -> int:
+        """Steps the run has completed (``n`` after ``n`` steps)."""
         return self._engine.step_count if self._engine is not None else 0
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """Structures the current (or last) run took out because they went bad, with reasons."""
+        return list(self._engine.quarantined) if self._engine is not None else []
+
+    def step(self, batch: Batch) -> Batch:
+        """One step of every sub-stage on ``batch``, as nvalchemi's ``FusedStage.step``: one shared
+        model forward, each sub-stage updating only the systems of its status code, then the
+        checks that are due (convergence moves systems on to the next stage's status). The batch
+        is prepared on first use.
+        """
+        engine = self._engine
+        if engine is None or engine.batch is not batch:
+            engine = self.make_engine()
+            self._engine = engine
+            engine.prepare(batch)
+        with engine.stream_context(self._stream):
+            engine.step()
+        return batch
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{c}: {s!r}" for c, s in self.sub_stages)

@@ -58,9 +58,9 @@ class Hook:
     stage: DynamicsStage = DynamicsStage.AFTER_STEP
 
     def __init__(self, frequency: int = 1, stage: DynamicsStage | None = None) -> None:
-        if int(frequency) < 1:
-            raise ConfigurationError(f"{type(self).__name__}: frequency must be >= 1, got {frequency}")
-        self.frequency = int(frequency)
+        from alchemi_core.validation import whole_number
+
+        self.frequency = whole_number(f"{type(self).__name__} frequency", frequency, minimum=1)
         if stage is not None:
             self.stage = DynamicsStage(stage)
 

@@ -121,9 +121,20 @@ class Masks(EngineState):
             self._budget_check = self.step_count + soonest - 1
 
     def graduated_mask(self) -> torch.Tensor:
-        """``[B]`` bool: systems at or past the exit status."""
+        """``[B]`` bool: systems that leave at the next refill: at or past the exit status, or
+        quarantined (negative status)."""
         assert self.batch is not None
-        return self.batch.status >= self.exit_status
+        status = self.batch.status
+        return (status >= self.exit_status) | (status < 0)
+
+    def active_mask(self) -> torch.Tensor:
+        """``[B]`` bool: systems some stage still steps."""
+        assert self.batch is not None
+        status = self.batch.status
+        active = torch.zeros_like(status, dtype=torch.bool)
+        for s in self.subs:
+            active |= status == s.code
+        return active
 
     def _init_entering(self, entering: torch.Tensor) -> None:
         """Let each stage set up integrator state for systems that just entered it.

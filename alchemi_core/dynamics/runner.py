@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import checkpoint as ckpt
+from alchemi_core.dynamics.columns import restore_system_columns
 from alchemi_core.dynamics.engine import Engine
 
 if TYPE_CHECKING:
@@ -127,6 +128,8 @@ def _execute(
         engine.run(max_steps, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     finally:
         engine.end_hooks()
+    if engine.batch is not None:
+        restore_system_columns(engine.batch, engine.user_shapes)
     result = result_of(engine)
     pm.lifecycle("alchemi_run_end", run=owner, result=result)
     return result

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 from alchemi_core.dynamics.context import RunView, StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import HookTable
+from alchemi_core.dynamics.identity import SystemIds
+from alchemi_core.dynamics.quarantine import HEALTH_INTERVAL, HealthCheck, Quarantined
+from alchemi_core.dynamics.status_flow import check_status_flow
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -109,6 +112,8 @@ class EngineState:
         for i, (code, dyn) in enumerate(stages):
             nxt = codes[i + 1] if i + 1 < len(codes) else self.exit_status
             self.subs.append(SubStage(code, dyn, nxt))
+        check_status_flow(codes, self.entry_status, self.exit_status,
+                          [(s.code, s.source, s.target, s.dynamics.name) for s in self.subs if s.conv is not None])
         self.sinks = list(sinks)
         self.sampler = sampler
         self.refill_frequency = max(1, int(refill_frequency))
@@ -171,6 +176,19 @@ class EngineState:
         self.written_count = 0
         #: Systems taken in from the initial batch and the sampler so far.
         self.loaded_count = 0
+        #: Systems the sampler handed out so far (checkpoints check it against its position).
+        self.sampled_count = 0
+        #: Names the run in its checkpoints (set when the first one is written, kept on resume).
+        self.run_id: str | None = None
+        #: Every system_id taken in: two structures with one id would be merged in the sinks.
+        self.ids = SystemIds()
+        #: Fields the caller gave as ``[B, 1]`` (nvalchemi's shape), kept ``[B]`` while running.
+        self.user_shapes: dict[str, int] = {}
+        #: Finds structures that went bad, at checks; those found so far, in order.
+        self.health = HealthCheck.of(owner)
+        self.quarantined: list[Quarantined] = []
+        #: A run without checks still looks for bad structures this often, and at its end.
+        self.health_every = HEALTH_INTERVAL if self.check_interval == 0 else 0
 
     @property
     def mask_version(self) -> int:

@@ -41,6 +41,10 @@ class StepLoop(Masks):
         """The checks after step ``k`` (``admission.Admission`` implements them)."""
         raise NotImplementedError
 
+    def health_check(self, k: int) -> None:
+        """The quarantine part of a check, for runs without checks (``admission.Admission``)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ the model
     def forward(self) -> None:
         """One model evaluation per distinct model; results written into the batch buffers.
@@ -110,6 +114,8 @@ class StepLoop(Masks):
         self.step_count = k + 1
         if self.check_interval and (k % self.check_interval == 0 or k >= self._budget_check):
             self.check(k)
+        elif self.health_every and self.step_count % self.health_every == 0:
+            self.health_check(k)
 
     def _core(self, k: int, hooks: bool) -> None:
         """Integrator halves around the model forward: the part a CUDA graph can hold.

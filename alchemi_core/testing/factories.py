@@ -67,3 +67,15 @@ def make_batch(sizes: Sequence[int], system_ids: bool = True, **kwargs: object) 
     if system_ids:
         batch.set_field("system_id", torch.arange(batch.num_graphs), "system")
     return batch
+
+
+def _never(value: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(value.shape[0], dtype=torch.bool, device=value.device)
+
+
+def never_converging(frequency: int = 1) -> object:
+    """A ``ConvergenceHook`` that never passes (a negative threshold is refused), so systems move
+    on only when they have used their stage's budget, checked every ``frequency`` steps."""
+    from alchemi_core.dynamics.convergence import ConvergenceHook
+
+    return ConvergenceHook(criteria=[{"key": "fmax", "threshold": 0.0, "custom_op": _never}], frequency=frequency)

@@ -218,7 +218,7 @@ class Alchemi(Framework):
 
         seconds = timed(go, device)
         return RelaxOutcome(
-            seconds=seconds, steps=fire.step_count + 1, positions=batch.positions.detach().to("cpu", torch.float64)
+            seconds=seconds, steps=fire.step_count, positions=batch.positions.detach().to("cpu", torch.float64)
         )
 
     def inflight(self, cells: ArgonCells, device: str, md_steps: int, deadline: float | None) -> InflightOutcome:

@@ -20,7 +20,7 @@ from alchemi_core.dynamics.base import COMM_MODES, BufferConfig
 from alchemi_core.errors import CapacityError, ConfigurationError, PipelineError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing.contracts import CommBackendContract, assert_same_systems
-from alchemi_core.testing.factories import make_batch
+from alchemi_core.testing.factories import make_batch, never_converging
 
 MODEL = DemoModelWrapper()
 
@@ -130,7 +130,7 @@ def test_budgets_are_exact_with_a_check_interval_above_one() -> None:
     n_steps per stage, in the pipeline (arrivals at any phase) as in the fused stage."""
 
     def sparse() -> list[DemoDynamics]:
-        never = ConvergenceHook(criteria=[{"key": "fmax", "threshold": -1.0}], frequency=3)
+        never = never_converging(frequency=3)
         a = DemoDynamics(model=MODEL, n_steps=5, dt=0.5, convergence_hook=never)
         b = DemoDynamics(model=MODEL, n_steps=5, dt=0.25, buffer_config=None)
         return [a, b]

@@ -187,3 +187,19 @@ def test_bad_fire_settings_are_errors() -> None:
         FIRE2(model, f_dec=1.5)
     with pytest.raises(ConfigurationError, match="maxstep must be > 0"):
         FIRE(model, maxstep=0.0)
+
+
+@pytest.mark.parametrize("cls", [FIRE, FIRE2])
+def test_a_largest_step_below_the_step_is_an_error(cls: type) -> None:
+    """``dt_max < dt`` (issue 13, finding 7) used to be accepted: FIRE then only ever shrank dt."""
+    model = ReferenceLJ()
+    with pytest.raises(ConfigurationError, match=r"dt_max \(0.5 fs\) is smaller than dt \(1 fs\).*dt_max >= dt"):
+        cls(model, dt=1.0, dt_max=0.5)
+    with pytest.raises(ConfigurationError, match=r"dt_max .* smaller than dt"):
+        cls(model, dt=torch.tensor([1.0, 2.0]), dt_max=1.5)
+    cls(model, dt=1.0, dt_max=1.0)  # equal is allowed: a fixed step
+
+
+def test_fire2_smallest_step_above_the_step_is_an_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"dt_min \(2 fs\) is larger than dt \(1 fs\)"):
+        FIRE2(ReferenceLJ(), dt=1.0, dt_min=2.0)

@@ -23,14 +23,52 @@ def argon_and_krypton():
     return Batch.from_atoms([ar, kr], dtype=torch.float64)
 
 
-def test_unknown_species_named_by_check_batch_and_nan_without_it():
+def test_unknown_species_named_by_check_batch_and_by_a_direct_call():
     model = LennardJones(epsilon={18: 0.0104}, sigma={18: 3.405}, cutoff=8.5)
     batch = argon_and_krypton()
     with pytest.raises(InvalidDataError, match=r"no parameters for atomic numbers \[36\]; it knows \[18\]"):
         model.check_batch(batch)
-    out = model(batch)  # unchecked: the unknown system is NaN, never a plausible number
-    assert math.isfinite(out["energy"][0].item()) and math.isnan(out["energy"][1].item())
-    assert torch.isnan(out["forces"][4:]).all()
+    # A direct call makes the checks a run makes (it used to give NaN energies for krypton).
+    with pytest.raises(InvalidDataError, match=r"no parameters for atomic numbers \[36\]"):
+        model(batch)
+
+
+def test_a_direct_call_on_a_zero_cell_is_refused_not_zero():
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    atoms.cell[:] = 0.0
+    batch = Batch.from_atoms([atoms], dtype=torch.float64)
+    with pytest.raises(InvalidDataError, match="zero volume"):
+        LennardJones(0.0104, 3.405, 8.5)(batch)
+
+
+def test_a_direct_call_checks_each_new_batch_once():
+    model = LennardJones(0.0104, 3.405, 8.5)
+    batch = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True)], dtype=torch.float64)
+    first = model(batch)["energy"].clone()
+    assert model._checked == (id(batch), batch.version)
+    torch.testing.assert_close(model(batch)["energy"], first)
+
+
+@pytest.mark.parametrize("thickness", [0.01, 0.02])
+def test_a_periodic_cell_thinner_than_the_cutoff_allows_is_refused_in_angstrom(thickness):
+    """A 0.01 Å periodic axis used to give E = 0 without a word."""
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    atoms.cell[2] = [0.0, 0.0, thickness]
+    batch = Batch.from_atoms([atoms], dtype=torch.float64)
+    model = LennardJones(0.0104, 3.405, 8.5)
+    for call in (model.check_batch, model):
+        with pytest.raises(InvalidDataError, match=rf"only {thickness:g} Å thick across it.*cutoff \+ skin") as err:
+            call(batch)
+        assert "vector 2" in str(err.value)
+
+
+def test_a_thin_but_reachable_cell_is_evaluated_like_ase():
+    """Thinner than the cutoff is fine while the images fit: a 2.63 Å axis against 8.5 Å."""
+    atoms = bulk("Ar", "fcc", a=5.26)  # primitive cell, 3.7 Å vectors, ~3 Å across
+    batch = Batch.from_atoms([atoms], dtype=torch.float64)
+    out = LennardJones(0.0104, 3.405, 8.5, shift_energy=True)(batch)
+    atoms.calc = AseLennardJones(epsilon=0.0104, sigma=3.405, rc=8.5)
+    assert out["energy"].item() == pytest.approx(atoms.get_potential_energy(), rel=1e-9)
 
 
 def test_zero_volume_periodic_cell_is_rejected():

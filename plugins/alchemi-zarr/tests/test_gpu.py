@@ -31,6 +31,9 @@ class TestZarrDataFromCuda(SinkContract):
     def make_sink(self, capacity):
         return ZarrData(str(self.root / f"cuda-{capacity}-{id(object())}.zarr"), capacity=capacity)
 
+    def reopen(self, sink):
+        return ZarrData(sink.store.where, capacity=sink.capacity, asynchronous=sink.asynchronous)
+
 
 class TestAsynchronousZarrDataFromCuda(TestZarrDataFromCuda):
     def make_sink(self, capacity):

@@ -29,6 +29,9 @@ class TestZarrDataProcessWriter(SinkContract):
         path = self.root / f"sink-{capacity}-{id(object())}.zarr"
         return ZarrData(str(path), capacity=capacity, asynchronous="process")
 
+    def reopen(self, sink):
+        return ZarrData(sink.store.where, capacity=sink.capacity, asynchronous="process")
+
 
 def test_asynchronous_true_picks_a_process_for_paths_and_a_thread_for_memory(tmp_path):
     with ZarrData(tmp_path / "a.zarr", asynchronous=True) as by_path:

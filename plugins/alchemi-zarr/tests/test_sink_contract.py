@@ -18,12 +18,23 @@ class TestZarrDataLocalPath(SinkContract):
     def make_sink(self, capacity):
         return ZarrData(str(self.root / f"sink-{capacity}-{id(object())}.zarr"), capacity=capacity)
 
+    def reopen(self, sink):
+        return ZarrData(sink.store.where, capacity=sink.capacity)
+
 
 class TestZarrDataMemory(SinkContract):
     def make_sink(self, capacity):
-        return ZarrData(memory_url("contract"), capacity=capacity)
+        self.url = memory_url("contract")
+        return ZarrData(self.url, capacity=capacity)
+
+    def reopen(self, sink):
+        return ZarrData(self.url, capacity=sink.capacity)
 
 
 class TestZarrDataAsynchronous(SinkContract):
     def make_sink(self, capacity):
-        return ZarrData(memory_url("contract-async"), capacity=capacity, asynchronous=True)
+        self.url = memory_url("contract-async")
+        return ZarrData(self.url, capacity=capacity, asynchronous=True)
+
+    def reopen(self, sink):
+        return ZarrData(self.url, capacity=sink.capacity, asynchronous=True)

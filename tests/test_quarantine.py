@@ -1,0 +1,69 @@
+"""Structures that go bad are quarantined at the next check, with a failure status and a reason;
+the run goes on (finding 4 of issue 13: a model returning NaN forces ran to the end with NaN
+positions and no error)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alchemi_core.data.datapipes import ListDataset
+from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, HostMemory, SizeAwareSampler
+from alchemi_core.dynamics.quarantine import FAILED_EXTENT, FAILED_FORCES, FAILED_POSITIONS
+from alchemi_core.errors import InvalidDataError
+from alchemi_core.models.demo import DemoModelWrapper
+from alchemi_core.testing import make_batch, random_structures
+from alchemi_core.testing.exploding import ExplodingModel
+
+
+def test_a_plain_run_quarantines_the_system_whose_forces_are_nan():
+    model = ExplodingModel(DemoModelWrapper(), explode=[1], after=3)
+    batch = make_batch([3, 4, 2], dtype=torch.float64)
+    stage = DemoDynamics(model=model, n_steps=30, dt=0.5)
+    out = stage.run(batch)
+    assert stage.step_count == 30
+    assert out.status.tolist()[0] == 0 and out.status.tolist()[2] == 0
+    bad = -out.status[1].item()
+    assert bad & FAILED_FORCES and bad & FAILED_POSITIONS
+    assert [q.system_id for q in stage.quarantined] == [1]
+    assert "forces are not finite" in stage.quarantined[0].reason
+    # The others are untouched by their neighbour's NaN: the same as a run without it.
+    clean = DemoDynamics(model=DemoModelWrapper(), n_steps=30, dt=0.5).run(make_batch([3, 4, 2], dtype=torch.float64))
+    for s in (0, 2):
+        rows = out.batch_idx == s
+        torch.testing.assert_close(out.positions[rows], clean.positions[rows], rtol=0, atol=0)
+
+
+def test_strict_raises_naming_the_system():
+    model = ExplodingModel(DemoModelWrapper(), explode=[2])
+    stage = DemoDynamics(model=model, n_steps=300, dt=0.5, strict=True)
+    with pytest.raises(InvalidDataError, match=r"system_id 2 at step \d+: .*forces are not finite.*strict=True"):
+        stage.run(make_batch([3, 4, 2]))
+
+
+def test_quarantined_structures_go_to_the_sinks_once_and_the_run_goes_on():
+    data = ListDataset(random_structures([3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4, 5], dtype=torch.float64))
+    sampler = SizeAwareSampler(data, max_atoms=14, max_batch_size=3, bin_width=1)
+    sink = HostMemory(capacity=None)
+    model = ExplodingModel(DemoModelWrapper(), explode=[4, 9])
+    stage = DemoDynamics(model=model, n_steps=12, dt=0.5, sampler=sampler, sinks=[sink], refill_frequency=2,
+                         convergence_hook=ConvergenceHook.from_fmax(1e-9, frequency=2))
+    stage.run()
+    out = sink.read()
+    assert sorted(out.system_id.tolist()) == list(range(12))
+    status = dict(zip(out.system_id.tolist(), out.status.tolist(), strict=False))
+    assert {i for i, s in status.items() if s < 0} == {4, 9}
+    assert all(s == 1 for i, s in status.items() if i not in (4, 9))
+    assert sorted(q.system_id for q in stage.quarantined) == [4, 9]
+    assert all("forces are not finite" in q.reason for q in stage.quarantined)
+
+
+def test_atoms_flying_apart_are_quarantined():
+    batch = make_batch([2, 2], dtype=torch.float64)
+    v = torch.zeros_like(batch.positions)
+    v[2:] = torch.tensor([[-50.0, 0, 0], [50.0, 0, 0]], dtype=torch.float64)  # system 1 flies apart
+    batch.set_field("velocities", v, "node")
+    stage = DemoDynamics(model=DemoModelWrapper(), n_steps=200, dt=1.0, max_extent=500.0)
+    out = stage.run(batch)
+    assert out.status[0].item() == 0 and -out.status[1].item() == FAILED_EXTENT
+    assert stage.quarantined[0].reason == "atoms flew apart"
