@@ -291,16 +291,7 @@ def check_consistent(state: dict[str, Any], what: str, who: str) -> None:
 def restore(engine: Engine, state: dict[str, Any]) -> None:
     """Put the counters, random states, sampler position, kept results and sink states of
     ``state`` back into a prepared ``engine`` (its batch already restored)."""
-    stages = state["stages"]
-    if len(stages) != len(engine.subs):
-        raise InvalidDataError(
-            f"the checkpoint has {len(stages)} stages but this run has {len(engine.subs)}: resume it "
-            "with the same stages"
-        )
-    for sub, saved in zip(engine.subs, stages, strict=False):
-        loader = getattr(sub.dynamics, "load_state_dict", None)
-        if saved and loader is not None:
-            loader(saved)
+    _load_each(state["stages"], [s.dynamics for s in engine.subs], "stages")
     if state["sampler"] is not None:
         if engine.sampler is None:
             raise InvalidDataError("the checkpoint was taken with a sampler; give the stage the same sampler")
@@ -309,19 +300,22 @@ def restore(engine: Engine, state: dict[str, Any]) -> None:
         held = engine.sink_list()[0] if not engine.sinks else None
         if held is not None:
             held.write(batch_from_state(state["host_results"], "cpu"))
-    saved_sinks = state["sinks"]
-    if len(saved_sinks) != len(engine.sinks):
-        raise InvalidDataError(
-            f"the checkpoint has {len(saved_sinks)} sinks but this run has {len(engine.sinks)}: resume it "
-            "with the same sinks"
-        )
-    for sink, saved in zip(engine.sinks, saved_sinks, strict=False):
-        loader = getattr(sink, "load_state_dict", None)
-        if saved is not None and loader is not None:
-            loader(saved)
+    _load_each(state["sinks"], engine.sinks, "sinks")
     engine.step_count = int(state["step_count"])
     engine.loaded_count = int(state["loaded_count"])
     engine.written_count = int(state["written_count"])
     if int(state.get("sampled_count", -1)) >= 0:
         engine.sampled_count = int(state["sampled_count"])
     engine.run_id = state.get("run_id") or getattr(engine, "run_id", None)
+
+
+def _load_each(saved: list[Any], parts: list[Any], what: str) -> None:
+    """``load_state_dict`` of each of ``parts`` (stages or sinks) with its saved state."""
+    if len(saved) != len(parts):
+        raise InvalidDataError(
+            f"the checkpoint has {len(saved)} {what} but this run has {len(parts)}: resume it with the same {what}"
+        )
+    for part, state in zip(parts, saved, strict=True):
+        loader = getattr(part, "load_state_dict", None)
+        if state and loader is not None:
+            loader(state)
