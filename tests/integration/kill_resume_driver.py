@@ -26,8 +26,14 @@ import torch
 torch.set_num_threads(1)
 
 from alchemi_core.data.datapipes import ListDataset  # noqa: E402
-from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, DynamicsStage, Hook, HostMemory  # noqa: E402
-from alchemi_core.dynamics import SizeAwareSampler  # noqa: E402
+from alchemi_core.dynamics import (  # noqa: E402
+    ConvergenceHook,
+    DemoDynamics,
+    DynamicsStage,
+    Hook,
+    HostMemory,
+    SizeAwareSampler,
+)
 from alchemi_core.dynamics import checkpoint as ckpt  # noqa: E402
 from alchemi_core.models.demo import DemoModelWrapper  # noqa: E402
 from alchemi_core.testing import random_structures  # noqa: E402
