@@ -29,6 +29,7 @@ from alchemi_core.errors import (
     MissingDependencyError,
     PluginLoadError,
 )
+from alchemi_core.plugin import first_party
 from alchemi_core.plugin.manager import PluginManager, PluginRecord
 from alchemi_core.plugin.registrar import ComponentRecord
 
@@ -44,31 +45,9 @@ __all__ = [
     "use_manager",
 ]
 
-#: The first-party plugins and what they provide, so a missing one can be named exactly.
-FIRST_PARTY: dict[str, tuple[str, ...]] = {
-    "alchemi-integrators": (
-        "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover",
-        "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale",
-    ),
-    "alchemi-potentials": ("model:lennard-jones", "model:morse", "model:ase", "model:d3", "model:sum"),
-    "alchemi-hooks": (
-        "hook:max-force-clamp", "hook:logging", "hook:snapshot", "hook:converged-snapshot",
-        "hook:nan-detector", "hook:energy-drift", "hook:freeze-atoms", "hook:wrap-periodic",
-        "hook:progress", "hook:stage-timing",
-        "alchemi_core.dynamics.hooks.MaxForceClampHook", "alchemi_core.dynamics.hooks.LoggingHook",
-        "alchemi_core.dynamics.hooks.SnapshotHook", "alchemi_core.dynamics.hooks.ConvergedSnapshotHook",
-        "alchemi_core.dynamics.hooks.NaNDetectorHook", "alchemi_core.dynamics.hooks.EnergyDriftMonitorHook",
-        "alchemi_core.dynamics.hooks.FreezeAtomsHook", "alchemi_core.dynamics.hooks.WrapPeriodicHook",
-        "alchemi_core.dynamics.hooks.ProgressHook", "alchemi_core.dynamics.hooks.StageTimingHook",
-    ),
-    "alchemi-zarr": (
-        "sink:zarr", "alchemi_core.dynamics.ZarrData",
-        "alchemi_core.data.datapipes.AtomicDataZarrReader",
-        "alchemi_core.data.datapipes.AtomicDataZarrWriter",
-    ),
-    "alchemi-warp": ("sink:gpu-buffer", "buffer:warp", "alchemi_core.dynamics.GPUBuffer"),
-    "alchemi-nccl": ("comm:nccl", "comm:gloo"),
-}
+#: The first-party plugins and what they provide, so a missing one can be named exactly (derived
+#: from ``alchemi_core.plugin.first_party``, the one list of them).
+FIRST_PARTY: dict[str, tuple[str, ...]] = first_party.provides()
 
 _lock = threading.RLock()
 _manager: PluginManager | None = None

@@ -59,7 +59,7 @@ def test_engine_modules_are_short():
         for p in sorted((ROOT / "alchemi_core" / "dynamics").rglob("*.py"))
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_ENGINE_MODULE_LINES
     }
-    assert not long, f"modules of alchemi_core/dynamics over {MAX_ENGINE_MODULE_LINES} lines: {long}; split them by idea"
+    assert not long, f"alchemi_core/dynamics modules over {MAX_ENGINE_MODULE_LINES} lines: {long}; split them by idea"
 
 
 def _private_reads(path: Path) -> list[str]:
@@ -81,3 +81,13 @@ def _private_reads(path: Path) -> list[str]:
 def test_plugins_read_no_private_attribute_of_the_engine():
     hits = [h for p in sorted(ROOT.glob("plugins/*/src/**/*.py")) for h in _private_reads(p)]
     assert not hits, "plugins read private attributes of core objects (use the StepContext): " + ", ".join(hits)
+
+
+def test_warp_launches_go_through_the_one_runtime():
+    """Stream wrappers and recorded launches exist once, in ``alchemi_core.warp_runtime``."""
+    owners = []
+    for path in sorted([*ROOT.glob("plugins/*/src/**/*.py"), *ROOT.glob("alchemi_core/**/*.py")]):
+        text = path.read_text(encoding="utf-8")
+        if path.name != "warp_runtime.py" and ("stream_from_torch" in text or "record_cmd=True" in text):
+            owners.append(str(path.relative_to(ROOT)))
+    assert not owners, f"Warp stream caches or launch recording outside alchemi_core.warp_runtime: {owners}"

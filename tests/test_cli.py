@@ -20,7 +20,8 @@ def _alchemi(*args: str, fake: bool = False, env: dict[str, str] | None = None) 
     if fake:
         e["PYTHONPATH"] = os.pathsep.join([str(FAKE_DISTS), e.get("PYTHONPATH", "")])
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "alchemi_core.cli", *args], capture_output=True, text=True, env=e, timeout=120)
+    cmd = [sys.executable, "-m", "alchemi_core.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=120)
 
 
 def test_version_loads_no_plugin(monkeypatch):
@@ -134,3 +135,29 @@ def test_a_plain_list_is_a_dataset_for_the_sampler():
     assert ds.get_all_metadata()[0].tolist() == [2, 3, 4]
     batch = SizeAwareSampler(ds, max_atoms=20).build_initial_batch()
     assert sorted(batch.num_nodes_list) == [2, 3, 4]
+
+
+def test_a_generated_plugin_passes_its_contract_tests_as_generated(tmp_path):
+    """`alchemi new-plugin` writes a plugin whose own tests (the integrator contract) pass
+    untouched once it is installed; "installed" here is its sources on the path plus the
+    entry point's metadata, which is all pip's editable install adds."""
+    from pathlib import Path
+
+    dest = tmp_path / "alchemi-fresh"
+    result = CliRunner().invoke(main, ["new-plugin", "alchemi-fresh", "--dest", str(dest)])
+    assert result.exit_code == 0, result.output
+    site = tmp_path / "site"
+    info = site / "alchemi_fresh-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: alchemi-fresh\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[alchemi.plugins]\nfresh = alchemi_fresh.plugin\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(dest / "src"), os.environ.get("PYTHONPATH", "")]))
+    env["ALCHEMI_STRICT_PLUGINS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+         "-W", "error::DeprecationWarning:alchemi_fresh", str(dest / "tests")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    assert Path(dest / "src" / "alchemi_fresh" / "integrator.py").read_text().count("self.context") >= 1

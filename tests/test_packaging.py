@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from alchemi_core.registry import FIRST_PARTY
+from alchemi_core.plugin import first_party
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +45,10 @@ def test_the_repository_has_its_license():
 def test_the_umbrella_installs_core_and_every_first_party_plugin():
     project = _load(ROOT / "distributions" / "alchemi" / "pyproject.toml")["project"]
     names = {d.split("[")[0].split("=")[0].split(">")[0].strip() for d in project["dependencies"]}
-    assert names == {"alchemi-core", *FIRST_PARTY}
+    assert names == {"alchemi-core", *first_party.in_env("main")}
     extras = project["optional-dependencies"]
     assert "mace" in extras and "sevennet" in extras
+    # Plugins with environments of their own come as extras (their dependencies conflict).
+    in_extras = {d.split("[")[0].split("=")[0].strip() for deps in extras.values() for d in deps}
+    others = {p.distribution for p in first_party.PLUGINS if p.env != "main"}
+    assert others <= in_extras, f"first-party plugins missing from the umbrella's extras: {sorted(others - in_extras)}"

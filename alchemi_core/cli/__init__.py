@@ -65,7 +65,7 @@ def _load(target: str) -> click.Command:
     import importlib
 
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
 def _plugin_command_records() -> list[Any]:

@@ -98,12 +98,14 @@ class Admission(StepLoop):
     # ------------------------------------------------------------------ checks
     def _update_fmax(self) -> None:
         b = self.batch
+        assert b is not None
         norms = torch.linalg.vector_norm(b.forces, dim=-1)
         b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)
 
     def check(self, k: int) -> None:
         """Convergence, budgets, graduation and refill (the only device read-backs)."""
         batch = self.batch
+        assert batch is not None
         status = batch.status
         before = status.clone()
         self._quarantine(k)  # first: a model's own checks would stop at the structures that went bad
@@ -145,7 +147,7 @@ class Admission(StepLoop):
     def _flush_graduates(self) -> None:
         """When the run ends, graduates still waiting for a refill check go out now."""
         if self.done and (self.sampler is not None or self.sinks) and self.graduate_to_sinks:
-            if self.batch.num_graphs and bool(self.graduated_mask().any()):
+            if self.batch is not None and self.batch.num_graphs and bool(self.graduated_mask().any()):
                 self._graduate_and_refill()
                 self._update_masks()
 
@@ -180,6 +182,7 @@ class Admission(StepLoop):
 
     def _check_done(self) -> None:
         batch = self.batch
+        assert batch is not None
         if self.sampler is not None and not self.sampler.exhausted:
             return
         if batch.num_graphs == 0:
@@ -216,6 +219,7 @@ class Admission(StepLoop):
             CapacityError: Every sink is full; the systems that did not fit stay in the batch.
         """
         batch = self.batch
+        assert batch is not None
         remaining = list(rows.tolist())
         written: list[int] = []
         for sink in self.sink_list():
@@ -247,7 +251,7 @@ class Admission(StepLoop):
     def refill(self) -> None:
         """Fill free slots from the sampler (best fit within the remaining budgets)."""
         batch, s = self.batch, self.sampler
-        assert s is not None
+        assert batch is not None and s is not None
         free_sys = batch.system_capacity - batch.num_graphs
         free_atoms = min(s.max_atoms, batch.node_capacity) - batch.num_nodes
         edge_room = batch.edge_capacity - batch.num_edges
@@ -278,6 +282,7 @@ class Admission(StepLoop):
             CapacityError: Not all fit and ``partial`` is False.
         """
         batch = self.batch
+        assert batch is not None
         self._fill_defaults(incoming, first=False)
         for m in self.models:
             check = getattr(m, "check_batch", None)

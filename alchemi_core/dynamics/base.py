@@ -104,7 +104,7 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         self,
         model: Any,
         n_steps: int = 1000,
-        dt: float = 1.0,
+        dt: float | torch.Tensor = 1.0,
         hooks: Sequence[Any] | None = None,
         convergence_hook: ConvergenceHook | None = None,
         sampler: SizeAwareSampler | None = None,

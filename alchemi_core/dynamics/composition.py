@@ -49,7 +49,7 @@ class Composable:
     """The ``+`` (fuse) and ``|`` (pipeline) operators of a stage (see the module docstring)."""
 
     def __add__(self, other: Any) -> FusedStage:
-        return _build("+", self, other)  # type: ignore[no-any-return]
+        return _build("+", self, other)
 
     def __or__(self, other: Any) -> DistributedPipeline:
-        return _build("|", self, other)  # type: ignore[no-any-return]
+        return _build("|", self, other)

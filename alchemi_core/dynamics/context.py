@@ -122,12 +122,18 @@ class StepContext:
 class RunState(Protocol):
     """The counters of a run that :class:`RunView` exposes (the engine has them)."""
 
-    step_count: int
-    exit_status: int
-    written_count: int
-    loaded_count: int
-    graduate_on_budget: bool
-    sampler: object | None
+    @property
+    def step_count(self) -> int: ...
+    @property
+    def exit_status(self) -> int: ...
+    @property
+    def written_count(self) -> int: ...
+    @property
+    def loaded_count(self) -> int: ...
+    @property
+    def graduate_on_budget(self) -> bool: ...
+    @property
+    def sampler(self) -> object | None: ...
 
 
 class RunView:

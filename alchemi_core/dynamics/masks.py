@@ -60,6 +60,7 @@ class Masks(EngineState):
                 atoms = s.sys_mask.index_select(0, batch.batch_idx)
                 s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
             else:
+                assert frozen is not None  # unmasked stages get buffers only for frozen atoms
                 s.node_weight.copy_((~frozen).unsqueeze(-1))
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
             self._publish(s, inv_mass, version)

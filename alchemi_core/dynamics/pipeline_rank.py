@@ -169,6 +169,7 @@ class PipelineRank(RankRouting):
                 )
             else:
                 if batch is None:  # the sampler's first batch, on this rank's device like refills
+                    assert engine.sampler is not None
                     batch = engine.sampler.build_initial_batch()
                 engine.prepare(batch.to(self.device))
         else:

@@ -177,7 +177,7 @@ class IntegratorContract:
     def test_runs_and_stays_finite(self, dtype: torch.dtype) -> None:
         b = self.batch([3, 5], dtype=dtype)
         out = self.make_integrator(self.model(), 20, **self.integrator_kwargs).run(b)
-        assert out.positions.dtype == dtype
+        assert out is not None and out.positions.dtype == dtype
         assert bool(torch.isfinite(out.positions).all())
         assert bool(torch.isfinite(out.velocities).all())
 
@@ -207,7 +207,7 @@ class IntegratorContract:
         second = self.make_integrator(self.model(), 50, **self.integrator_kwargs)
         fused = first + second
         out = fused.run(b)
-        assert out.status.tolist() == [2, 2]
+        assert out is not None and out.status.tolist() == [2, 2]
         final = out.positions.clone()
         # Running again does nothing: every system has graduated.
         fused.run(out)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 
 @hookimpl
-def alchemi_register_integrators(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_integrators(registrar: Registrar) -> None:
     registrar.add(
         "template-euler",
         "alchemi_template.integrator:SymplecticEuler",

@@ -26,10 +26,10 @@ import torch
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
+from alchemi_core.workspace import Workspace
 
 from alchemi_hooks.parts import HookPart
 from alchemi_hooks.scope import Scope
-from alchemi_hooks.workspace import Workspace
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -79,7 +79,8 @@ class MaxForceClampHook(Hook):
 
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         forces = batch.forces
-        scale = self._work.get("scale", (forces.shape[0], 1), forces.dtype, forces.device)
+        n = forces.shape[0]
+        scale = self._work.get("scale", n, n, (1,), forces.dtype, forces.device)
         torch.linalg.vector_norm(forces, dim=-1, keepdim=True, out=scale)
         # factor = cap / max(|F|, cap): 1 below the cap (and for zero forces), cap/|F| above it.
         scale.clamp_(min=self.max_force).reciprocal_().mul_(self.max_force)

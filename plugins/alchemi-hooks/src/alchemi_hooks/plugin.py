@@ -5,7 +5,12 @@ Each hook is ``hook:<name>`` in the registry and importable from ``alchemi_core.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin.specs import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 #: (name, "module:Class", summary), in the order ``alchemi list-components hook`` shows them.
 HOOKS = (
@@ -27,7 +32,7 @@ HOOKS = (
 
 
 @hookimpl
-def alchemi_register_hooks(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_hooks(registrar: Registrar) -> None:
     for name, target, summary in HOOKS:
         cls = target.rsplit(":", 1)[1]
         registrar.add(name, target, summary=summary, exports=[f"alchemi_core.dynamics.hooks.{cls}"])

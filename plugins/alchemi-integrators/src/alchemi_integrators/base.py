@@ -35,6 +35,7 @@ import torch
 
 from alchemi_core.dynamics import BaseDynamics
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_core.workspace import Workspace
 from alchemi_integrators.parameters import ParameterValue, SystemParameter
 
 if TYPE_CHECKING:
@@ -42,53 +43,14 @@ if TYPE_CHECKING:
 
 BACKENDS = ("auto", "torch", "warp")
 
+__all__ = ["BACKENDS", "Integrator", "MDIntegrator", "Workspace", "warp_available"]
+
 
 def warp_available() -> bool:
     """Whether ``warp-lang`` can be imported."""
     import importlib.util
 
     return importlib.util.find_spec("warp") is not None
-
-
-class Workspace:
-    """Scratch tensors kept between steps, sized to the batch's capacity so steps allocate nothing.
-
-    Example:
-        >>> ws = Workspace()
-        >>> ws.get("noise", 10, 64, (3,), torch.float32, torch.device("cpu")).shape
-        torch.Size([10, 3])
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._views: dict[str, tuple[int, torch.Tensor]] = {}
-
-    def get(
-        self, name: str, rows: int, capacity: int, tail: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        """The first ``rows`` rows of buffer ``name`` (reallocated only when it is too small or
-        of another dtype, shape or device). The same view object comes back while nothing
-        changed, so kernels recorded on it can be replayed."""
-        buf = self._buffers.get(name)
-        if (
-            buf is None
-            or buf.shape[0] < rows
-            or buf.shape[1:] != tail
-            or buf.dtype != dtype
-            or buf.device != device
-        ):
-            buf = torch.empty((max(rows, capacity), *tail), dtype=dtype, device=device)
-            self._buffers[name] = buf
-            self._views.pop(name, None)
-        view = self._views.get(name)
-        if view is None or view[0] != rows:
-            view = (rows, buf[:rows])
-            self._views[name] = view
-        return view[1]
-
-    def clear(self) -> None:
-        self._buffers.clear()
-        self._views.clear()
 
 
 class Integrator(BaseDynamics):

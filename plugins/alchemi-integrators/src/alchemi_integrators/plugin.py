@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 _INTEGRATORS = (
     ("velocity-verlet", "verlet:VelocityVerlet", "NVE velocity Verlet (symplectic, time-reversible)"),
@@ -16,7 +21,7 @@ _INTEGRATORS = (
 
 
 @hookimpl
-def alchemi_register_integrators(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_integrators(registrar: Registrar) -> None:
     for name, target, summary in _INTEGRATORS:
         cls = target.split(":")[1]
         registrar.add(

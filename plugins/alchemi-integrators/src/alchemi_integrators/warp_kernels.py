@@ -6,7 +6,7 @@ work and can be captured in a CUDA graph. Per-system sums (kinetic energy, FIRE'
 atomic adds into ``[B]`` buffers; nothing is read back to the host.
 
 Per step, the Python cost is a signature check and a replay of a recorded launch
-(``wp.launch(record_cmd=True)``): Warp arrays and launches are rebuilt only when a tensor's
+(recorded once, in ``alchemi_core.warp_runtime``): Warp arrays and launches are rebuilt only when a tensor's
 address or shape changes (systems entering or leaving), not every step.
 
 Kernels are generic over float32/float64; both overloads are declared here so the module compiles
@@ -20,13 +20,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import warp as wp
 
 from alchemi_core.units import KB
+from alchemi_core.warp_runtime import RecordedLaunches
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
 
 if TYPE_CHECKING:
@@ -504,71 +504,9 @@ _declare_overloads()
 # launching
 # ---------------------------------------------------------------------------------------------
 
-_SCALAR = {torch.float32: wp.float32, torch.float64: wp.float64}
-_VECTOR = {torch.float32: wp.vec3f, torch.float64: wp.vec3d}
-
-
-class WarpLaunches:
-    """An integrator's recorded launches, replayed while their arguments stay the same objects.
-
-    Arguments are torch tensors (converted zero-copy; ``[N, 3]`` become vec3 arrays when the
-    argument is a vector), Python ints, or ``(value, torch dtype)`` pairs for float scalars of the
-    batch's precision. A tensor counts as unchanged while it is the same object: the batch keeps
-    its field views, and the integrator its buffers, until the set of systems changes; the
-    recorded launch holds the tensors, so an object cannot be freed and its id reused meanwhile.
-    """
-
-    def __init__(self) -> None:
-        self._recorded: dict[str, tuple[int, tuple[Any, ...], Any]] = {}
-        self._streams: dict[int, Any] = {}
-
-    def _stream(self, device: torch.device) -> Any:
-        if device.type != "cuda":
-            return None
-        ts = torch.cuda.current_stream(device)
-        ws = self._streams.get(ts.cuda_stream)
-        if ws is None:
-            ws = wp.stream_from_torch(ts)
-            self._streams[ts.cuda_stream] = ws
-        return ws
-
-    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device) -> None:
-        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``."""
-        if dim == 0:
-            return
-        stream = self._stream(device)
-        hit = self._recorded.get(name)
-        if hit is not None and hit[0] == dim and _same_args(hit[1], args):
-            hit[2].launch(stream=stream)
-            return
-        labels = [arg.label for arg in kernel.adj.args]
-        inputs = [_to_warp(label, a) for label, a in zip(labels, args)]
-        cmd = wp.launch(kernel, dim=dim, inputs=inputs, device=_warp_device(device), stream=stream, record_cmd=True)
-        cmd.launch(stream=stream)
-        self._recorded[name] = (dim, tuple(args), cmd)
-
-
-def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
-    for a, b in zip(held, args):
-        if a is not b and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a != b):
-            return False
-    return len(held) == len(args)
-
-
-def _warp_device(device: torch.device) -> Any:
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return wp.device_from_torch(device)
-
-
-def _to_warp(label: str, value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        if value.dtype in _VECTOR and label in _VECTOR_ARGS:
-            return wp.from_torch(value, dtype=_VECTOR[value.dtype])
-        return wp.from_torch(value)
-    if isinstance(value, tuple):  # (python float, torch dtype): a typed scalar
-        return _SCALAR[value[1]](value[0])
-    return value
+# Launches go through core's Warp runtime (torch's stream, recorded launches replayed while the
+# arguments stay the same objects); [N, 3] arguments of these names are vec3 arrays.
+_VECTORS = frozenset(_VECTOR_ARGS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,10 +539,10 @@ def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
     )
 
 
-def _launches(dyn: Integrator) -> WarpLaunches:
+def _launches(dyn: Integrator) -> RecordedLaunches:
     launches = getattr(dyn, "_warp_launches", None)
     if launches is None:
-        launches = WarpLaunches()
+        launches = RecordedLaunches(vector_args=_VECTORS)
         dyn._warp_launches = launches  # type: ignore[attr-defined]
     return launches
 

@@ -6,7 +6,7 @@ from alchemi_core.plugin.specs import hookimpl
 
 
 @hookimpl
-def alchemi_register_models(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_models(registrar: Registrar) -> None:
     registrar.add(
         "mace",
         "alchemi_mace.model:MaceModel",

@@ -139,7 +139,7 @@ class TorchDistributedBackend(CommBackend):
 
     # ------------------------------------------------------------------ joining
     def _launch_env(self) -> LaunchEnv:
-        o = self._overrides
+        o: dict[str, Any] = self._overrides
         if o["rank"] is not None and o["world_size"] is not None:
             rank, world = int(o["rank"]), int(o["world_size"])
             local = int(o["local_rank"]) if o["local_rank"] is not None else rank

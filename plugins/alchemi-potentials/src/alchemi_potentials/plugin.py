@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin.specs import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 
 @hookimpl
-def alchemi_register_models(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_models(registrar: Registrar) -> None:
     registrar.add(
         "lennard-jones",
         "alchemi_potentials.lennard_jones:LennardJones",

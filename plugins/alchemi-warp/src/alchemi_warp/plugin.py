@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 
 @hookimpl
-def alchemi_register_sinks(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_sinks(registrar: Registrar) -> None:
     registrar.add(
         "gpu-buffer",
         "alchemi_warp.gpu_buffer:GPUBuffer",
@@ -16,7 +21,7 @@ def alchemi_register_sinks(registrar):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def alchemi_register_buffers(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_buffers(registrar: Registrar) -> None:
     registrar.add(
         "warp",
         "alchemi_warp.buffer_ops:WarpBufferOps",

@@ -146,7 +146,13 @@ class AsyncWriter(ABC):
         # Drain at interpreter exit, so a script that forgets close() keeps its data. The weak
         # reference lets an unused writer be collected.
         ref = weakref.ref(self)
-        run_at_exit(lambda: (w := ref()) is not None and w.close_quietly())
+
+        def drain() -> None:
+            writer = ref()
+            if writer is not None:
+                writer.close_quietly()
+
+        run_at_exit(drain)
 
     @property
     def pending(self) -> int:

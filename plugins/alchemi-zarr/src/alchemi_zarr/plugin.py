@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 _REQUIRES = {"zarr": "alchemi-zarr", "fsspec": "alchemi-zarr"}
 
 
 @hookimpl
-def alchemi_register_sinks(registrar):  # type: ignore[no-untyped-def]
+def alchemi_register_sinks(registrar: Registrar) -> None:
     registrar.add(
         "zarr",
         "alchemi_zarr.sink:ZarrData",

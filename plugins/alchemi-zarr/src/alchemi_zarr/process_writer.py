@@ -176,7 +176,8 @@ class ProcessWriter(AsyncWriter):
             self._jobs.send(header)
             for (_, _, _, offset), a in zip(fields, records.fields.values(), strict=True):
                 if offset is None:
-                    self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+                    # numpy's stubs declare arrays buffers only for Python >= 3.12 (the target is 3.10)
+                    self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         except OSError as exc:  # the child is gone; the answer reader reports what it held
             self._child_gone(BackgroundWriteError(f"the writer process of {self.where} is gone ({exc!r})"))
         return shared

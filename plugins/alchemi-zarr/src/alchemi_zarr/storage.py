@@ -55,7 +55,7 @@ def _compressors(dtype: np.dtype | None = None) -> Any:
 
 #: Every chunk is stored, even one equal to the fill value: zarr would otherwise compare each
 #: chunk with it, a pass over all the data, to save space only for all-zero chunks.
-_ARRAY_CONFIG = {"write_empty_chunks": True}
+_ARRAY_CONFIG: Any = {"write_empty_chunks": True}
 
 
 class AtomicStore:
@@ -199,7 +199,7 @@ class AtomicStore:
                 raise self._damaged(key, f"has {arr.shape[0]} rows, fewer than the {need} committed")
 
     def _read_commit(self) -> tuple[int, int, int]:
-        arr = self._arrays.get(layout.COMMIT)
+        arr: Any = self._arrays.get(layout.COMMIT)
         if arr is None:
             if layout.COMMIT not in self._group:
                 return (0, 0, 0)

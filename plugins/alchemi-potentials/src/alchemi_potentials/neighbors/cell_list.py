@@ -388,7 +388,7 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
     for s in np.nonzero(periodic)[0]:
         rows = cells[s][pbc[s]]
         if not np.isfinite(rows).all():
-            bad.append(s)
+            bad.append(int(s))
             continue
         lengths = np.linalg.norm(rows, axis=1)
         if len(rows) == 1:
@@ -398,7 +398,7 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
         else:
             size, scale = abs(np.linalg.det(rows)), lengths.prod()
         if not (size > 1e-10 * scale and size > 0):
-            bad.append(s)
+            bad.append(int(s))
     if bad:
         detail = ", ".join(f"{ids[s]}: {cells[s].round(6).tolist()} (pbc {pbc[s].tolist()})" for s in bad[:3])
         raise InvalidDataError(

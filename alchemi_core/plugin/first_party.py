@@ -1,0 +1,140 @@
+"""The first-party plugins: the one list every other place derives from or is checked against.
+
+Each entry names a distribution under ``plugins/``, what it provides (registry names and the
+public names it serves under ``alchemi_core``), the environment it installs into and the line the
+README's table shows. ``registry`` names the distribution to install when one of these is asked
+for and missing; ``scripts/dev`` installs the distributions of the ``main`` environment (it runs
+this file with any Python 3: it imports only the standard library); tests check that ``tox.ini``,
+the README's table, the ``plugins/`` folders and what each installed plugin registers agree.
+
+To add a first-party plugin, add one entry here (``env`` names another environment when its
+dependencies cannot share the main one, e.g. a conflicting e3nn), then run the tests: they say
+which other file still lacks it.
+
+Example:
+    >>> from alchemi_core.plugin.first_party import provider_of
+    >>> provider_of("alchemi_core.dynamics.Langevin")
+    'alchemi-integrators'
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FirstParty:
+    """One first-party plugin distribution.
+
+    Attributes:
+        distribution: The distribution name (``plugins/<distribution>`` holds it).
+        provides: Registry names (``kind:name``) and public names (``alchemi_core.x.Name``) it
+            registers.
+        summary: What the README's table says it provides.
+        env: The environment it installs into: ``"main"`` (scripts/dev, tox's plugin envs and
+            ``all``) or the name of its own (dependencies that conflict with the main one).
+    """
+
+    distribution: str
+    provides: tuple[str, ...]
+    summary: str
+    env: str = "main"
+
+
+def _exports(module: str, *names: str) -> tuple[str, ...]:
+    return tuple(f"{module}.{n}" for n in names)
+
+
+PLUGINS: tuple[FirstParty, ...] = (
+    FirstParty(
+        "alchemi-integrators",
+        (
+            "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover",
+            "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale",
+            *_exports(
+                "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "FIRE", "FIRE2", "NPTMTK",
+                "NPTCRescale",
+            ),
+        ),
+        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `fire`, `fire2`",
+    ),
+    FirstParty(
+        "alchemi-potentials",
+        ("model:lennard-jones", "model:morse", "model:ase", "model:d3", "model:sum"),
+        "`model:lennard-jones`, `model:morse` (Warp kernels, batched cell lists), `model:ase` (any ASE calculator), "
+        "`model:d3` (DFT-D3), `model:sum`",
+    ),
+    FirstParty(
+        "alchemi-hooks",
+        (
+            "hook:max-force-clamp", "hook:logging", "hook:snapshot", "hook:converged-snapshot",
+            "hook:nan-detector", "hook:energy-drift", "hook:freeze-atoms", "hook:wrap-periodic",
+            "hook:progress", "hook:stage-timing",
+            *_exports(
+                "alchemi_core.dynamics.hooks", "MaxForceClampHook", "LoggingHook", "SnapshotHook",
+                "ConvergedSnapshotHook", "NaNDetectorHook", "EnergyDriftMonitorHook", "FreezeAtomsHook",
+                "WrapPeriodicHook", "ProgressHook", "StageTimingHook",
+            ),
+        ),
+        "force clamp, logging, snapshots, NaN detection, energy drift, frozen atoms, periodic wrapping, "
+        "progress, timing",
+    ),
+    FirstParty(
+        "alchemi-zarr",
+        (
+            "sink:zarr", "alchemi_core.dynamics.ZarrData",
+            *_exports("alchemi_core.data.datapipes", "AtomicDataZarrReader", "AtomicDataZarrWriter"),
+        ),
+        "`sink:zarr` (`ZarrData` on any fsspec URL), Zarr readers and writers for datasets",
+    ),
+    FirstParty(
+        "alchemi-warp",
+        ("sink:gpu-buffer", "buffer:warp", "alchemi_core.dynamics.GPUBuffer"),
+        "`sink:gpu-buffer` (`GPUBuffer`), Warp kernels behind `Batch.put`/`defrag`",
+    ),
+    FirstParty(
+        "alchemi-nccl",
+        ("comm:nccl", "comm:gloo"),
+        "`comm:nccl`, `comm:gloo`: `DistributedPipeline` over torch.distributed",
+    ),
+    # The machine-learned potentials: mace-torch pins e3nn 0.4.4, sevenn needs e3nn >= 0.5, so
+    # each installs into an environment of its own.
+    FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),
+    FirstParty("alchemi-sevennet", ("model:sevennet",), "`model:sevennet` (`7net-0` or a checkpoint)", env="sevennet"),
+)
+
+
+def by_name() -> dict[str, FirstParty]:
+    """The entries by distribution name."""
+    return {p.distribution: p for p in PLUGINS}
+
+
+def provides() -> dict[str, tuple[str, ...]]:
+    """``{distribution: what it provides}``, for the registry's install hints."""
+    return {p.distribution: p.provides for p in PLUGINS}
+
+
+def provider_of(name: str) -> str | None:
+    """The first-party distribution that provides ``name`` (a ``kind:name`` or public name)."""
+    for p in PLUGINS:
+        if name in p.provides:
+            return p.distribution
+    return None
+
+
+def in_env(env: str = "main") -> list[str]:
+    """Distributions that install into environment ``env``."""
+    return [p.distribution for p in PLUGINS if p.env == env]
+
+
+def other_envs() -> list[str]:
+    """The environments besides ``main``, in list order."""
+    return list(dict.fromkeys(p.env for p in PLUGINS if p.env != "main"))
+
+
+if __name__ == "__main__":
+    # ``python3 alchemi_core/plugin/first_party.py ENV``: the distributions of ENV, one a line;
+    # ``--envs``: the environments besides main (scripts/dev reads both before any exists).
+    arg = sys.argv[1] if len(sys.argv) > 1 else "main"
+    print("\n".join(other_envs() if arg == "--envs" else in_env(arg)))

@@ -1,0 +1,273 @@
+"""The one Warp runtime every plugin shares: initialisation, torch's stream as a Warp stream, and
+kernel launches recorded once and replayed.
+
+Warp is not a dependency of alchemi-core: this module imports it on first use only, so importing
+``alchemi_core`` (or running ``alchemi list-plugins``) never loads Warp; a plugin that launches
+kernels depends on ``warp-lang`` itself. Everything that launches Warp kernels in alchemi goes
+through here, so every launch is on torch's current stream (ordered with the torch work around
+it, and captured with it in a CUDA graph), with one cache of stream wrappers and one set of
+replay rules:
+
+* :func:`stream_for`: torch's current stream on a device as a Warp stream, wrapped once per
+  torch stream (wrapping costs more than a launch).
+* :class:`LaunchSequence`: launches recorded for fixed arrays and sizes and replayed in order
+  (a model's forward).
+* :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
+  objects (an integrator's updates).
+* :func:`launch_tensors`: one kernel on torch tensors, its recorded launch reused with new
+  array descriptors (short copy kernels, where the host cost of a launch dominates).
+
+Warp 1.5 (the oldest version supported) writes a float literal in a kernel as a float32
+constant, even inside ``wp.float64(...)``: kernels therefore use only literals that float32
+holds exactly (small integers, powers of two) and take other numbers as arguments.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core import warp_runtime
+    >>> warp_runtime.stream_for(torch.device("cpu")) is None  # CPU launches need no stream
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from alchemi_core.errors import AlchemiError, MissingDependencyError
+
+_lock = threading.Lock()
+_wp: Any = None
+_streams: dict[tuple[int, int], Any] = {}
+#: Stream wrappers kept at most (oldest dropped first); runs use a handful of streams.
+MAX_STREAMS = 32
+# Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
+_local = threading.local()
+
+
+class KernelLaunchError(AlchemiError, RuntimeError):
+    """Warp could not prepare a kernel for a device (its module failed to build or load)."""
+
+
+def warp() -> Any:
+    """The ``warp`` module, initialised once (thread-safe).
+
+    Raises:
+        MissingDependencyError: warp-lang is not installed.
+    """
+    global _wp
+    if _wp is not None:
+        return _wp
+    try:
+        import warp as wp
+    except ImportError:
+        raise MissingDependencyError("this needs warp-lang: pip install 'warp-lang>=1.5'") from None
+    with _lock:
+        if _wp is None:
+            wp.init()
+            _wp = wp
+    return _wp
+
+
+def cuda_available() -> bool:
+    """True when Warp can launch kernels on a CUDA device."""
+    return bool(warp().is_cuda_available())
+
+
+def warp_device(device: torch.device) -> Any:
+    """The Warp device of a torch device (``cuda`` without an index: the current one)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return warp().device_from_torch(device)
+
+
+def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
+    """A Warp array sharing ``tensor``'s memory (``dtype`` e.g. ``wp.vec3`` for ``[N, 3]``)."""
+    wp = warp()
+    return wp.from_torch(tensor, dtype=dtype) if dtype is not None else wp.from_torch(tensor)
+
+
+def require_device(device: torch.device, who: str = "alchemi") -> None:
+    """Raise a clear error where Warp cannot run kernels on ``device``.
+
+    Raises:
+        MissingDependencyError: A CPU device where this Warp build has no CPU compiler.
+    """
+    if device.type == "cpu" and not warp().is_cpu_available():
+        raise MissingDependencyError(
+            f"{who}: this warp-lang build cannot run kernels on the CPU (it has no CPU "
+            "compiler); move the batch to a CUDA device (batch.to('cuda')) or install the warp-lang "
+            "wheel from PyPI, which includes the CPU backend"
+        )
+
+
+def stream_for(device: torch.device) -> Any:
+    """Torch's current stream on ``device`` as a Warp stream (None on the CPU).
+
+    Launching there orders Warp kernels with the torch operations around them and lets a CUDA
+    graph captured on that stream include them.
+    """
+    if device.type != "cuda":
+        return None
+    current = torch.cuda.current_stream(device)
+    key = (current.device_index, current.cuda_stream)
+    stream = _streams.get(key)
+    if stream is None:
+        # The wrapper keeps its torch stream alive, so a cached handle is never reused by another.
+        with _lock:
+            if len(_streams) >= MAX_STREAMS:
+                del _streams[next(iter(_streams))]
+            stream = _streams[key] = warp().stream_from_torch(current)
+    return stream
+
+
+def _threads(dim: int | Sequence[int]) -> int:
+    return math.prod(dim) if isinstance(dim, Sequence) else int(dim)
+
+
+class LaunchSequence:
+    """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order.
+
+    Replaying a recorded launch skips Warp's per-call argument packing, which dominates the cost
+    of launching a small kernel from Python. A sequence is recorded for fixed arrays and sizes;
+    build a new one when they change.
+
+    Args:
+        device: The Warp device the kernels run on.
+        who: The component named in errors (e.g. ``"alchemi-potentials"``).
+
+    Example:
+        >>> seq = LaunchSequence(device)  # doctest: +SKIP
+        >>> seq.add(kernel, dim=n, inputs=[a, b])  # doctest: +SKIP
+        >>> seq.run(stream_for(torch_device))  # doctest: +SKIP
+    """
+
+    def __init__(self, device: Any, who: str = "alchemi") -> None:
+        self.device = device
+        self.who = who
+        self._commands: list[Any] = []
+        self.names: list[str] = []
+
+    def add(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> None:
+        """Record one launch (nothing runs); a launch over zero threads is dropped.
+
+        Raises:
+            KernelLaunchError: Warp returned no launch: the kernel's module could not be built
+                or loaded for this device (the first attempt raised the cause).
+        """
+        if _threads(dim) <= 0:
+            return  # Warp records nothing for an empty grid (it returns None)
+        cmd = warp().launch(kernel, dim=dim, inputs=list(inputs), device=self.device, record_cmd=True)
+        if cmd is None:
+            raise KernelLaunchError(
+                f"{self.who}: Warp could not prepare kernel {kernel.key!r} for device {self.device}: "
+                "building or loading its module failed earlier (see the first error; on a CPU device "
+                "Warp needs its CPU compiler, on a GPU a working CUDA driver)"
+            )
+        self._commands.append(cmd)
+        self.names.append(kernel.key)
+
+    def run(self, stream: Any = None) -> None:
+        """Launch every recorded kernel, in order, on ``stream`` (the device's default if None)."""
+        for cmd in self._commands:
+            cmd.launch(stream)
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+
+#: Float scalars of a batch's precision, and [N, 3] tensors as vectors, by torch dtype.
+def _scalar_types() -> dict[torch.dtype, Any]:
+    wp = warp()
+    return {torch.float32: wp.float32, torch.float64: wp.float64}
+
+
+def _vector_types() -> dict[torch.dtype, Any]:
+    wp = warp()
+    return {torch.float32: wp.vec3f, torch.float64: wp.vec3d}
+
+
+class RecordedLaunches:
+    """Named launches, each recorded once and replayed while its arguments stay the same objects.
+
+    Arguments are torch tensors (converted zero-copy; an argument whose name is in
+    ``vector_args`` becomes a vec3 array), Python ints, or ``(value, torch dtype)`` pairs for float
+    scalars of the batch's precision. A tensor counts as unchanged while it is the same object:
+    the batch keeps its field views, and the caller its buffers, until the set of systems
+    changes; the recorded launch holds the tensors, so an object cannot be freed and its id
+    reused meanwhile.
+
+    Args:
+        vector_args: Kernel argument names that take ``[N, 3]`` tensors as vec3 arrays.
+    """
+
+    def __init__(self, vector_args: frozenset[str] = frozenset()) -> None:
+        self.vector_args = vector_args
+        self._recorded: dict[str, tuple[int, tuple[Any, ...], Any]] = {}
+
+    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device) -> None:
+        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``."""
+        if dim == 0:
+            return
+        stream = stream_for(device)
+        hit = self._recorded.get(name)
+        if hit is not None and hit[0] == dim and _same_args(hit[1], args):
+            hit[2].launch(stream=stream)
+            return
+        labels = [arg.label for arg in kernel.adj.args]
+        inputs = [self._to_warp(label, a) for label, a in zip(labels, args)]
+        cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=warp_device(device), stream=stream, record_cmd=True)
+        cmd.launch(stream=stream)
+        self._recorded[name] = (dim, tuple(args), cmd)
+
+    def _to_warp(self, label: str, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            vectors = _vector_types()
+            if value.dtype in vectors and label in self.vector_args:
+                return warp().from_torch(value, dtype=vectors[value.dtype])
+            return warp().from_torch(value)
+        if isinstance(value, tuple):  # (python float, torch dtype): a typed scalar
+            return _scalar_types()[value[1]](value[0])
+        return value
+
+    def clear(self) -> None:
+        self._recorded.clear()
+
+
+def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
+    for a, b in zip(held, args):
+        if a is not b and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a != b):
+            return False
+    return len(held) == len(args)
+
+
+def launch_tensors(kernel: Any, dim: Sequence[int], *args: torch.Tensor) -> None:
+    """Launch ``kernel`` over ``dim`` threads with tensor ``args`` (zero-copy), on torch's stream.
+
+    The first tensor's device is the launch device; no gradient arrays are made. The first
+    launch of a kernel overload on a device records a ``wp.Launch``; later launches only replace
+    its arguments with array descriptors (``from_torch(..., return_ctype=True)``) and replay it,
+    about ten times less host work than ``wp.launch`` with ``wp.array`` arguments.
+    """
+    wp = warp()
+    device = args[0].device
+    key = (kernel, device, *(a.dtype for a in args))
+    launches = _local.__dict__.setdefault("launches", {})
+    entry = launches.get(key)
+    stream = stream_for(device)
+    dim = tuple(dim)
+    if entry is None:
+        inputs = [wp.from_torch(a, requires_grad=False) for a in args]
+        target = stream.device if stream is not None else "cpu"
+        entry = launches[key] = [wp.launch(kernel, dim=dim, inputs=inputs, device=target, record_cmd=True), dim]
+    else:
+        recorded = entry[0]
+        for i, a in enumerate(args):
+            recorded.set_param_at_index_from_ctype(i, wp.from_torch(a, return_ctype=True))
+        if entry[1] != dim:  # rebuilding the launch bounds costs as much as the launch
+            recorded.set_dim(dim)
+            entry[1] = dim
+    entry[0].launch(stream)
