@@ -21,7 +21,6 @@ import torch
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.dynamics import DataSink, DynamicsStage, Hook
-
 from benchmarks import spec
 from benchmarks.adapters.base import IdTally
 from benchmarks.structures import ArgonCells

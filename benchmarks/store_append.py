@@ -67,10 +67,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             layout.CHUNK_BYTES = kib * 1024
             store = AtomicStore(str(scratch / f"{kib}.zarr"), read_only=False)
             store.append(records)  # lays the arrays out
-            append_ms = _median_ms(lambda: store.append(records), args.repeats)
+            append_ms = _median_ms(lambda store=store: store.append(records), args.repeats)
             folder = scratch / f"{kib}.files"
             folder.mkdir()
-            files_ms = _median_ms(lambda: _plain_files(folder, list(records.fields.values()), kib * 1024), args.repeats)
+            files_ms = _median_ms(
+                lambda folder=folder, kib=kib: _plain_files(folder, list(records.fields.values()), kib * 1024), args.repeats
+            )
             result["chunks"][kib] = {"append_ms": append_ms, "plain_files_ms": files_ms}
             print(f"{kib:>6} KiB chunks: append {append_ms:.1f} ms, plain files {files_ms:.1f} ms", flush=True)
     finally:

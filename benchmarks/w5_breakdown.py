@@ -4,10 +4,10 @@ Runs the same Langevin dynamics (one dynamics object per variant, reused across 
 no hooks, with a ``SnapshotHook`` into an asynchronous ``ZarrData`` (child-process writer, and
 thread writer for comparison), with the device-to-host copies alone (into reused staging
 buffers, as ``ZarrData`` copies, or into new pinned tensors per snapshot), with a CSV
-``LoggingHook``, and with both, every ``--every`` steps. For each it reports the median time of a run of ``--steps`` steps, of the wait for the
-sink's last writes after the run (``drain``), and the host time of each hook call; and, on its
-own, the time one synchronous ``ZarrData.write`` of the whole batch takes (what the writer
-process spends per snapshot).
+``LoggingHook``, and with both, every ``--every`` steps. For each it reports the median time
+of a run of ``--steps`` steps, of the wait for the sink's last writes after the run
+(``drain``), and the host time of each hook call; and, on its own, the time one synchronous
+``ZarrData.write`` of the whole batch takes (what the writer process spends per snapshot).
 
 Usage::
 

@@ -442,7 +442,8 @@ class Batch:
         if isinstance(values, (list, tuple)):
             if len(values) != self.num_graphs:
                 raise InvalidDataError(f"add_key({key!r}) needs one value per system ({self.num_graphs}), got {len(values)}")
-            values = torch.cat([torch.as_tensor(v).reshape(-1, *torch.as_tensor(v).shape[1:]) if torch.as_tensor(v).dim() else torch.as_tensor(v).reshape(1) for v in values])
+            rows = [torch.as_tensor(v) for v in values]
+            values = torch.cat([t.reshape(-1, *t.shape[1:]) if t.dim() else t.reshape(1) for t in rows])
         self.set_field(key, values, level)
 
     def keys(self) -> list[str]:

@@ -67,7 +67,9 @@ class DemoModelWrapper(BaseModel):
                 ii.append(o + i[keep])
                 jj.append(o + j[keep])
                 ss.append(np.full(int(keep.sum()), s, dtype=np.int64))
-            cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+            def cat(xs: list[np.ndarray]) -> np.ndarray:
+                return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
             dev = pos.device
             i_t = torch.from_numpy(cat(ii)).to(dev)
             j_t = torch.from_numpy(cat(jj)).to(dev)

@@ -29,11 +29,6 @@ from benchmarks.adapters.base import (
 from benchmarks.timing import check_deadline, timed, timed_until_deadline
 
 try:
-    from alchemi_integrators import FIRE, Langevin, VelocityVerlet
-    from alchemi_potentials import LennardJones
-
-    from benchmarks.alchemi_parts import CellDataset, ConvergedCount, IdTallySink
-
     from alchemi_core.data import Batch
     from alchemi_core.dynamics import (
         ConvergenceHook,
@@ -42,6 +37,9 @@ try:
         Hook,
         SizeAwareSampler,
     )
+    from alchemi_integrators import FIRE, Langevin, VelocityVerlet
+    from alchemi_potentials import LennardJones
+    from benchmarks.alchemi_parts import CellDataset, ConvergedCount, IdTallySink
 except ImportError as exc:  # pragma: no cover - the harness ships with alchemi
     raise Unavailable(
         f"alchemi plugins missing ({exc}); pip install -e plugins/alchemi-potentials -e plugins/alchemi-integrators"

@@ -131,6 +131,7 @@ def test_a_killed_rank_is_reported_and_a_rerun_completes_the_store(reference: An
 def test_two_processes_share_one_gpu(reference: Any, tmp_path: Path) -> None:
     """On a one-GPU machine both ranks run on cuda:0 (LOCAL_RANK modulo the GPUs) over gloo."""
     import torch
+
     from alchemi_nccl.spawn import launch_script
 
     if not torch.cuda.is_available():

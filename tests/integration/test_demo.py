@@ -13,8 +13,9 @@ from alchemi_core.cli import main
 
 def test_demo_accounts_for_every_structure_thermalises_and_leaves_a_store_and_plots(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from alchemi_zarr import AtomicDataZarrReader
     from matplotlib import image
+
+    from alchemi_zarr import AtomicDataZarrReader
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["demo", "--structures", "24", "--md-steps", "150", "--json", "--device", "cpu"])

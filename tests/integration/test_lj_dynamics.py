@@ -58,7 +58,7 @@ def test_fire_with_the_warp_potential_matches_ase_fire():
                           convergence_hook=ConvergenceHook.from_fmax(1e-3))
     out = fire.run(batch)
     assert out.status.tolist() == [1, 1, 1]
-    for i, atoms in enumerate(batch.to_atoms()):
+    for i, _ in enumerate(batch.to_atoms()):
         start = argon(2, 3, 0.1, torch.float64).to_atoms()[i]
         start.calc = LennardJones(sigma=SIG, epsilon=EPS, rc=RC, smooth=False)
         AseFIRE(start, logfile=None).run(fmax=1e-3, steps=5000)

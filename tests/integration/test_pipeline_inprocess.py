@@ -17,7 +17,7 @@ from alchemi_core.comm.inprocess import InProcessBackend
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, DistributedPipeline, FusedStage, HostMemory
 from alchemi_core.dynamics.base import COMM_MODES, BufferConfig
-from alchemi_core.errors import CapacityError, ConfigurationError, PipelineError
+from alchemi_core.errors import ConfigurationError, PipelineError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing.contracts import CommBackendContract, assert_same_systems
 from alchemi_core.testing.factories import make_batch, never_converging

@@ -16,7 +16,6 @@ import torch
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import ListDataset
 
-
 DEVICE = os.environ.get("ALCHEMI_TEST_DEVICE", "cpu")
 
 

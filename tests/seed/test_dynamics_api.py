@@ -17,14 +17,17 @@ def test_imports():
     # --- seed block ---
     from alchemi_core.dynamics import (
         BaseDynamics,
-        DemoDynamics,
-        FusedStage,
-        DistributedPipeline,
         ConvergenceHook,
-        Hook,
+        DataSink,
+        DemoDynamics,
+        DistributedPipeline,
         DynamicsStage,
+        FusedStage,
+        GPUBuffer,
+        Hook,
+        HostMemory,
         SizeAwareSampler,
-        DataSink, GPUBuffer, HostMemory, ZarrData,
+        ZarrData,
         hooks,
     )
     # --- end ---
@@ -37,10 +40,11 @@ def test_imports():
 
 def test_basic_setup():
     # --- seed block ---
-    from alchemi_core.dynamics import DemoDynamics, ConvergenceHook
-    from alchemi_core.models.demo import DemoModelWrapper
-    from alchemi_core.data import AtomicData, Batch
     import torch
+
+    from alchemi_core.data import AtomicData, Batch
+    from alchemi_core.dynamics import DemoDynamics
+    from alchemi_core.models.demo import DemoModelWrapper
 
     model = DemoModelWrapper()
     dynamics = DemoDynamics(
@@ -116,7 +120,7 @@ def test_with_hooks(batch):
 
     model = DemoModelWrapper()
     # --- seed block ---
-    from alchemi_core.dynamics.hooks import MaxForceClampHook, LoggingHook
+    from alchemi_core.dynamics.hooks import LoggingHook, MaxForceClampHook
 
     dynamics = DemoDynamics(
         model=model,
@@ -370,7 +374,7 @@ def test_size_aware_sampler(dataset):
     replacement = sampler.request_replacement(num_atoms=50, num_edges=200)
 
     # Check if all samples consumed
-    sampler.exhausted  # bool
+    sampler.exhausted  # bool  # noqa: B018 - the seed's line, kept as written
     # --- end ---
     assert batch.num_graphs == 32 and batch.num_nodes <= 1000
     assert replacement is not None and replacement.num_nodes <= 50
@@ -428,9 +432,9 @@ def test_inflight_with_pipeline(dataset):
 
 def test_sink_imports():
     # --- seed block ---
-    from alchemi_core.dynamics import GPUBuffer, HostMemory, ZarrData
     # --- end ---
     from alchemi_core import registry
+    from alchemi_core.dynamics import GPUBuffer, HostMemory, ZarrData
 
     assert GPUBuffer is registry.resolve("sink:gpu-buffer")
     assert ZarrData is registry.resolve("sink:zarr")
@@ -544,14 +548,16 @@ def test_full_workflow_example(device, molecule):
     sizes = _torch.randint(2, 9, (150,), generator=_torch.Generator().manual_seed(2)).tolist()
     AtomicDataZarrWriter("structures.zarr").write([molecule(n, i) for i, n in enumerate(sizes)])
     # --- seed block ---
-    import torch
     from alchemi_core.data import AtomicData, Batch
     from alchemi_core.data.datapipes import AtomicDataZarrReader, Dataset
-    from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.dynamics import (
-        DemoDynamics, ConvergenceHook, SizeAwareSampler, ZarrData,
+        ConvergenceHook,
+        DemoDynamics,
+        SizeAwareSampler,
+        ZarrData,
     )
-    from alchemi_core.dynamics.hooks import MaxForceClampHook, LoggingHook, SnapshotHook
+    from alchemi_core.dynamics.hooks import LoggingHook, MaxForceClampHook, SnapshotHook
+    from alchemi_core.models.demo import DemoModelWrapper
 
     # Model
     model = DemoModelWrapper()

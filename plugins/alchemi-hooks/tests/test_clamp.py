@@ -11,7 +11,6 @@ from alchemi_core.dynamics import DemoDynamics, FusedStage, StepContext
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.units import ACCELERATION
-
 from alchemi_hooks.clamp import MaxForceClampHook
 
 

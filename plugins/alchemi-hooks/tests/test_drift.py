@@ -11,7 +11,6 @@ from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import DemoDynamics, FusedStage, SizeAwareSampler
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.drift import EnergyDriftMonitorHook, follow_by_id
 from alchemi_hooks.errors import EnergyDriftError, EnergyDriftWarning
 

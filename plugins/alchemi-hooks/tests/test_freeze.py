@@ -9,7 +9,6 @@ from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import BaseDynamics, DemoDynamics, FusedStage, HostMemory, SizeAwareSampler
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.freeze import FreezeAtomsHook
 from alchemi_hooks.observables import max_force
 

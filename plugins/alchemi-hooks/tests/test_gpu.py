@@ -13,7 +13,6 @@ import torch
 
 from alchemi_core.dynamics import DemoDynamics, DynamicsStage, HostMemory
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.clamp import MaxForceClampHook
 from alchemi_hooks.freeze import FreezeAtomsHook
 from alchemi_hooks.logger import LoggingHook

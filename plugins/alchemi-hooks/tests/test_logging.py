@@ -15,7 +15,6 @@ from alchemi_core.dynamics import DemoDynamics, FusedStage, SizeAwareSampler
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
-
 from alchemi_hooks.errors import HookWorkerError
 from alchemi_hooks.logger import COLUMNS, LoggingHook
 

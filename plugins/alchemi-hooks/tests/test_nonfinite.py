@@ -8,7 +8,6 @@ import torch
 from alchemi_core.dynamics import DemoDynamics, DynamicsStage, FusedStage, StepContext
 from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.errors import NonFiniteError
 from alchemi_hooks.nonfinite import NaNDetectorHook
 

@@ -7,7 +7,6 @@ import pytest
 from alchemi_core.dynamics import DemoDynamics, DynamicsStage, Hook
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.parts import HookPart
 
 

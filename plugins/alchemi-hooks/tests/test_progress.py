@@ -11,7 +11,6 @@ from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import DemoDynamics, HostMemory, SizeAwareSampler
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.progress import ProgressHook
 
 

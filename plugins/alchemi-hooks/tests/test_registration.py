@@ -8,7 +8,6 @@ import pytest
 
 from alchemi_core import registry
 from alchemi_core.dynamics import DynamicsStage, Hook
-
 from alchemi_hooks.plugin import HOOKS
 
 

@@ -10,7 +10,6 @@ from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DataSink, DemoDynamics, DynamicsStage, FusedStage, HostMemory
 from alchemi_core.errors import CapacityError, ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.snapshot import ConvergedSnapshotHook, SnapshotHook
 
 

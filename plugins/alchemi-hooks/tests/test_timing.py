@@ -9,7 +9,6 @@ import torch
 
 from alchemi_core.dynamics import DemoDynamics, FusedStage
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.timing import PHASES, StageTimingHook
 
 

@@ -10,7 +10,6 @@ import torch
 from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, FusedStage, HostMemory, SizeAwareSampler
 from alchemi_core.models.demo import DemoModelWrapper
-
 from alchemi_hooks.clamp import MaxForceClampHook
 from alchemi_hooks.drift import EnergyDriftMonitorHook
 from alchemi_hooks.freeze import FreezeAtomsHook

@@ -16,7 +16,6 @@ from ase.geometry import wrap_positions  # noqa: E402
 from alchemi_core.data import AtomicData, Batch  # noqa: E402
 from alchemi_core.dynamics import DemoDynamics, StepContext  # noqa: E402
 from alchemi_core.errors import ConfigurationError  # noqa: E402
-
 from alchemi_hooks.wrap import WrapPeriodicHook, complete_cell  # noqa: E402
 
 CELLS = [

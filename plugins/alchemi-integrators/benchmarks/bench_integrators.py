@@ -112,7 +112,7 @@ def main() -> None:
                 if args.device == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                     base = torch.cuda.memory_allocated()
-                seconds = time_steps(lambda b=backend: make(b), batch, args.steps, args.repeats)
+                seconds = time_steps(lambda b=backend, make=make: make(b), batch, args.steps, args.repeats)
                 result[f"{backend}_us_per_step"] = seconds * 1e6
                 if args.device == "cuda":
                     peak = torch.cuda.max_memory_allocated() - base

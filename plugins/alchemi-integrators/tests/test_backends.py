@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import torch
+from integrators_testkit.cases import CASES
+from integrators_testkit.lj_reference import ReferenceLJ, argon
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
 from alchemi_integrators import FIRE2, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import initialize_velocities
-from integrators_testkit.cases import CASES
-from integrators_testkit.lj_reference import ReferenceLJ, argon
 
 pytestmark = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
 

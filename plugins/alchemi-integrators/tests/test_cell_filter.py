@@ -11,6 +11,7 @@ import scipy.linalg
 import torch
 from ase.filters import FrechetCellFilter, UnitCellFilter
 from ase.optimize import FIRE as AseFIRE
+from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator, fast_ase_calculator
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
@@ -19,7 +20,6 @@ from alchemi_core.units import ACCELERATION
 from alchemi_integrators import FIRE, FIRE2
 from alchemi_integrators.cell_filter import CELL_DOF, CELL_FILTER_FMAX, CELL_REFERENCE, CellFilter
 from alchemi_integrators.cell_math import expm, expm_frechet_adjoint, logm_near_identity, phi1
-from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator, fast_ase_calculator
 
 FILTERS = {"frechet": FrechetCellFilter, "unit": UnitCellFilter}
 

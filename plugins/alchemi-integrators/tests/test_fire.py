@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from ase.optimize import FIRE as AseFIRE
+from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, Hook
@@ -16,9 +17,17 @@ from alchemi_core.units import ACCELERATION
 from alchemi_integrators import FIRE, FIRE2
 from alchemi_integrators.base import warp_available
 from alchemi_integrators.fire import (
-    A_F, A_KICK, A_V, B_OLD, B_V, CAP, FIRE_ALPHA, FIRE_DT, FIRE_POSITIVE_STEPS, FIRE_STEPS,
+    A_F,
+    A_KICK,
+    A_V,
+    B_OLD,
+    B_V,
+    CAP,
+    FIRE_ALPHA,
+    FIRE_DT,
+    FIRE_POSITIVE_STEPS,
+    FIRE_STEPS,
 )
-from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 #: Both optimisers stop where the largest force drops below FMAX, so their energies can differ by

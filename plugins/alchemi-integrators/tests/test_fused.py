@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
 from alchemi_integrators import FIRE, Langevin, VelocityVerlet
 from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, temperature
-from integrators_testkit.lj_reference import ReferenceLJ, argon
-from integrators_testkit.recording import Record
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from integrators_testkit.cases import CASES
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 from alchemi_core.data import Batch
 from alchemi_core.units import KB
 from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.thermo import degrees_of_freedom, initialize_velocities, kinetic_energy
-from integrators_testkit.cases import CASES
-from integrators_testkit.lj_reference import ReferenceLJ, argon
-from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"

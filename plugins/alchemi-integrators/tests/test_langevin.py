@@ -7,16 +7,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.units import KB
 from alchemi_integrators import Langevin, VelocityVerlet
 from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import (
-    center_of_mass_velocity, degrees_of_freedom, initialize_velocities, kinetic_energy,
+    center_of_mass_velocity,
+    degrees_of_freedom,
+    initialize_velocities,
+    kinetic_energy,
 )
-from integrators_testkit.lj_reference import ReferenceLJ, argon
-from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 needs_warp = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")

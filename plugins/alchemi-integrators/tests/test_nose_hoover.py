@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 from alchemi_core.data import Batch
 from alchemi_core.errors import ConfigurationError
 from alchemi_integrators import NoseHooverChain
 from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
 from alchemi_integrators.thermo import temperature
-from integrators_testkit.lj_reference import ReferenceLJ, argon
-from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 
 def test_conserved_energy_and_per_system_temperatures() -> None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon
 
 from alchemi_core import registry, units
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook
 from alchemi_core.errors import ConfigurationError
-from alchemi_integrators import FIRE2, NPTCRescale, NPTMTK
+from alchemi_integrators import FIRE2, NPTMTK, NPTCRescale
 from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
 from alchemi_integrators.thermo import initialize_velocities
-from integrators_testkit.lj_reference import ReferenceLJ, argon
 
 
 def _argon_batch(n: int, rattle: float = 0.05, strain: float = 1.0) -> Batch:

@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.recording import Record
 
 from alchemi_core.data import Batch
 from alchemi_integrators import VelocityVerlet
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, kinetic_energy
-from integrators_testkit.lj_reference import ReferenceLJ, argon
-from integrators_testkit.recording import Record
 
 STEPS, DT = 10_000, 5.0
 

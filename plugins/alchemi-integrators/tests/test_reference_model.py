@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from integrators_testkit.lj_reference import ReferenceLJ, argon, ase_lj_calculator
 
 from alchemi_core.data import Batch
-from integrators_testkit.lj_reference import ReferenceLJ, argon, ase_lj_calculator
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from ase import units
+from integrators_testkit.lj_reference import argon
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.errors import ConfigurationError, InvalidDataError
@@ -19,7 +20,6 @@ from alchemi_integrators.thermo import (
     kinetic_energy,
     temperature,
 )
-from integrators_testkit.lj_reference import argon
 
 
 def _molecules(sizes: list[int], seed: int = 0) -> Batch:

@@ -162,7 +162,6 @@ def test_joining_a_group_whose_peers_never_start_fails_after_the_timeout() -> No
     import os
     import subprocess
     import sys
-    import time
 
     from alchemi_nccl.spawn import free_port, rank_environ
 

@@ -105,8 +105,8 @@ def run_sequence(ops: BufferOps, args: argparse.Namespace, device: torch.device)
         src = pristine.clone()
         dest.zero()
         sample = {
-            "put": timer(lambda: dest.put(src, mask)),
-            "defrag": timer(lambda: src.defrag()),
+            "put": timer(lambda src=src: dest.put(src, mask)),
+            "defrag": timer(lambda src=src: src.defrag()),
             "gather positions": timer(lambda: ops.gather(pristine.positions, rows, pos_out)),
         }
         if args.edges_per_atom:

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import zarr.storage  # noqa: E402
+from zarr_test_helpers import batch_for  # noqa: E402
 
 from alchemi_zarr import ZarrData  # noqa: E402
-from zarr_test_helpers import batch_for  # noqa: E402
 
 
 def kill_at(key_part: str, nth: int) -> None:

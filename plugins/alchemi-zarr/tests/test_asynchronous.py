@@ -6,12 +6,10 @@ import threading
 
 import pytest
 import torch
+from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url, write_moving
 
 from alchemi_core.errors import InvalidDataError
-from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_zarr import AtomicDataZarrReader, BackgroundWriteError, ZarrData
-
-from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url, write_moving
 
 
 class GatedStore:
@@ -33,7 +31,7 @@ def test_writes_return_before_the_store_is_written_and_flush_commits_them():
     sink = ZarrData(url, asynchronous=True, max_pending=16)
     gated = GatedStore(sink.store)
     batch = batch_for([0, 1, 2])
-    for step in range(5):
+    for _ in range(5):
         sink.write(batch)
         batch.system_id.add_(3)  # the dynamics go on changing the batch after the write
         batch.positions.add_(100.0)

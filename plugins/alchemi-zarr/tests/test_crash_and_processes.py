@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from zarr_test_helpers import assert_matches_id, batch_for
 
 from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_zarr import AtomicDataZarrReader, ZarrData
-
-from zarr_test_helpers import assert_matches_id, batch_for
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")]
 

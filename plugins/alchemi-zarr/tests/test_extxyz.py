@@ -8,11 +8,11 @@ import torch
 
 ase_io = pytest.importorskip("ase.io")
 
+from zarr_test_helpers import memory_url  # noqa: E402
+
 from alchemi_core.data import AtomicData, Batch  # noqa: E402
 from alchemi_core.errors import InvalidDataError  # noqa: E402
 from alchemi_zarr import AtomicDataZarrReader, ZarrData, export_extxyz  # noqa: E402
-
-from zarr_test_helpers import memory_url  # noqa: E402
 
 
 def labelled_batch() -> Batch:

@@ -7,13 +7,12 @@ import time
 
 import pytest
 import torch
+from zarr_test_helpers import assert_matches_id, batch_for
 
 from alchemi_core.data.datapipes import Dataset
 from alchemi_core.testing import make_batch
 from alchemi_core.testing.contracts import SinkContract, assert_same_systems
 from alchemi_zarr import AtomicDataZarrReader, ZarrData
-
-from zarr_test_helpers import assert_matches_id, batch_for
 
 pytestmark = [
     pytest.mark.gpu,
@@ -66,7 +65,7 @@ def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path):
     batch = batch_for(list(range(32))).to("cuda")
     start = batch.positions.clone()
     heavy = torch.randn(2048, 2048, device="cuda")
-    for step in range(1, 21):
+    for _step in range(1, 21):
         for _ in range(3):
             heavy = heavy @ heavy / 2048.0  # queue work ahead of the copy
         batch.positions.add_(1.0)

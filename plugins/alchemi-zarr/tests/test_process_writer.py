@@ -12,12 +12,11 @@ import time
 
 import pytest
 import torch
+from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url, write_moving
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.testing.contracts import SinkContract
 from alchemi_zarr import AtomicDataZarrReader, BackgroundWriteError, ZarrData
-
-from zarr_test_helpers import assert_moving_writes_kept_their_moment, batch_for, memory_url, write_moving
 
 
 class TestZarrDataProcessWriter(SinkContract):

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from zarr_test_helpers import assert_matches_id, batch_for, memory_url, structure_for
 
 from alchemi_core.data import Batch
 from alchemi_core.data.datapipes import Dataset
@@ -15,8 +16,6 @@ from alchemi_core.errors import InvalidDataError
 from alchemi_core.testing import make_batch, random_structures
 from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_zarr import AtomicDataZarrReader, AtomicDataZarrWriter, ZarrData
-
-from zarr_test_helpers import assert_matches_id, batch_for, memory_url, structure_for
 
 
 def test_writer_takes_structures_lists_and_batches_in_blocks():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from zarr_test_helpers import memory_url
+
 from alchemi_core import registry
 from alchemi_zarr.reader import AtomicDataZarrReader
 from alchemi_zarr.sink import ZarrData
 from alchemi_zarr.writer import AtomicDataZarrWriter
-
-from zarr_test_helpers import memory_url
 
 
 def test_plugin_loads_ok():
@@ -16,7 +16,8 @@ def test_plugin_loads_ok():
 
 
 def test_public_names_resolve_to_the_plugin_classes():
-    from alchemi_core.data.datapipes import AtomicDataZarrReader as Reader, AtomicDataZarrWriter as Writer
+    from alchemi_core.data.datapipes import AtomicDataZarrReader as Reader
+    from alchemi_core.data.datapipes import AtomicDataZarrWriter as Writer
     from alchemi_core.dynamics import ZarrData as Sink
 
     assert Sink is ZarrData and Reader is AtomicDataZarrReader and Writer is AtomicDataZarrWriter

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from zarr_test_helpers import memory_url
 
 from alchemi_core.testing.contracts import SinkContract
 from alchemi_zarr import ZarrData
-
-from zarr_test_helpers import memory_url
 
 
 class TestZarrDataLocalPath(SinkContract):

@@ -6,15 +6,13 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from zarr_test_helpers import batch_for, memory_url
 
 from alchemi_core.data import AtomicData, Batch
-from alchemi_core.errors import CapacityError, InvalidDataError
+from alchemi_core.errors import InvalidDataError
 from alchemi_core.testing import make_batch
 from alchemi_core.testing.contracts import assert_same_systems
-from alchemi_zarr import AtomicDataZarrReader, ZarrData
-from alchemi_zarr import layout
-
-from zarr_test_helpers import batch_for, memory_url
+from alchemi_zarr import AtomicDataZarrReader, ZarrData, layout
 
 
 def every_dtype_batch() -> Batch:

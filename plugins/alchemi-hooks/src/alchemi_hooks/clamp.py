@@ -27,7 +27,6 @@ from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.workspace import Workspace
-
 from alchemi_hooks.parts import HookPart
 from alchemi_hooks.scope import Scope
 

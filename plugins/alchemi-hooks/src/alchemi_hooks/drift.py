@@ -36,7 +36,6 @@ import torch
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
-
 from alchemi_hooks.errors import EnergyDriftError, EnergyDriftWarning
 from alchemi_hooks.observables import kinetic_energy
 from alchemi_hooks.requirements import require_fields

@@ -31,7 +31,6 @@ import torch
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError, InvalidDataError
-
 from alchemi_hooks.parts import HookPart
 from alchemi_hooks.scope import Scope
 

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from alchemi_core.data.staging import HostStaging
-
 from alchemi_hooks.errors import HookWorkerError
 
 _STOP = object()

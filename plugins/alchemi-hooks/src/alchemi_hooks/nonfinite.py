@@ -27,7 +27,6 @@ from alchemi_core.data.fields import Level
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
-
 from alchemi_hooks.errors import NonFiniteError
 from alchemi_hooks.requirements import require_fields
 from alchemi_hooks.scope import Scope

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
-
 from alchemi_hooks.scope import Scope
 
 if TYPE_CHECKING:

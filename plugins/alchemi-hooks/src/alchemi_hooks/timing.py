@@ -34,7 +34,6 @@ import torch
 
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
-
 from alchemi_hooks.parts import HookPart
 
 if TYPE_CHECKING:

@@ -27,7 +27,6 @@ import torch
 
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
-
 from alchemi_hooks.requirements import require_fields
 from alchemi_hooks.scope import Scope
 

@@ -33,7 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 #: A per-atom ``[V, 1]`` coefficient, or one number for every atom.
-Coefficient = Union[torch.Tensor, float]
+Coefficient: TypeAlias = "torch.Tensor | float"
 
 #: Per-system count of Langevin steps taken (keys the Warp backend's noise). It travels with the
 #: system and is never reset, so a system never sees the same noise twice: new systems start at

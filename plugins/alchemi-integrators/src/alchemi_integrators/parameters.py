@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 #: What a parameter may be given as.
-ParameterValue = Union[float, int, torch.Tensor, str]
+ParameterValue: TypeAlias = "float | int | torch.Tensor | str"
 
 
 class SystemParameter:

@@ -248,7 +248,7 @@ def _nhc_half_step(
     q_first = nf[b] * q_rest
     k = ke[b]
     total = one
-    for c in range(chain_steps):
+    for c in range(chain_steps):  # noqa: B007 - a Warp kernel's loop: the count is what matters
         for w in range(weights.shape[0]):
             h = type(kb)(0.5) * dt[b] * weights[w] / type(kb)(chain_steps)
             for jj in range(m):
@@ -509,6 +509,13 @@ _declare_overloads()
 _VECTORS = frozenset(_VECTOR_ARGS)
 
 
+class WarpLaunches(RecordedLaunches):
+    """Core's recorded launches, with this module's vector arguments (``x``, ``v``, ``f``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__(vector_args=_VECTORS)
+
+
 # ---------------------------------------------------------------------------------------------
 # integrator steps
 # ---------------------------------------------------------------------------------------------
@@ -539,10 +546,10 @@ def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
     )
 
 
-def _launches(dyn: Integrator) -> RecordedLaunches:
+def _launches(dyn: Integrator) -> WarpLaunches:
     launches = getattr(dyn, "_warp_launches", None)
     if launches is None:
-        launches = RecordedLaunches(vector_args=_VECTORS)
+        launches = WarpLaunches()
         dyn._warp_launches = launches  # type: ignore[attr-defined]
     return launches
 

@@ -41,7 +41,6 @@ from alchemi_potentials.neighbors.layout import COLUMNS_MULTIPLE_OF
 from alchemi_potentials.pair_kernels import LENNARD_JONES, image_vector, pair_terms, switched, type_of
 
 
-
 @attrs.frozen
 class PairOptions:
     """What one pair kernel variant does (each combination is its own kernel).

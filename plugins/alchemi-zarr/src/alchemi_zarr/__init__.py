@@ -22,8 +22,8 @@ from alchemi_core.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from alchemi_zarr.pending import BackgroundWriteError
     from alchemi_zarr.export import export_extxyz
+    from alchemi_zarr.pending import BackgroundWriteError
     from alchemi_zarr.reader import AtomicDataZarrReader
     from alchemi_zarr.sharded import ShardedZarrReader, ShardedZarrStore, open_reader
     from alchemi_zarr.sink import ZarrData

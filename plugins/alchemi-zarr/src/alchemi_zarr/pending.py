@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from alchemi_core.data.staging import HostStaging, StagingSlot
 from alchemi_core.errors import AlchemiError
-
 from alchemi_zarr.records import Snapshot, snapshot
 
 if TYPE_CHECKING:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import subprocess
 import sys
 import threading

@@ -29,7 +29,6 @@ import torch
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.fields import Level
 from alchemi_core.errors import InvalidDataError
-
 from alchemi_zarr.storage import AtomicStore
 
 

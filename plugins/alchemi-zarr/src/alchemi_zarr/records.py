@@ -24,7 +24,6 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
 from alchemi_core.data.staging import StagingSlot
-
 from alchemi_zarr.layout import FieldSpec
 
 T = TypeVar("T")

@@ -40,7 +40,6 @@ from alchemi_core.data import Batch
 from alchemi_core.data.staging import HostStaging
 from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
-
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
 

@@ -28,7 +28,6 @@ import torch
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
 from alchemi_core.errors import InvalidDataError
-
 from alchemi_zarr import layout
 from alchemi_zarr.aligned import ChunkTails
 from alchemi_zarr.chunks import write_pieces

@@ -21,7 +21,6 @@ from typing import Any
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.errors import InvalidDataError
-
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
 
