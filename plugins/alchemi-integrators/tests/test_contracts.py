@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from alchemi_core.testing.contracts import IntegratorContract
 from alchemi_core.data import Batch
-from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, NPTCRescale, NPTMTK, VelocityVerlet
+from alchemi_core.testing.contracts import IntegratorContract
+from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
 from alchemi_integrators.base import warp_available
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
