@@ -1,0 +1,71 @@
+"""The step contract: what each stage's StepContext holds during a run, and the old names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alchemi_core.dynamics import DemoDynamics, FusedStage, Hook, StepContext
+from alchemi_core.dynamics.stage import DynamicsStage
+from alchemi_core.models.demo import DemoModelWrapper
+from alchemi_core.testing import make_batch
+
+
+class Record(Hook):
+    """Keeps, at every step, what the context says."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self) -> None:
+        super().__init__(frequency=1)
+        self.seen: list[tuple[int, int, list[bool] | None, float]] = []
+
+    def __call__(self, batch, dynamics) -> None:
+        ctx = dynamics.context
+        assert isinstance(ctx, StepContext) and ctx.batch is batch
+        mask = None if ctx.system_mask is None else ctx.system_mask.tolist()
+        self.seen.append((ctx.step, ctx.version, mask, float(ctx.weighted_inv_mass.sum())))
+
+
+def test_each_stage_sees_its_own_systems_and_a_new_version_when_they_move():
+    model = DemoModelWrapper()
+    first_hook, second_hook, own = Record(), Record(), Record()
+    first = DemoDynamics(model=model, n_steps=3, dt=0.25, hooks=[first_hook])
+    second = DemoDynamics(model=model, n_steps=4, dt=0.25, hooks=[second_hook])
+    batch = make_batch([3, 2], dtype=torch.float64)
+    FusedStage([(0, first), (1, second)], hooks=[own]).run(batch)
+    # System 0 and 1 run stage 0 for 3 steps, then stage 1 for 4.
+    assert [s[0] for s in first_hook.seen] == list(range(7))
+    assert first_hook.seen[0][2] == [True, True] and first_hook.seen[3][2] == [False, False]
+    assert second_hook.seen[0][2] == [False, False] and second_hook.seen[3][2] == [True, True]
+    versions = [s[1] for s in first_hook.seen]
+    # Rewritten at every check (here every step), and so at the move; never going back.
+    assert versions[3] != versions[2] and versions == sorted(versions)
+    assert first_hook.seen[4][3] == 0.0  # no atom is stage 0's any more: its kicks move nothing
+    # The fused stage's own hooks see every system that is in one of its stages: both, all along
+    # (they graduate at the check after the last step).
+    assert all(s[2] == [True, True] for s in own.seen) and len(own.seen) == 7
+
+
+def test_old_attribute_names_are_views_of_the_context_that_warn():
+    md = DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.25)
+    md.run(make_batch([2, 2]))
+    ctx = md.context
+    with pytest.warns(DeprecationWarning, match="context.system_mask"):
+        assert md.system_mask is ctx.system_mask
+    with pytest.warns(DeprecationWarning, match="context.node_weight"):
+        assert md.node_weight is ctx.node_weight
+    with pytest.warns(DeprecationWarning, match="context.weighted_inv_mass"):
+        assert md.weighted_inv_mass is ctx.weighted_inv_mass
+    with pytest.warns(DeprecationWarning, match="context.version"):
+        assert md.mask_version == ctx.version
+    assert md.step_count == ctx.step == 1
+    assert ctx.run is not None and ctx.run.steps_done == 2 and not ctx.run.ends_on_graduation
+
+
+def test_versions_are_never_reused_across_runs():
+    md = DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.25)
+    md.run(make_batch([2]))
+    first = md.context.version
+    md.run(make_batch([2]))
+    assert md.context.version > first
