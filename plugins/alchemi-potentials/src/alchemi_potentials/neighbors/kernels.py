@@ -139,7 +139,7 @@ def slot_offset(g: SystemState, a: AtomState, s: int):
     and only rebuilding systems have counts, so a system's positions start after the atoms of
     the rebuilding systems before it, while its slots start at its first atom."""
     start = g.bin_start[s]
-    before = 0
+    before = int(0)
     if start > 0:
         before = a.bin_end[start - 1]
     return g.first_atom[s] - before
@@ -319,7 +319,7 @@ def sort_into_bins(
     if g.rebuild[s] == 0:
         return
     b = a.atom_bin[i]
-    first = 0
+    first = int(0)
     if b > 0:
         first = a.bin_end[b - 1]
     t = first + a.atom_place[i] + slot_offset(g, a, s)
@@ -380,7 +380,7 @@ def search_neighbors(
     cz = local % n[2]
     cy = (local / n[2]) % n[1]
     cx = local / (n[1] * n[2])
-    found = 0
+    found = int(0)
     for qx in range(search_span(k[0], n[0], p[0])):
         bx, mx = neighbor_bin(cx, qx - k[0], n[0], p[0])
         for qy in range(search_span(k[1], n[1], p[1])):
@@ -388,7 +388,7 @@ def search_neighbors(
             for qz in range(search_span(k[2], n[2], p[2])):
                 bz, mz = neighbor_bin(cz, qz - k[2], n[2], p[2])
                 b = start + (bx * n[1] + by) * n[2] + bz
-                lo = 0
+                lo = int(0)
                 if b > 0:
                     lo = a.bin_end[b - 1]
                 image = wp.float64(mx) * m[0] + wp.float64(my) * m[1] + wp.float64(mz) * m[2]
