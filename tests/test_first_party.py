@@ -36,8 +36,9 @@ def test_the_list_runs_without_alchemi_installed():
 
 def test_scripts_dev_takes_its_plugins_from_the_list():
     text = (ROOT / "scripts" / "dev").read_text()
-    assert "alchemi_core/plugin/first_party.py main" in text
-    assert not re.search(r"plugins=\(", text), "scripts/dev must not keep its own plugin list"
+    assert 'first_party="alchemi_core/plugin/first_party.py"' in text
+    assert '"$first_party" main' in text and '"$first_party" --envs' in text
+    assert not re.search(r"(plugins|mlip)=\(", text), "scripts/dev must not keep its own plugin list"
 
 
 def test_tox_has_one_env_per_main_plugin():

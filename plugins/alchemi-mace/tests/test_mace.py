@@ -7,15 +7,15 @@ import pickle
 import pytest
 import torch
 from alchemi_mace import MaceModel
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_potentials.testing import (
     compare_with_calculator,
     reference_structures,
     relax_then_md,
 )
-
-from alchemi_core import registry
-from alchemi_core.data import Batch
-from alchemi_core.errors import ConfigurationError, InvalidDataError
 
 
 def test_float64_batch_equals_mace_calculator(mp_small_file):

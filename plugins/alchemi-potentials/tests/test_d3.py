@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from alchemi_potentials.testing import reference_structures
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
+from alchemi_potentials.testing import reference_structures
 
 pytest.importorskip("torch_dftd")
 dftd3 = pytest.importorskip("dftd3.interface")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from alchemi_potentials.neighbors import EdgeList
 from ase.build import bulk
 from ase.neighborlist import neighbor_list
 
 from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError
+from alchemi_potentials.neighbors import EdgeList
 
 RC = 5.0
 

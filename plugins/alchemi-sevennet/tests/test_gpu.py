@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
     reference_structures,
     relax_then_md,
 )
-
-from alchemi_core import registry
-from alchemi_core.data import Batch
 
 pytestmark = pytest.mark.gpu
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from alchemi_potentials.testing import (
-    compare_with_calculator,
-    reference_structures,
-    relax_then_md,
-)
 from ase.build import bulk
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.errors import ConfigurationError
+from alchemi_potentials.testing import (
+    compare_with_calculator,
+    reference_structures,
+    relax_then_md,
+)
 
 #: 7net-0 energies per atom (eV) of ideal fcc Cu (a = 3.61 Å) and diamond Si (a = 5.43 Å), as
 #: SevenNetCalculator gives them (sevenn 0.13.0, CPU).

@@ -28,15 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from alchemi_potentials.edge_model import EdgeModel
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_mace.imports import import_mace
+from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
-    from alchemi_potentials.neighbors.edges import Edges
-
     from alchemi_core.data import Batch
+    from alchemi_potentials.neighbors.edges import Edges
 
 #: Padding edges' length as a multiple of r_max (beyond it: MACE masks r >= r_max).
 PADDING_FACTOR = 1.5

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alchemi_core.plugin.specs import hookimpl
+
+if TYPE_CHECKING:
+    from alchemi_core.plugin.registrar import Registrar
 
 
 @hookimpl

@@ -35,14 +35,13 @@ import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from alchemi_potentials.edge_model import EdgeModel
 
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
-    from alchemi_potentials.neighbors.edges import Edges
-
     from alchemi_core.data import Batch
+    from alchemi_potentials.neighbors.edges import Edges
 
 #: Layers alchemi does itself: the total-energy reduction and the force/stress output.
 _REPLACED = ("reduce_total_enegy", "reduce_total_energy", "force_output")

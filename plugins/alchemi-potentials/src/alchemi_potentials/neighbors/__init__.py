@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from alchemi_potentials.neighbors.cell_list import BatchedNeighborList, check_cells
-from alchemi_potentials.neighbors.edges import Edges, EdgeList
+from alchemi_potentials.neighbors.edges import EdgeList, Edges
 from alchemi_potentials.neighbors.layout import NeighborMatrix
 
 __all__ = ["BatchedNeighborList", "EdgeList", "Edges", "NeighborMatrix", "check_cells"]
