@@ -39,8 +39,8 @@ from alchemi_core.dynamics.composition import Composable
 from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
-from alchemi_core.dynamics.quarantine import DEFAULT_MAX_EXTENT, Quarantined
 from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.quarantine import DEFAULT_MAX_EXTENT, Quarantined
 from alchemi_core.dynamics.runner import StageRun
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import AlchemiError, ConfigurationError

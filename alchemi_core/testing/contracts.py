@@ -146,7 +146,7 @@ class SinkContract:
         after.system_id.add_(10)
         sink.write(after)
         getattr(sink, "flush", lambda: None)()  # committed before the kill: the hard case
-        restarted = self.reopen(sink)
+        restarted: Any = self.reopen(sink)  # a sink that saves itself (state_dict, load_state_dict)
         restarted.load_state_dict(state)
         assert len(restarted) == before.num_graphs
         assert_same_systems(before, restarted.read())

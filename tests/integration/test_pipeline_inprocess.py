@@ -15,7 +15,7 @@ import torch
 from alchemi_core.comm.frame import FLAG_DONE, Frame, decode_schema, encode_schema
 from alchemi_core.comm.inprocess import InProcessBackend
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, DistributedPipeline, FusedStage, HostMemory
+from alchemi_core.dynamics import DemoDynamics, DistributedPipeline, FusedStage, HostMemory
 from alchemi_core.dynamics.base import COMM_MODES, BufferConfig
 from alchemi_core.errors import ConfigurationError, PipelineError
 from alchemi_core.models.demo import DemoModelWrapper

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from alchemi_zarr import AtomicDataZarrReader, ZarrData
 from zarr_test_helpers import batch_for
 
 from alchemi_core.errors import InvalidDataError
+from alchemi_zarr import AtomicDataZarrReader, ZarrData
 
 
 def _fingerprint(root: Path) -> dict[str, str]:
