@@ -127,9 +127,10 @@ class CommBackend(ABC):
         """Wait for every rank."""
 
     # ------------------------------------------------------------------ failure signalling
-    def notify_failure(self, message: str) -> None:
-        """Tell every rank that this one failed with ``message``, unless a failure is already
-        recorded (best effort, never raises)."""
+    def notify_failure(self, message: str, rank: int | None = None) -> None:
+        """Tell every rank that ``rank`` (default: this one) failed with ``message``, unless a
+        failure is already recorded (best effort, never raises). A rank that stops because it
+        lost a peer passes the peer, so the others learn which rank is gone."""
 
     def peer_failure(self) -> str | None:
         """The message of a rank that reported a failure, or None (cheap; never raises)."""

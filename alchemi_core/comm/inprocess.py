@@ -119,7 +119,7 @@ class InProcessBackend(CommBackend):
     def barrier(self) -> None:
         self._reduce(0, max)
 
-    def notify_failure(self, message: str) -> None:
+    def notify_failure(self, message: str, rank: int | None = None) -> None:
         """Mark the group failed so every waiting rank stops with ``message``."""
         g = self._group
         if g.failure is None:

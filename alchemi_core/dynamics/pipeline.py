@@ -232,6 +232,8 @@ class DistributedPipeline:
                 rank.setup(batch if backend.rank == 0 else None)
             except BaseException as exc:
                 rank.fail(exc)
+                if rank.lost_error is not None:
+                    raise rank.lost_error from exc
                 raise
             pm.lifecycle("alchemi_run_start", run=stage)
             result = rank.run()

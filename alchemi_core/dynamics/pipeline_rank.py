@@ -52,6 +52,8 @@ from alchemi_core.dynamics.pipeline_routing import (
     stage_buffer_config,
     stage_comm_mode,
 )
+from alchemi_core.dynamics.pipeline_salvage import IdLedger, RankLostError, batch_ids
+from alchemi_core.dynamics.sinks import HostMemory
 from alchemi_core.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -123,6 +125,11 @@ class PipelineRank(RankRouting):
         self.rounds = 0
         #: Schemas sent or received after setup, because fields appeared mid-run.
         self.schema_renewals = 0
+        #: Ids sent downstream and received from upstream, read back only after a peer failure.
+        self.sent_ids = IdLedger(self.device)
+        self.received_ids = IdLedger(self.device)
+        #: After a peer failure: what this rank saved and knows was lost (raised by ``run``).
+        self.lost_error: RankLostError | None = None
         stage._engine = self.engine
         stage._pipeline_rank = self
 
@@ -232,6 +239,7 @@ class PipelineRank(RankRouting):
         frame = self.recv_frame
         if frame is not None and frame.batch.num_graphs:
             self.received += frame.batch.num_graphs
+            self.received_ids.record(frame.batch.system_id, frame.batch.num_graphs)
             self._recv_to_batch(frame.batch)
             frame.clear(zero=False)
         if flags & FLAG_DONE:
@@ -341,6 +349,8 @@ class PipelineRank(RankRouting):
             backend.finish()
         except BaseException as exc:
             self.fail(exc)
+            if self.lost_error is not None:
+                raise self.lost_error from exc
             raise
         return self.result()
 
@@ -367,10 +377,15 @@ class PipelineRank(RankRouting):
         unusable afterwards (its links hold unmatched messages); make a new one.
         """
         lost = exc.peer if isinstance(exc, PeerError) else None
+        if isinstance(exc, PeerError) and self.lost_error is None:
+            try:
+                self.lost_error = self._salvage(exc)
+            except Exception as salvage_exc:  # never hide the peer's failure behind our own
+                warnings.warn(f"rank {self.rank} could not save what it held: {salvage_exc!r}", stacklevel=2)
         if isinstance(exc, PeerError):
             # Recorded only if nobody did yet (a killed or hung peer reports nothing itself), so
             # ranks that no longer talk to the lost one learn of it too.
-            self.backend.notify_failure(f"rank {self.rank} stopped: {exc}")
+            self.backend.notify_failure(f"rank {self.rank} stopped: {exc}", lost)
         else:
             name = getattr(self.stage, "name", type(self.stage).__name__)
             self.backend.notify_failure(f"rank {self.rank} ({name}) failed: {type(exc).__name__}: {exc}")
@@ -390,6 +405,52 @@ class PipelineRank(RankRouting):
             self.backend.abort()
         except Exception:
             pass
+
+    def _salvage(self, cause: PeerError) -> RankLostError:
+        """Write what this rank holds (its active batch, systems staged in its overflow sinks)
+        to its sinks, with the status each has, and say what was saved and what was lost.
+
+        The last rank writes to its stage's sinks (or, without any, keeps them with the finished
+        results in ``held``); other ranks write to their stage's sinks, which already hold their
+        staged systems, or, without any, keep everything in ``held``.
+        """
+        engine = self.engine
+        keep = HostMemory(capacity=None)
+        batch = engine.batch
+        if batch is not None and batch.num_graphs:
+            keep.write(batch)
+        if self._own_overflow is not None and len(self._own_overflow):
+            keep.write(self._own_overflow.drain())
+        unfinished = batch_ids(keep.read()) if len(keep) else []
+        staged = [i for s in self.overflow if len(s) for i in batch_ids(s.read())]
+        sinks = list(self.stage.sinks)
+        targets = engine.sink_list() if self.last else sinks
+        leftover = keep.read() if len(keep) else None
+        for sink in targets:
+            if leftover is None or not leftover.num_graphs or sink.free <= 0:
+                continue
+            room = min(sink.free, leftover.num_graphs)
+            mask = torch.zeros(leftover.num_graphs, dtype=torch.bool)
+            mask[:room] = True
+            sink.write(leftover, mask.to(leftover.device))
+            leftover = leftover.index_select(torch.arange(room, leftover.num_graphs)) if room < leftover.num_graphs else None
+        for sink in targets:  # a sink that buffers (files, a device) makes its records durable now
+            for method in ("flush", "close"):
+                if callable(getattr(sink, method, None)):
+                    getattr(sink, method)()
+        if sinks:
+            held = keep.read() if len(keep) else None
+            where = "to its sinks" if leftover is None else "to its sinks as far as they had room (all in `held`)"
+        else:
+            held = engine.host_results.read() if self.last and engine.host_results is not None else leftover
+            where = "in the error's `held` batch (its stage has no sinks)"
+        peer = cause.peer
+        return RankLostError(
+            cause, self.rank, unfinished + staged, held,
+            lost=self.sent_ids.ids() if peer is not None and peer == self.rank + 1 else [],
+            received_from_peer=self.received_ids.ids() if peer is not None and peer == self.rank - 1 else [],
+            where=where,
+        )
 
     def _notify_downstream(self) -> None:
         dst, dev = self.rank + 1, self.backend.device

@@ -20,6 +20,7 @@ from alchemi_core.comm.frame import FLAG_SCHEMA, Frame, decode_schema, encode_sc
 from alchemi_core.dynamics.base import BufferConfig
 from alchemi_core.dynamics.engine import Engine
 from alchemi_core.dynamics.fused import FusedStage
+from alchemi_core.dynamics.pipeline_salvage import IdLedger
 from alchemi_core.dynamics.sinks import HostMemory
 from alchemi_core.errors import CapacityError, ConfigurationError, PipelineError
 
@@ -88,6 +89,7 @@ class RankRouting:
     staged: int
     held_back: int
     schema_renewals: int
+    sent_ids: IdLedger
 
     # ------------------------------------------------------------------ frames and schemas
     def _frame_capacity(self) -> tuple[int, int, int]:
@@ -172,6 +174,7 @@ class RankRouting:
         frame.check_fields()
         if sent == 0:
             raise self._too_large(batch, int(sel[0]))
+        self.sent_ids.record(frame.batch.system_id, sent)
         self.held_back += len(sel) - sent
         moved = np.zeros(batch.num_graphs, dtype=bool)
         moved[sel[:sent]] = True

@@ -211,6 +211,44 @@ def raising(backend: Any, fail_rank: int) -> None:
     pipeline.run(structures() if backend.rank == 0 else None)
 
 
+def salvage_main(argv: list[str]) -> int:
+    """One rank of a job whose ``--kill-rank`` is SIGKILLed at its ``--kill-step``: every stage
+    has a HostMemory sink (the last one's holds results, the others' take overflow and, after a
+    peer failure, what the rank held). A survivor prints ``SALVAGE {json}``: its error's fields
+    and its sink's ``(system_id, status)`` pairs."""
+    import json
+
+    from alchemi_core.dynamics.pipeline_salvage import RankLostError
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", default="40,40", help="n_steps per stage, comma-separated")
+    p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--kill-step", type=int, default=2)
+    args = p.parse_args(argv)
+    steps = [int(x) for x in args.steps.split(",")]
+    model = DemoModelWrapper()
+    stages = [
+        DemoDynamics(model=model, n_steps=n, dt=DTS[r], comm_mode="async_recv", buffer_config=TINY,
+                     sinks=[HostMemory(capacity=None)])
+        for r, n in enumerate(steps)
+    ]
+    stages[args.kill_rank].hooks.append(FailAt(step=args.kill_step, kill=True))
+    rank = int(os.environ["RANK"])
+    try:
+        with DistributedPipeline(dict(enumerate(stages)), backend="comm:gloo", timeout_s=60.0, device="cpu") as pipeline:
+            pipeline.run(structures() if rank == 0 else None)
+    except RankLostError as exc:
+        sink = stages[rank].sinks[0]
+        held = sink.read() if len(sink) else None
+        pairs = list(zip(held.system_id.tolist(), held.status.reshape(-1).tolist())) if held is not None else []
+        report = {"peer": exc.peer, "saved": exc.saved, "lost": exc.lost,
+                  "received_from_peer": exc.received_from_peer, "sink": pairs, "message": str(exc)}
+        print(f"SALVAGE {json.dumps(report)}", flush=True)
+        return 3
+    print("EXIT_OK", flush=True)
+    return 0
+
+
 def launched_main(argv: list[str]) -> int:
     """One rank of a launched job: ``run`` a pipeline, or make ``--fail-rank`` raise (``fail``),
     hang (``hang``) or be killed (``kill``) mid-run. Prints ``EXIT_OK``/``EXIT_ERROR`` with a
@@ -247,4 +285,6 @@ def launched_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["salvage"]:
+        sys.exit(salvage_main(sys.argv[2:]))
     sys.exit(launched_main(sys.argv[1:]))

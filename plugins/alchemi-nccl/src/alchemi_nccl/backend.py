@@ -288,7 +288,10 @@ class TorchDistributedBackend(CommBackend):
         origin = self._signals.failure()
         who = f"rank {peer}" if peer is not None else "a peer"
         if origin is not None:
-            return PeerError(f"{origin[1]} (seen by rank {self.env.rank if self.env else '?'} through {who})", origin[0])
+            me = self.env.rank if self.env else None
+            # A record that blames this rank (it hung, the others gave up on it): the link's peer is what it lost.
+            blamed = origin[0] if origin[0] != me else peer
+            return PeerError(f"{origin[1]} (seen by rank {me if me is not None else '?'} through {who})", blamed)
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return PeerError(f"comm:{self.name}: lost {who}: {text}", peer)
 
@@ -321,8 +324,8 @@ class TorchDistributedBackend(CommBackend):
         self.all_reduce_max(0)
 
     # ------------------------------------------------------------------ signals
-    def notify_failure(self, message: str) -> None:
-        self._signals.notify(message)
+    def notify_failure(self, message: str, rank: int | None = None) -> None:
+        self._signals.notify(message, rank)
 
     def peer_failure(self) -> str | None:
         origin = self._signals.failure()

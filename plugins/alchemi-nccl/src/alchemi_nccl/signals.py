@@ -107,11 +107,11 @@ class StoreSignals:
             self._stop.wait(self.beat_s)
 
     # ------------------------------------------------------------------ failure record
-    def notify(self, message: str) -> None:
-        """Record this rank's failure (the first record wins; never raises)."""
+    def notify(self, message: str, rank: int | None = None) -> None:
+        """Record the failure of ``rank`` (default: this one; the first record wins; never raises)."""
         if self.store is None:
             return
-        record = json.dumps({"rank": self.rank, "message": str(message)})
+        record = json.dumps({"rank": self.rank if rank is None else int(rank), "message": str(message)})
         try:
             if not self.store.check([FAILURE_KEY]):
                 self.store.set(FAILURE_KEY, record)

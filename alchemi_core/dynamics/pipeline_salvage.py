@@ -1,0 +1,134 @@
+"""What a surviving pipeline rank saves, and reports, when another rank fails or dies.
+
+A killed rank takes its active batch, its frames and whatever its in-memory sinks held with it.
+The survivors cannot bring that back, but they can (1) keep what *they* hold and (2) say which
+structures went with the lost rank. Each rank therefore keeps two ledgers of ``system_id``\\ s,
+filled where frames move anyway (no extra synchronisation: the ids are copied device to device
+into a preallocated tensor and read back only after a failure):
+
+- ``sent``: every system this rank put into a frame for the next rank;
+- ``received``: every system that came in from the previous rank.
+
+On a ``PeerError`` the rank writes its active batch and its staged (overflow) systems to its
+sinks, each with the status it had, and raises :class:`RankLostError`, which names the lost rank,
+the systems this rank saved, and, on the rank just upstream of the lost one, the systems it had
+sent there (lost unless the lost rank had passed them on or written them to a persistent sink).
+See ``docs/pipelines.md`` ("When a rank dies").
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.dynamics.pipeline_salvage import IdLedger
+    >>> ledger = IdLedger(torch.device("cpu"))
+    >>> ledger.record(torch.tensor([4, 7, 9]), 2)
+    >>> ledger.record(torch.tensor([1]), 1)
+    >>> ledger.ids()
+    [4, 7, 1]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from alchemi_core.comm.base import PeerError
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+class IdLedger:
+    """A growing record of ``system_id``\\ s kept on the device (amortised: it doubles when full).
+
+    Args:
+        device: Where the ids live (the frames' device, so recording never reads back).
+        capacity: Initial number of slots.
+    """
+
+    def __init__(self, device: torch.device, capacity: int = 256) -> None:
+        self._ids = torch.empty(max(1, int(capacity)), dtype=torch.long, device=device)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def record(self, ids: torch.Tensor, n: int) -> None:
+        """Append the first ``n`` entries of ``ids`` (``n`` is a host count the caller has)."""
+        if n <= 0:
+            return
+        if self._n + n > self._ids.numel():
+            grown = torch.empty(max(2 * self._ids.numel(), self._n + n), dtype=torch.long, device=self._ids.device)
+            grown[: self._n] = self._ids[: self._n]
+            self._ids = grown
+        self._ids[self._n : self._n + n] = ids[:n].to(self._ids.device, torch.long)
+        self._n += n
+
+    def ids(self) -> list[int]:
+        """Every recorded id, in order (reads back from the device: only after a failure)."""
+        return [int(i) for i in self._ids[: self._n].tolist()]
+
+
+def batch_ids(batch: Batch | None) -> list[int]:
+    """The ``system_id``\\ s of ``batch`` (empty for None or an empty batch)."""
+    if batch is None or not batch.num_graphs:
+        return []
+    return [int(i) for i in batch.system_id.tolist()]
+
+
+class RankLostError(PeerError):
+    """A surviving rank stops because rank ``peer`` failed or died; it saved what it held.
+
+    Attributes:
+        peer: The rank that failed or was lost (None when the backend could not tell).
+        rank: This (surviving) rank.
+        saved: ``system_id``\\ s this rank wrote to its sinks after the failure, with the status
+            each had (none of them had finished the pipeline).
+        held: The same systems as a ``Batch`` (None when there were none): the copy to keep
+            when the rank has no sinks of its own.
+        lost: On the rank just upstream of ``peer``: the systems it had sent to ``peer``, which
+            went with it unless ``peer`` had passed them on or written them to a persistent sink.
+            Empty on other ranks, which sent nothing to ``peer``.
+        received_from_peer: On the rank just downstream of ``peer``: what it had received from
+            ``peer`` (those are not lost; subtract them from the upstream rank's ``lost`` to
+            narrow it down).
+    """
+
+    def __init__(
+        self,
+        cause: PeerError,
+        rank: int,
+        saved: list[int],
+        held: Batch | None,
+        lost: list[int],
+        received_from_peer: list[int],
+        where: str,
+    ) -> None:
+        peer = cause.peer
+        who = f"rank {peer}" if peer is not None else "another rank"
+        parts = [f"rank {rank} stopped because {who} failed or went away ({cause})"]
+        if saved:
+            parts.append(
+                f"rank {rank} saved {len(saved)} unfinished structures {where}, each with its stage "
+                f"status: system_id {saved}"
+            )
+        else:
+            parts.append(f"rank {rank} held no unfinished structures")
+        if peer is not None and peer == rank + 1:
+            parts.append(
+                f"{len(lost)} structures it had sent to rank {peer} went with it unless rank {peer} had "
+                f"passed them on or written them to a persistent sink: system_id {lost}"
+            )
+        if peer is not None and peer == rank - 1:
+            parts.append(
+                f"it had received system_id {received_from_peer} from rank {peer}; what rank {peer} "
+                "held is known only to the rank upstream of it (the structures it sent there)"
+            )
+        super().__init__("; ".join(parts), peer)
+        self.rank = rank
+        self.saved = saved
+        self.held = held
+        self.lost = lost
+        self.received_from_peer = received_from_peer
+
+
+__all__ = ["IdLedger", "RankLostError", "batch_ids"]
