@@ -433,7 +433,8 @@ class PipelineRank(RankRouting):
             mask = torch.zeros(leftover.num_graphs, dtype=torch.bool)
             mask[:room] = True
             sink.write(leftover, mask.to(leftover.device))
-            leftover = leftover.index_select(torch.arange(room, leftover.num_graphs)) if room < leftover.num_graphs else None
+            rest = leftover.num_graphs - room
+            leftover = leftover.index_select(torch.arange(room, room + rest)) if rest else None
         for sink in targets:  # a sink that buffers (files, a device) makes its records durable now
             for method in ("flush", "close"):
                 if callable(getattr(sink, method, None)):

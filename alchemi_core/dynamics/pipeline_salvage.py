@@ -119,10 +119,12 @@ class RankLostError(PeerError):
                 f"passed them on or written them to a persistent sink: system_id {lost}"
             )
         if peer is not None and peer == rank - 1:
-            parts.append(
-                f"it had received system_id {received_from_peer} from rank {peer}; what rank {peer} "
-                "held is known only to the rank upstream of it (the structures it sent there)"
+            held_by_peer = (
+                "what rank 0 held (its batch, its sampler's structures) is not known to the survivors"
+                if peer == 0 else
+                f"what rank {peer} held is known only to rank {peer - 1} (the structures it sent there, less these)"
             )
+            parts.append(f"it had received system_id {received_from_peer} from rank {peer}; {held_by_peer}")
         super().__init__("; ".join(parts), peer)
         self.rank = rank
         self.saved = saved

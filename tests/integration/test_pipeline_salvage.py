@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from alchemi_nccl.spawn import RankOutcome, launch_script
 
 pytestmark = pytest.mark.multiprocess
