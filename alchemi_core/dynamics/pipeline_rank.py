@@ -44,24 +44,20 @@ import numpy as np
 import torch
 
 from alchemi_core.comm.base import CommBackend, PeerError, Work
-from alchemi_core.comm.frame import FLAG_DONE, FLAG_ERROR, FLAG_SCHEMA, HEADER_FIXED, Frame
+from alchemi_core.comm.frame import FLAG_DONE, FLAG_ERROR, FLAG_SCHEMA, Frame
 from alchemi_core.dynamics.pipeline_routing import (
-    SCHEMA_FAILED,
     RankRouting,
     engine_for,
     stage_buffer_config,
     stage_comm_mode,
 )
-from alchemi_core.dynamics.pipeline_salvage import IdLedger, RankLostError, batch_ids
-from alchemi_core.dynamics.sinks import HostMemory
+from alchemi_core.dynamics.pipeline_salvage import IdLedger, RankLostError, salvage
 from alchemi_core.errors import PipelineError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
     from alchemi_core.dynamics.sinks import DataSink
 
-#: Longest wait for the downstream rank to take a failure notice, in seconds.
-NOTICE_TIMEOUT_S = 10.0
 
 
 class PipelineRank(RankRouting):
@@ -125,10 +121,8 @@ class PipelineRank(RankRouting):
         self.rounds = 0
         #: Schemas sent or received after setup, because fields appeared mid-run.
         self.schema_renewals = 0
-        #: Ids sent downstream and received from upstream, read back only after a peer failure.
-        self.sent_ids = IdLedger(self.device)
-        self.received_ids = IdLedger(self.device)
-        #: After a peer failure: what this rank saved and knows was lost (raised by ``run``).
+        #: Ids sent downstream and received from upstream; after a peer failure, what was saved and lost.
+        self.sent_ids, self.received_ids = IdLedger(self.device), IdLedger(self.device)
         self.lost_error: RankLostError | None = None
         stage._engine = self.engine
         stage._pipeline_rank = self
@@ -239,7 +233,6 @@ class PipelineRank(RankRouting):
         frame = self.recv_frame
         if frame is not None and frame.batch.num_graphs:
             self.received += frame.batch.num_graphs
-            self.received_ids.record(frame.batch.system_id, frame.batch.num_graphs)
             self._recv_to_batch(frame.batch)
             frame.clear(zero=False)
         if flags & FLAG_DONE:
@@ -377,12 +370,8 @@ class PipelineRank(RankRouting):
         unusable afterwards (its links hold unmatched messages); make a new one.
         """
         lost = exc.peer if isinstance(exc, PeerError) else None
-        if isinstance(exc, PeerError) and self.lost_error is None:
-            try:
-                self.lost_error = self._salvage(exc)
-            except Exception as salvage_exc:  # never hide the peer's failure behind our own
-                warnings.warn(f"rank {self.rank} could not save what it held: {salvage_exc!r}", stacklevel=2)
         if isinstance(exc, PeerError):
+            self.lost_error = self.lost_error or salvage(self, exc)
             # Recorded only if nobody did yet (a killed or hung peer reports nothing itself), so
             # ranks that no longer talk to the lost one learn of it too.
             self.backend.notify_failure(f"rank {self.rank} stopped: {exc}", lost)
@@ -405,62 +394,6 @@ class PipelineRank(RankRouting):
             self.backend.abort()
         except Exception:
             pass
-
-    def _salvage(self, cause: PeerError) -> RankLostError:
-        """Write what this rank holds (its active batch, systems staged in its overflow sinks)
-        to its sinks, with the status each has, and say what was saved and what was lost.
-
-        The last rank writes to its stage's sinks (or, without any, keeps them with the finished
-        results in ``held``); other ranks write to their stage's sinks, which already hold their
-        staged systems, or, without any, keep everything in ``held``.
-        """
-        engine = self.engine
-        keep = HostMemory(capacity=None)
-        batch = engine.batch
-        if batch is not None and batch.num_graphs:
-            keep.write(batch)
-        if self._own_overflow is not None and len(self._own_overflow):
-            keep.write(self._own_overflow.drain())
-        unfinished = batch_ids(keep.read()) if len(keep) else []
-        staged = [i for s in self.overflow if len(s) for i in batch_ids(s.read())]
-        sinks = list(self.stage.sinks)
-        targets = engine.sink_list() if self.last else sinks
-        leftover = keep.read() if len(keep) else None
-        for sink in targets:
-            if leftover is None or not leftover.num_graphs or sink.free <= 0:
-                continue
-            room = min(sink.free, leftover.num_graphs)
-            mask = torch.zeros(leftover.num_graphs, dtype=torch.bool)
-            mask[:room] = True
-            sink.write(leftover, mask.to(leftover.device))
-            rest = leftover.num_graphs - room
-            leftover = leftover.index_select(torch.arange(room, room + rest)) if rest else None
-        for sink in targets:  # a sink that buffers (files, a device) makes its records durable now
-            for method in ("flush", "close"):
-                if callable(getattr(sink, method, None)):
-                    getattr(sink, method)()
-        if sinks:
-            held = keep.read() if len(keep) else None
-            where = "to its sinks" if leftover is None else "to its sinks as far as they had room (all in `held`)"
-        else:
-            held = engine.host_results.read() if self.last and engine.host_results is not None else leftover
-            where = "in the error's `held` batch (its stage has no sinks)"
-        peer = cause.peer
-        return RankLostError(
-            cause, self.rank, unfinished + staged, held,
-            lost=self.sent_ids.ids() if peer is not None and peer == self.rank + 1 else [],
-            received_from_peer=self.received_ids.ids() if peer is not None and peer == self.rank - 1 else [],
-            where=where,
-        )
-
-    def _notify_downstream(self) -> None:
-        dst, dev = self.rank + 1, self.backend.device
-        if not self._schema_sent or self.send_frame is None:
-            notice = torch.full((1,), SCHEMA_FAILED, dtype=torch.long, device=dev)
-        else:
-            notice = torch.zeros_like(self.send_frame.arena)
-            notice[: 8 * HEADER_FIXED].view(torch.int64)[3] = FLAG_ERROR
-        self.backend.isend_tensor(notice, dst).wait(timeout_s=NOTICE_TIMEOUT_S)
 
     def result(self) -> Batch | None:
         """On the last rank without sinks, every finished system; else None."""

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from alchemi_core.comm.base import CommBackend, PeerError, Work
-from alchemi_core.comm.frame import FLAG_SCHEMA, Frame, decode_schema, encode_schema
+from alchemi_core.comm.frame import FLAG_ERROR, FLAG_SCHEMA, HEADER_FIXED, Frame, decode_schema, encode_schema
 from alchemi_core.dynamics.base import BufferConfig
 from alchemi_core.dynamics.engine import Engine
 from alchemi_core.dynamics.fused import FusedStage
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 #: Sent instead of a schema length when the sender failed before its first frame.
 SCHEMA_FAILED = -1
+#: Longest wait for the downstream rank to take a failure notice, in seconds.
+NOTICE_TIMEOUT_S = 10.0
 
 
 def stage_comm_mode(stage: Any) -> str:
@@ -90,6 +92,7 @@ class RankRouting:
     held_back: int
     schema_renewals: int
     sent_ids: IdLedger
+    received_ids: IdLedger
 
     # ------------------------------------------------------------------ frames and schemas
     def _frame_capacity(self) -> tuple[int, int, int]:
@@ -139,9 +142,19 @@ class RankRouting:
         told = self.backend.peer_failure()
         return f"rank {self.rank - 1} reported a failure {when}" + (f": {told}" if told else "; see its log")
 
+    def _notify_downstream(self) -> None:
+        dst, dev = self.rank + 1, self.backend.device
+        if not self._schema_sent or self.send_frame is None:
+            notice = torch.full((1,), SCHEMA_FAILED, dtype=torch.long, device=dev)
+        else:
+            notice = torch.zeros_like(self.send_frame.arena)
+            notice[: 8 * HEADER_FIXED].view(torch.int64)[3] = FLAG_ERROR
+        self.backend.isend_tensor(notice, dst).wait(timeout_s=NOTICE_TIMEOUT_S)
+
     # ------------------------------------------------------------------ routing (the seed's names)
     def _recv_to_batch(self, incoming: Batch) -> None:
         """Route received systems (the receive frame's batch) into the active batch."""
+        self.received_ids.record(incoming.system_id, incoming.num_graphs)
         self._buffer_to_batch(incoming)
 
     def _buffer_to_batch(self, incoming: Batch) -> None:

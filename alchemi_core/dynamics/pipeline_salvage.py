@@ -27,14 +27,17 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
 
 from alchemi_core.comm.base import PeerError
+from alchemi_core.dynamics.sinks import HostMemory
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
+    from alchemi_core.dynamics.pipeline_rank import PipelineRank
 
 
 class IdLedger:
@@ -133,4 +136,62 @@ class RankLostError(PeerError):
         self.received_from_peer = received_from_peer
 
 
-__all__ = ["IdLedger", "RankLostError", "batch_ids"]
+def salvage(rank: PipelineRank, cause: PeerError) -> RankLostError | None:
+    """``save_held`` that never raises: None (and a warning) when saving failed, so the peer's
+    failure is not hidden behind this one."""
+    try:
+        return save_held(rank, cause)
+    except Exception as exc:
+        warnings.warn(f"rank {rank.rank} could not save what it held: {exc!r}", stacklevel=2)
+        return None
+
+
+def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
+    """Write what ``rank`` holds (its active batch, systems staged in its overflow sinks)
+    to its sinks, with the status each has, and say what was saved and what was lost.
+
+    The last rank writes to its stage's sinks (or, without any, keeps them with the finished
+    results in ``held``); other ranks write to their stage's sinks, which already hold their
+    staged systems, or, without any, keep everything in ``held``.
+    """
+    engine = rank.engine
+    keep = HostMemory(capacity=None)
+    batch = engine.batch
+    if batch is not None and batch.num_graphs:
+        keep.write(batch)
+    if rank._own_overflow is not None and len(rank._own_overflow):
+        keep.write(rank._own_overflow.drain())
+    unfinished = batch_ids(keep.read()) if len(keep) else []
+    staged = [i for s in rank.overflow if len(s) for i in batch_ids(s.read())]
+    sinks = list(rank.stage.sinks)
+    targets = engine.sink_list() if rank.last else sinks
+    leftover = keep.read() if len(keep) else None
+    for sink in targets:
+        if leftover is None or not leftover.num_graphs or sink.free <= 0:
+            continue
+        room = min(sink.free, leftover.num_graphs)
+        mask = torch.zeros(leftover.num_graphs, dtype=torch.bool)
+        mask[:room] = True
+        sink.write(leftover, mask.to(leftover.device))
+        rest = leftover.num_graphs - room
+        leftover = leftover.index_select(torch.arange(room, room + rest)) if rest else None
+    for sink in targets:  # a sink that buffers (files, a device) makes its records durable now
+        for method in ("flush", "close"):
+            if callable(getattr(sink, method, None)):
+                getattr(sink, method)()
+    if sinks:
+        held = keep.read() if len(keep) else None
+        where = "to its sinks" if leftover is None else "to its sinks as far as they had room (all in `held`)"
+    else:
+        held = engine.host_results.read() if rank.last and engine.host_results is not None else leftover
+        where = "in the error's `held` batch (its stage has no sinks)"
+    peer = cause.peer
+    return RankLostError(
+        cause, rank.rank, unfinished + staged, held,
+        lost=rank.sent_ids.ids() if peer is not None and peer == rank.rank + 1 else [],
+        received_from_peer=rank.received_ids.ids() if peer is not None and peer == rank.rank - 1 else [],
+        where=where,
+    )
+
+
+__all__ = ["IdLedger", "RankLostError", "batch_ids", "salvage", "save_held"]

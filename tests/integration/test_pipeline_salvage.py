@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from alchemi_nccl.spawn import RankOutcome, launch_script
 
 pytestmark = pytest.mark.multiprocess
