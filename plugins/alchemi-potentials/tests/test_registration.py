@@ -1,4 +1,4 @@
-"""alchemi-potentials loads as a plugin, registers its three models, and imports nothing heavy."""
+"""alchemi-potentials loads as a plugin, registers its five models, and imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ def test_plugin_loads_ok():
     assert records["potentials"].status == "ok", records["potentials"].error
 
 
-def test_registers_the_three_models_with_their_requirements():
+def test_registers_the_five_models_with_their_requirements():
     models = {r.name: r for r in registry.available("model") if r.plugin == "potentials"}
-    assert set(models) == {"lennard-jones", "morse", "ase"}
+    assert set(models) == {"lennard-jones", "morse", "d3", "sum", "ase"}
     assert dict(models["lennard-jones"].requires) == {"warp": "warp-lang"}
     assert dict(models["morse"].requires) == {"warp": "warp-lang"}
     assert dict(models["ase"].requires) == {"ase": "alchemi-potentials[ase]"}
+    assert dict(models["d3"].requires) == {"torch_dftd": "--no-deps torch-dftd", "warp": "warp-lang"}
+    assert dict(models["sum"].requires) == {}
     assert registry.resolve("model:morse").__name__ == "Morse"
 
 
