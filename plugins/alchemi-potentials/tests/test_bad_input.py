@@ -39,12 +39,25 @@ def test_a_direct_call_on_a_zero_cell_is_refused_not_zero():
         LennardJones(0.0104, 3.405, 8.5)(batch)
 
 
-def test_a_direct_call_checks_each_new_batch_once():
+def test_a_direct_call_checks_each_new_batch_once(monkeypatch):
     model = LennardJones(0.0104, 3.405, 8.5)
+    calls = []
+    real = model.check_batch
+    monkeypatch.setattr(model, "check_batch", lambda b: (calls.append(b), real(b))[1])
     batch = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True)], dtype=torch.float64)
     first = model(batch)["energy"].clone()
-    assert model._checked == (id(batch), batch.version)
     torch.testing.assert_close(model(batch)["energy"], first)
+    assert len(calls) == 1 and calls[0] is batch
+    # A run changes the batch's version at refills and graduations; the engine checks entering
+    # systems itself, so the same batch object is not checked again as a whole.
+    version = batch.version
+    batch.append(Batch.from_atoms([bulk("Ar", "fcc", a=5.3, cubic=True)], dtype=torch.float64))
+    assert batch.version != version
+    model(batch)
+    assert len(calls) == 1 and calls[0] is batch
+    other = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True)], dtype=torch.float64)
+    model(other)
+    assert len(calls) == 2 and calls[1] is other
 
 
 @pytest.mark.parametrize("thickness", [0.01, 0.02])
