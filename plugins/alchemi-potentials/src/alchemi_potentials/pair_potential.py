@@ -164,8 +164,12 @@ class PairPotential(BaseModel):
         return ref is not None and ref() is batch
 
     def _mark_checked(self, batch: Batch) -> None:
-        key = id(batch)
-        self._checked[key] = weakref.ref(batch, lambda _ref, k=key: self._checked.pop(k, None))
+        key, checked = id(batch), self._checked
+
+        def forget(_ref: weakref.ref[Any]) -> None:
+            checked.pop(key, None)
+
+        checked[key] = weakref.ref(batch, forget)
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
