@@ -204,3 +204,32 @@ def test_molecule_without_cell_or_pbc():
     expected = (4 * 0.0104 * ((3.405 / r) ** 12 - (3.405 / r) ** 6)).sum()
     assert out["energy"].item() == pytest.approx(expected, rel=1e-12)
     assert torch.isnan(out["stress"]).all()
+
+
+def test_cell_measures_of_a_whole_batch_match_each_cell_alone():
+    """The checks measure every system at once (a refill may bring thousands); each system's
+    widths must be those of its own cell: the plane spacing 1/|reciprocal row| with three
+    periodic axes, area over the other row's length with two, the row's length with one."""
+    from alchemi_potentials.neighbors.cell_list import _periodic_measures
+
+    rng = np.random.default_rng(7)
+    cells = rng.normal(size=(300, 3, 3)) + 3.0 * np.eye(3)
+    pbc = rng.random((300, 3)) < 0.6
+    pbc[:3] = [[True, True, True], [True, False, True], [False, True, False]]
+    size, _, widths = _periodic_measures(cells, pbc)
+    for s in range(300):
+        axes = np.nonzero(pbc[s])[0]
+        rows = cells[s][axes]
+        expected = np.full(3, np.inf)
+        if len(axes) == 3:
+            expected = 1.0 / np.linalg.norm(np.linalg.inv(cells[s]).T, axis=1)
+            assert size[s] == pytest.approx(abs(np.linalg.det(cells[s])))
+        elif len(axes) == 2:
+            area = np.linalg.norm(np.cross(rows[0], rows[1]))
+            expected[axes] = [area / np.linalg.norm(rows[1]), area / np.linalg.norm(rows[0])]
+            assert size[s] == pytest.approx(area)
+        elif len(axes) == 1:
+            expected[axes] = np.linalg.norm(rows[0])
+        else:
+            assert size[s] == 0.0
+        np.testing.assert_allclose(widths[s], expected, rtol=1e-10)

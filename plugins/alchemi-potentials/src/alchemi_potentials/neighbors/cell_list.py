@@ -384,22 +384,12 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
             "give every periodic structure a cell"
         )
     cells = batch.cell.detach().to("cpu", torch.float64).numpy()
-    bad: list[int] = []
-    for s in np.nonzero(periodic)[0]:
-        rows = cells[s][pbc[s]]
-        if not np.isfinite(rows).all():
-            bad.append(int(s))
-            continue
-        lengths = np.linalg.norm(rows, axis=1)
-        if len(rows) == 1:
-            size, scale = lengths[0], 1.0
-        elif len(rows) == 2:
-            size, scale = np.linalg.norm(np.cross(rows[0], rows[1])), lengths.prod()
-        else:
-            size, scale = abs(np.linalg.det(rows)), lengths.prod()
-        if not (size > 1e-10 * scale and size > 0):
-            bad.append(int(s))
-    if bad:
+    size, scale, widths = _periodic_measures(cells, pbc)
+    with np.errstate(invalid="ignore"):
+        # NaN compares false, so a non-finite periodic row counts as degenerate.
+        healthy = np.isfinite(np.where(pbc[..., None], cells, 0.0)).all(axis=(1, 2)) & (size > 1e-10 * scale) & (size > 0)
+    bad = np.nonzero(periodic & ~healthy)[0]
+    if len(bad):
         detail = ", ".join(f"{ids[s]}: {cells[s].round(6).tolist()} (pbc {pbc[s].tolist()})" for s in bad[:3])
         raise InvalidDataError(
             f"{who}: systems {ids[bad][:10].tolist()} have a periodic cell with zero volume (the periodic "
@@ -407,7 +397,37 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
             "fix the cell or set pbc False on axes that are not periodic"
         )
     if radius is not None:
-        _check_thickness(batch, who, radius, pbc, cells, ids)
+        _check_thickness(batch, who, radius, pbc, widths, ids)
+
+
+def _periodic_measures(cells: np.ndarray, pbc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per system, the size of its periodic part (length, area or volume), the product of the
+    periodic rows' lengths it is compared against, and the cell's width (Å) across each periodic
+    axis (inf across the others). All systems at once: a batch may hold tens of thousands.
+
+    Example:
+        >>> size, scale, widths = _periodic_measures(np.diag([2.0, 3.0, 4.0])[None], np.array([[True, True, False]]))
+        >>> float(size[0]), widths[0].tolist()
+        (6.0, [2.0, 3.0, inf])
+    """
+    rows = np.where(pbc[..., None], cells, 0.0)  # a non-periodic axis contributes nothing
+    lengths = np.linalg.norm(rows, axis=2)
+    # cross[:, i] = row[i + 1] x row[i + 2]: the face opposite axis i (zero if it uses a dropped row).
+    faces = np.linalg.norm(np.cross(np.roll(rows, -1, axis=1), np.roll(rows, -2, axis=1)), axis=2)
+    periodic_axes = pbc.sum(axis=1)
+    volume = np.abs(np.linalg.det(rows))
+    area = faces.sum(axis=1)  # with two periodic axes only the face they span is nonzero
+    line = lengths.sum(axis=1)
+    size = np.select([periodic_axes == 3, periodic_axes == 2, periodic_axes == 1], [volume, area, line], 0.0)
+    scale = np.where(periodic_axes == 1, 1.0, np.prod(np.where(pbc, lengths, 1.0), axis=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        across = np.select(
+            [periodic_axes[:, None] == 3, periodic_axes[:, None] == 2],
+            [volume[:, None] / faces, area[:, None] / (line[:, None] - lengths)],
+            lengths,
+        )
+    widths = np.where(pbc, across, np.inf)
+    return size, scale, widths
 
 
 #: Periodic images a search may walk either side along one axis (the bins' reach on the device).
@@ -415,7 +435,7 @@ MAX_REACH = 512
 
 
 def _check_thickness(
-    batch: Batch, who: str, radius: float, pbc: np.ndarray, cells: np.ndarray, ids: np.ndarray
+    batch: Batch, who: str, radius: float, pbc: np.ndarray, widths: np.ndarray, ids: np.ndarray
 ) -> None:
     """Reject periodic axes so thin (measured across the cell, in Å) that the search radius
     would need more periodic images than a neighbour entry holds: the pairs beyond would be
@@ -424,24 +444,15 @@ def _check_thickness(
 
     atoms = np.asarray(batch.num_nodes_list, dtype=np.int64)
     limits = np.minimum((1 << (entries.image_bits(entries.index_bits(atoms)) - 1)) - 1, MAX_REACH)
-    for s in np.nonzero(pbc.any(axis=1))[0]:
-        axes = np.nonzero(pbc[s])[0]
-        rows = cells[s][axes]
-        if len(rows) == 3:
-            volume = abs(np.linalg.det(rows))
-            widths = [volume / np.linalg.norm(np.cross(rows[(i + 1) % 3], rows[(i + 2) % 3])) for i in range(3)]
-        elif len(rows) == 2:
-            area = np.linalg.norm(np.cross(rows[0], rows[1]))
-            widths = [area / np.linalg.norm(rows[1]), area / np.linalg.norm(rows[0])]
-        else:
-            widths = [np.linalg.norm(rows[0])]
-        for axis, width in zip(axes, widths, strict=True):
-            need = math.ceil(radius / width) if width > 0 else math.inf
-            if need > limits[s]:
-                raise InvalidDataError(
-                    f"{who}: system {ids[s]} is periodic along cell vector {int(axis)} but the cell is only "
-                    f"{width:.4g} Å thick across it, against a cutoff + skin of {radius:g} Å: that needs "
-                    f"{need} periodic images each side, more than the {int(limits[s])} a neighbour list of "
-                    f"{int(atoms[s])} atoms holds, so pairs would be dropped. Check that the cell is in Å, "
-                    "or repeat the cell along that vector"
-                )
+    with np.errstate(divide="ignore"):
+        need = np.ceil(radius / widths)  # inf across a zero width; 0 across a non-periodic axis
+    over = np.argwhere(pbc & (need > limits[:, None]))
+    if len(over):
+        s, axis = (int(v) for v in over[0])
+        raise InvalidDataError(
+            f"{who}: system {ids[s]} is periodic along cell vector {axis} but the cell is only "
+            f"{widths[s, axis]:.4g} Å thick across it, against a cutoff + skin of {radius:g} Å: that needs "
+            f"{need[s, axis]:.0f} periodic images each side, more than the {int(limits[s])} a neighbour list of "
+            f"{int(atoms[s])} atoms holds, so pairs would be dropped. Check that the cell is in Å, "
+            "or repeat the cell along that vector"
+        )
