@@ -67,3 +67,38 @@ def test_atoms_flying_apart_are_quarantined():
     out = stage.run(batch)
     assert out.status[0].item() == 0 and -out.status[1].item() == FAILED_EXTENT
     assert stage.quarantined[0].reason == "atoms flew apart"
+
+
+def test_failure_codes_are_each_systems_own_bits():
+    """The codes of a whole batch, computed in a few kernels, against each system judged alone."""
+    from alchemi_core.dynamics.quarantine import FAILED_ENERGY, FAILED_VELOCITIES, HealthCheck
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [int(x) for x in torch.randint(1, 7, (40,), generator=g)]
+    batch = make_batch(sizes, dtype=torch.float64)
+    n = batch.num_nodes
+    batch.set_field("velocities", torch.randn(n, 3, generator=g, dtype=torch.float64), "node")
+    batch.set_field("forces", torch.randn(n, 3, generator=g, dtype=torch.float64), "node")
+    batch.set_field("energy", torch.randn(len(sizes), 1, generator=g, dtype=torch.float64), "system")
+    poison = (float("nan"), float("inf"), -float("inf"))
+    for i, name in enumerate(("positions", "velocities", "forces")):
+        rows = torch.randint(0, n, (6,), generator=g)
+        getattr(batch, name)[rows, i] = poison[i]
+    batch.positions[torch.randint(0, n, (3,), generator=g)] += 5.0e4
+    batch.energy[torch.randint(0, len(sizes), (4,), generator=g)] = float("nan")
+    codes = HealthCheck(max_extent=1.0e4).codes(batch).tolist()
+    expected = []
+    for s in range(len(sizes)):
+        rows = batch.batch_idx == s
+        code = 0
+        for bit, name in ((FAILED_POSITIONS, "positions"), (FAILED_VELOCITIES, "velocities"), (FAILED_FORCES, "forces")):
+            if not torch.isfinite(getattr(batch, name)[rows]).all():
+                code |= bit
+        if not torch.isfinite(batch.energy[s]).all():
+            code |= FAILED_ENERGY
+        pos = batch.positions[rows]
+        if float((pos.max(0).values - pos.min(0).values).max()) > 1.0e4:
+            code |= FAILED_EXTENT
+        expected.append(code)
+    assert codes == expected
+    assert len({c for c in codes if c}) >= 4  # the draw hit several kinds of failure

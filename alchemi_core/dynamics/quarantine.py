@@ -41,6 +41,8 @@ _REASONS = (
     (FAILED_ENERGY, "energy is not finite"),
     (FAILED_EXTENT, "atoms flew apart"),
 )
+#: The per-atom vectors tested for non-finite entries, with their bits.
+_PER_ATOM = ((FAILED_POSITIONS, "positions"), (FAILED_VELOCITIES, "velocities"), (FAILED_FORCES, "forces"))
 #: How far apart (Å, the largest side of a system's bounding box) atoms may drift by default.
 DEFAULT_MAX_EXTENT = 1.0e4
 #: Steps between health checks of a run that has no other checks (plain MD without sinks).
@@ -95,28 +97,34 @@ class HealthCheck:
         return cls(getattr(owner, "max_extent", DEFAULT_MAX_EXTENT), getattr(owner, "strict", False))
 
     def codes(self, batch: Batch) -> torch.Tensor:
-        """``[B]`` int64 failure code of every system (0: healthy), without reading back."""
+        """``[B]`` int64 failure code of every system (0: healthy), without reading back.
+
+        A dozen kernels whatever the batch holds (this runs at every check): the per-atom
+        vectors are tested in one pass and reduced per system in one scatter, and the bounding
+        box takes one more scatter over ``[x, -x]``.
+        """
         n, idx = batch.num_graphs, batch.batch_idx
         out = torch.zeros(n, dtype=torch.int64, device=batch.device)
-        vectors = ((FAILED_POSITIONS, "positions"), (FAILED_VELOCITIES, "velocities"), (FAILED_FORCES, "forces"))
-        for bit, name in vectors:
-            if name not in batch:
-                continue
-            bad = (~torch.isfinite(getattr(batch, name)).all(dim=-1)).to(torch.int64)
-            per_system = torch.zeros(n, dtype=torch.int64, device=batch.device).index_add_(0, idx, bad)
-            out.add_((per_system > 0).to(torch.int64) * bit)
+        named = [(bit, name) for bit, name in _PER_ATOM if name in batch]
+        if named and batch.num_nodes:
+            rows = torch.cat([getattr(batch, name) for _, name in named], dim=1)
+            bad = ~torch.isfinite(rows).view(rows.shape[0], len(named), 3).all(dim=-1)
+            per_system = torch.zeros(n, len(named), dtype=torch.uint8, device=batch.device)
+            per_system.scatter_reduce_(0, idx.unsqueeze(-1).expand_as(bad), bad.to(torch.uint8), reduce="amax")
+            for j, (bit, _) in enumerate(named):
+                out.add_(per_system[:, j].to(torch.int64), alpha=bit)
         if "energy" in batch:
             energy = batch.energy.reshape(n, -1)
-            out.add_((~torch.isfinite(energy).all(dim=1)).to(torch.int64) * FAILED_ENERGY)
+            out.add_((~torch.isfinite(energy).all(dim=1)).to(torch.int64), alpha=FAILED_ENERGY)
         pos = batch.positions
         if pos.shape[0]:
-            rows = idx.unsqueeze(-1).expand_as(pos)
-            lo = torch.full((n, 3), torch.inf, dtype=pos.dtype, device=pos.device)
-            hi = torch.full((n, 3), -torch.inf, dtype=pos.dtype, device=pos.device)
-            lo.scatter_reduce_(0, rows, pos, reduce="amin")
-            hi.scatter_reduce_(0, rows, pos, reduce="amax")
+            # amax over [x, -x] gives the box's upper corner and minus its lower one at once.
+            both = torch.cat([pos, -pos], dim=1)
+            corners = torch.full((n, 6), -torch.inf, dtype=pos.dtype, device=pos.device)
+            corners.scatter_reduce_(0, idx.unsqueeze(-1).expand_as(both), both, reduce="amax")
+            extent = (corners[:, :3] + corners[:, 3:]).amax(dim=1)
             # NaN compares false: such systems already carry the positions bit.
-            out.add_(((hi - lo).amax(dim=1) > self.max_extent).to(torch.int64) * FAILED_EXTENT)
+            out.add_((extent > self.max_extent).to(torch.int64), alpha=FAILED_EXTENT)
         return out
 
     def find(self, batch: Batch, active: torch.Tensor, step: int) -> list[Quarantined]:

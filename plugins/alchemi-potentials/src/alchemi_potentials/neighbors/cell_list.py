@@ -306,7 +306,13 @@ class BatchedNeighborList:
             return
         n = layout.num_systems
         t = layout.system_tensors
-        flags = {name: t[name][:n].cpu().numpy() for name in ("bad_cell", "overflow", "image_out_of_range", "far_atoms")}
+        names = ("bad_cell", "overflow", "image_out_of_range", "far_atoms")
+        # One read-back for all four flags; the usual answer (nothing recorded) ends here, before
+        # the ids and statuses that only an error message needs are read.
+        table = torch.stack([t[name][:n].to(torch.int32) for name in names]).cpu().numpy()
+        if not table.any():
+            return
+        flags = dict(zip(names, table, strict=True))
         ids = _system_ids(batch)
         if "status" in batch and batch.num_graphs == n:
             # Quarantined structures (negative status) went bad already and are leaving the run.
