@@ -27,13 +27,15 @@ pytestmark = [
 
 
 class SyncGuard:
-    """From ``start`` on, any synchronising CUDA call raises (torch's sync debug mode)."""
+    """From step ``start`` until after step ``last``, any synchronising CUDA call raises (torch's
+    sync debug mode). The window is the steps: a run's preparation and its one health check
+    after the last step read back by design."""
 
     stage = DynamicsStage.BEFORE_STEP
     frequency = 1
 
-    def __init__(self, start: int = 2) -> None:
-        self.start = start
+    def __init__(self, start: int = 2, last: int | None = None) -> None:
+        self.start, self.last = start, last
 
     def __call__(self, batch, dynamics):
         if dynamics.step_count == self.start:
@@ -41,6 +43,25 @@ class SyncGuard:
 
     def on_run_end(self, batch, dynamics):
         torch.cuda.set_sync_debug_mode("default")
+
+    def closer(self) -> SyncGuardEnd:
+        """The ``AFTER_STEP`` half that ends the window after step ``last``."""
+        assert self.last is not None
+        return SyncGuardEnd(self.last)
+
+
+class SyncGuardEnd:
+    stage = DynamicsStage.AFTER_STEP
+    frequency = 1
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+        self.closed = False
+
+    def __call__(self, batch, dynamics):
+        if dynamics.step_count == self.last:
+            torch.cuda.set_sync_debug_mode("default")
+            self.closed = True
 
 
 def per_step_hooks(tmp_path):
@@ -55,11 +76,14 @@ def per_step_hooks(tmp_path):
 
 def test_step_path_hooks_never_synchronise(tmp_path, molecules):
     batch = molecules([4, 6, 5, 8], speed=0.02, frozen_every=3).to("cuda")
-    hooks = [SyncGuard(start=2), *per_step_hooks(tmp_path)]
+    guard = SyncGuard(start=2, last=29)
+    end = guard.closer()
+    hooks = [guard, *per_step_hooks(tmp_path), end]
     try:
         DemoDynamics(model=DemoModelWrapper(), n_steps=30, dt=0.5, hooks=hooks).run(batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert end.closed  # the window covered every step from 2 to the last
     rows = list(csv.DictReader(open(tmp_path / "gpu.csv")))
     assert len(rows) == 4 * 6
 

@@ -132,7 +132,6 @@ class _FireBase(Integrator):
         self.cell_filter = CellFilter(cell_filter, **filter_options)
         self.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
         self.needs_stress = True
-        self._filter_key: tuple[int, int] | None = None
         if self.convergence_hook is not None:
             self.convergence_hook = _count_cell_forces(self.convergence_hook)
 
@@ -168,7 +167,6 @@ class _FireBase(Integrator):
             for name in (CELL_REFERENCE, CELL_DOF, CELL_VELOCITY):
                 self.ensure_field(batch, name, (3, 3), dtype, "system")
             self.ensure_field(batch, CELL_FILTER_FMAX, (), dtype, "system")
-            self._filter_key = None
 
     def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
         """Entering systems start at rest with dt, alpha and the counters reset."""
@@ -182,7 +180,6 @@ class _FireBase(Integrator):
         if self.cell_filter is not None:
             self.cell_filter.reset(batch, entering)
             getattr(batch, CELL_FILTER_FMAX).masked_fill_(entering, float("inf"))
-            self._filter_key = None
 
     #: FIRE marks "no velocity yet" with -1 (ASE skips the power test on its first step).
     _entry_positive_steps = 0
@@ -209,8 +206,10 @@ class _FireBase(Integrator):
         active = self.context.system_mask
         if active is not None:
             # Systems of other stages: v' = v and dx = 0 (their state was left as it was).
+            # fill_ passes the value as a kernel argument: an indexed assignment of a Python
+            # number copies a CPU tensor to the device, which a CUDA graph capture refuses.
             still = torch.zeros_like(coeff[0])
-            still[A_V] = 1.0
+            still.narrow(0, A_V, 1).fill_(1.0)
             coeff = torch.where(active.unsqueeze(-1), coeff, still)
         return coeff
 
@@ -244,22 +243,23 @@ class _FireBase(Integrator):
         # cell filter, the filter's forces of the new positions are computed here, so the
         # convergence check that follows sees their fmax, and the next step reuses them.
         if self.cell_filter is not None:
-            self._filter_forces(batch, fresh=True)
+            self._filter_forces(batch)
 
     # ------------------------------------------------------------------ cell filter
-    def _filter_forces(self, batch: Batch, fresh: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Atom forces in the undeformed frame ``[V, 3]`` and cell forces ``[B, 3, 3]``; computed
-        after each forward, and again when systems entered or left since."""
+    def _filter_forces(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Atom forces in the undeformed frame ``[V, 3]`` and cell forces ``[B, 3, 3]`` of the
+        current positions, cell and stress, and the filter's fmax of them.
+
+        Computed afresh at every call, in pre_update and again in post_update: reusing the
+        previous post_update's values behind a host-side test made a replayed CUDA graph part
+        from the eager step (seen on an H200), and the cost is a few small kernels."""
         assert self.cell_filter is not None
         dtype, dev = batch.positions.dtype, batch.device
         atom = self.work.get("filter_atom_forces", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
         cell = self.work.get("filter_cell_forces", batch.num_graphs, batch.system_capacity, (3, 3), dtype, dev)
-        key = (id(batch), batch.version)
-        if fresh or self._filter_key != key:
-            _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom)
-            cell.copy_(cell_forces)
-            self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
-            self._filter_key = key
+        _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom)
+        cell.copy_(cell_forces)
+        self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
         return atom, cell
 
     def _cell_inv_mass(self, batch: Batch) -> torch.Tensor:
