@@ -69,24 +69,31 @@ def test_atoms_flying_apart_are_quarantined():
     assert stage.quarantined[0].reason == "atoms flew apart"
 
 
-def test_failure_codes_are_each_systems_own_bits():
-    """The codes of a whole batch, computed in a few kernels, against each system judged alone."""
-    from alchemi_core.dynamics.quarantine import FAILED_ENERGY, FAILED_VELOCITIES, HealthCheck
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["torch", "warp"])
+def test_failure_codes_are_each_systems_own_bits(backend, dtype):
+    """The codes of a whole batch, computed at once (in torch or in Warp kernels), against each
+    system judged alone."""
+    from alchemi_core.dynamics.quarantine import FAILED_ENERGY, FAILED_VELOCITIES, HealthCheck, warp_codes
 
+    if backend == "warp":
+        pytest.importorskip("warp")
     g = torch.Generator().manual_seed(3)
-    sizes = [int(x) for x in torch.randint(1, 7, (40,), generator=g)]
-    batch = make_batch(sizes, dtype=torch.float64)
+    sizes = [int(x) for x in torch.randint(1, 7, (60,), generator=g)]
+    batch = make_batch(sizes, dtype=dtype)
     n = batch.num_nodes
-    batch.set_field("velocities", torch.randn(n, 3, generator=g, dtype=torch.float64), "node")
-    batch.set_field("forces", torch.randn(n, 3, generator=g, dtype=torch.float64), "node")
-    batch.set_field("energy", torch.randn(len(sizes), 1, generator=g, dtype=torch.float64), "system")
+    batch.set_field("velocities", torch.randn(n, 3, generator=g).to(dtype), "node")
+    batch.set_field("forces", torch.randn(n, 3, generator=g).to(dtype), "node")
+    batch.set_field("energy", torch.randn(len(sizes), 1, generator=g).to(dtype), "system")
     poison = (float("nan"), float("inf"), -float("inf"))
     for i, name in enumerate(("positions", "velocities", "forces")):
         rows = torch.randint(0, n, (6,), generator=g)
         getattr(batch, name)[rows, i] = poison[i]
-    batch.positions[torch.randint(0, n, (3,), generator=g)] += 5.0e4
+    batch.positions[torch.randint(0, n, (6,), generator=g)] += 5.0e4
     batch.energy[torch.randint(0, len(sizes), (4,), generator=g)] = float("nan")
-    codes = HealthCheck(max_extent=1.0e4).codes(batch).tolist()
+    if backend == "warp":
+        assert warp_codes(batch, 1.0e4) is not None  # the Warp path ran, not the fallback
+    codes = HealthCheck(max_extent=1.0e4).codes(batch, backend=backend).tolist()
     expected = []
     for s in range(len(sizes)):
         rows = batch.batch_idx == s
@@ -96,9 +103,10 @@ def test_failure_codes_are_each_systems_own_bits():
                 code |= bit
         if not torch.isfinite(batch.energy[s]).all():
             code |= FAILED_ENERGY
-        pos = batch.positions[rows]
-        if float((pos.max(0).values - pos.min(0).values).max()) > 1.0e4:
+        pos = batch.positions[rows].double()
+        if not code & FAILED_POSITIONS and float((pos.max(0).values - pos.min(0).values).max()) > 1.0e4:
             code |= FAILED_EXTENT
         expected.append(code)
     assert codes == expected
+    assert {FAILED_POSITIONS, FAILED_EXTENT} <= {c & (FAILED_POSITIONS | FAILED_EXTENT) for c in codes}
     assert len({c for c in codes if c}) >= 4  # the draw hit several kinds of failure

@@ -96,12 +96,7 @@ class AtomicData:
             )
         if z.numel() and int(z.min()) < 0:
             raise InvalidDataError("atomic_numbers must be non-negative")
-        if not bool(torch.isfinite(pos).all()):
-            bad = torch.nonzero(~torch.isfinite(pos).all(dim=1)).flatten().tolist()
-            raise InvalidDataError(
-                f"positions contain NaN or infinite values at atoms {bad[:10]}; "
-                "fix the structure before simulating it"
-            )
+        check_values("positions", pos)
         self._fields: dict[str, torch.Tensor] = {"atomic_numbers": z, "positions": pos}
         self._levels: dict[str, Level] = {"atomic_numbers": Level.NODE, "positions": Level.NODE}
         given = {k: Level(v) for k, v in (levels or {}).items()}
@@ -154,8 +149,7 @@ class AtomicData:
         if name == "cell":
             if not t.dtype.is_floating_point:
                 t = t.to(torch.get_default_dtype())
-            if not bool(torch.isfinite(t).all()):
-                raise InvalidDataError("cell contains NaN or infinite values")
+            check_values("cell", t)
         return t
 
     @staticmethod

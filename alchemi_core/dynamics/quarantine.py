@@ -96,16 +96,26 @@ class HealthCheck:
         """The check a stage asked for (its ``strict`` and ``max_extent`` attributes)."""
         return cls(getattr(owner, "max_extent", DEFAULT_MAX_EXTENT), getattr(owner, "strict", False))
 
-    def codes(self, batch: Batch) -> torch.Tensor:
+    def codes(self, batch: Batch, backend: str = "auto") -> torch.Tensor:
         """``[B]`` int64 failure code of every system (0: healthy), without reading back.
 
-        A dozen kernels whatever the batch holds (this runs at every check): the per-atom
-        vectors are tested in one pass and reduced per system in one scatter, and the bounding
-        box takes one more scatter over ``[x, -x]``.
+        Args:
+            backend: ``"warp"`` (three kernels, :mod:`~alchemi_core.dynamics.health_kernels`),
+                ``"torch"`` (about thirty small operations), or ``"auto"``: Warp when warp-lang is
+                installed (faster on a GPU and on a CPU alike), torch otherwise. Both give the
+                same codes.
         """
+        if backend in ("warp", "auto"):
+            out = warp_codes(batch, self.max_extent)
+            if out is not None:
+                return out
+        return self._torch_codes(batch)
+
+    def _torch_codes(self, batch: Batch) -> torch.Tensor:
         n, idx = batch.num_graphs, batch.batch_idx
         out = torch.zeros(n, dtype=torch.int64, device=batch.device)
         named = [(bit, name) for bit, name in _PER_ATOM if name in batch]
+        positions_ok = torch.ones(n, dtype=torch.bool, device=batch.device)
         if named and batch.num_nodes:
             rows = torch.cat([getattr(batch, name) for _, name in named], dim=1)
             bad = ~torch.isfinite(rows).view(rows.shape[0], len(named), 3).all(dim=-1)
@@ -113,6 +123,7 @@ class HealthCheck:
             per_system.scatter_reduce_(0, idx.unsqueeze(-1).expand_as(bad), bad.to(torch.uint8), reduce="amax")
             for j, (bit, _) in enumerate(named):
                 out.add_(per_system[:, j].to(torch.int64), alpha=bit)
+            positions_ok = per_system[:, 0] == 0  # positions come first in _PER_ATOM
         if "energy" in batch:
             energy = batch.energy.reshape(n, -1)
             out.add_((~torch.isfinite(energy).all(dim=1)).to(torch.int64), alpha=FAILED_ENERGY)
@@ -123,8 +134,8 @@ class HealthCheck:
             corners = torch.full((n, 6), -torch.inf, dtype=pos.dtype, device=pos.device)
             corners.scatter_reduce_(0, idx.unsqueeze(-1).expand_as(both), both, reduce="amax")
             extent = (corners[:, :3] + corners[:, 3:]).amax(dim=1)
-            # NaN compares false: such systems already carry the positions bit.
-            out.add_((extent > self.max_extent).to(torch.int64), alpha=FAILED_EXTENT)
+            # Systems whose positions are not all finite have the positions bit instead.
+            out.add_(((extent > self.max_extent) & positions_ok).to(torch.int64), alpha=FAILED_EXTENT)
         return out
 
     def find(self, batch: Batch, active: torch.Tensor, step: int) -> list[Quarantined]:
@@ -151,3 +162,51 @@ class HealthCheck:
         dev_rows = rows.to(batch.device)
         batch.status.index_copy_(0, dev_rows, -codes.index_select(0, dev_rows))
         return found
+
+
+def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
+    """``[B]`` int64 failure codes from the kernels of :mod:`~alchemi_core.dynamics.health_kernels`,
+    or None where that path does not apply (no warp-lang, or fields of other dtypes or shapes)
+    and torch must do it."""
+    pos = batch.positions
+    n, atoms_n = batch.num_graphs, batch.num_nodes
+    if pos.dtype not in (torch.float32, torch.float64) or n == 0 or atoms_n == 0:
+        return None
+    vectors = [getattr(batch, name) if name in batch else None for name in ("velocities", "forces")]
+    if any(v is not None and (v.dtype != pos.dtype or tuple(v.shape) != tuple(pos.shape)) for v in vectors):
+        return None
+    energy = batch.energy if "energy" in batch else None
+    if energy is not None and (energy.dtype != pos.dtype or energy.numel() != n):
+        return None
+    try:
+        from alchemi_core.warp_runtime import stream_for, view, warp
+
+        wp = warp()
+        from alchemi_core.dynamics.health_kernels import kernels
+
+        reset, atoms, systems = kernels()
+    except ImportError:
+        return None
+    vec = wp.vec3d if pos.dtype == torch.float64 else wp.vec3f
+    scalar = wp.float64 if pos.dtype == torch.float64 else wp.float32
+    dev = pos.device
+    bad = torch.empty((n, 3), dtype=torch.int32, device=dev)
+    lo = torch.empty((n, 3), dtype=torch.float64, device=dev)
+    hi = torch.empty((n, 3), dtype=torch.float64, device=dev)
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    contiguous = [t.contiguous() if t is not None else None for t in (pos, *vectors)]
+    p, v, f = (view(t, vec) if t is not None else None for t in contiguous)
+    assert p is not None
+    e = view(energy.reshape(-1).contiguous(), scalar) if energy is not None else view(pos.new_zeros(1), scalar)
+    idx = batch.batch_idx
+    if idx.dtype != torch.int64:
+        idx = idx.to(torch.int64)
+    W = {name: view(t) for name, t in (("bad", bad), ("lo", lo), ("hi", hi), ("out", out), ("idx", idx.contiguous()))}
+    wdev, stream = W["out"].device, stream_for(dev)
+    wp.launch(reset, dim=n, inputs=[W["bad"], W["lo"], W["hi"], wp.float64(float("inf"))], device=wdev, stream=stream)
+    wp.launch(atoms, dim=atoms_n, inputs=[p, v if v is not None else p, f if f is not None else p,
+                                          int(v is not None), int(f is not None), W["idx"], W["bad"], W["lo"],
+                                          W["hi"]], device=wdev, stream=stream)
+    wp.launch(systems, dim=n, inputs=[W["bad"], W["lo"], W["hi"], e, int(energy is not None),
+                                      wp.float64(max_extent), W["out"]], device=wdev, stream=stream)
+    return out
