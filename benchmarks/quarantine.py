@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--n-steps", type=int, default=40)
     parser.add_argument("--check-every", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

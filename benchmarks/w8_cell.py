@@ -97,7 +97,7 @@ def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:
             graph_error = f"{type(exc).__name__}: {exc}"
     done = int((batch.status >= 1).sum())
     fmax = float(getattr(batch, CELL_FILTER_FMAX).max())
-    return {"seconds": seconds, "steps": fire.step_count + 1, "max_fmax": fmax, "converged": done,
+    return {"seconds": seconds, "steps": fire.step_count, "max_fmax": fmax, "converged": done,
             "cuda_graph": graph_error is None, "graph_error": graph_error,
             "count": {"in": systems.num_systems, "out": batch.num_graphs}}
 
