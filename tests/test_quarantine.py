@@ -110,3 +110,16 @@ def test_failure_codes_are_each_systems_own_bits(backend, dtype):
     assert codes == expected
     assert {FAILED_POSITIONS, FAILED_EXTENT} <= {c & (FAILED_POSITIONS | FAILED_EXTENT) for c in codes}
     assert len({c for c in codes if c}) >= 4  # the draw hit several kinds of failure
+
+
+def test_a_warp_build_without_cpu_kernels_falls_back_to_torch(monkeypatch):
+    """Some warp-lang builds cannot compile CPU kernels (the GPU test host's lacks warp-clang):
+    the checks of a CPU run then take the torch path instead of failing."""
+    from alchemi_core.dynamics.quarantine import HealthCheck, warp_codes
+
+    wp = pytest.importorskip("warp")
+    monkeypatch.setattr(wp, "is_cpu_available", lambda: False)
+    batch = make_batch([3, 4, 2], dtype=torch.float64)
+    batch.positions[4, 0] = float("nan")
+    assert warp_codes(batch, 1.0e4) is None
+    assert HealthCheck().codes(batch).tolist() == [0, FAILED_POSITIONS, 0]

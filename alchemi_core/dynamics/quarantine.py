@@ -166,8 +166,8 @@ class HealthCheck:
 
 def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
     """``[B]`` int64 failure codes from the kernels of :mod:`~alchemi_core.dynamics.health_kernels`,
-    or None where that path does not apply (no warp-lang, or fields of other dtypes or shapes)
-    and torch must do it."""
+    or None where that path does not apply (no warp-lang, a CPU batch and a Warp build that cannot
+    compile CPU kernels, or fields of other dtypes or shapes) and torch must do it."""
     pos = batch.positions
     n, atoms_n = batch.num_graphs, batch.num_nodes
     if pos.dtype not in (torch.float32, torch.float64) or n == 0 or atoms_n == 0:
@@ -182,6 +182,8 @@ def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
         from alchemi_core.warp_runtime import stream_for, view, warp
 
         wp = warp()
+        if pos.device.type == "cpu" and not wp.is_cpu_available():
+            return None  # a warp-lang build without its CPU compiler (as on the GPU test host)
         from alchemi_core.dynamics.health_kernels import kernels
 
         reset, atoms, systems = kernels()
