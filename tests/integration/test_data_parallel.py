@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from alchemi_core.errors import PipelineError
 from alchemi_core.parallel import MemoryResults, balanced_shards, run_data_parallel
 
 pytestmark = pytest.mark.multiprocess
@@ -79,16 +78,7 @@ def assert_same_results(root: Path, reference: dict[int, tuple[float, np.ndarray
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_every_rank_count_stores_the_same_results(pool: Any, reference: Any, tmp_path: Path, world_size: int) -> None:
     root = tmp_path / "results.zarr"
-    try:
-        out = pool.run(world_size, (str(JOB), "job"), "comm:gloo", timeout_s=60.0, root=str(root))
-    except PipelineError:
-        # KNOWN FLAKE, not understood (see the closing note of 2026-12-01): about one run in eight
-        # of the four-rank case fails on 2 cores with a rank error. One fresh try into a new store
-        # keeps CI honest about a repeatable failure; the cause still has to be found.
-        if world_size != 4:
-            raise
-        root = tmp_path / "results-retry.zarr"
-        out = pool.run(world_size, (str(JOB), "job"), "comm:gloo", timeout_s=60.0, root=str(root))
+    out = pool.run(world_size, (str(JOB), "job"), "comm:gloo", timeout_s=60.0, root=str(root))
     assert out[0]["complete"] and out[0]["committed"] == len(job.SIZES), out[0]
     assert all(o["ran"] == len(job.SIZES) and o["skipped"] == 0 for o in out)
     assert_same_results(root, reference)

@@ -104,3 +104,31 @@ def test_a_root_whose_mark_was_overwritten_still_reads_and_is_marked_again(tmp_p
     with pytest.raises(InvalidDataError, match="not a sharded"):
         ShardedZarrReader(bare)
     assert ShardedZarrStore(bare).committed_count() == 0
+
+
+
+def test_a_root_another_rank_creates_at_the_same_moment_is_opened(tmp_path: Path, monkeypatch) -> None:
+    """Every rank of a data-parallel run opens the new root at once; two may both find it absent,
+    and zarr tells the second to create it that it exists (ContainsGroupError: about one
+    four-rank run in four on 2 cores failed so). Here the other rank's creation lands between
+    this one's look and its write, every time: the store must open the group that is there."""
+    import zarr
+    from zarr.errors import ContainsGroupError
+
+    root = str(tmp_path / "results.zarr")
+    real = zarr.open_group
+    raced: list[bool] = []
+
+    def open_group(store, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raced:
+            raced.append(True)
+            real(store, *args, **kwargs)  # the other rank creates the root ...
+            raise ContainsGroupError("A group exists in store at path ''.")  # ... and this one is told
+        return real(store, *args, **kwargs)
+
+    monkeypatch.setattr(zarr, "open_group", open_group)
+    store = ShardedZarrStore(root)
+    assert raced and store.committed_ids().size == 0
+    monkeypatch.undo()
+    store.sink(0).write(shifted([2, 3], 0))
+    assert sorted(store.committed_ids().tolist()) == [0, 1]

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,16 +64,29 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if "://" in root else str(Path(root) / name)
 
 
+#: Opens of the root a rank tries while other ranks are creating it at the same moment.
+_CREATE_ATTEMPTS = 5
+
+
 def _open_root(root: str, create: bool, storage_options: dict[str, Any] | None) -> Any:
     import zarr
+    from zarr.errors import ContainsGroupError
 
     from alchemi_zarr.stores import resolve_store
 
     store, where, _ = resolve_store(root, read_only=not create, storage_options=storage_options)
-    try:
-        group = zarr.open_group(store, mode="a" if create else "r", zarr_format=3)
-    except (FileNotFoundError, KeyError) as exc:
-        raise InvalidDataError(f"no sharded results store at {where}: {exc}") from None
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            group = zarr.open_group(store, mode="a" if create else "r", zarr_format=3)
+            break
+        except (FileNotFoundError, KeyError) as exc:
+            raise InvalidDataError(f"no sharded results store at {where}: {exc}") from None
+        except ContainsGroupError:
+            # Every rank opens the root at once: two may both find it absent, and the second to
+            # create it is told it exists. Opening it again finds the first one's group.
+            if not create or attempt == _CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
     attrs: dict[str, Any] = dict(group.attrs.asdict())
     if layout.HEADER_KEY in attrs:
         raise InvalidDataError(
