@@ -1,5 +1,5 @@
-"""Every example in the docstrings of alchemi_core and alchemi-zarr runs (alchemi-hooks checks
-its own; alchemi-warp's need Warp's banner silenced and some a GPU)."""
+"""Every example in the docstrings of alchemi_core and of the first-party plugins in this
+environment runs (alchemi-hooks checks its own); examples that need a GPU pick the device."""
 
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ def _modules(package: object) -> list[str]:
     return [package.__name__, *(n for n in found if not n.endswith("__main__"))]  # type: ignore[attr-defined]
 
 
-def _zarr_modules() -> list[str]:
-    try:
-        import alchemi_zarr
-    except ImportError:
-        return []
-    return _modules(alchemi_zarr)
+def _plugin_modules() -> list[str]:
+    names = []
+    for plugin in ("alchemi_zarr", "alchemi_potentials", "alchemi_integrators", "alchemi_warp"):
+        try:
+            names += _modules(importlib.import_module(plugin))
+        except ImportError:
+            continue
+    return names
 
 
-@pytest.mark.parametrize("name", _modules(alchemi_core) + _zarr_modules())
+@pytest.mark.parametrize("name", _modules(alchemi_core) + _plugin_modules())
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples may write files
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

@@ -275,7 +275,14 @@ class BatchedNeighborList:
         Reads everything back: for tests and inspection, not per step.
 
         Example:
+            >>> from ase.build import bulk
+            >>> from alchemi_core.data import Batch
+            >>> batch = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True)])
+            >>> nl = BatchedNeighborList(cutoff=4.0, skin=0.0, half_list=False)
+            >>> _ = nl.update(batch)
             >>> i, j, shifts = nl.pairs(batch)
+            >>> len(i) // batch.num_nodes  # each atom of FCC argon has 12 neighbours within 4 Å
+            12
         """
         from alchemi_potentials.neighbors import entries
 
