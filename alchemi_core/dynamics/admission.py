@@ -170,9 +170,10 @@ class Admission(StepLoop):
         if not found:
             return False
         self.quarantined.extend(found)
-        self.masked = True  # from now on each stage steps only its own systems
-        for s in self.subs:
-            s.buffers_version = -1  # masks reallocated at the next update
+        if not self.masked:
+            self.masked = True  # from now on each stage steps only its own systems
+            for s in self.subs:
+                s.buffers_version = -1  # masks allocated at the next update
         self._graph = None
         return True
 
