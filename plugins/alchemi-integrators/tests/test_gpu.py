@@ -16,6 +16,7 @@ from integrators_testkit.lj_reference import ReferenceLJ, argon
 from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 from alchemi_core.data import Batch
+from alchemi_core.testing.gpu import no_host_sync
 from alchemi_core.units import KB
 from alchemi_integrators import FIRE, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.thermo import degrees_of_freedom, initialize_velocities, kinetic_energy
@@ -102,13 +103,9 @@ def test_a_step_never_synchronises_with_the_host(make: Any, backend: str) -> Non
     dynamics = make(Springs(batch), backend)
     dynamics.step(batch)  # the first step prepares the run (allowed to read back)
     dynamics.step(batch)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(5):
             dynamics.step(batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert bool(torch.isfinite(batch.positions).all())
 
 

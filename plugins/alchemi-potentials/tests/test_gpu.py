@@ -15,6 +15,7 @@ import torch
 from ase.build import bulk
 
 from alchemi_core.data import Batch
+from alchemi_core.testing.gpu import no_host_sync
 from alchemi_potentials import LennardJones, Morse, pair_potential
 from alchemi_potentials.neighbors import BatchedNeighborList
 
@@ -133,14 +134,11 @@ def test_a_step_makes_no_host_sync_and_allocates_nothing(ref):
         model(batch, compute_stress=True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for k in range(6):
             batch.positions.add_(step if k % 2 else -step)
             for model in models:
                 model(batch, compute_stress=True)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
     for model in models:
