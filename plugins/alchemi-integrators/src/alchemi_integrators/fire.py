@@ -240,15 +240,16 @@ class _FireBase(Integrator):
 
     def torch_post_update(self, batch: Batch) -> None:
         # The whole step is in pre_update: it uses the forces of the current positions. With a
-        # cell filter, the filter's forces of the new positions are computed here, so the
-        # convergence check that follows sees their fmax, and the next step reuses them.
+        # cell filter, the filter's fmax of the new positions is computed here, for the
+        # convergence check that follows.
         if self.cell_filter is not None:
-            self._filter_forces(batch)
+            self._filter_forces(batch, with_fmax=True)
 
     # ------------------------------------------------------------------ cell filter
-    def _filter_forces(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _filter_forces(self, batch: Batch, with_fmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Atom forces in the undeformed frame ``[V, 3]`` and cell forces ``[B, 3, 3]`` of the
-        current positions, cell and stress, and the filter's fmax of them.
+        current positions, cell and stress; with ``with_fmax``, also the filter's fmax of them
+        (only the one after the forward is read, by the checks).
 
         Computed afresh at every call, in pre_update and again in post_update: reusing the
         previous post_update's values behind a host-side test made a replayed CUDA graph part
@@ -259,7 +260,8 @@ class _FireBase(Integrator):
         cell = self.work.get("filter_cell_forces", batch.num_graphs, batch.system_capacity, (3, 3), dtype, dev)
         _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom)
         cell.copy_(cell_forces)
-        self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
+        if with_fmax:
+            self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
         return atom, cell
 
     def _cell_inv_mass(self, batch: Batch) -> torch.Tensor:
