@@ -65,6 +65,10 @@ def test_edges_are_ase_pairs_within_the_cutoff(ref, rng, dtype):
     assert edges.capacity > count
     assert (edges.sender[count:] == edges.receiver[count:]).all()
     assert torch.equal(vec[count:], torch.tensor([RC, 0.0, 0.0], dtype=dtype).expand(edges.capacity - count, 3))
+    # ... on every atom in turn (not all on one, whose row every scatter would then queue on), in its own system
+    pad = edges.sender[count:]
+    assert pad.unique().numel() == min(batch.num_nodes, edges.capacity - count)
+    assert torch.equal(edges.system[count:], batch.batch_idx[pad])
 
 
 def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):

@@ -3,7 +3,7 @@
 ``count_edges`` (slots) counts, for every slot, the listed neighbours closer than the cutoff at
 the current positions; a ``torch.cumsum`` turns the counts into offsets; ``write_edges`` (slots)
 writes each slot's edges at its offset; ``pad_edges`` (edge capacity) fills the rest with
-padding edges. Distances are taken in float64 from the current (unwrapped) positions and the
+padding edges (each atom to itself, in turn). Distances are taken in float64 from the current (unwrapped) positions and the
 current cell, in the convention of ASE's ``neighbor_list("ijS")``:
 ``d = positions[j] - positions[i] + S @ cell``.
 """
@@ -85,18 +85,24 @@ def write_edges(pl: PairList, wrap: wp.array(dtype=wp.vec3i), positions: wp.arra
 
 
 @wp.kernel
-def pad_edges(ends: wp.array(dtype=wp.int32), last: int, pad_atom: int, pad_system: int, length: Any,
+def pad_edges(ends: wp.array(dtype=wp.int32), last: int, atom_system: wp.array(dtype=wp.int64), length: Any,
               sender: wp.array(dtype=wp.int64), receiver: wp.array(dtype=wp.int64), shifts: wp.array(dtype=Any),
               edge_system: wp.array(dtype=wp.int64), padding: wp.array(dtype=Any)):
-    """Edges past the last real one: atom ``pad_atom`` to itself, no lattice shift, and a fixed
-    displacement ``(length, 0, 0)`` that models turn into a vector of exactly that length."""
+    """Edges past the last real one: an atom to itself, no lattice shift, and a fixed
+    displacement ``(length, 0, 0)`` that models turn into a vector of exactly that length.
+
+    The atoms take turns (padding edge ``e`` belongs to atom ``e mod atoms``): were they all on
+    one atom, every scatter of a model's messages onto it, and of their gradients, would queue
+    up on that atom's row.
+    """
     e = wp.tid()
     if e < ends[last]:
         return
-    sender[e] = wp.int64(pad_atom)
-    receiver[e] = wp.int64(pad_atom)
+    a = e % atom_system.shape[0]
+    sender[e] = wp.int64(a)
+    receiver[e] = wp.int64(a)
     v = shifts[e]
     zero = type(v[0])(0)
     shifts[e] = type(v)(zero, zero, zero)
-    edge_system[e] = wp.int64(pad_system)
+    edge_system[e] = atom_system[a]
     padding[e] = type(v)(length, zero, zero)

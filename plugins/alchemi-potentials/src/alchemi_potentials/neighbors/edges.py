@@ -11,8 +11,8 @@ The edges live in buffers of fixed capacity, so a step allocates nothing and rea
 and can be captured in a CUDA graph. The neighbour list underneath (cutoff + skin) rebuilds
 only where an atom moved more than ``skin / 2``; at every update, one kernel keeps the listed
 pairs within the cutoff at the current positions and writes them, in slot order, to the front.
-The rest of the capacity holds *padding edges*: an atom to itself with no lattice shift and a
-fixed extra displacement ``padding[e] = (padding_length, 0, 0)``, so their vector is exactly
+The rest of the capacity holds *padding edges*: an atom to itself (the atoms in turn) with no
+lattice shift and a fixed extra displacement ``padding[e] = (padding_length, 0, 0)``, so their vector is exactly
 ``(padding_length, 0, 0)`` whatever the positions or the strain. With ``padding_length`` at the
 model's cutoff (or beyond), a model whose radial terms vanish there gives them zero weight and
 zero gradient: they cannot change a result. :meth:`Edges.vectors` adds the padding.
@@ -213,7 +213,8 @@ class EdgeList:
         pos = batch.positions
         cell = nl.last_cell
         assert cell is not None
-        key = (pos.data_ptr(), cell.data_ptr(), id(layout.matrix))
+        atom_system = batch.batch_idx
+        key = (pos.data_ptr(), cell.data_ptr(), atom_system.data_ptr(), id(layout.matrix))
         seqs = buffers.launches.get(key)
         if seqs is None:
             wp = _warp.warp()
@@ -232,7 +233,8 @@ class EdgeList:
             then = _warp.LaunchSequence(P.device)
             then.add(k.write_edges, n, [pl, wrap, P, C, cut2, ends, per_slot, buffers.capacity, *outs,
                                         _warp.view(buffers.overflow)])
-            then.add(k.pad_edges, buffers.capacity, [ends, n - 1, 0, 0, scalar(self.padding_length), *outs])
+            then.add(k.pad_edges, buffers.capacity, [ends, n - 1, _warp.view(atom_system), scalar(self.padding_length),
+                                                      *outs])
             seqs = buffers.launches[key] = (first, then)
         stream = _warp.stream_for(pos.device)
         first, then = seqs
