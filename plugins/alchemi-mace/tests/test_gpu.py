@@ -6,21 +6,18 @@ import pytest
 import torch
 from alchemi_mace import MaceModel
 
-from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
+    eager_and_captured,
+    langevin,
     reference_structures,
     relax_then_md,
+    step_allocations,
 )
 
 pytestmark = pytest.mark.gpu
-
-
-def langevin(model, steps):
-    return registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
-                          friction=0.01, initial_temperature=300.0, random_seed=0)
 
 
 def test_gpu_float64_equals_mace_calculator(mp_small_file):
@@ -34,28 +31,11 @@ def test_gpu_float64_equals_mace_calculator(mp_small_file):
 
 def test_captured_step_equals_eager(tiny_net):
     model = MaceModel(tiny_net, dtype="float64", enable_cueq=False)
-    eager = Batch.from_atoms(copper_cells(3), dtype=torch.float64, device="cuda")
-    graphed = eager.clone()
-    langevin(model, 30).run(eager)
-    stage = langevin(model, 30).compile()
-    with stage:
-        stage.run(graphed)
-    assert stage._engine.graph_captures >= 1
+    eager, graphed, captures = eager_and_captured(model, Batch.from_atoms(copper_cells(3), dtype=torch.float64,
+                                                                            device="cuda"))
+    assert captures >= 1
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-8)
     torch.testing.assert_close(graphed.forces, eager.forces, rtol=0, atol=1e-8)
-
-
-def _allocations(stage, batch, steps=20):
-    stage.run(batch, n_steps=5)
-    engine = stage._engine
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    after = torch.cuda.memory_stats()
-    return (after["allocation.all.allocated"] - before["allocation.all.allocated"],
-            after["segment.all.allocated"] - before["segment.all.allocated"])
 
 
 def test_captured_steps_allocate_nothing_and_eager_steps_take_no_new_memory():
@@ -63,9 +43,9 @@ def test_captured_steps_allocate_nothing_and_eager_steps_take_no_new_memory():
 
     model = MaceModel(mace_mp_small_like(seed=0, dtype=torch.float32), dtype="float32")
     batch = Batch.from_atoms(copper_cells(4), dtype=torch.float32, device="cuda")
-    allocations, segments = _allocations(langevin(model, 1000).compile(), batch.clone())
+    allocations, segments = step_allocations(langevin(model, 1000).compile(), batch.clone())
     assert allocations == 0 and segments == 0
-    _, segments = _allocations(langevin(model, 1000), batch.clone())
+    _, segments = step_allocations(langevin(model, 1000), batch.clone())
     assert segments == 0  # eager temporaries come from the caching allocator, no cudaMalloc
 
 

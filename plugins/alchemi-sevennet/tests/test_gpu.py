@@ -1,4 +1,5 @@
-"""model:sevennet on a GPU: equal to SevenNetCalculator, eager steps take no new memory, runs."""
+"""model:sevennet on a GPU: equal to SevenNetCalculator; the captured step equals the eager one and
+allocates nothing; FIRE then Langevin runs."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from alchemi_core.data import Batch
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
+    eager_and_captured,
+    langevin,
     reference_structures,
     relax_then_md,
+    step_allocations,
 )
 
 pytestmark = pytest.mark.gpu
@@ -25,19 +29,18 @@ def test_gpu_equals_sevennet_calculator(seven_net):
                             force_tol=2e-5, stress_tol=1e-6, device="cuda")
 
 
-def test_a_compiled_stage_steps_sevennet_eagerly_without_new_memory(seven_net):
-    stage = registry.build("integrator:langevin", model=seven_net, n_steps=1000, dt=1.0, temperature=300.0,
-                           friction=0.01, initial_temperature=300.0, random_seed=0).compile()
-    batch = Batch.from_atoms(copper_cells(4), dtype=torch.float32, device="cuda")
-    stage.run(batch, n_steps=5)
-    engine = stage._engine
-    assert not engine.graph_requested and engine.graph_captures == 0
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["segment.all.allocated"]
-    for _ in range(20):
-        engine.step()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["segment.all.allocated"] == before
+def test_the_captured_step_replays_what_the_eager_step_does(seven_net):
+    eager, graphed, captures = eager_and_captured(seven_net, Batch.from_atoms(copper_cells(4), dtype=torch.float32,
+                                                                                device="cuda"))
+    assert captures == 1
+    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-5)
+    torch.testing.assert_close(graphed.forces, eager.forces, rtol=0, atol=1e-4)
+
+
+def test_captured_steps_allocate_nothing(seven_net):
+    stage = langevin(seven_net, 1000).compile()
+    assert step_allocations(stage, Batch.from_atoms(copper_cells(4), dtype=torch.float32, device="cuda")) == (0, 0)
+    assert stage._engine.graph_captures == 1
 
 
 @pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])
