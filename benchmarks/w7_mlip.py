@@ -10,12 +10,13 @@ model per run (MACE and SevenNet need different e3nn versions, so different envi
 * ``--model sevennet``: ``7net-0`` for alchemi (``model:sevennet``, eager) and TorchSim
   (``sevenn.torchsim.SevenNetModel``).
 
-Reported per case: ms/step and steps/s (the difference of a long and a short run, so warm-up,
-capture and layout are not counted), peak device bytes per atom (``max_memory_allocated``
+Reported per case: ms/step and steps/s at steady state (timed from the fifth step of a run, so
+warm-up, capture and layout are not counted), peak device bytes per atom (``max_memory_allocated``
 above the start), and alchemi's step over the model's own forward + backward on a fixed graph
 (its network called on fixed edges, eagerly). TorchSim steps with ``nvt_langevin_step`` in a
-loop, its model rebuilding its neighbour list every call. The largest batch is found from the
-measured bytes per atom and confirmed by running it (backing off on out-of-memory).
+loop, its model rebuilding its neighbour list every call. The largest batch is searched first,
+for each framework in a fresh process: predicted from the bytes per atom of a 16-cell run, grown
+by 15 % while it runs and backed off by 20 % on out-of-memory.
 
     python -m benchmarks.w7_mlip --model mace --json out/w7_mace.json
     python -m benchmarks.w7_mlip --model sevennet --json out/w7_sevennet.json
@@ -26,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,33 +92,45 @@ def networks(kind: str, device: str, quick: bool = False) -> tuple[Any, Any]:
 
 
 # ---------------------------------------------------------------------------------- alchemi
+#: Steps left out of the steady rate: the first steps size buffers, warm kernels and capture.
+WARM_STEPS = 4
+
+
+class StepClock:
+    """An ``AFTER_STEP`` hook that notes the time after every ``every``-th step (synchronising
+    there, so the time is the device's), for a steady rate that leaves out the warm-up."""
+
+    def __init__(self, every: int = 2) -> None:
+        from alchemi_core.dynamics import DynamicsStage
+
+        self.stage, self.frequency = DynamicsStage.AFTER_STEP, every
+        self.times: list[tuple[int, float]] = []
+
+    def __call__(self, batch: Any, dynamics: Any) -> None:
+        if batch.positions.is_cuda:
+            torch.cuda.synchronize()
+        self.times.append((dynamics.step_count, time.perf_counter()))
+
+    def seconds_per_step(self) -> float:
+        steady = [(k, t) for k, t in self.times if k >= WARM_STEPS]
+        (k0, t0), (k1, t1) = steady[0], steady[-1]
+        return (t1 - t0) / (k1 - k0)
+
+
 def alchemi_run(model: Any, atoms: list[Any], steps: int, device: str, compiled: bool) -> float:
-    """Seconds of one ``run`` of ``steps`` Langevin steps on a fresh batch of ``atoms``."""
+    """Steady seconds per step of a run of ``steps`` Langevin steps on a fresh batch of ``atoms``."""
     from alchemi_core import registry
     from alchemi_core.data import Batch
 
     batch = Batch.from_atoms(atoms, dtype=torch.float32, device=device)
+    clock = StepClock()
     md = registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
-                        friction=0.01, initial_temperature=300.0, random_seed=0)
+                        friction=0.01, initial_temperature=300.0, random_seed=0, hooks=[clock])
     if compiled:
         md = md.compile()
     with md:
-        sync(device)
-        t = time.perf_counter()
         md.run(batch)
-        sync(device)
-        return time.perf_counter() - t
-
-
-def per_step(run: Any, short: int, long: int) -> float:
-    """Seconds per step from the difference of a long and a short run (median of two)."""
-    run(short)  # warm: kernels, layout, capture
-    diffs = []
-    for _ in range(2):
-        a = run(short)
-        b = run(long)
-        diffs.append((b - a) / (long - short))
-    return float(np.median(diffs))
+    return clock.seconds_per_step()
 
 
 def fixed_graph_seconds(model: Any, atoms: list[Any], device: str, repeats: int) -> float:
@@ -142,6 +158,7 @@ def fixed_graph_seconds(model: Any, atoms: list[Any], device: str, repeats: int)
 
 # ---------------------------------------------------------------------------------- TorchSim
 def torchsim_run(peer: Any, atoms: list[Any], steps: int, device: str) -> float:
+    """Steady seconds per step of ``steps`` TorchSim Langevin steps (the first ones left out)."""
     from torch_sim.integrators.nvt import nvt_langevin_init, nvt_langevin_step
     from torch_sim.state import SimState
 
@@ -159,53 +176,94 @@ def torchsim_run(peer: Any, atoms: list[Any], steps: int, device: str) -> float:
     kt = KB * 300.0
     md = nvt_langevin_init(state, peer, kT=kt)
     dt, gamma = 1.0 / INTERNAL_TIME_FS, 0.01 * INTERNAL_TIME_FS
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(steps):
+    t0 = 0.0
+    for k in range(steps):
+        if k == WARM_STEPS:
+            sync(device)
+            t0 = time.perf_counter()
         md = nvt_langevin_step(md, peer, dt=dt, kT=kt, gamma=gamma)
     sync(device)
-    return time.perf_counter() - t
+    return (time.perf_counter() - t0) / (steps - WARM_STEPS)
 
 
 # ---------------------------------------------------------------------------------- cases
 def measure(run: Any, atoms_count: int, device: str, budget_s: float) -> dict[str, Any]:
-    """Rate and peak memory of one framework on one case (``run(steps) -> seconds``)."""
+    """Steady rate and peak memory of one framework on one case (``run(steps) -> s/step``): a
+    short run estimates the rate, a second run of about ``budget_s`` measures it."""
     if device == "cuda":
-        torch.cuda.empty_cache()
+        free_memory()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    probe = run(2)
-    guess = max(probe / 2, 1e-4)
-    long = int(min(200, max(4, budget_s / guess / 4)))
-    short = max(2, long // 5)
-    sec = per_step(run, short, long)
-    out = {"ms_per_step": 1e3 * sec, "steps_per_s": 1.0 / sec, "steps": [short, long]}
+    guess = run(WARM_STEPS + 8)
+    steps = WARM_STEPS + int(min(400, max(10, budget_s / max(guess, 1e-5))))
+    sec = run(steps)
+    out = {"ms_per_step": 1e3 * sec, "steps_per_s": 1.0 / sec, "steps": steps}
     if device == "cuda":
         out["peak_bytes_per_atom"] = (torch.cuda.max_memory_allocated() - base) / atoms_count
     return out
+
+
+def free_memory() -> None:
+    """Give the device memory of finished runs back (a stage and its engine refer to each other,
+    so their captured graphs go only when the garbage collector runs)."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def largest(run: Any, bytes_per_atom: float, device: str, start: int) -> dict[str, Any]:
-    """The most cells that run: predicted from bytes per atom, backed off by 0.8 on OOM."""
-    if device != "cuda" or not bytes_per_atom:
+#: Cells of the short run that measures a framework's bytes per atom before the largest-batch search.
+PROBE_CELLS = 16
+
+
+def largest(run: Any, device: str) -> dict[str, Any]:
+    """The most cells that run: predicted from the bytes per atom of a 16-cell run, then grown
+    by 15 % while it fits (backed off by 20 % on out-of-memory); ``run(cells, steps)``."""
+    if device != "cuda":
         return {"cells": None, "reason": "needs a GPU"}
+    free_memory()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run(PROBE_CELLS, WARM_STEPS + 4)
+    per_atom = (torch.cuda.max_memory_allocated() - base) / (PROBE_CELLS * 108)
+    free_memory()
     free, _ = torch.cuda.mem_get_info()
-    cells = max(start, int(0.92 * free / (bytes_per_atom * 108)))
-    for _ in range(6):
+    cells = max(1, int(0.92 * free / (per_atom * 108)))
+    best: dict[str, Any] = {"cells": None, "reason": "out of memory at every size tried"}
+    tried: list[list[Any]] = []
+    failed = False
+    for _ in range(5):
         try:
-            torch.cuda.empty_cache()
-            sec = run(cells, 3) / 3
-            return {"cells": cells, "atoms": cells * 108, "ms_per_step": 1e3 * sec}
+            free_memory()
+            sec = run(cells, WARM_STEPS + 4)
+            best = {"cells": cells, "atoms": cells * 108, "ms_per_step": 1e3 * sec}
+            tried.append([cells, "ok"])
+            if failed:
+                break
+            cells = int(cells * 1.15)
         except Exception as exc:  # noqa: BLE001
             if not oom(exc):
-                return {"cells": None, "reason": f"{type(exc).__name__}: {exc}"}
+                return {"cells": None, "reason": f"{type(exc).__name__}: {exc}", "tried": tried}
+            tried.append([cells, "out of memory"])
+            failed = True
+            if best["cells"] is not None:
+                break
             cells = int(cells * 0.8)
-            torch.cuda.empty_cache()
-    return {"cells": None, "reason": "out of memory at every size tried"}
+    best.update(tried=tried, probe_bytes_per_atom=per_atom)
+    return best
+
+
+def largest_in_subprocess(model: str, framework: str, device: str) -> dict[str, Any]:
+    """:func:`largest` for one framework in a fresh process, so that neither framework's
+    earlier runs hold device memory during the other's search."""
+    cmd = [sys.executable, "-m", "benchmarks.w7_mlip", "--model", model, "--device", device, "--largest", framework]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"cells": None, "reason": f"exit {done.returncode}: {done.stderr[-500:]}"}
+    return dict(json.loads(lines[-1]))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -215,10 +273,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="1 cell, a small MACE, few steps (a smoke test)")
     p.add_argument("--budget-s", type=float, default=8.0, help="seconds of stepping per case and framework")
+    p.add_argument("--largest", choices=("alchemi", "torchsim"), default=None,
+                   help="only search the largest batch of one framework (what the full run starts in subprocesses)")
     args = p.parse_args(argv)
     device = args.device
+    compiled = True  # a model whose step cannot be captured runs eagerly under compile()
+    if args.largest is not None:
+        ours, peer = networks(args.model, device)
+        if args.largest == "alchemi":
+            found = largest(lambda n, s: alchemi_run(ours, cu_cells(n), s, device, compiled), device)
+        elif isinstance(peer, str):
+            found = {"cells": None, "reason": peer}
+        else:
+            found = largest(lambda n, s: torchsim_run(peer, cu_cells(n), s, device), device)
+        print(json.dumps(found), flush=True)
+        return found
+    big: dict[str, Any] = {}
+    if device == "cuda" and not args.quick:  # first, while this process holds no device memory
+        big = {fw: largest_in_subprocess(args.model, fw, device) for fw in ("alchemi", "torchsim")}
     ours, peer = networks(args.model, device, args.quick)
-    compiled = args.model == "mace"
     sizes = (1,) if args.quick else SIZES
     budget = 0.5 if args.quick else args.budget_s
     report: dict[str, Any] = {
@@ -256,25 +329,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(case), flush=True)
         save()
         if device == "cuda":
-            torch.cuda.empty_cache()
+            free_memory()
 
-    def peak(fw: str) -> float:
-        values = [c[fw]["peak_bytes_per_atom"] for c in report["cases"] if "peak_bytes_per_atom" in c.get(fw, {})]
-        return float(values[-1]) if values else 0.0
-
-    if not args.quick:
-        report["largest"] = {"alchemi": largest(lambda n, s: alchemi_run(ours, cu_cells(n), s, device, compiled),
-                                                peak("alchemi"), device, 256)}
-        if not isinstance(peer, str):
-            report["largest"]["torchsim"] = largest(lambda n, s: torchsim_run(peer, cu_cells(n), s, device),
-                                                    peak("torchsim"), device, 1)
+    if big:
+        report["largest"] = big
         save()
     by = {c["cells"]: c for c in report["cases"]}
     met: dict[str, Any] = {}
     for n in (1, 64, 256):
         if "speedup" in by.get(n, {}):
             met[f"speedup_{n}"] = by[n]["speedup"] >= TARGETS[f"speedup_{n}"]
-    big = report.get("largest", {})
     if big.get("alchemi", {}).get("cells") and big.get("torchsim", {}).get("cells"):
         met["systems_in_memory"] = big["alchemi"]["cells"] >= TARGETS["systems_in_memory"] * big["torchsim"]["cells"]
     ratios = [c["step_over_fixed"] for c in report["cases"] if "step_over_fixed" in c]
