@@ -1,9 +1,15 @@
-"""Helpers for tests that run on a CUDA device."""
+"""Helpers for tests that run on a CUDA device.
+
+* :func:`no_host_sync`: fail on any host synchronisation inside a block.
+* :func:`eager_and_captured`: the same Langevin run eagerly and as a replayed CUDA graph.
+* :func:`step_allocations`: what steps of a warm stage take from the caching allocator.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -23,3 +29,50 @@ def no_host_sync() -> Iterator[None]:
         yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def langevin(model: Any, steps: int) -> Any:
+    """The Langevin stage of these checks (300 K, 1 fs, friction 0.01/fs, seed 0; needs
+    alchemi-integrators)."""
+    from alchemi_core import registry
+
+    return registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
+                          friction=0.01, initial_temperature=300.0, random_seed=0)
+
+
+def eager_and_captured(model: Any, batch: Any, steps: int = 30) -> tuple[Any, Any, int]:
+    """``(eager, captured, captures)``: copies of ``batch`` after ``steps`` Langevin steps run
+    eagerly and with ``compile()`` (on a GPU: a CUDA graph replayed), and how many graphs the
+    compiled run captured. Same seed, so the two should agree to rounding.
+
+    Example:
+        >>> eager, graphed, captures = eager_and_captured(model, batch)  # doctest: +SKIP
+        >>> torch.testing.assert_close(graphed.positions, eager.positions)  # doctest: +SKIP
+    """
+    eager, graphed = batch.clone(), batch.clone()
+    langevin(model, steps).run(eager)
+    stage = langevin(model, steps).compile()
+    with stage:
+        stage.run(graphed)
+    return eager, graphed, int(stage._engine.graph_captures)
+
+
+def step_allocations(stage: Any, batch: Any, steps: int = 20) -> tuple[int, int]:
+    """``(allocations, segments)`` the caching allocator made during ``steps`` steps of
+    ``stage`` after five warm-up steps on ``batch`` (a GPU batch): blocks handed out, and
+    device memory newly taken from the driver.
+
+    Example:
+        >>> step_allocations(stage.compile(), batch)  # doctest: +SKIP
+        (0, 0)
+    """
+    stage.run(batch, n_steps=5)
+    engine = stage._engine
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    return (after["allocation.all.allocated"] - before["allocation.all.allocated"],
+            after["segment.all.allocated"] - before["segment.all.allocated"])

@@ -8,14 +8,12 @@ import torch
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
+from alchemi_core.testing.gpu import eager_and_captured, langevin, step_allocations
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
-    eager_and_captured,
-    langevin,
     reference_structures,
     relax_then_md,
-    step_allocations,
 )
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,6 @@
 * :func:`copper_cells`: the rattled Cu cells of benchmark W7.
 * :func:`relax_then_md`: FIRE relaxation, then Langevin MD, in one fused stage, from a batch or
   streamed through a sampler (inflight); every structure comes out once, finite.
-* :func:`eager_and_captured` and :func:`step_allocations` (GPU): the same Langevin run eagerly and
-  as a replayed CUDA graph; what steps of a warm stage allocate.
 
 Example:
     >>> atoms = reference_structures()
@@ -130,38 +128,3 @@ def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, 
         extra_check(result)
     return result
 
-
-def langevin(model: Any, steps: int) -> Any:
-    """The Langevin stage of these checks (300 K, 1 fs, friction 0.01/fs, seed 0)."""
-    from alchemi_core import registry
-
-    return registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
-                          friction=0.01, initial_temperature=300.0, random_seed=0)
-
-
-def eager_and_captured(model: Any, batch: Any, steps: int = 30) -> tuple[Any, Any, int]:
-    """``(eager, captured, captures)``: copies of ``batch`` after ``steps`` Langevin steps run
-    eagerly and with ``compile()`` (on a GPU: a CUDA graph replayed), and how many graphs the
-    compiled run captured. Same seed, so the two should agree to rounding."""
-    eager, graphed = batch.clone(), batch.clone()
-    langevin(model, steps).run(eager)
-    stage = langevin(model, steps).compile()
-    with stage:
-        stage.run(graphed)
-    return eager, graphed, int(stage._engine.graph_captures)
-
-
-def step_allocations(stage: Any, batch: Any, steps: int = 20) -> tuple[int, int]:
-    """``(allocations, segments)`` the caching allocator made during ``steps`` steps of
-    ``stage`` after five warm-up steps on ``batch`` (a GPU batch): blocks handed out, and
-    device memory newly taken from the driver."""
-    stage.run(batch, n_steps=5)
-    engine = stage._engine
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    after = torch.cuda.memory_stats()
-    return (after["allocation.all.allocated"] - before["allocation.all.allocated"],
-            after["segment.all.allocated"] - before["segment.all.allocated"])
