@@ -11,7 +11,8 @@ replay rules:
 * :func:`stream_for`: torch's current stream on a device as a Warp stream, wrapped once per
   torch stream (wrapping costs more than a launch).
 * :class:`LaunchSequence`: launches recorded for fixed arrays and sizes and replayed in order
-  (a model's forward).
+  (a model's forward); on a CPU a long kernel can be cut into :data:`CPU_CHUNKS` ranges that run
+  on as many threads as torch uses (:meth:`LaunchSequence.add_chunked`).
 * :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
   objects (an integrator's updates).
 * :func:`launch_tensors`: one kernel on torch tensors, its recorded launch reused with new
@@ -31,8 +32,10 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -46,6 +49,22 @@ _streams: dict[tuple[int, int], Any] = {}
 MAX_STREAMS = 32
 # Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
 _local = threading.local()
+#: How many ranges a chunked CPU kernel is cut into. Fixed, not the thread count, so that results
+#: (sums over per-chunk buffers) are the same whatever the number of threads.
+CPU_CHUNKS = 8
+#: Below this many threads of work a CPU kernel runs as one launch (the split costs ~20 µs).
+MIN_CHUNKED_DIM = 4096
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def _forget_pool() -> None:
+    # A forked child has the pool object but none of its threads: it must start its own.
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 class KernelLaunchError(AlchemiError, RuntimeError):
@@ -128,6 +147,46 @@ def _threads(dim: int | Sequence[int]) -> int:
     return math.prod(dim) if isinstance(dim, Sequence) else int(dim)
 
 
+def chunks_for(device: Any, dim: int) -> int:
+    """Into how many ranges :meth:`LaunchSequence.add_chunked` cuts a kernel of ``dim`` threads
+    on ``device`` (a Warp or torch device): :data:`CPU_CHUNKS` for long CPU kernels, else 1."""
+    on_cpu = str(device).startswith("cpu")
+    return CPU_CHUNKS if on_cpu and dim >= MIN_CHUNKED_DIM else 1
+
+
+def cpu_workers() -> int:
+    """Threads that run the chunks of a CPU kernel: torch's intra-op thread count (set it with
+    ``torch.set_num_threads`` or ``OMP_NUM_THREADS``), at most :data:`CPU_CHUNKS`."""
+    return max(1, min(CPU_CHUNKS, torch.get_num_threads()))
+
+
+def _run_chunks(commands: Sequence[Any]) -> None:
+    """Launch the chunks of one CPU kernel on the worker threads (Warp releases the GIL while a
+    CPU kernel runs) and wait for all of them; the calling thread works too. Each thread takes
+    the next chunk when it is done with one, so uneven chunks (a neighbour search where a few
+    systems rebuild) even out."""
+    global _pool, _pool_size
+    workers = min(cpu_workers(), len(commands))
+    if workers <= 1:
+        for cmd in commands:
+            cmd.launch()
+        return
+    with _lock:
+        if _pool is None or _pool_size < workers - 1:
+            _pool, _pool_size = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="alchemi-cpu"), workers - 1
+        pool = _pool
+    queue = iter(commands)  # shared: a list iterator hands each item out once, also across threads
+    futures = [pool.submit(_launch_all, queue) for _ in range(workers - 1)]
+    _launch_all(queue)
+    for f in futures:
+        f.result()
+
+
+def _launch_all(commands: Iterable[Any]) -> None:
+    for cmd in commands:
+        cmd.launch()
+
+
 class LaunchSequence:
     """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order.
 
@@ -148,6 +207,7 @@ class LaunchSequence:
     def __init__(self, device: Any, who: str = "alchemi") -> None:
         self.device = device
         self.who = who
+        #: A recorded launch, or a tuple of them: the chunks of one kernel (CPU only).
         self._commands: list[Any] = []
         self.names: list[str] = []
 
@@ -160,6 +220,39 @@ class LaunchSequence:
         """
         if _threads(dim) <= 0:
             return  # Warp records nothing for an empty grid (it returns None)
+        self._commands.append(self._record(kernel, dim, inputs))
+        self.names.append(kernel.key)
+
+    def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int,
+                    per_chunk: dict[int, Sequence[Any]] | None = None) -> None:
+        """Record a kernel whose thread ``t`` does item ``start + t``, cut into
+        :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
+        one launch with ``start = 0``.
+
+        Args:
+            kernel: A kernel whose argument number ``start_at`` is the first item's index.
+            dim: Items in all.
+            inputs: The arguments (the one at ``start_at`` is replaced).
+            start_at: Index of the start argument in ``inputs``.
+            per_chunk: Arguments that differ by chunk (index -> one value per chunk), such as a
+                buffer each chunk adds into alone; a chunk's writes must not meet another's.
+        """
+        if dim <= 0:
+            return
+        n = chunks_for(self.device, dim)
+        bounds = [dim * c // n for c in range(n + 1)]
+        commands = []
+        for c in range(n):
+            args = list(inputs)
+            args[start_at] = bounds[c]
+            for index, values in (per_chunk or {}).items():
+                args[index] = values[c]
+            if bounds[c + 1] > bounds[c]:
+                commands.append(self._record(kernel, bounds[c + 1] - bounds[c], args))
+        self._commands.append(commands[0] if len(commands) == 1 else tuple(commands))
+        self.names.append(kernel.key)
+
+    def _record(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> Any:
         cmd = warp().launch(kernel, dim=dim, inputs=list(inputs), device=self.device, record_cmd=True)
         if cmd is None:
             raise KernelLaunchError(
@@ -167,13 +260,16 @@ class LaunchSequence:
                 "building or loading its module failed earlier (see the first error; on a CPU device "
                 "Warp needs its CPU compiler, on a GPU a working CUDA driver)"
             )
-        self._commands.append(cmd)
-        self.names.append(kernel.key)
+        return cmd
 
     def run(self, stream: Any = None) -> None:
-        """Launch every recorded kernel, in order, on ``stream`` (the device's default if None)."""
+        """Launch every recorded kernel, in order, on ``stream`` (the device's default if None);
+        the chunks of a CPU kernel run on the worker threads, all finished before the next kernel."""
         for cmd in self._commands:
-            cmd.launch(stream)
+            if type(cmd) is tuple:
+                _run_chunks(cmd)
+            else:
+                cmd.launch(stream)
 
     def __len__(self) -> int:
         return len(self._commands)

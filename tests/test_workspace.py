@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
+import pytest
 import torch
 
 from alchemi_core.workspace import Workspace
@@ -27,3 +30,87 @@ def test_importing_core_and_its_runtime_loads_no_warp():
     code = "import sys, alchemi_core, alchemi_core.warp_runtime, alchemi_core.workspace; print('warp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_ranges_of_a_cpu_kernel_cover_every_item_once_and_run_on_several_threads():
+    wp = pytest.importorskip("warp")
+    from alchemi_core import warp_runtime
+
+    warp_runtime.warp()
+    if not wp.is_cpu_available():
+        pytest.skip("this warp-lang build has no CPU compiler")
+    counts = torch.zeros(10_000, dtype=torch.int32)
+    seq = warp_runtime.LaunchSequence(warp_runtime.warp_device(torch.device("cpu")))
+    seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0], start_at=1)
+    assert warp_runtime.chunks_for("cpu", counts.numel()) == warp_runtime.CPU_CHUNKS
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            seq.run()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(counts, torch.full_like(counts, 2))  # every item once per run, twice in all
+    assert warp_runtime.chunks_for("cuda:0", 10**7) == 1  # a GPU launch is never cut
+
+
+def test_the_ranges_run_on_as_many_threads_as_torch_uses():
+    from alchemi_core import warp_runtime
+
+    seen: list[int] = []
+    together = threading.Barrier(2, timeout=10)  # passes only when two launches run at once
+
+    class Launch:
+        def __init__(self, wait: bool) -> None:
+            self.wait = wait
+
+        def launch(self) -> None:
+            seen.append(threading.get_ident())
+            if self.wait:
+                together.wait()
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        warp_runtime._run_chunks([Launch(True), Launch(True)])
+        assert len(set(seen)) == 2
+        torch.set_num_threads(1)
+        seen.clear()
+        warp_runtime._run_chunks([Launch(False) for _ in range(4)])
+        assert seen == [threading.get_ident()] * 4
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_forked_child_runs_cpu_ranges_on_threads_of_its_own():
+    import multiprocessing as mp
+
+    from alchemi_core import warp_runtime
+
+    class Launch:
+        def launch(self) -> None:
+            time.sleep(0.001)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        warp_runtime._run_chunks([Launch(), Launch()])  # the parent's pool exists now
+        child = mp.get_context("fork").Process(target=warp_runtime._run_chunks, args=([Launch(), Launch()],))
+        child.start()
+        child.join(timeout=20)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+        assert not hung and child.exitcode == 0  # reusing the parent's (threadless) pool hangs
+    finally:
+        torch.set_num_threads(before)
+
+
+def _count_kernel():
+    import warp as wp
+
+    @wp.kernel
+    def count_once(counts: wp.array(dtype=wp.int32), start: int):
+        counts[wp.tid() + start] += 1
+
+    return count_once

@@ -93,3 +93,33 @@ def test_fold_chunks_cover_every_slot_once(monkeypatch):
     monkeypatch.setattr(pair_potential, "FOLD_CHUNK", 4)
     chunks = pair_potential._fold_chunks(counts, torch.device("cpu")).numpy()
     assert chunks.tolist() == [[0, 3, 0], [3, 7, 2], [7, 11, 2], [11, 13, 2], [13, 14, 3]]
+
+
+@pytest.fixture
+def torch_threads():
+    """Set torch's intra-op thread count (the CPU kernels' worker threads) for one test."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_cpu_kernels_cut_in_ranges_give_the_reference_whatever_the_thread_count(ref, rng, monkeypatch,
+                                                                                 torch_threads, half):
+    """On a CPU the neighbour search and the pair kernel run in CPU_CHUNKS ranges of slots, on as
+    many threads as torch uses (here forced for 46 atoms, so ranges cut systems in pieces): the
+    reference holds, and one thread or two give the same bits."""
+    from alchemi_core import warp_runtime
+
+    monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1)
+    structures = systems(ref, rng)
+    outs = []
+    for threads in (1, 2):
+        torch_threads(threads)
+        model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half))
+        out = model(ref.batch(structures), compute_stress=True)
+        assert isinstance(model._outputs.launches._commands[1], tuple)  # the pair kernel, in ranges
+        check_against_reference(ref, structures, out, lennard_jones_reference(ref))
+        outs.append(out)
+    for name in ("energy", "forces", "stress"):
+        assert torch.equal(outs[0][name], outs[1][name]), name

@@ -144,8 +144,9 @@ def pair_kernel(options: PairOptions) -> Any:
         virial: wp.array(dtype=Any),
         slot_energy: wp.array(dtype=Any),
         slot_virial: wp.array(dtype=Any),
+        start: int,
     ):
-        t = wp.tid()
+        t = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
         s = lists.system[t]
         yi = wrapped[t]
         m = image_cell[s]

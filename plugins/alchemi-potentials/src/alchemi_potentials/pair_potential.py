@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -277,15 +278,20 @@ class PairPotential(BaseModel):
         scalar, vec, mat = (wp.float64, wp.vec3d, wp.mat33d) if f64 else (wp.float32, wp.vec3f, wp.mat33f)
         C, E, W = _warp.view(cell, mat), _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
         F = _warp.view(forces, vec)
-        chunks = _fold_chunks(batch.num_nodes_per_system, pos.device)
+        # On a CPU the pair kernel runs in ranges of slots on several threads (add_chunked): the
+        # systems' totals then come from per-slot values, and with a half list each range adds
+        # its forces (which reach other ranges' atoms) into a buffer of its own, summed after.
+        pieces = _warp.chunks_for(pos.device, n_atoms)
+        chunks = _fold_chunks(batch.num_nodes_per_system, pos.device, always=pieces > 1)
         per_slot = chunks is not None
         slots = n_atoms if per_slot else 1
         slot_energy = self._scratch("slot_energy", (slots,), pos)
         slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
         SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
+        split_forces = matrix.half and pieces > 1
         seq = _warp.LaunchSequence(F.device)
         seq.add(k.zero_totals, n_sys, [E, W])
-        if matrix.half:
+        if matrix.half and not split_forces:
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
@@ -293,11 +299,17 @@ class PairPotential(BaseModel):
             kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
         )
-        seq.add(pair_kernel(options), n_atoms, [
+        forces_of: dict[int, Sequence[Any]] | None = None
+        if split_forces:
+            chunk_forces = self._scratch("chunk_forces", (pieces, n_atoms, 3), pos)
+            forces_of = {10: [_warp.view(chunk_forces[c], vec) for c in range(pieces)]}
+        seq.add_chunked(pair_kernel(options), n_atoms, [
             matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
             self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
-            F, E, W, SE, SW,
-        ])
+            F, E, W, SE, SW, 0,
+        ], start_at=15, per_chunk=forces_of)
+        if split_forces:
+            seq.add_chunked(k.sum_chunk_forces, n_atoms, [_warp.view(chunk_forces, vec), F, 0], start_at=2)
         held = []
         if chunks is not None:
             seq.add(k.fold_totals, chunks.shape[0], [_warp.view(chunks), SE, SW, int(compute_stress), E, W])
@@ -369,11 +381,11 @@ class PairPotential(BaseModel):
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
 
 
-def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device) -> torch.Tensor | None:
+def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device, always: bool = False) -> torch.Tensor | None:
     """``[chunks, 3]`` int32 (first slot, end slot, system) of the per-slot fold, or None when
-    every system is small enough for direct atomic adds."""
+    every system is small enough for direct atomic adds (and ``always`` is not set)."""
     counts = np.asarray(atoms_per_system, dtype=np.int64)
-    if len(counts) == 0 or counts.max() <= DIRECT_TOTALS_UP_TO:
+    if len(counts) == 0 or (counts.max() <= DIRECT_TOTALS_UP_TO and not always):
         return None
     per_system = -(-counts // FOLD_CHUNK)
     system = np.repeat(np.arange(len(counts)), per_system)

@@ -236,8 +236,8 @@ class BatchedNeighborList:
             before.add(k.bin_atoms, na, [positions, g, a])
             after = _warp.LaunchSequence(positions.device)
             after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])
-            after.add(k.search_neighbors, na, [wrapped, g, a, wp.float64(r * r), m.pair_list.entries,
-                                               m.pair_list.count, int(m.half)])
+            after.add_chunked(k.search_neighbors, na, [wrapped, g, a, wp.float64(r * r), m.pair_list.entries,
+                                                       m.pair_list.count, int(m.half), 0], start_at=7)
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs

@@ -356,8 +356,9 @@ def search_neighbors(
     entries: wp.array2d(dtype=wp.int32),
     count: wp.array(dtype=wp.int32),
     half: int,
+    start: int,
 ):
-    t = wp.tid()
+    t = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
     s = a.system[t]
     if g.rebuild[s] == 0:
         return
@@ -407,6 +408,8 @@ def search_neighbors(
                             found += 1
     count[t] = wp.min(found, columns)
     if found > columns:
+        # On a CPU, chunks of one system may run at once and this max is a plain one there: the
+        # flag is always set, but the count it reports may be another chunk's (smaller) count.
         wp.atomic_max(g.overflow, s, found)
 
 
