@@ -223,7 +223,9 @@ def atoms_from_fields(
         elif name.startswith(JSON_PREFIX):
             from ase.io.jsonio import decode
 
-            atoms.info[name[len(JSON_PREFIX):]] = decode(decode_text(value[0]))
+            text = decode_text(value[0])
+            if text:  # empty: a structure batched with others that have this key, itself without it
+                atoms.info[name[len(JSON_PREFIX):]] = decode(text)
         elif name.startswith(INFO_PREFIX):
             row = value[0].numpy()
             atoms.info[name[len(INFO_PREFIX):]] = row.item() if row.ndim == 0 else row
@@ -264,11 +266,10 @@ def _as_numpy(name: str, t: torch.Tensor) -> np.ndarray:
 
 
 def harmonise(fields_list: list[dict[str, Any]]) -> None:
-    """Give every structure the atom arrays and ``frozen`` that any of them has (ASE's defaults:
-    zeros, not frozen), so structures from different files batch together. Info keys must match.
-
-    Raises:
-        InvalidDataError: Structures whose ``info`` keys differ.
+    """Make structures from different files batch together: every structure gets the atom arrays
+    and ``frozen`` that any of them has (ASE's defaults: zeros, not frozen), and an ``info`` key
+    that not all of them have alike (missing in some, or of another kind or shape) is stored as
+    JSON in all, empty where it is missing, so each structure comes back with its own keys.
     """
     optional = ("frozen", *ATOM_ARRAYS)
     for name in optional:
@@ -280,12 +281,38 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
             if name not in f:
                 n = int(f["atomic_numbers"].shape[0])
                 f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
-    keys0 = {k for k in fields_list[0] if k.startswith(_INFO_PREFIXES)}
-    for i, f in enumerate(fields_list):
-        keys = {k for k in f if k.startswith(_INFO_PREFIXES)}
-        if keys != keys0:
-            differ = sorted(k.split("_", 1)[1] for k in keys ^ keys0)
-            raise InvalidDataError(
-                f"structure {i} and structure 0 differ in their atoms.info keys {differ}; structures batched "
-                "together need the same info keys: add the missing ones or delete them from every structure"
-            )
+    forms: dict[str, set[tuple[Any, ...]]] = {}
+    for f in fields_list:
+        for field, value in f.items():
+            if field.startswith(_INFO_PREFIXES):
+                prefix, key = _split_info(field)
+                forms.setdefault(key, set()).add((prefix, value.dtype, tuple(value.shape[1:])))
+    for key, kinds in forms.items():
+        if len(kinds) == 1 and all(any(_split_info(n)[1] == key for n in f if n.startswith(_INFO_PREFIXES))
+                                   for f in fields_list):
+            continue
+        for f in fields_list:
+            own = [n for n in f if n.startswith(_INFO_PREFIXES) and _split_info(n)[1] == key]
+            text = _to_json(key, _info_value(own[0], f.pop(own[0]))) if own else ""
+            f[JSON_PREFIX + key] = encode_text(text, key, JSON_WIDTH).unsqueeze(0)
+
+
+def _split_info(field: str) -> tuple[str, str]:
+    """``(prefix, key)`` of an info field's name."""
+    for prefix in (TEXT_PREFIX, JSON_PREFIX, INFO_PREFIX):  # the longer prefixes first
+        if field.startswith(prefix):
+            return prefix, field[len(prefix):]
+    raise ValueError(field)  # pragma: no cover - callers pass info fields only
+
+
+def _info_value(field: str, value: torch.Tensor) -> Any:
+    """The ``atoms.info`` value an info field's row holds."""
+    from ase.io.jsonio import decode
+
+    prefix, _ = _split_info(field)
+    if prefix == TEXT_PREFIX:
+        return decode_text(value[0])
+    if prefix == JSON_PREFIX:
+        return decode(decode_text(value[0]))
+    row = value[0].numpy()
+    return row.item() if row.ndim == 0 else row

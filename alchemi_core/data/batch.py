@@ -190,10 +190,12 @@ class Batch:
     @classmethod
     def from_atoms(cls, atoms_list: Sequence[ase.Atoms], device: Any = None, dtype: Any = None) -> Batch:
         """A batch from ASE ``Atoms`` objects (see ``AtomicData.from_atoms``); structures without tags,
-        charges, magnetic moments or constraints get ASE's defaults when others have them.
+        charges, magnetic moments or constraints get ASE's defaults when others have them, and
+        ``info`` keys that only some structures have (or have in another form) are kept as JSON,
+        so that each structure comes back with its own ``info``.
 
         Raises:
-            InvalidDataError: A constraint alchemi cannot honour, or structures with different ``info`` keys.
+            InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
         """
         from alchemi_core.data.ase_io import fields_from_atoms, harmonise
 

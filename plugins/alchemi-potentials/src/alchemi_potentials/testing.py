@@ -36,7 +36,6 @@ def reference_structures(seed: int = 0, rattle: float = 0.05) -> list[Any]:
     ch4.center()
     slab = fcc111("Cu", size=(2, 2, 3), vacuum=6.0)
     slab.pbc = (True, True, False)
-    slab.info.clear()  # ase.build's adsorbate notes: structures batched together share info keys
     out = [cu, si, ch4, slab]
     for i, atoms in enumerate(out):
         atoms.rattle(rattle, seed=seed + i)
