@@ -168,8 +168,7 @@ def _run_chunks(commands: Sequence[Any]) -> None:
     global _pool, _pool_size
     workers = min(cpu_workers(), len(commands))
     if workers <= 1:
-        for cmd in commands:
-            cmd.launch()
+        _launch_all(commands)
         return
     with _lock:
         if _pool is None or _pool_size < workers - 1:

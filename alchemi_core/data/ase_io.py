@@ -218,17 +218,10 @@ def atoms_from_fields(
     if "initial_magmoms" in f:
         atoms.set_initial_magnetic_moments(f["initial_magmoms"].double().numpy())
     for name, value in f.items():
-        if name.startswith(TEXT_PREFIX):
-            atoms.info[name[len(TEXT_PREFIX):]] = decode_text(value[0])
-        elif name.startswith(JSON_PREFIX):
-            from ase.io.jsonio import decode
-
-            text = decode_text(value[0])
-            if text:  # empty: a structure batched with others that have this key, itself without it
-                atoms.info[name[len(JSON_PREFIX):]] = decode(text)
-        elif name.startswith(INFO_PREFIX):
-            row = value[0].numpy()
-            atoms.info[name[len(INFO_PREFIX):]] = row.item() if row.ndim == 0 else row
+        if name.startswith(_INFO_PREFIXES):
+            info = _info_value(name, value)
+            if info is not _ABSENT:
+                atoms.info[_split_info(name)[1]] = info
     if "frozen" in f and bool(f["frozen"].any()):
         atoms.set_constraint(FixAtoms(mask=f["frozen"].reshape(-1).numpy().astype(bool)))
     skip = set(exclude)
@@ -282,18 +275,18 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
                 n = int(f["atomic_numbers"].shape[0])
                 f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
     forms: dict[str, set[tuple[Any, ...]]] = {}
+    owners: list[dict[str, str]] = []  # per structure: info key -> its field name
     for f in fields_list:
-        for field, value in f.items():
-            if field.startswith(_INFO_PREFIXES):
-                prefix, key = _split_info(field)
-                forms.setdefault(key, set()).add((prefix, value.dtype, tuple(value.shape[1:])))
+        own = {_split_info(field)[1]: field for field in f if field.startswith(_INFO_PREFIXES)}
+        owners.append(own)
+        for key, field in own.items():
+            value = f[field]
+            forms.setdefault(key, set()).add((_split_info(field)[0], value.dtype, tuple(value.shape[1:])))
     for key, kinds in forms.items():
-        if len(kinds) == 1 and all(any(_split_info(n)[1] == key for n in f if n.startswith(_INFO_PREFIXES))
-                                   for f in fields_list):
+        if len(kinds) == 1 and all(key in own for own in owners):
             continue
-        for f in fields_list:
-            own = [n for n in f if n.startswith(_INFO_PREFIXES) and _split_info(n)[1] == key]
-            text = _to_json(key, _info_value(own[0], f.pop(own[0]))) if own else ""
+        for f, own in zip(fields_list, owners, strict=True):
+            text = _to_json(key, _info_value(own[key], f.pop(own[key]))) if key in own else ""
             f[JSON_PREFIX + key] = encode_text(text, key, JSON_WIDTH).unsqueeze(0)
 
 
@@ -305,14 +298,20 @@ def _split_info(field: str) -> tuple[str, str]:
     raise ValueError(field)  # pragma: no cover - callers pass info fields only
 
 
+#: What :func:`_info_value` gives for a structure without the key (its JSON row is empty).
+_ABSENT = object()
+
+
 def _info_value(field: str, value: torch.Tensor) -> Any:
-    """The ``atoms.info`` value an info field's row holds."""
+    """The ``atoms.info`` value an info field's row holds (:data:`_ABSENT` for an empty JSON row:
+    a structure batched with others that have this key, itself without it)."""
     from ase.io.jsonio import decode
 
     prefix, _ = _split_info(field)
     if prefix == TEXT_PREFIX:
         return decode_text(value[0])
     if prefix == JSON_PREFIX:
-        return decode(decode_text(value[0]))
+        text = decode_text(value[0])
+        return decode(text) if text else _ABSENT
     row = value[0].numpy()
     return row.item() if row.ndim == 0 else row
