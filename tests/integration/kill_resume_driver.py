@@ -39,6 +39,15 @@ from alchemi_core.models.demo import DemoModelWrapper  # noqa: E402
 from alchemi_core.testing import random_structures  # noqa: E402
 
 SIZES = [3, 5, 4, 2, 6, 3, 4, 5, 2, 3, 4, 6, 5, 3]
+
+
+def _warm_up() -> None:
+    """Import Warp and load the health-check kernels here, once, so that the forked children
+    inherit them (each child would otherwise spend most of its second doing that itself)."""
+    from alchemi_core.dynamics.quarantine import HealthCheck
+    from alchemi_core.testing import make_batch
+
+    HealthCheck().codes(make_batch([3], dtype=torch.float64))
 FIELDS = ("positions", "velocities", "status", "energy")
 
 
@@ -120,6 +129,7 @@ def _result(kind: str, where: Path) -> dict[str, torch.Tensor]:
 
 def main(kind: str, trials: int, seed: int, workdir: Path) -> dict:
     rng = random.Random(seed)
+    _warm_up()
     reference = workdir / "reference"
     reference.mkdir(parents=True)
     if _attempt(kind, reference, None, DynamicsStage.AFTER_STEP) != 0:
