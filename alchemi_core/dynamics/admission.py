@@ -109,10 +109,7 @@ class Admission(StepLoop):
         status = batch.status
         before = status.clone()
         self._quarantine(k)  # first: a model's own checks would stop at the structures that went bad
-        for m in self.models:
-            verify = getattr(m, "verify", None)
-            if verify is not None:
-                verify(batch)
+        self.verify_models()
         if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
             self._update_fmax()
         for s in self.subs:
@@ -304,6 +301,7 @@ class Admission(StepLoop):
             self._init_entering(new)
             self._update_masks()
             self.forward()
+            self.verify_models()  # what the newcomers need (neighbour columns) before they step
             if self.track_energy_change:
                 batch.energy_prev.copy_(batch.energy)
         return copied

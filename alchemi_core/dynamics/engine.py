@@ -120,6 +120,7 @@ class Engine(Admission):
                 self._init_entering(entering)
         self._update_masks()
         self.forward()
+        self.verify_models()
         if self.track_energy_change:
             batch.energy_prev.copy_(batch.energy)
         self._build_tables()

@@ -73,6 +73,14 @@ class StepLoop(Masks):
                         batch.stress.copy_(torch.where(rows, out["stress"], batch.stress))
         _hold_frozen(batch)
 
+    def verify_models(self) -> None:
+        """Each model's ``verify``: errors it recorded on the device (reads back; check steps,
+        and after the forward of a run's start or of a refill only)."""
+        for m in self.models:
+            verify = getattr(m, "verify", None)
+            if verify is not None:
+                verify(self.batch)
+
     @staticmethod
     def _store(batch: Any, out: Any) -> None:
         try:

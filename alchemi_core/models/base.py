@@ -99,8 +99,10 @@ class BaseModel(torch.nn.Module):
         """Raise errors the model detected on the device since the last call (a neighbour list
         that overflowed, a cutoff beyond what it was built for).
 
-        The engine calls it at check steps only, where reading back from the device is allowed;
-        the forward itself never synchronises. The default does nothing.
+        The engine calls it at check steps, where reading back from the device is allowed, and
+        right after the forward that follows a run's start or a refill, so that systems a model
+        cannot hold (more neighbours than a fixed capacity) are reported before any step uses
+        their results; the forward itself never synchronises. The default does nothing.
         """
 
 

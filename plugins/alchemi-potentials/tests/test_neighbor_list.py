@@ -199,15 +199,48 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = ref.batch([atoms])
     model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40)
-    with pytest.raises(CapacityError, match=r"max_neighbors is 40; pass max_neighbors=\d+"):
-        model.check_batch(batch)
-    model(batch)  # a forward never reads back ...
+    # The first direct call of a batch checks what it found on the device, and says what to pass.
+    with pytest.raises(CapacityError, match=r"max_neighbors is 40, so pairs were dropped.*pass max_neighbors=\d+"):
+        model(batch)
+    with pytest.raises(CapacityError, match="max_neighbors is 40"):
+        model(batch)  # and again: a failed check does not mark the batch as checked
+    engine_batch = ref.batch([atoms])
+    model.check_batch(engine_batch)  # what the engine does: check, then forwards that never read back ...
+    model(engine_batch)
     with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
-        model.verify(batch)  # ... the check step does
+        model.verify(engine_batch)  # ... until it verifies
     roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120)
     roomy.check_batch(batch)
     roomy(batch)
     roomy.verify(batch)
+
+
+def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
+    """A structure that enters by refill with more neighbours than a fixed ``max_neighbors``
+    allows raises at the refill (after its first forward, before any step uses it), naming it;
+    what graduated before is in the sink."""
+    from alchemi_core.data import AtomicData
+    from alchemi_core.data.datapipes import ListDataset
+    from alchemi_core.dynamics import DemoDynamics, HostMemory, SizeAwareSampler
+
+    loose, dense = (bulk("Ar", "fcc", a=a, cubic=True).repeat(3) for a in (5.26, 4.4))
+    most = {}
+    for name, atoms in (("loose", loose), ("dense", dense)):
+        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+        b = Batch.from_atoms([atoms])
+        nl.update(b)
+        most[name] = int(nl.most_neighbors(b).max())
+    assert most["dense"] > most["loose"]
+    data = [AtomicData.from_atoms(a) for a in (loose, loose, dense)]
+    for i, d in enumerate(data):
+        d.system_id = torch.tensor([i])
+    sampler = SizeAwareSampler(ListDataset(data), max_atoms=108, max_batch_size=1, bin_width=1)
+    sink = HostMemory(capacity=None)
+    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=most["loose"])
+    stage = DemoDynamics(model=model, n_steps=2, dt=0.5, sampler=sampler, sinks=[sink], refill_frequency=1)
+    with pytest.raises(CapacityError, match=r"systems \[2\] had up to \d+ neighbours.*pass max_neighbors="):
+        stage.run()
+    assert sorted(sink.read().system_id.tolist()) == [0, 1]
 
 
 def test_self_sizing_list_fits_the_densest_atom(ref):

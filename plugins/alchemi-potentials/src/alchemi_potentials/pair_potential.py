@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
@@ -226,13 +226,20 @@ class PairPotential(BaseModel):
             InvalidDataError: Positions that are not float32 or float64.
         """
         self._check_list_cutoff()
-        if not self._was_checked(batch):
+        direct = not self._was_checked(batch)
+        if direct:
             # A direct call gets the checks a run makes when systems enter, once per batch
             # object (the engine's own check_batch marks its batch, so it costs nothing there).
             self.check_batch(batch)
         matrix = self.neighbor_list.update(batch)
         out = self._outputs_for(batch, matrix, compute_stress)
         out.launches.run(_warp.stream_for(batch.positions.device))
+        if direct:
+            try:
+                self.verify(batch)  # a fixed max_neighbors too small: raise rather than return wrong forces
+            except Exception:
+                self._checked.pop(id(batch), None)  # and again at the next call
+                raise
         return out.result()
 
     def _outputs_for(self, batch: Batch, matrix: NeighborMatrix, compute_stress: bool) -> _Outputs:
@@ -330,11 +337,14 @@ class PairPotential(BaseModel):
     def check_batch(self, batch: Batch) -> None:
         """Reject what this model cannot evaluate correctly (reads back; not per step).
 
+        Atoms with more neighbours than a fixed ``max_neighbors`` are found by the forward that
+        follows, on the device, and raised by :meth:`verify` (a run calls it right after that
+        forward; a direct call of the model does it itself).
+
         Raises:
             InvalidDataError: Elements without parameters, positions that are not float32 or
                 float64, or a periodic cell with zero volume.
             ConfigurationError: A neighbour list built for a shorter cutoff.
-            CapacityError: An atom with more neighbours than a fixed ``max_neighbors``.
         """
         self._check_list_cutoff()
         if batch.positions.dtype not in (torch.float32, torch.float64):
@@ -347,17 +357,6 @@ class PairPotential(BaseModel):
             raise InvalidDataError(f"{exc}; add them to the model's per-element tables") from None
         check_cells(batch, self.name, radius=self.neighbor_list.radius)
         self._mark_checked(batch)
-        nl = self.neighbor_list
-        if not nl.sizes_itself and batch.num_nodes:
-            probe = BatchedNeighborList(nl.cutoff, nl.skin, half_list=nl.half_list)
-            probe.update(batch)
-            most = probe.most_neighbors(batch)
-            if most.max() > nl.max_neighbors:
-                raise CapacityError(
-                    f"{self.name}: atoms have up to {int(most.max())} neighbours within cutoff + skin = "
-                    f"{nl.radius:g} Å but max_neighbors is {nl.max_neighbors}; pass max_neighbors="
-                    f"{int(math.ceil(most.max() * 1.2))} (or None, to size it from the structures)"
-                )
 
     def memory_bytes(self) -> int:
         """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""
