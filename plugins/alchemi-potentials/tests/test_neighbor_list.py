@@ -215,6 +215,30 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     roomy.verify(batch)
 
 
+def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges():
+    """A batch large enough for the CPU search to run in ranges on several threads: the count the
+    error suggests is the true most-neighbours (plain maxima of two ranges could undercount)."""
+    import re
+
+    cells = [bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3) for _ in range(48)]
+    for i, a in enumerate(cells):
+        a.rattle(0.1, seed=i)
+    batch = Batch.from_atoms(cells)
+    assert batch.num_nodes >= 4096  # chunked on a CPU (warp_runtime.MIN_CHUNKED_DIM)
+    sized = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    sized.update(batch)
+    exact = int(sized.most_neighbors(batch).max())
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    tight.update(batch)
+    for recorded in ("as searched", "one past the columns"):
+        if recorded != "as searched":  # what a lost update between two ranges leaves behind
+            overflow = tight._layout.system_tensors["overflow"]
+            overflow.copy_(torch.where(overflow > 0, exact // 2 + 1, 0))
+        with pytest.raises(CapacityError) as err:
+            tight.verify(batch)
+        assert int(re.search(r"had up to (\d+) neighbours", str(err.value)).group(1)) == exact, recorded
+
+
 def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
     """A structure that enters by refill with more neighbours than a fixed ``max_neighbors``
     allows raises at the refill (after its first forward, before any step uses it), naming it;

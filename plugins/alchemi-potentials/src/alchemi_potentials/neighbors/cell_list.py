@@ -335,7 +335,7 @@ class BatchedNeighborList:
                 "entries; their neighbour lists are empty and their forces wrong"
             )
         if flags["overflow"].any():
-            need = int(flags["overflow"].max())
+            need = max(int(flags["overflow"].max()), self._exact_need(batch))
             raise CapacityError(
                 f"neighbour list overflow: atoms of systems {which('overflow')} had up to {need} "
                 f"neighbours within cutoff + skin = {self.radius:g} Å, but max_neighbors is {layout.columns}, "
@@ -354,6 +354,16 @@ class BatchedNeighborList:
                 "periodic cell, or have non-finite positions; wrap the positions into the cell "
                 "(hook:wrap-periodic) and check for NaN"
             )
+
+    def _exact_need(self, batch: Batch) -> int:
+        """The most neighbours of any atom, from a list that sizes itself (the error path only).
+
+        The recorded count can fall short on a CPU: where a system's atoms are searched in two
+        ranges at once, their plain (non-atomic) maxima may overwrite each other.
+        """
+        sized = BatchedNeighborList(self._cutoff, self._skin, half_list=self._half_list)
+        sized.update(batch)
+        return int(sized.most_neighbors(batch).max())
 
     def _built_for(self, batch: Batch) -> bool:
         return self._batch is not None and self._batch() is batch
