@@ -250,23 +250,42 @@ class NPTMTK(_NPTBase):
     # ------------------------------------------------------------------ the step
     def _chains(self, batch: Batch) -> None:
         """Both chains over dt/2: the barostat's scales g, the particles' scales v."""
-        half = self._step_sizes(batch, 0.5)
         kt = self.kt(batch)
         weights = YOSHIDA_WEIGHTS[self.yoshida_order]
         g = getattr(batch, CELL_STRAIN_RATE)
-        s_cell = nhc_half_step(
-            self._barostat_ke(batch), getattr(batch, BAROSTAT_CHAIN_POSITIONS),
-            getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
-            self._chain_masses(batch, self.cell_dof, "tau_p"), kt, torch.full_like(kt, self.cell_dof), half, weights,
-            self.chain_steps,
-        )
-        g.mul_(s_cell.view(-1, 1, 1))
+        cell_dof = self.cached("npt_cell_dof", batch, lambda: torch.full_like(kt, self.cell_dof), reads_fields=False)
         nf = degrees_of_freedom(batch)
-        s_atoms = nhc_half_step(
-            kinetic_energy(batch), getattr(batch, THERMOSTAT_POSITIONS), getattr(batch, THERMOSTAT_VELOCITIES),
-            self._chain_masses(batch, nf, "tau_t"), kt, nf, half, weights, self.chain_steps,
+        chains = (
+            ("npt_cell_chain", self._barostat_ke(batch), BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES,
+             "tau_p", cell_dof),
+            ("npt_atom_chain", kinetic_energy(batch), THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES, "tau_t", nf),
         )
-        self._scale_velocities(batch, s_atoms)
+        scales = []
+        if self._warp_chains(batch):
+            # One Warp thread per system walks each chain: on a CPU the torch version below is
+            # ~70 small operations per half step for each chain, most of an MTK step's time.
+            for name, ke, xi, vxi, tau, dof in chains:
+                scales.append(self.warp_kernels.chain_half_step(
+                    self, batch, name, ke.contiguous(), getattr(batch, xi), getattr(batch, vxi),
+                    self.per_system(tau, batch), dof.to(kt.dtype).contiguous(), weights,
+                ))
+        else:
+            half = self._step_sizes(batch, 0.5)
+            for _, ke, xi, vxi, tau, dof in chains:
+                scales.append(nhc_half_step(ke, getattr(batch, xi), getattr(batch, vxi),
+                                            self._chain_masses(batch, dof, tau), kt, dof, half, weights,
+                                            self.chain_steps))
+        g.mul_(scales[0].view(-1, 1, 1))
+        self._scale_velocities(batch, scales[1])
+
+    def _warp_chains(self, batch: Batch) -> bool:
+        """Whether the chains run as a Warp kernel: on a CPU with a Warp that compiles CPU kernels.
+        (On a GPU the step is captured as a graph, where the torch operations cost no launches.)"""
+        if batch.device.type != "cpu" or not warp_available():
+            return False
+        from alchemi_core.warp_runtime import warp
+
+        return bool(warp().is_cpu_available())
 
     def _kick_cell(self, batch: Batch) -> None:
         """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""

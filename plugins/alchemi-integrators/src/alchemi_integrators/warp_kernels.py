@@ -599,19 +599,30 @@ def langevin_post(dyn: Any, batch: Batch) -> None:
 
 def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:
     positions_field, velocities_field = dyn.chain_fields
-    dtype = batch.positions.dtype
-    weights = dyn.cached(
-        "nhc_weights", batch,
-        lambda: torch.tensor(dyn.yoshida_weights(), dtype=dtype, device=batch.device), reads_fields=False,
-    )
     nf = dyn.cached("nhc_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False)
-    scale = dyn.work.get("nhc_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
+    return chain_half_step(dyn, batch, "nhc", ke, getattr(batch, positions_field), getattr(batch, velocities_field),
+                           dyn.per_system("tau", batch), nf, dyn.yoshida_weights())
+
+
+def chain_half_step(
+    dyn: Any, batch: Batch, name: str, ke: torch.Tensor, xi: torch.Tensor, vxi: torch.Tensor, tau: torch.Tensor,
+    nf: torch.Tensor, weights: tuple[float, ...],
+) -> torch.Tensor:
+    """One Nose-Hoover chain per system over dt/2, one Warp thread each: ``xi``, ``vxi`` ``[B, M]``
+    advance in place and the ``[B]`` velocity scales come back (the scheme of
+    ``nose_hoover.nhc_half_step``, masses ``Q_1 = nf kB T tau²``, ``Q_j = kB T tau²``).
+
+    ``name`` keeps the launches and the scale buffer of several chains of one integrator apart.
+    """
+    dtype = batch.positions.dtype
+    w = dyn.cached(f"{name}_weights", batch, lambda: torch.tensor(weights, dtype=dtype, device=batch.device),
+                   reads_fields=False)
+    scale = dyn.work.get(f"{name}_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
     args = (
-        ke, getattr(batch, positions_field), getattr(batch, velocities_field), dyn.per_system("temperature", batch),
-        dyn.per_system("tau", batch), nf, dyn.per_system("dt", batch), _active(dyn, batch), weights,
-        dyn.chain_steps, _typed(KB, batch), scale,
+        ke, xi, vxi, dyn.per_system("temperature", batch), tau, nf, dyn.per_system("dt", batch), _active(dyn, batch),
+        w, dyn.chain_steps, _typed(KB, batch), scale,
     )
-    _launches(dyn).launch("nhc", _nhc_half_step, batch.num_graphs, args, batch.device)
+    _launches(dyn).launch(name, _nhc_half_step, batch.num_graphs, args, batch.device)
     return scale
 
 
