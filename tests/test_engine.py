@@ -91,6 +91,52 @@ def test_convergence_moves_systems_on_at_the_check():
     assert a.counts == {0: 1, 1: 1} and b.counts == {0: 5, 1: 5}
 
 
+class MaskVersions(Hook):
+    """Records the stage context's version after every step."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self):
+        super().__init__(frequency=1)
+        self.versions: list[int] = []
+
+    def __call__(self, batch, dynamics):
+        self.versions.append(dynamics.context.version)
+
+
+class MoveSystemAt(Hook):
+    """Between checks, moves system ``row`` to status ``to`` at step ``at`` (as a hook may)."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, at: int, row: int, to: int):
+        super().__init__(frequency=1)
+        self.at, self.row, self.to = at, row, to
+
+    def __call__(self, batch, dynamics):
+        if dynamics.step_count == self.at:
+            batch.status[self.row] = self.to
+
+
+def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites_them():
+    """Checks every step with nothing converging leave the stage's masks (and the integrators'
+    caches keyed on their version) alone; a system moved by the check, or by a hook between two
+    checks, is taken out of its stage at the next check."""
+    model = DemoModelWrapper()
+    quiet = MaskVersions()
+    DemoDynamics(model=model, n_steps=12, dt=0.5, hooks=[quiet],
+                 convergence_hook=never_converging(frequency=1)).run(make_batch([3, 4]))
+    assert len(set(quiet.versions)) == 1, quiet.versions
+    counter, versions = StepCounter(), MaskVersions()
+    stage = DemoDynamics(model=model, n_steps=12, dt=0.5, hooks=[MoveSystemAt(4, row=1, to=7), counter, versions],
+                         convergence_hook=ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e-9}],
+                                                          frequency=3))
+    out = stage.run(make_batch([3, 4]))
+    assert out.status.tolist() == [0, 7]
+    assert counter.counts == {0: 12, 1: 7}  # steps 0-6: the check after step 6 saw the hook's move
+    assert len(set(versions.versions)) == 2
+
+
 def test_criteria_must_all_pass():
     model = DemoModelWrapper()
     hook = ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}, {"key": "energy_change", "threshold": 0.0}])

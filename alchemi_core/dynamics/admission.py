@@ -126,7 +126,12 @@ class Admission(StepLoop):
                 status.masked_fill_(done, s.target)
         self._pass_empty_stages()
         moved = status != before
-        if bool(moved.any()):  # checks may read back; integrators' resets are not free
+        # One read-back for both: did this check move systems, or did anything (a hook between
+        # checks too) change a status since the masks were written?
+        any_moved, any_changed = torch.stack([moved.any(), self._status_changed_since_masks()]).tolist()
+        if any_changed:
+            self._masks_stale = True
+        if any_moved:  # checks may read back; integrators' resets are not free
             _rest_after_optimisers(batch, self.subs, moved, before)
             batch.stage_steps.masked_fill_(moved, 0)
             self._init_entering(moved)
@@ -137,7 +142,8 @@ class Admission(StepLoop):
             # A check scheduled for a budget also hands graduates on and refills their slots.
             if k % self.refill_frequency == 0 or k >= self._budget_check:
                 self._graduate_and_refill()
-        self._update_masks()
+        if self._masks_out_of_date():  # a refill rewrote them already; a quiet check keeps them
+            self._update_masks()
         self._check_done()
         self._flush_graduates()
 

@@ -66,6 +66,29 @@ class Masks(EngineState):
             self._publish(s, inv_mass, version)
         self._publish_owner(inv_mass, version)
         self._schedule_budget_check()
+        held = self._masks_status
+        if held is None or held.shape != batch.status.shape or held.device != batch.status.device:
+            self._masks_status = batch.status.clone()
+        else:
+            held.copy_(batch.status)
+        self._masks_version, self._masks_stale = batch.version, False
+
+    def _masks_out_of_date(self) -> bool:
+        """Whether a status changed or systems came or went since the masks were written (atoms
+        marked ``frozen`` are reread at every check: a hook may have changed them)."""
+        batch = self.batch
+        assert batch is not None
+        return self._masks_stale or self._masks_version != batch.version or "frozen" in batch
+
+    def _status_changed_since_masks(self) -> torch.Tensor:
+        """``[]`` bool on the device: some status differs from the one the masks were written for
+        (a hook may move systems between checks, as a ``ConvergenceHook`` run by itself does)."""
+        batch = self.batch
+        assert batch is not None
+        held = self._masks_status
+        if held is None or held.shape != batch.status.shape:
+            return torch.ones((), dtype=torch.bool, device=batch.device)
+        return (held != batch.status).any()
 
     def _publish(self, s: SubStage, inv_mass: torch.Tensor, version: int) -> None:
         ctx = s.context

@@ -148,6 +148,11 @@ class EngineState:
         self.host_results: DataSink | None = None
         self._inv_mass: torch.Tensor | None = None
         self._inv_mass_version = -1
+        #: The masks describe the batch of this version, and no status changed since: a check that
+        #: changes nothing leaves them (and the integrators' caches keyed on them) as they are.
+        self._masks_version = -1
+        self._masks_stale = True
+        self._masks_status: torch.Tensor | None = None
         self._inner_hooks = False
         self._inner_frequencies: tuple[int, ...] = ()
         self.owner_hooks: HookTable = ()
