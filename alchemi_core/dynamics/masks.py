@@ -1,7 +1,7 @@
 """Which systems and atoms each stage owns, and the inverse masses: the engine's masks.
 
-At every check (and whenever systems arrive or leave) the engine rewrites, per stage, a ``[B]``
-system mask (status equals the stage's code and budget left), a ``[V, 1]`` atom weight (0 for
+At a check where some status changed (and whenever systems arrive or leave) the engine
+rewrites, per stage, a ``[B]`` system mask (status equals the stage's code and budget left), a ``[V, 1]`` atom weight (0 for
 atoms of other stages and for atoms marked ``frozen``) and ``inv_mass * weight``, and publishes
 them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version. The
 buffers are reallocated only when the batch's layout changes and rewritten in place otherwise,
