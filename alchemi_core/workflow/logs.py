@@ -1,10 +1,11 @@
 """One log file for every stage of a run, and loading it back as a table.
 
 Each stage gets a ``LoggingHook`` (alchemi-hooks) whose rows go, on the hook's background
-thread, to one CSV file with a ``stage`` column and a ``wall_s`` column (seconds since the run
-started, when the row reached the host), so a log can be plotted per system, per stage and over
-time: ``step, stage, system_id, status, time (fs), energy, kinetic_energy, total_energy (eV),
-fmax (eV/Å), temperature (K), wall_s``.
+thread, to one CSV file with a ``stage`` column (its index in the workflow), a ``wall_s`` column
+(seconds since the run started, when the row reached the host) and the stage's name, so a log
+can be plotted per system, per stage and over time: ``step, stage, system_id, status, time
+(fs), energy, kinetic_energy, total_energy (eV), fmax (eV/Å), temperature (K), wall_s,
+stage_name``.
 
 Example:
     >>> import os, tempfile
@@ -31,7 +32,7 @@ import numpy as np
 
 #: Columns of the file, in order (missing ones are left empty).
 COLUMNS = ("step", "stage", "system_id", "status", "time", "energy", "kinetic_energy", "total_energy", "fmax",
-           "temperature", "wall_s")
+           "temperature", "wall_s", "stage_name")
 _INTEGER = frozenset({"step", "stage", "system_id", "status"})
 
 
@@ -55,15 +56,24 @@ class LogCollector:
             self._file.write(",".join(COLUMNS) + "\n")
         self._start = time.perf_counter()
         self._hooks: list[Any] = []
+        self._names: dict[int, str] = {}
 
     def hook(self, stage_index: int, stage: Any = None) -> Any:
-        """A ``hook:logging`` whose rows come here, labelled ``stage_index``."""
+        """A ``hook:logging`` whose rows come here, labelled ``stage_index`` and the name of
+        ``stage`` (its ``name``, e.g. ``FIRE``)."""
         from alchemi_core import registry
 
+        if stage is not None:
+            self.name_stage(stage_index, str(getattr(stage, "name", None) or type(stage).__name__))
         h = registry.build("hook:logging", frequency=self.frequency,
                            writer=lambda columns: self.receive(stage_index, columns))
         self._hooks.append(h)
         return h
+
+    def name_stage(self, stage_index: int, name: str) -> None:
+        """Write ``name`` in the ``stage_name`` column of stage ``stage_index``'s rows."""
+        # A CSV cell: no separators or line breaks inside.
+        self._names[stage_index] = "".join(c if c.isprintable() and c not in ',"' else " " for c in name)
 
     def receive(self, stage_index: int, columns: dict[str, np.ndarray]) -> None:
         """Append one logged step's rows (called on a hook's background thread)."""
@@ -72,12 +82,15 @@ class LogCollector:
         cols = dict(columns)
         cols["stage"] = np.full(n, stage_index)
         cols["wall_s"] = np.full(n, wall)
+        name = self._names.get(stage_index, "")
         lines = []
         for i in range(n):
             cells = []
             for c in COLUMNS:
                 v = cols.get(c)
-                if v is None:
+                if c == "stage_name":
+                    cells.append(name)
+                elif v is None:
                     cells.append("")
                 elif c in _INTEGER:
                     cells.append(str(int(v[i])))

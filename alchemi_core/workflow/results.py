@@ -245,15 +245,18 @@ def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, a
         if kind == "energy":
             n = np.array([atoms.get(int(s), 1) for s in cols["system_id"]], dtype=float)
             values = values / n
+        names = cols.get("stage_name")
         for stage in np.unique(cols["stage"]).tolist():
             sel = cols["stage"] == stage
+            named = str(names[sel][0]) if names is not None and sel.any() else ""
+            label = f"{named} (stage {stage})" if named and named != "nan" else f"stage {stage}"
             t, v = cols["time"][sel].astype(float), values[sel]
             grid = np.unique(t)
             mean = np.array([v[t == g].mean() for g in grid])
             lo = np.array([np.percentile(v[t == g], 10) for g in grid])
             hi = np.array([np.percentile(v[t == g], 90) for g in grid])
-            line = ax.plot(grid, mean, label=f"stage {stage}: mean")[0]
-            ax.fill_between(grid, lo, hi, alpha=0.25, color=line.get_color(), label=f"stage {stage}: 10-90 %")
+            line = ax.plot(grid, mean, label=f"{label}: mean")[0]
+            ax.fill_between(grid, lo, hi, alpha=0.25, color=line.get_color(), label=f"{label}: 10-90 %")
         if kind == "fmax":
             ax.set_yscale("log")
         ax.set_xlabel("time in stage (fs)")

@@ -93,6 +93,9 @@ def test_the_issue_workflow_runs_as_written(project):
 
     log = read_log(project / "results.log.csv")
     assert set(np.unique(np.asarray(log["stage"]))) == {0, 1}
+    stages = np.asarray(log["stage"])
+    names = np.asarray(log["stage_name"]).astype(str)
+    assert {int(s): n for s, n in zip(stages, names)} == {0: "FIRE", 1: "Langevin"}
     md = np.asarray(log["stage"]) == 1
     assert np.asarray(log["time"])[md].max() == pytest.approx(200 * 5.0)
 
@@ -219,3 +222,35 @@ def test_trajectories_are_stored_inspected_and_exported_whole(project):
     assert result.exit_code == 0 and len(last) == 6 and {a.info["status"] for a in last} == {2}
     result = _invoke("inspect", "results.zarr", "--json")
     assert json.loads(result.stdout)["summary"]["structures"] == 6
+
+
+def test_plots_name_each_stage_from_the_log(tmp_path):
+    """A log's stage_name column labels the plotted stages ("FIRE (stage 0)"); a log without
+    names (written by an older alchemi) falls back to the index."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from alchemi_core.workflow.logs import LogCollector, read_log
+    from alchemi_core.workflow.results import _draw
+
+    path = tmp_path / "run.log.csv"
+    log = LogCollector(path)
+    log.name_stage(0, "FIRE")
+    log.name_stage(1, "Langevin")
+    for stage in (0, 1):
+        for step in range(3):
+            log.receive(stage, {"step": np.array([step, step]), "system_id": np.array([0, 1]),
+                                "time": np.array([5.0 * step] * 2), "energy": np.array([-1.0 - step, -2.0])})
+    log.close()
+    table = read_log(path)
+    cols = {k: np.asarray(table[k]) for k in table}
+    for columns, expected in ((cols, ["FIRE (stage 0)", "Langevin (stage 1)"]),
+                              ({k: v for k, v in cols.items() if k != "stage_name"}, ["stage 0", "stage 1"])):
+        fig, ax = plt.subplots()
+        assert _draw(ax, "energy", columns, None, {0: 2, 1: 2})
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        plt.close(fig)
+        assert [lab.split(":")[0] for lab in labels[::2]] == expected
