@@ -123,7 +123,12 @@ class Batch:
             parts = [d._fields[k] for d in data_list]
             if k in INDEX_FIELDS:
                 parts = [p + int(nptr[i]) for i, p in enumerate(parts)]
-            batch._store[k] = torch.cat([p.to(dev) for p in parts], dim=0)
+            if all(p.device == parts[0].device for p in parts):
+                # Concatenated where they are, then one copy per field (a refill of structures
+                # held on the host would otherwise pay one transfer per structure and field).
+                batch._store[k] = torch.cat(parts, dim=0).to(dev)
+            else:
+                batch._store[k] = torch.cat([p.to(dev) for p in parts], dim=0)
             batch._level[k] = levels[k]
         batch._set_counts(len(data_list), ncount, ecount, exact=True)
         return batch
