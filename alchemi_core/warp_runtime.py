@@ -109,13 +109,24 @@ def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
     return wp.from_torch(tensor, dtype=dtype) if dtype is not None else wp.from_torch(tensor)
 
 
+def can_launch(device: torch.device) -> bool:
+    """Whether Warp kernels can run on ``device``: warp-lang is installed and, on a CPU, the build
+    has its CPU compiler (the GPU test host's has not)."""
+    try:
+        wp = warp()
+    except MissingDependencyError:
+        return False
+    return device.type != "cpu" or bool(wp.is_cpu_available())
+
+
 def require_device(device: torch.device, who: str = "alchemi") -> None:
     """Raise a clear error where Warp cannot run kernels on ``device``.
 
     Raises:
         MissingDependencyError: A CPU device where this Warp build has no CPU compiler.
     """
-    if device.type == "cpu" and not warp().is_cpu_available():
+    if not can_launch(device):
+        warp()  # no warp-lang at all: its own install hint
         raise MissingDependencyError(
             f"{who}: this warp-lang build cannot run kernels on the CPU (it has no CPU "
             "compiler); move the batch to a CUDA device (batch.to('cuda')) or install the warp-lang "

@@ -283,9 +283,9 @@ class NPTMTK(_NPTBase):
         (On a GPU the step is captured as a graph, where the torch operations cost no launches.)"""
         if batch.device.type != "cpu" or not warp_available():
             return False
-        from alchemi_core.warp_runtime import warp
+        from alchemi_core.warp_runtime import can_launch
 
-        return bool(warp().is_cpu_available())
+        return can_launch(batch.device)
 
     def _kick_cell(self, batch: Batch) -> None:
         """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""
