@@ -5,6 +5,8 @@ Marked ``gpu``: they run on the GPU machine (``pytest -m gpu``) and skip elsewhe
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -90,3 +92,71 @@ def test_context_manager_runs_on_its_own_stream():
         own = dyn._stream
     assert own is not None and all(s == own for s in seen)
     assert seen[0] != torch.cuda.default_stream()
+
+
+
+class _LeavesAGraphForTheCollector(DemoModelWrapper):
+    """While a capture runs, drops the last reference to an old CUDA graph into a dead reference
+    cycle and allocates: the way an earlier run's stage caught in a cycle meets the collector."""
+
+    def __init__(self, old_graph: torch.cuda.CUDAGraph) -> None:
+        super().__init__()
+        self.old_graph: torch.cuda.CUDAGraph | None = old_graph
+        self.collector_on_in_capture: list[bool] = []
+
+    def forward(self, batch, **kwargs):
+        if torch.cuda.is_current_stream_capturing() and self.old_graph is not None:
+            self.collector_on_in_capture.append(gc.isenabled())
+            cycle: list = [self.old_graph]
+            cycle.append(cycle)
+            self.old_graph = None
+            del cycle
+            _ = [[] for _ in range(100)]  # with the threshold at 1 each of these may collect
+        return super().forward(batch, **kwargs)
+
+
+def test_a_capture_survives_a_garbage_collection_that_would_free_an_old_graph():
+    # Destroying a graph while a stream captures invalidates the capture
+    # (cudaErrorStreamCaptureInvalidated), so the collector must not run inside one.
+    x = torch.zeros(4, device="cuda")
+    old = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(old):
+        x.add_(1.0)
+    model = _LeavesAGraphForTheCollector(old)
+    del old
+    batch = make_batch([5, 7, 6], dtype=torch.float64).to("cuda")
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        dyn = DemoDynamics(model=model, n_steps=5, dt=0.5).compile(mode="reduce-overhead")
+        with dyn:
+            dyn.run(batch)
+        torch.cuda.synchronize()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.collect()
+    assert model.collector_on_in_capture == [False]
+    assert dyn._engine.graph_captures == 1
+    assert torch.isfinite(batch.positions).all()
+
+
+def test_a_sampler_over_a_gpu_dataset_builds_batches_on_the_gpu_from_host_structures():
+    from alchemi_core.data.datapipes import ListDataset
+    from alchemi_core.dynamics import SizeAwareSampler
+    from alchemi_core.testing import random_structures
+
+    structures = random_structures([3, 5, 4, 6, 2, 5, 4], dtype=torch.float64)
+    sampler = SizeAwareSampler(ListDataset(structures, device="cuda"), max_atoms=12, max_batch_size=3)
+    assert sampler.build_initial_batch().device.type == "cuda"
+    assert all(s.positions.device.type == "cpu" for s in structures)  # the dataset's copies stay put
+
+    def run(device: str):
+        sampler = SizeAwareSampler(ListDataset(structures, device=device), max_atoms=12, max_batch_size=3)
+        out = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5, sampler=sampler).run()
+        order = out.system_id.argsort()
+        return out.system_id[order].cpu(), out.energy.view(-1)[order].cpu()
+
+    ids_gpu, energy_gpu = run("cuda")
+    ids_cpu, energy_cpu = run("cpu")
+    assert ids_gpu.tolist() == ids_cpu.tolist() == list(range(7))
+    torch.testing.assert_close(energy_gpu, energy_cpu)

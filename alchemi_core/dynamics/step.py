@@ -10,6 +10,9 @@ of systems changes. Steps at which a hook inside the step fires run eagerly.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -193,10 +196,32 @@ class StepLoop(Masks):
         torch.cuda.current_stream().wait_stream(side)
         _release_cached_memory(self.batch.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with _collector_held(), torch.cuda.graph(graph):
             self._core(k, False)
         self._graph, self._graph_key = graph, key
         self.graph_captures += 1
+
+
+@contextlib.contextmanager
+def _collector_held() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the duration of a capture.
+
+    A collection that runs inside a capture may free a dead object that holds CUDA resources,
+    such as the graph of an earlier run's stage caught in a reference cycle; destroying a graph
+    (or freeing memory outside torch's allocator) is not allowed while a stream captures, and
+    it invalidates the capture (seen on the H200: W1 failed in 2 of 3 runs of one benchmark
+    process with ``cudaErrorStreamCaptureInvalidated``). torch no longer collects before a capture
+    by default (``torch.compiler.config.force_cudagraph_gc``), and a full collection per capture
+    would cost W3's 100-odd captures dearly; holding the collector costs nothing, and whatever is
+    dead is collected after the capture, where it is allowed.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 #: Unused cached device memory (as a fraction of the device's) above which a capture first hands
