@@ -104,6 +104,11 @@ class ListDataset:
         item = self._items[index]
         return item.to(self.device) if self.device is not None else item
 
+    def get_stored(self, index: int) -> AtomicData:
+        """Structure ``index`` where it is held, not moved to ``device``: a sampler that builds a
+        batch of many moves them together, one copy per field instead of one per structure."""
+        return self._items[index]
+
     def get_metadata(self, index: int) -> tuple[int, int]:
         item = self._items[index]
         return item.num_nodes, item.num_edges
@@ -158,6 +163,13 @@ class Dataset:
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
         data = as_atomic_data(self.reader[index], index)
         return data.to(self.device) if self.device is not None else data
+
+    def get_stored(self, index: int) -> AtomicData:
+        """Structure ``index`` as the reader gives it, not moved to ``device`` (see
+        :meth:`ListDataset.get_stored`)."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
+        return as_atomic_data(self.reader[index], index)
 
     def get_metadata(self, index: int) -> tuple[int, int]:
         meta = getattr(self.reader, "get_metadata", None)

@@ -191,28 +191,37 @@ class SizeAwareSampler:
                     return i
         return None
 
-    def _load(self, index: int) -> AtomicData:
-        data = as_atomic_data(self.dataset[index], index)
+    def _load(self, index: int, stored: bool = False) -> AtomicData:
+        get_stored = getattr(self.dataset, "get_stored", None) if stored else None
+        item = get_stored(index) if get_stored is not None else self.dataset[index]
+        data = as_atomic_data(item, index)
         if data.num_nodes != self._atoms[index]:
             raise InvalidDataError(
                 f"structure {index} has {data.num_nodes} atoms but get_metadata said "
                 f"{int(self._atoms[index])}; the dataset's metadata is stale"
             )
         if "system_id" not in data:
+            data = data.to()  # a shallow copy: the dataset's own structure (maybe listed twice) stays as it was
             data.system_id = torch.tensor([index], dtype=torch.long)
         return data
 
     def request_replacement(self, num_atoms: int, num_edges: int | None = None) -> AtomicData | None:
         """The largest remaining structure with at most ``num_atoms`` atoms and ``num_edges``
         edges, or None when none fits (or the dataset is exhausted)."""
+        return self._next(num_atoms, num_edges, stored=False)
+
+    def _next(self, num_atoms: int, num_edges: int | None, stored: bool) -> AtomicData | None:
         i = self._take(int(num_atoms), None if num_edges is None else int(num_edges))
-        return None if i is None else self._load(i)
+        return None if i is None else self._load(i, stored)
 
     def request_many(self, max_systems: int, num_atoms: int, num_edges: int | None) -> list[AtomicData]:
         """Greedily take structures while systems, atoms and edges remain in the budgets."""
+        return self._many(max_systems, num_atoms, num_edges, stored=False)
+
+    def _many(self, max_systems: int, num_atoms: int, num_edges: int | None, stored: bool) -> list[AtomicData]:
         out: list[AtomicData] = []
         while len(out) < max_systems:
-            data = self.request_replacement(num_atoms, num_edges)
+            data = self._next(num_atoms, num_edges, stored)
             if data is None:
                 break
             out.append(data)
@@ -221,18 +230,37 @@ class SizeAwareSampler:
                 num_edges -= data.num_edges
         return out
 
+    def request_batch(
+        self, max_systems: int, num_atoms: int, num_edges: int | None, device: torch.device | str | None = None
+    ) -> Batch | None:
+        """:meth:`request_many`'s structures as one batch on ``device`` (default: the dataset's
+        ``device``, else where the structures are), or None when none fits.
+
+        A dataset with ``get_stored(i)`` (``ListDataset``, ``Dataset``) hands its structures over
+        where they are held and the batch copies each field to the device once: a refill of 20
+        structures on a GPU makes a handful of copies instead of one per structure and field.
+        """
+        data = self._many(max_systems, num_atoms, num_edges, stored=True)
+        if not data:
+            return None
+        return Batch.from_data_list(data, device=device if device is not None else self._device())
+
+    def _device(self) -> torch.device | str | None:
+        """Where the dataset puts its structures (None: where they are held)."""
+        return getattr(self.dataset, "device", None)
+
     def build_initial_batch(self, device: torch.device | str | None = None) -> Batch:
         """A batch packed greedily up to ``max_batch_size`` systems, ``max_atoms`` atoms and
-        ``max_edges`` edges.
+        ``max_edges`` edges, on ``device`` (default: the dataset's).
 
         Raises:
             RuntimeError: The dataset is empty or exhausted.
         """
         systems = self.max_batch_size if self.max_batch_size is not None else len(self)
-        data = self.request_many(systems, self.max_atoms, self.max_edges)
-        if not data:
+        batch = self.request_batch(systems, self.max_atoms, self.max_edges, device)
+        if batch is None:
             raise RuntimeError("SizeAwareSampler has no structures left to build a batch from")
-        return Batch.from_data_list(data, device=device)
+        return batch
 
     def __repr__(self) -> str:
         return (
