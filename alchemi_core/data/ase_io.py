@@ -63,6 +63,9 @@ PLACED = frozenset(
      "frozen", *ATOM_ARRAYS}
 )
 
+#: Edge fields: a frame of an ASE file has no place for them, so file exports leave them out.
+EDGE_FIELDS = ("neighbor_list", "shifts", "neighbor_list_shifts")
+
 
 def encode_text(text: str, name: str, width: int = TEXT_WIDTH) -> torch.Tensor:
     """``text`` as a ``[width]`` uint8 tensor (UTF-8, zero-padded).

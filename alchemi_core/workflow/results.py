@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from alchemi_core.data.ase_io import EDGE_FIELDS
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 
 #: Plots :func:`plot_results` draws.
 PLOTS = ("energy", "temperature", "fmax", "throughput")
 #: Export formats by file suffix.
 FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
-_EDGE_FIELDS = ("neighbor_list", "shifts", "neighbor_list_shifts")
 
 
 def open_store(path: Any) -> Any:
@@ -169,11 +169,11 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
 
         with Trajectory(str(out), "w") as traj:
             for i in indices:
-                traj.write(reader[i].to_atoms(exclude=_EDGE_FIELDS))
+                traj.write(reader[i].to_atoms(exclude=EDGE_FIELDS))
         return len(indices)
     block = 512
     for lo in range(0, len(indices), block):
-        chunk = [reader[i].to_atoms(exclude=_EDGE_FIELDS) for i in indices[lo:lo + block]]
+        chunk = [reader[i].to_atoms(exclude=EDGE_FIELDS) for i in indices[lo:lo + block]]
         ase.io.write(str(out), chunk, format="extxyz", append=lo > 0)
     return len(indices)
 

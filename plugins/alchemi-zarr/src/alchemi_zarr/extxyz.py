@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alchemi_core.data import AtomicData
+from alchemi_core.data.ase_io import EDGE_FIELDS
 
 if TYPE_CHECKING:
     import ase
 
-_NOT_EXPORTED = ("neighbor_list", "shifts", "neighbor_list_shifts")  # edges have no frame field
 
 
 def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Atoms:
@@ -43,7 +43,7 @@ def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Ato
     Raises:
         InvalidDataError: A field that extended XYZ cannot hold (and that is not excluded).
     """
-    return data.to_atoms(exclude=(*_NOT_EXPORTED, *exclude))
+    return data.to_atoms(exclude=(*EDGE_FIELDS, *exclude))
 
 
 def write_extxyz(
