@@ -15,8 +15,9 @@ replay rules:
   on as many threads as torch uses (:meth:`LaunchSequence.add_chunked`).
 * :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
   objects (an integrator's updates).
-* :func:`launch_tensors`: one kernel on torch tensors, its recorded launch reused with new
-  array descriptors (short copy kernels, where the host cost of a launch dominates).
+* :func:`launch_args` (and :func:`launch_tensors`): one kernel on torch tensors and scalars, its
+  recorded launch reused with new arguments (short kernels, where the host cost of a launch
+  dominates: copies, the health checks).
 
 Warp 1.5 (the oldest version supported) writes a float literal in a kernel as a float32
 constant, even inside ``wp.float64(...)``: kernels therefore use only literals that float32
@@ -350,30 +351,68 @@ def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
     return len(held) == len(args)
 
 
-def launch_tensors(kernel: Any, dim: Sequence[int], *args: torch.Tensor) -> None:
-    """Launch ``kernel`` over ``dim`` threads with tensor ``args`` (zero-copy), on torch's stream.
+class Typed:
+    """A tensor argument of :func:`launch_args` viewed as Warp ``dtype`` (e.g. ``[N, 3]`` float32
+    as ``wp.vec3f``)."""
 
-    The first tensor's device is the launch device; no gradient arrays are made. The first
-    launch of a kernel overload on a device records a ``wp.Launch``; later launches only replace
-    its arguments with array descriptors (``from_torch(..., return_ctype=True)``) and replay it,
-    about ten times less host work than ``wp.launch`` with ``wp.array`` arguments.
+    __slots__ = ("tensor", "dtype")
+
+    def __init__(self, tensor: torch.Tensor, dtype: Any) -> None:
+        self.tensor, self.dtype = tensor, dtype
+
+
+def launch_tensors(kernel: Any, dim: Sequence[int], *args: torch.Tensor) -> None:
+    """Launch ``kernel`` over ``dim`` threads with tensor ``args`` (zero-copy), on torch's stream
+    of the first tensor's device: :func:`launch_args` with tensors only."""
+    launch_args(kernel, dim, args, args[0].device)
+
+
+def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], device: torch.device) -> None:
+    """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``.
+
+    ``args`` are torch tensors (zero-copy, no gradient arrays), :class:`Typed` tensors, or plain
+    values for scalar parameters. The first launch of a kernel overload on a device records a
+    ``wp.Launch``; later launches only replace its arguments (array descriptors from
+    ``from_torch(..., return_ctype=True)``, scalars packed in place) and replay it: about ten
+    times less host work than ``wp.launch``, which resolves a generic kernel's overload from
+    its arguments at every call.
     """
     wp = warp()
-    device = args[0].device
-    key = (kernel, device, *(a.dtype for a in args))
+    key = (kernel, device, *(_arg_kind(a) for a in args))
     launches = _local.__dict__.setdefault("launches", {})
     entry = launches.get(key)
     stream = stream_for(device)
-    dim = tuple(dim)
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
     if entry is None:
-        inputs = [wp.from_torch(a, requires_grad=False) for a in args]
+        inputs = [_warp_arg(wp, a) for a in args]
         target = stream.device if stream is not None else "cpu"
-        entry = launches[key] = [wp.launch(kernel, dim=dim, inputs=inputs, device=target, record_cmd=True), dim]
+        entry = launches[key] = [wp.launch(kernel, dim=dims, inputs=inputs, device=target, record_cmd=True), dims]
     else:
         recorded = entry[0]
         for i, a in enumerate(args):
-            recorded.set_param_at_index_from_ctype(i, wp.from_torch(a, return_ctype=True))
-        if entry[1] != dim:  # rebuilding the launch bounds costs as much as the launch
-            recorded.set_dim(dim)
-            entry[1] = dim
+            if isinstance(a, torch.Tensor):
+                recorded.set_param_at_index_from_ctype(i, wp.from_torch(a, return_ctype=True))
+            elif isinstance(a, Typed):
+                recorded.set_param_at_index_from_ctype(i, wp.from_torch(a.tensor, dtype=a.dtype, return_ctype=True))
+            else:
+                recorded.set_param_at_index(i, a)
+        if entry[1] != dims:  # rebuilding the launch bounds costs as much as the launch
+            recorded.set_dim(dims)
+            entry[1] = dims
     entry[0].launch(stream)
+
+
+def _arg_kind(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return a.dtype
+    if isinstance(a, Typed):
+        return (a.tensor.dtype, a.dtype)
+    return type(a)
+
+
+def _warp_arg(wp: Any, a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return wp.from_torch(a, requires_grad=False)
+    if isinstance(a, Typed):
+        return wp.from_torch(a.tensor, dtype=a.dtype, requires_grad=False)
+    return a

@@ -112,6 +112,28 @@ def test_failure_codes_are_each_systems_own_bits(backend, dtype):
     assert len({c for c in codes if c}) >= 4  # the draw hit several kinds of failure
 
 
+def test_the_warp_codes_replayed_with_new_batches_and_bounds_match_torch():
+    # The health kernels' launches are recorded once and replayed with new arguments: new
+    # tensors, another number of systems and atoms, another extent bound, another dtype.
+    pytest.importorskip("warp")
+    from alchemi_core.dynamics.quarantine import HealthCheck, warp_codes
+
+    g = torch.Generator().manual_seed(5)
+    for trial in range(6):
+        dtype = (torch.float32, torch.float64)[trial % 2]
+        sizes = [int(x) for x in torch.randint(1, 6, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g)]
+        batch = make_batch(sizes, dtype=dtype)
+        n = batch.num_nodes
+        batch.set_field("forces", torch.randn(n, 3, generator=g).to(dtype), "node")
+        batch.forces[torch.randint(0, n, (2,), generator=g), 0] = float("nan")
+        batch.positions[torch.randint(0, n, (2,), generator=g)] += 50.0
+        bound = 1.0e6 if trial % 3 == 0 else 30.0  # the extents flagged only under the small bound
+        assert warp_codes(batch, bound) is not None
+        warp = HealthCheck(max_extent=bound).codes(batch, backend="warp").tolist()
+        assert warp == HealthCheck(max_extent=bound).codes(batch, backend="torch").tolist()
+        assert any(warp), trial
+
+
 def test_a_warp_build_without_cpu_kernels_falls_back_to_torch(monkeypatch):
     """Some warp-lang builds cannot compile CPU kernels (the GPU test host's lacks warp-clang):
     the checks of a CPU run then take the torch path instead of failing."""

@@ -179,7 +179,7 @@ def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
     if energy is not None and (energy.dtype != pos.dtype or energy.numel() != n):
         return None
     try:
-        from alchemi_core.warp_runtime import can_launch, stream_for, view, warp
+        from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
 
         if not can_launch(pos.device):
             return None  # no warp-lang, or a build without its CPU compiler (as on the GPU test host)
@@ -190,25 +190,21 @@ def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
     except ImportError:
         return None
     vec = wp.vec3d if pos.dtype == torch.float64 else wp.vec3f
-    scalar = wp.float64 if pos.dtype == torch.float64 else wp.float32
     dev = pos.device
     bad = torch.empty((n, 3), dtype=torch.int32, device=dev)
     lo = torch.empty((n, 3), dtype=torch.float64, device=dev)
     hi = torch.empty((n, 3), dtype=torch.float64, device=dev)
     out = torch.empty(n, dtype=torch.int64, device=dev)
-    contiguous = [t.contiguous() if t is not None else None for t in (pos, *vectors)]
-    p, v, f = (view(t, vec) if t is not None else None for t in contiguous)
+    p, v, f = (Typed(t.contiguous(), vec) if t is not None else None for t in (pos, *vectors))
     assert p is not None
-    e = view(energy.reshape(-1).contiguous(), scalar) if energy is not None else view(pos.new_zeros(1), scalar)
+    e = energy.reshape(-1).contiguous() if energy is not None else pos.new_zeros(1)
     idx = batch.batch_idx
     if idx.dtype != torch.int64:
         idx = idx.to(torch.int64)
-    W = {name: view(t) for name, t in (("bad", bad), ("lo", lo), ("hi", hi), ("out", out), ("idx", idx.contiguous()))}
-    wdev, stream = W["out"].device, stream_for(dev)
-    wp.launch(reset, dim=n, inputs=[W["bad"], W["lo"], W["hi"], wp.float64(float("inf"))], device=wdev, stream=stream)
-    wp.launch(atoms, dim=atoms_n, inputs=[p, v if v is not None else p, f if f is not None else p,
-                                          int(v is not None), int(f is not None), W["idx"], W["bad"], W["lo"],
-                                          W["hi"]], device=wdev, stream=stream)
-    wp.launch(systems, dim=n, inputs=[W["bad"], W["lo"], W["hi"], e, int(energy is not None),
-                                      wp.float64(max_extent), W["out"]], device=wdev, stream=stream)
+    # Recorded launches replayed with new arguments: wp.launch would resolve each generic
+    # kernel's overload again at every check (a third of a millisecond of host time per check).
+    launch_args(reset, n, (bad, lo, hi, wp.float64(float("inf"))), dev)
+    launch_args(atoms, atoms_n, (p, v if v is not None else p, f if f is not None else p, int(v is not None),
+                                 int(f is not None), idx.contiguous(), bad, lo, hi), dev)
+    launch_args(systems, n, (bad, lo, hi, e, int(energy is not None), wp.float64(max_extent), out), dev)
     return out
