@@ -243,6 +243,20 @@ class AtomicData:
         object.__setattr__(out, "_levels", dict(self._levels))
         return out
 
+    def with_system_id(self, system_id: int) -> AtomicData:
+        """A shallow copy (the same tensors) whose ``system_id`` is ``system_id``.
+
+        Example:
+            >>> import torch
+            >>> d = AtomicData(atomic_numbers=[1, 1], positions=torch.zeros(2, 3))
+            >>> d.with_system_id(7).system_id.tolist(), "system_id" in d
+            ([7], False)
+        """
+        out = self.to()
+        out._fields["system_id"] = torch.tensor([int(system_id)], dtype=torch.long)
+        out._levels["system_id"] = Level.SYSTEM
+        return out
+
     def clone(self) -> AtomicData:
         out = self.to()
         out._fields.update({k: v.clone() for k, v in out._fields.items()})

@@ -201,8 +201,8 @@ class SizeAwareSampler:
                 f"{int(self._atoms[index])}; the dataset's metadata is stale"
             )
         if "system_id" not in data:
-            data = data.to()  # a shallow copy: the dataset's own structure (maybe listed twice) stays as it was
-            data.system_id = torch.tensor([index], dtype=torch.long)
+            # A copy: the dataset's own structure (maybe listed twice) stays as it was.
+            data = data.with_system_id(index)
         return data
 
     def request_replacement(self, num_atoms: int, num_edges: int | None = None) -> AtomicData | None:
