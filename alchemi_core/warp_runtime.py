@@ -198,6 +198,17 @@ def _launch_all(commands: Iterable[Any]) -> None:
         cmd.launch()
 
 
+def _argument_index(kernel: Any, arg: int | str) -> int:
+    """Position of ``kernel``'s parameter ``arg`` (a name, or already a position)."""
+    if isinstance(arg, int):
+        return arg
+    labels = [a.label for a in kernel.adj.args]
+    try:
+        return labels.index(arg)
+    except ValueError:
+        raise ValueError(f"kernel {kernel.key!r} has no parameter {arg!r}; it has {labels}") from None
+
+
 class LaunchSequence:
     """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order.
 
@@ -234,29 +245,32 @@ class LaunchSequence:
         self._commands.append(self._record(kernel, dim, inputs))
         self.names.append(kernel.key)
 
-    def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int,
-                    per_chunk: dict[int, Sequence[Any]] | None = None) -> None:
+    def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int | str = "start",
+                    per_chunk: dict[int | str, Sequence[Any]] | None = None) -> None:
         """Record a kernel whose thread ``t`` does item ``start + t``, cut into
         :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
         one launch with ``start = 0``.
 
         Args:
-            kernel: A kernel whose argument number ``start_at`` is the first item's index.
+            kernel: A kernel with an argument (``start_at``) that is the first item's index.
             dim: Items in all.
-            inputs: The arguments (the one at ``start_at`` is replaced).
-            start_at: Index of the start argument in ``inputs``.
-            per_chunk: Arguments that differ by chunk (index -> one value per chunk), such as a
-                buffer each chunk adds into alone; a chunk's writes must not meet another's.
+            inputs: The arguments (the start argument's value is replaced).
+            start_at: The start argument, by name (the kernel's parameter) or position.
+            per_chunk: Arguments that differ by chunk (name or position -> one value per
+                chunk), such as a buffer each chunk adds into alone; a chunk's writes must not
+                meet another's.
         """
         if dim <= 0:
             return
+        start = _argument_index(kernel, start_at)
+        chunked = {_argument_index(kernel, k): v for k, v in (per_chunk or {}).items()}
         n = chunks_for(self.device, dim)
         bounds = [dim * c // n for c in range(n + 1)]
         commands = []
         for c in range(n):
             args = list(inputs)
-            args[start_at] = bounds[c]
-            for index, values in (per_chunk or {}).items():
+            args[start] = bounds[c]
+            for index, values in chunked.items():
                 args[index] = values[c]
             if bounds[c + 1] > bounds[c]:
                 commands.append(self._record(kernel, bounds[c + 1] - bounds[c], args))

@@ -41,7 +41,9 @@ def test_the_ranges_of_a_cpu_kernel_cover_every_item_once_and_run_on_several_thr
         pytest.skip("this warp-lang build has no CPU compiler")
     counts = torch.zeros(10_000, dtype=torch.int32)
     seq = warp_runtime.LaunchSequence(warp_runtime.warp_device(torch.device("cpu")))
-    seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0], start_at=1)
+    seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0])  # its "start", by name
+    with pytest.raises(ValueError, match="has no parameter 'begin'"):
+        seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0], start_at="begin")
     assert warp_runtime.chunks_for("cpu", counts.numel()) == warp_runtime.CPU_CHUNKS
     before = torch.get_num_threads()
     try:

@@ -306,17 +306,17 @@ class PairPotential(BaseModel):
             kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
         )
-        forces_of: dict[int, Sequence[Any]] | None = None
+        forces_of: dict[int | str, Sequence[Any]] | None = None
         if split_forces:
             chunk_forces = self._scratch("chunk_forces", (pieces, n_atoms, 3), pos)
-            forces_of = {10: [_warp.view(chunk_forces[c], vec) for c in range(pieces)]}
+            forces_of = {"forces": [_warp.view(chunk_forces[c], vec) for c in range(pieces)]}
         seq.add_chunked(pair_kernel(options), n_atoms, [
             matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
             self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
             F, E, W, SE, SW, 0,
-        ], start_at=15, per_chunk=forces_of)
+        ], per_chunk=forces_of)
         if split_forces:
-            seq.add_chunked(k.sum_chunk_forces, n_atoms, [_warp.view(chunk_forces, vec), F, 0], start_at=2)
+            seq.add_chunked(k.sum_chunk_forces, n_atoms, [_warp.view(chunk_forces, vec), F, 0])
         held = []
         if chunks is not None:
             seq.add(k.fold_totals, chunks.shape[0], [_warp.view(chunks), SE, SW, int(compute_stress), E, W])

@@ -237,7 +237,7 @@ class BatchedNeighborList:
             after = _warp.LaunchSequence(positions.device)
             after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])
             after.add_chunked(k.search_neighbors, na, [wrapped, g, a, wp.float64(r * r), m.pair_list.entries,
-                                                       m.pair_list.count, int(m.half), 0], start_at=7)
+                                                       m.pair_list.count, int(m.half), 0])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs
