@@ -24,6 +24,9 @@ import torch
 from benchmarks.adapters import Framework, Unavailable
 from benchmarks.timing import Budget, DeadlineExceeded
 
+#: How much of an error's traceback a result keeps (its end: the frames nearest the error).
+TRACEBACK_CHARS = 6000
+
 #: The framework every ratio is taken against.
 REFERENCE = "alchemi"
 
@@ -72,7 +75,10 @@ def attempt(ctx: Context, name: str, cap: float, body: Callable[[Framework, floa
         out = {"status": "timed out", "reason": f"ran past its {cap:.0f} s cap (or the --budget-s end)"}
     except Exception as exc:  # noqa: BLE001 - a peer may fail in any way; the run goes on
         traceback.print_exc(file=sys.stderr)
-        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:400]}
+        # The traceback travels in the JSON too: a run on a remote machine often comes back as its
+        # JSON and the tail of its output only.
+        out = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:400],
+               "traceback": traceback.format_exc()[-TRACEBACK_CHARS:]}
     finally:
         gc.collect()
         try:

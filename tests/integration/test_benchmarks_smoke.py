@@ -185,7 +185,9 @@ def test_attempt_reports_every_failure(tmp_path: Path) -> None:
     }
     assert attempt(ctx, "a", 10, unavailable)["reason"] == "no FIRE"
     assert attempt(ctx, "a", 10, too_slow)["status"] == "timed out"
-    assert attempt(ctx, "a", 10, broken)["reason"] == "ValueError: bad shape"
+    failed = attempt(ctx, "a", 10, broken)
+    assert failed["reason"] == "ValueError: bad shape"
+    assert "in broken" in failed["traceback"] and failed["traceback"].rstrip().endswith("ValueError: bad shape")
     assert attempt(ctx, "a", 10, lambda fw, d: {"x": 1})["status"] == "ok"
     ctx.budget = Budget(0.0)
     assert attempt(ctx, "a", 10, lambda fw, d: {"x": 1})["status"] == "skipped"
