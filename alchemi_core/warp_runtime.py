@@ -398,16 +398,14 @@ def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], devi
     stream = stream_for(device)
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     if entry is None:
-        inputs = [_warp_arg(wp, a) for a in args]
+        inputs = [_warp_arg(wp, a, as_ctype=False) for a in args]
         target = stream.device if stream is not None else "cpu"
         entry = launches[key] = [wp.launch(kernel, dim=dims, inputs=inputs, device=target, record_cmd=True), dims]
     else:
         recorded = entry[0]
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                recorded.set_param_at_index_from_ctype(i, wp.from_torch(a, return_ctype=True))
-            elif isinstance(a, Typed):
-                recorded.set_param_at_index_from_ctype(i, wp.from_torch(a.tensor, dtype=a.dtype, return_ctype=True))
+            if isinstance(a, (torch.Tensor, Typed)):
+                recorded.set_param_at_index_from_ctype(i, _warp_arg(wp, a, as_ctype=True))
             else:
                 recorded.set_param_at_index(i, a)
         if entry[1] != dims:  # rebuilding the launch bounds costs as much as the launch
@@ -424,9 +422,11 @@ def _arg_kind(a: Any) -> Any:
     return type(a)
 
 
-def _warp_arg(wp: Any, a: Any) -> Any:
+def _warp_arg(wp: Any, a: Any, as_ctype: bool) -> Any:
+    """A tensor (or :class:`Typed` tensor) as a Warp array, or as its descriptor with
+    ``as_ctype``; anything else as it is."""
     if isinstance(a, torch.Tensor):
-        return wp.from_torch(a, requires_grad=False)
+        return wp.from_torch(a, requires_grad=False, return_ctype=as_ctype)
     if isinstance(a, Typed):
-        return wp.from_torch(a.tensor, dtype=a.dtype, requires_grad=False)
+        return wp.from_torch(a.tensor, dtype=a.dtype, requires_grad=False, return_ctype=as_ctype)
     return a

@@ -101,7 +101,7 @@ class ListDataset:
         return len(self._items)
 
     def __getitem__(self, index: int) -> AtomicData:
-        item = self._items[index]
+        item = self.get_stored(index)
         return item.to(self.device) if self.device is not None else item
 
     def get_stored(self, index: int) -> AtomicData:
@@ -159,9 +159,7 @@ class Dataset:
         return len(self.reader)
 
     def __getitem__(self, index: int) -> AtomicData:
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
-        data = as_atomic_data(self.reader[index], index)
+        data = self.get_stored(index)
         return data.to(self.device) if self.device is not None else data
 
     def get_stored(self, index: int) -> AtomicData:

@@ -202,10 +202,7 @@ class Admission(StepLoop):
         if self.graduate_on_budget:
             self.done = bool(self.graduated_mask().all())
         else:
-            active = torch.zeros_like(batch.status, dtype=torch.bool)
-            for s in self.subs:
-                active |= batch.status == s.code
-            self.done = not bool(active.any())
+            self.done = not bool(self.active_mask().any())
 
     def _graduate_and_refill(self) -> None:
         if self.graduate_to_sinks:

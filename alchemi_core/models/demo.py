@@ -43,12 +43,12 @@ def _ordered_pairs(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
         [[0, 1, 3, 3, 4, 4, 5, 5], [1, 0, 4, 5, 3, 5, 3, 4], [0, 0, 2, 2, 2, 2, 2, 2]]
     """
     starts = np.cumsum(counts) - counts
-    per_atom = np.repeat(counts, counts)  # each atom pairs with every atom of its system
-    total = int(per_atom.sum())
-    first_of_block = np.repeat(np.cumsum(per_atom) - per_atom, per_atom)
-    i = np.repeat(np.arange(len(per_atom), dtype=np.int64), per_atom)
-    j = np.repeat(np.repeat(starts, counts), per_atom) + (np.arange(total, dtype=np.int64) - first_of_block)
-    system = np.repeat(np.repeat(np.arange(len(counts), dtype=np.int64), counts), per_atom)
+    atom_system = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    per_atom = counts[atom_system]  # each atom pairs with every atom of its system
+    i = np.repeat(np.arange(len(per_atom), dtype=np.int64), per_atom)  # one block of rows per atom
+    first_row = (np.cumsum(per_atom) - per_atom)[i]
+    system = atom_system[i]
+    j = starts[system] + (np.arange(len(i), dtype=np.int64) - first_row)
     keep = i != j
     return i[keep], j[keep], system[keep]
 

@@ -281,11 +281,9 @@ class NPTMTK(_NPTBase):
     def _warp_chains(self, batch: Batch) -> bool:
         """Whether the chains run as a Warp kernel: on a CPU with a Warp that compiles CPU kernels.
         (On a GPU the step is captured as a graph, where the torch operations cost no launches.)"""
-        if batch.device.type != "cpu" or not warp_available():
-            return False
         from alchemi_core.warp_runtime import can_launch
 
-        return can_launch(batch.device)
+        return batch.device.type == "cpu" and can_launch(batch.device)
 
     def _kick_cell(self, batch: Batch) -> None:
         """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""

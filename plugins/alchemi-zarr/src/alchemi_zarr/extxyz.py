@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     import ase
 
 
-
 def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Atoms:
     """One frame: ``AtomicData.to_atoms()`` (every field, see :mod:`alchemi_core.data.ase_io`).
 
