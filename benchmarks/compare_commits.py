@@ -13,6 +13,7 @@ Usage (from the root of the new checkout)::
 
     python benchmarks/compare_commits.py export-base a3fe2c7      # writes .bench-base/ (git archive)
     python benchmarks/compare_commits.py run --base .bench-base --new . --rounds 2 --json cmp.json
+    python benchmarks/compare_commits.py run --base .bench-base --workloads W3 --rounds 4   # one case
 
 ``export-base`` needs git (run it where the repository is); ``.bench-base/`` is an untracked
 folder, so it travels with the working tree to a machine without git. ``run`` needs no network:
@@ -65,9 +66,9 @@ def install(root: Path, target: Path) -> dict[str, str]:
     return env
 
 
-def run_side(env: dict[str, str], harness: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+def run_side(env: dict[str, str], harness: Path, out: Path, extra: list[str], workloads: str = WORKLOADS) -> dict[str, Any]:
     """One harness run in ``env``; the JSON it wrote."""
-    cmd = [sys.executable, "-m", "benchmarks", "--frameworks", "alchemi", "--workloads", WORKLOADS, "--json", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks", "--frameworks", "alchemi", "--workloads", workloads, "--json", str(out)]
     print("$", " ".join(cmd + extra), flush=True)
     subprocess.run(cmd + extra, cwd=harness, check=True, env=env)
     result: dict[str, Any] = json.loads(out.read_text())
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", default=None, help="write the comparison here")
     r.add_argument("--w3-cells", type=int, default=None, help="W3 structures (default: the harness's)")
     r.add_argument("--quick", action="store_true", help="the harness's tiny sizes (a check that all works)")
+    r.add_argument("--workloads", default=WORKLOADS, help=f"the harness's cases (default {WORKLOADS})")
     args = p.parse_args(argv)
     if args.command == "export-base":
         export_base(args.commit, Path(args.dest))
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     seen: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
     for rnd in range(args.rounds):
         for label in ("base", "new"):
-            result = run_side(envs[label], harness, work / f"{label}-{rnd}.json", extra)
+            result = run_side(envs[label], harness, work / f"{label}-{rnd}.json", extra, args.workloads)
             for case, value in figures(result).items():
                 seen[label].setdefault(case, []).append(value)
     rows = compare(seen["base"], seen["new"])

@@ -137,6 +137,35 @@ def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites
     assert len(set(versions.versions)) == 2
 
 
+class DerivesFromMasksInPython(DemoDynamics):
+    """A stage that keeps a value derived from its masks in Python: it cannot be refreshed."""
+
+    def refresh_for_replay(self, batch):
+        return False
+
+
+@pytest.mark.parametrize(("cls", "keeps"), [(DemoDynamics, True), (DerivesFromMasksInPython, False)])
+def test_a_captured_step_is_kept_across_a_check_only_if_every_stage_refreshes(cls, keeps):
+    """After a check moves a system out of its stage, a captured step (the graph of
+    ``compile()`` on a GPU) replays on if each stage refreshes in place what it derived from
+    the masks (``refresh_for_replay``), and is captured anew otherwise; the GPU tests replay
+    such runs against eager ones (tests/integration/test_graph_across_checks_gpu.py)."""
+    model = DemoModelWrapper()
+    first = cls(model=model, n_steps=20, dt=0.5,
+                convergence_hook=ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}], frequency=1))
+    fused = first + DemoDynamics(model=model, n_steps=20, dt=0.5)
+    batch = make_batch([3, 4])
+    fused.step(batch)
+    engine = fused._engine
+    engine._graph_masks = engine._mask_versions()  # as a capture at this point records them
+    assert engine._graph_sees_current_masks()
+    batch.status[0] = 1  # system 0 leaves the first stage, as a check moves it
+    engine._update_masks()
+    assert engine._graph_masks != engine._mask_versions()
+    assert engine._graph_sees_current_masks() is keeps
+    assert (engine._graph_masks == engine._mask_versions()) is keeps
+
+
 def test_criteria_must_all_pass():
     model = DemoModelWrapper()
     hook = ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}, {"key": "energy_change", "threshold": 0.0}])
@@ -466,24 +495,6 @@ def test_graduates_are_written_when_the_run_ends_between_refill_checks():
                          refill_frequency=7, convergence_hook=second)
     stage.run()
     assert sorted(sink.read().system_id.tolist()) == list(range(n))
-
-
-def test_a_captured_graph_is_dropped_when_systems_move_between_stages():
-    """Integrators may derive values from the masks in Python; a graph replay would keep the
-    stale ones (seen on a GPU: converged FIRE systems kept moving), so moving systems forces a
-    new capture."""
-    model = DemoModelWrapper()
-    at_step = ConvergenceHook(criteria=[{"key": "stage_steps", "threshold": 0, "custom_op": lambda s: s >= 3}])
-    stage = DemoDynamics(model=model, n_steps=10, dt=0.5, convergence_hook=at_step)
-    engine = stage._make_engine()
-    engine.prepare(make_batch([3, 4]))
-    sentinel = object()
-    for _ in range(2):
-        engine._graph = sentinel
-        engine.step()
-        assert engine._graph is sentinel  # nothing moved: the graph stays
-    engine.step()  # the third step: both systems converge and move on
-    assert engine._graph is None
 
 
 def test_a_model_that_cannot_be_captured_keeps_a_compiled_stage_eager():

@@ -135,9 +135,9 @@ class Admission(StepLoop):
             _rest_after_optimisers(batch, self.subs, moved, before)
             batch.stage_steps.masked_fill_(moved, 0)
             self._init_entering(moved)
-            # Integrators and hooks may derive values from the masks in Python (caches refreshed
-            # when their code runs); a replayed graph would not run that code, so capture anew.
-            self._graph = None
+            # A captured step stays: the masks are rewritten in place below, and before its next
+            # replay each stage refreshes what it derived from them (or it is captured anew:
+            # StepLoop._graph_sees_current_masks).
         if self.sampler is not None or self.sinks:
             if k % self.refill_frequency == 0:
                 self._graduate_and_refill()

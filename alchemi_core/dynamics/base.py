@@ -182,6 +182,19 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """The part of the step after the model forward (forces are fresh)."""
         raise NotImplementedError(f"{type(self).__name__} must implement post_update(batch)")
 
+    def refresh_for_replay(self, batch: Batch) -> bool:
+        """Bring what this stage derived from its masks up to date in place; True if it could.
+
+        The engine asks at the first replay of a captured CUDA graph after a check moved systems
+        between stages (same systems in the batch, new masks). The masks themselves are rewritten
+        in place, so a step that reads only them, and the batch's fields, replays correctly as
+        captured: such a stage returns True. A stage that keeps values it derived from the masks
+        in Python (a cache, a Python branch on a mask's contents) refreshes them here, in place,
+        or returns False: the engine then captures the step anew. The default is False, which is
+        always correct and costs a capture per such check.
+        """
+        return False
+
     @property
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""

@@ -175,6 +175,8 @@ class EngineState:
         self.owner_context.run = self.run_view
         self._graph: Any = None
         self._graph_key = -1
+        #: The contexts' mask versions the captured graph's stages were last refreshed for.
+        self._graph_masks: tuple[int, ...] = ()
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.
         self.graduate_to_sinks = True
         #: Systems moved out to sinks so far.

@@ -185,7 +185,7 @@ class StepLoop(Masks):
         """
         assert self.batch is not None
         key = self.batch.version
-        if self._graph is not None and self._graph_key == key:
+        if self._graph is not None and self._graph_key == key and self._graph_sees_current_masks():
             self._graph.replay()
             return
         self._graph = None
@@ -199,7 +199,30 @@ class StepLoop(Masks):
         with _collector_held(), torch.cuda.graph(graph):
             self._core(k, False)
         self._graph, self._graph_key = graph, key
+        self._graph_masks = self._mask_versions()
         self.graph_captures += 1
+
+    def _mask_versions(self) -> tuple[int, ...]:
+        return (*(s.context.version for s in self.subs), self.owner_context.version)
+
+    def _graph_sees_current_masks(self) -> bool:
+        """Whether the captured step is right for the masks as they are now.
+
+        A check that moves systems between stages (or out of them) rewrites the masks in place and
+        gives the contexts new versions, without changing the batch. The graph reads the mask
+        buffers themselves, so it stays right if every stage brings what it derived from them up to
+        date in place (``refresh_for_replay``); a stage that cannot has the step captured anew.
+        On W2 (2,048 FIRE relaxations, checks every step) systems converge at about half the
+        checks, and each capture costs a few eager steps' time.
+        """
+        versions = self._mask_versions()
+        if versions == self._graph_masks:
+            return True
+        assert self.batch is not None
+        if all(s.dynamics.refresh_for_replay(self.batch) for s in self.subs):
+            self._graph_masks = versions
+            return True
+        return False
 
 
 @contextlib.contextmanager

@@ -55,3 +55,46 @@ def test_relaxed_systems_enter_md_at_the_initial_temperature() -> None:
     # 93 degrees of freedom: the instantaneous temperature is 40 K +- 15 %, FIRE's is ~0.
     assert torch.all((entry > 20.0) & (entry < 60.0)), entry
     assert center_of_mass_velocity(out).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backend: str) -> None:
+    """A captured step keeps reading the tensors it was captured with. After system 0 leaves the
+    Langevin stage, ``refresh_for_replay`` rewrites those same tensors to what a stage that
+    started with system 0 already gone computes."""
+
+    def stages() -> tuple[Langevin, object]:
+        nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, backend=backend)
+        return nvt, nvt + VelocityVerlet(ReferenceLJ(), n_steps=50, dt=5.0, backend=backend)
+
+    def start(status: list[int]) -> Batch:
+        batch = Batch.from_data_list([argon(1, rattle=0.1, seed=0), argon(1, rattle=0.1, seed=1)])
+        initialize_velocities(batch, 60.0, seed=2)
+        batch.set_field("status", torch.tensor(status), "system")
+        return batch
+
+    nvt, fused = stages()
+    batch = start([0, 0])
+    fused.step(batch)
+    held = {name: hit[1] for name, hit in nvt._cache.items()}
+    assert "active" in held
+    batch.status[0] = 1
+    fused._engine._update_masks()
+    assert nvt.refresh_for_replay(batch)
+
+    ref_nvt, ref_fused = stages()
+    ref_fused.step(start([1, 0]))
+    assert set(ref_nvt._cache) <= set(held)
+    for name, (_, expected, _) in ref_nvt._cache.items():
+        now = nvt._cache[name][1]
+        for got, want, was in zip(_flat(now), _flat(expected), _flat(held[name])):
+            if isinstance(got, torch.Tensor):
+                assert got is was, f"{name} was replaced, not refreshed in place"
+                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+            else:
+                assert got == want, name
+    assert nvt._cache["active"][1].tolist() == [0.0, 1.0]
+
+
+def _flat(value: object) -> tuple:
+    return value if isinstance(value, tuple) else (value,)

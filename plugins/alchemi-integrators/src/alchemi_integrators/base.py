@@ -84,7 +84,8 @@ class Integrator(BaseDynamics):
         self.backend = backend
         self.active_backend: str | None = None
         self.work = Workspace()
-        self._cache: dict[str, tuple[int, Any]] = {}
+        #: Values derived from the masks and parameters: name -> (context version, value, build).
+        self._cache: dict[str, tuple[int, Any, Callable[[], Any]]] = {}
         self._reads_user_fields = False
         self._warp: Any = None
 
@@ -215,17 +216,28 @@ class Integrator(BaseDynamics):
         if hit is not None and hit[0] == key:
             return hit[1]
         value = build()
-        old = hit[1] if hit is not None else None
-        if (
-            isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor)
-            and old.shape == value.shape and old.dtype == value.dtype and old.device == value.device
-        ):
-            # Same layout, new masks: refresh in place, so a captured CUDA graph that read the
-            # old tensor sees the new values.
-            old.copy_(value)
-            value = old
-        self._cache[name] = (key, value)
+        if hit is not None and _copy_into(hit[1], value):
+            # Same layout, new masks: refreshed in place, so a captured CUDA graph that read the
+            # old tensors sees the new values.
+            value = hit[1]
+        self._cache[name] = (key, value, build)
         return value
+
+    def refresh_for_replay(self, batch: Batch) -> bool:
+        """Rebuild every cached value for the current masks, in place (see ``BaseDynamics``).
+
+        The step reads the masks and the batch's fields through tensors, and everything else it
+        derives from them through :meth:`cached`, so refreshing the cache keeps a captured step
+        right. False when a value cannot be refreshed in place (its shape or kind changed).
+        """
+        key = self.context.version
+        for name, (seen, old, build) in list(self._cache.items()):
+            if seen == key:
+                continue
+            if not _copy_into(old, build()):
+                return False
+            self._cache[name] = (key, old, build)
+        return True
 
     def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
         """Gather ``[B, k]`` per-system values to ``[V, k]`` per atom into a kept buffer."""
@@ -307,3 +319,28 @@ class MDIntegrator(Integrator):
 
             temps = self.per_system("initial_temperature", batch)
             draw_velocities(batch, temps, generator=self.generator(batch.device), mask=entering)
+
+
+
+def _copy_into(old: Any, new: Any) -> bool:
+    """Copy ``new`` into ``old`` in place where they have one layout: tensors of one shape, dtype
+    and device, or tuples of such tensors and equal numbers. False, with nothing copied, where
+    they differ."""
+    if not _same_layout(old, new):
+        return False
+    for a, b in zip(old, new) if isinstance(old, tuple) else ((old, new),):
+        if isinstance(a, torch.Tensor):
+            a.copy_(b)
+    return True
+
+
+def _same_layout(old: Any, new: Any) -> bool:
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        return old.shape == new.shape and old.dtype == new.dtype and old.device == new.device
+    if isinstance(old, tuple) and isinstance(new, tuple):
+        return len(old) == len(new) and all(
+            not isinstance(a, tuple) and _same_layout(a, b) for a, b in zip(old, new)
+        )
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)):
+        return bool(old == new)
+    return False
