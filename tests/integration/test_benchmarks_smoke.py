@@ -353,3 +353,26 @@ def test_w8_quick_relaxes_every_strained_cell_and_runs_npt(tmp_path) -> None:
     assert relax["max_fmax"] <= 0.05
     for kind in ("mtk", "crescale"):
         assert out["npt"][f"alchemi-{kind}"]["steps_per_s"] > 0
+
+
+def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
+    from alchemi_core.dynamics import DemoDynamics
+    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.step import StepLoop
+    from alchemi_core.models.demo import DemoModelWrapper
+    from alchemi_core.testing import make_batch, never_converging
+    from benchmarks.phases import PhaseTimer
+
+    check, core = Admission.__dict__["check"], StepLoop.__dict__["_core"]
+    timer = PhaseTimer("cpu")
+    timer.wrap(Admission, "check", nested=True)
+    timer.wrap(StepLoop, "_core")
+    try:
+        DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5,
+                     convergence_hook=never_converging(frequency=2)).run(make_batch([3, 4]))
+        totals = timer.totals()
+    finally:
+        timer.restore()
+    assert totals["_core"][0] == 6 and totals["check"][0] == 3
+    assert all(ms >= 0 for _, ms in totals.values())
+    assert Admission.__dict__["check"] is check and StepLoop.__dict__["_core"] is core

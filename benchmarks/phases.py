@@ -1,0 +1,165 @@
+"""Where a run's time goes: wall time of chosen engine methods, device synchronised around each.
+
+A diagnosis, not a benchmark: the synchronisations add a little to every timed call, so the
+totals are larger than an untimed run's. ``python -m benchmarks.phases w2`` times W2's run
+(2048 cells of 108 atoms, FIRE, checks every step) by phase and writes a CUDA profile;
+``python -m benchmarks.phases quarantine`` times the quarantine benchmark's clean and exploding
+runs by phase. Both need a GPU (``--device cpu`` runs them on the CPU, unsynchronised).
+
+Example:
+    >>> from benchmarks.phases import PhaseTimer
+    >>> timer = PhaseTimer("cpu")
+    >>> timer.totals()
+    {}
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class PhaseTimer:
+    """Wraps methods of classes so each call's wall time adds to a per-name total.
+
+    A call made inside another timed call counts only in the outer one (``check`` is the
+    exception: its total is kept apart, so its parts can be read against it). ``_graph_step``
+    splits into ``capture`` and ``replay`` by whether the engine captured.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.acc: dict[str, list[float]] = {}
+        self._depth = 0
+        self._originals: list[tuple[type, str, Any]] = []
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def wrap(self, cls: type, name: str, nested: bool = False) -> None:
+        """Time ``cls.name`` from now on (``nested``: also inside other timed calls)."""
+        original = getattr(cls, name)
+        self._originals.append((cls, name, cls.__dict__[name]))
+        timer = self
+
+        @functools.wraps(original)
+        def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if timer._depth and not nested:
+                return original(obj, *args, **kwargs)
+            timer._depth += 0 if nested else 1
+            captures = getattr(obj, "graph_captures", 0)
+            timer._sync()
+            start = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                timer._sync()
+                key = name
+                if name == "_graph_step":
+                    key = "capture" if getattr(obj, "graph_captures", 0) != captures else "replay"
+                entry = timer.acc.setdefault(key, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - start
+                timer._depth -= 0 if nested else 1
+
+        setattr(cls, name, timed)
+
+    def totals(self) -> dict[str, list[float]]:
+        """``{name: [calls, milliseconds]}`` since the last :meth:`clear`."""
+        return {k: [int(v[0]), round(v[1] * 1e3, 3)] for k, v in self.acc.items()}
+
+    def clear(self) -> None:
+        self.acc.clear()
+
+    def restore(self) -> None:
+        """Put the wrapped methods back."""
+        for cls, name, original in reversed(self._originals):
+            setattr(cls, name, original)
+        self._originals.clear()
+
+
+def _engine_timer(device: str, parts: tuple[tuple[str, str], ...]) -> PhaseTimer:
+    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.step import StepLoop
+
+    classes = {"Admission": Admission, "Engine": Engine, "StepLoop": StepLoop}
+    timer = PhaseTimer(device)
+    timer.wrap(Admission, "check", nested=True)
+    for cls, name in parts:
+        timer.wrap(classes[cls], name)
+    return timer
+
+
+def w2(device: str, repeats: int) -> dict[str, Any]:
+    """W2's run by phase (after four untimed runs), then one run under torch.profiler."""
+    from benchmarks.adapters.alchemi import Alchemi
+    from benchmarks.structures import ArgonCells
+
+    systems = ArgonCells([3] * 2048).systems()
+    framework = Alchemi()
+    plain = [framework.relax(systems, device, 2000, None).seconds for _ in range(4)]
+    timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
+                                   ("Admission", "_update_masks")))
+    runs = []
+    for _ in range(repeats):
+        timer.clear()
+        outcome = framework.relax(systems, device, 2000, None)
+        runs.append({"seconds": outcome.seconds, "steps": outcome.steps, "parts": timer.totals()})
+    report: dict[str, Any] = {"untimed_seconds": plain, "runs": runs}
+    if device.startswith("cuda"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            framework.relax(systems, device, 2000, None)
+        report["cuda_table"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    return report
+
+
+def quarantine(device: str, repeats: int) -> dict[str, Any]:
+    """The quarantine benchmark's two runs by phase."""
+    from alchemi_core.testing import random_structures
+    from benchmarks import quarantine as q
+
+    timer = _engine_timer(device, (("Admission", "_quarantine"), ("Admission", "verify_models"),
+                                   ("Admission", "_graduate_and_refill"), ("StepLoop", "_core")))
+    n, n_steps, every = 1000, 40, 10
+    structures = random_structures([4 + (i * 7) % 5 for i in range(n)], dtype=torch.float32)
+    for i, s in enumerate(structures):
+        s.steps_needed = torch.tensor([n_steps // 2 + (i * 7919) % (n_steps // 2 + 1)])
+    explode = list(range(7, n, 100))[:10]
+    q._run(structures[:128], [], device, 64, 10, every)
+    runs: dict[str, list[dict[str, Any]]] = {"clean": [], "exploding": []}
+    for _ in range(repeats):
+        for name, which in (("clean", []), ("exploding", explode)):
+            timer.clear()
+            result = q._run(structures, which, device, 64, n_steps, every)
+            runs[name].append({"seconds": result["seconds"], "steps": result["steps"], "parts": timer.totals()})
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", choices=["w2", "quarantine"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
