@@ -2,7 +2,8 @@
 
 An integrator subclasses :class:`BaseDynamics` and implements ``pre_update`` (before the model
 forward: e.g. half-kick and drift) and ``post_update`` (after it: e.g. the second half-kick),
-plus ``setup``/``init_state`` when it keeps per-system state. Inside those methods,
+plus ``setup``/``init_state`` when it keeps per-system state, and ``refresh_for_replay`` when
+its captured step may outlive checks that move systems between stages. Inside those methods,
 ``self.context`` (a :class:`~alchemi_core.dynamics.context.StepContext`) says which systems
 (``system_mask``, ``[B]`` bool or None for all) and atoms (``node_weight``, ``[V, 1]`` 1.0/0.0 or
 None) this stage integrates, and gives ``inv_mass`` and ``weighted_inv_mass`` per atom, the step
@@ -24,6 +25,8 @@ Example:
     ...         batch.positions.add_(step if w is None else step * w)
     ...     def post_update(self, batch):
     ...         batch.velocities.addcmul_(batch.forces, self.context.weighted_inv_mass, value=self.dt)
+    ...     def refresh_for_replay(self, batch):
+    ...         return True  # reads only the context's tensors: a compiled step outlives checks
 """
 
 from __future__ import annotations

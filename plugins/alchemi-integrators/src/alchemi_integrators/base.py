@@ -321,7 +321,6 @@ class MDIntegrator(Integrator):
             draw_velocities(batch, temps, generator=self.generator(batch.device), mask=entering)
 
 
-
 def _copy_into(old: Any, new: Any) -> bool:
     """Copy ``new`` into ``old`` in place where they have one layout: tensors of one shape, dtype
     and device, or tuples of such tensors and equal numbers. False, with nothing copied, where
