@@ -38,7 +38,7 @@ class PhaseTimer:
         self.device = device
         self.acc: dict[str, list[float]] = {}
         self._depth = 0
-        self._originals: list[tuple[type, str, Any]] = []
+        self._originals: list[tuple[type, str, Any | None]] = []
 
     def _sync(self) -> None:
         if self.device.startswith("cuda"):
@@ -47,14 +47,17 @@ class PhaseTimer:
     def wrap(self, cls: type, name: str, nested: bool = False) -> None:
         """Time ``cls.name`` from now on (``nested``: also inside other timed calls)."""
         original = getattr(cls, name)
-        self._originals.append((cls, name, cls.__dict__[name]))
+        # What the class itself defines (None: the method is inherited, restore() removes the wrap).
+        self._originals.append((cls, name, cls.__dict__.get(name)))
         timer = self
+
+        outer = 0 if nested else 1  # what this call adds to the depth of timed calls
 
         @functools.wraps(original)
         def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if timer._depth and not nested:
+            if timer._depth and outer:
                 return original(obj, *args, **kwargs)
-            timer._depth += 0 if nested else 1
+            timer._depth += outer
             captures = getattr(obj, "graph_captures", 0)
             timer._sync()
             start = time.perf_counter()
@@ -68,7 +71,7 @@ class PhaseTimer:
                 entry = timer.acc.setdefault(key, [0, 0.0])
                 entry[0] += 1
                 entry[1] += time.perf_counter() - start
-                timer._depth -= 0 if nested else 1
+                timer._depth -= outer
 
         setattr(cls, name, timed)
 
@@ -82,7 +85,10 @@ class PhaseTimer:
     def restore(self) -> None:
         """Put the wrapped methods back."""
         for cls, name, original in reversed(self._originals):
-            setattr(cls, name, original)
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
         self._originals.clear()
 
 
@@ -126,16 +132,12 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
 
 def quarantine(device: str, repeats: int) -> dict[str, Any]:
     """The quarantine benchmark's two runs by phase."""
-    from alchemi_core.testing import random_structures
     from benchmarks import quarantine as q
 
     timer = _engine_timer(device, (("Admission", "_quarantine"), ("Admission", "verify_models"),
                                    ("Admission", "_graduate_and_refill"), ("StepLoop", "_core")))
-    n, n_steps, every = 1000, 40, 10
-    structures = random_structures([4 + (i * 7) % 5 for i in range(n)], dtype=torch.float32)
-    for i, s in enumerate(structures):
-        s.steps_needed = torch.tensor([n_steps // 2 + (i * 7919) % (n_steps // 2 + 1)])
-    explode = list(range(7, n, 100))[:10]
+    n_steps, every = 40, 10
+    structures, explode = q.inputs(1000, n_steps)
     q._run(structures[:128], [], device, 64, 10, every)
     runs: dict[str, list[dict[str, Any]]] = {"clean": [], "exploding": []}
     for _ in range(repeats):

@@ -45,6 +45,15 @@ class FinishesAtItsOwnStep(ConvergenceHook):
         return batch.stage_steps >= batch.steps_needed.reshape(-1)
 
 
+def inputs(count: int, n_steps: int) -> tuple[list, list[int]]:
+    """The structures (4-8 atoms, each finishing after its own 20-40 steps for ``n_steps=40``)
+    and the indices of the 1 % that explode."""
+    structures = random_structures([4 + (i * 7) % 5 for i in range(count)], dtype=torch.float32)
+    for i, s in enumerate(structures):
+        s.steps_needed = torch.tensor([n_steps // 2 + (i * 7919) % (n_steps // 2 + 1)])
+    return structures, list(range(7, count, 100))[: max(1, count // 100)]
+
+
 def _run(structures: list, explode: list[int], device: str, batch_size: int, n_steps: int, every: int) -> dict:
     dataset = ListDataset(structures, device=device)
     sampler = SizeAwareSampler(dataset, max_atoms=batch_size * 8, max_batch_size=batch_size, bin_width=1)
@@ -87,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(1)
-    sizes = [4 + (i * 7) % 5 for i in range(args.structures)]
-    structures = random_structures(sizes, dtype=torch.float32)
-    for i, s in enumerate(structures):
-        s.steps_needed = torch.tensor([args.n_steps // 2 + (i * 7919) % (args.n_steps // 2 + 1)])
-    explode = list(range(7, args.structures, 100))[: max(1, args.structures // 100)]
+    structures, explode = inputs(args.structures, args.n_steps)
     _run(structures[:128], [], args.device, args.batch_size, 10, args.check_every)  # warm-up
     runs: dict[str, list[dict[str, Any]]] = {"clean": [], "exploding": []}
     for _ in range(args.repeats):

@@ -364,15 +364,18 @@ def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     from benchmarks.phases import PhaseTimer
 
     check, core = Admission.__dict__["check"], StepLoop.__dict__["_core"]
+    assert "verify_models" not in Admission.__dict__  # inherited from StepLoop
     timer = PhaseTimer("cpu")
     timer.wrap(Admission, "check", nested=True)
     timer.wrap(StepLoop, "_core")
+    timer.wrap(Admission, "verify_models")
     try:
         DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5,
                      convergence_hook=never_converging(frequency=2)).run(make_batch([3, 4]))
         totals = timer.totals()
     finally:
         timer.restore()
-    assert totals["_core"][0] == 6 and totals["check"][0] == 3
+    assert totals["_core"][0] == 6 and totals["check"][0] == 3 and totals["verify_models"][0] >= 3
     assert all(ms >= 0 for _, ms in totals.values())
     assert Admission.__dict__["check"] is check and StepLoop.__dict__["_core"] is core
+    assert "verify_models" not in Admission.__dict__
