@@ -134,7 +134,7 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     """The quarantine benchmark's two runs by phase."""
     from benchmarks import quarantine as q
 
-    timer = _engine_timer(device, (("Admission", "_quarantine"), ("Admission", "verify_models"),
+    timer = _engine_timer(device, (("Admission", "_mark_quarantined"), ("Admission", "verify_models"),
                                    ("Admission", "_graduate_and_refill"), ("StepLoop", "_core")))
     n_steps, every = 40, 10
     structures, explode = q.inputs(1000, n_steps)

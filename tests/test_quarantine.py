@@ -145,3 +145,28 @@ def test_a_warp_build_without_cpu_kernels_falls_back_to_torch(monkeypatch):
     batch.positions[4, 0] = float("nan")
     assert warp_codes(batch, 1.0e4) is None
     assert HealthCheck().codes(batch).tolist() == [0, FAILED_POSITIONS, 0]
+
+
+def test_the_health_kernels_follow_the_fields_in_place_and_when_replaced():
+    """A check replays the launches with the arguments they hold when the batch's tensors are
+    the same: values written in place between checks are seen, a field replaced by a new tensor
+    is bound again, and the codes a caller holds are not overwritten by the next check."""
+    pytest.importorskip("warp")
+    from alchemi_core.dynamics.quarantine import FAILED_FORCES, FAILED_VELOCITIES, HealthCheck
+
+    batch = make_batch([3, 4, 2], dtype=torch.float32)
+    batch.set_field("forces", torch.zeros(9, 3), "node")
+    batch.set_field("velocities", torch.zeros(9, 3), "node")
+    check = HealthCheck()
+    first = check.codes(batch)
+    assert first.tolist() == [0, 0, 0]
+    batch.forces[4, 1] = float("nan")  # in place: system 1
+    assert check.codes(batch).tolist() == [0, FAILED_FORCES, 0]
+    assert first.tolist() == [0, 0, 0]  # a held result is the caller's own
+    batch.set_field("velocities", torch.zeros(9, 3), "node")  # a new tensor
+    batch.velocities[8, 2] = float("inf")  # system 2
+    assert check.codes(batch).tolist() == [0, FAILED_FORCES, FAILED_VELOCITIES]
+    assert check.codes(batch, backend="torch").tolist() == [0, FAILED_FORCES, FAILED_VELOCITIES]
+    fewer = batch.index_select([1, 2])  # other tensors and sizes, then the first batch again
+    assert check.codes(fewer).tolist() == [FAILED_FORCES, FAILED_VELOCITIES]
+    assert check.codes(batch).tolist() == [0, FAILED_FORCES, FAILED_VELOCITIES]

@@ -108,6 +108,26 @@ def test_a_forked_child_runs_cpu_ranges_on_threads_of_its_own():
         torch.set_num_threads(before)
 
 
+def test_a_replayed_launch_binds_each_argument_again_only_when_it_changed():
+    """launch_args keeps what its recorded launch holds: the same tensor again is not set
+    again, a new tensor (even of one shape), a view at another offset, a new scalar or size is."""
+    wp = pytest.importorskip("warp")
+    from alchemi_core import warp_runtime
+
+    warp_runtime.warp()
+    if not wp.is_cpu_available():
+        pytest.skip("this warp-lang build has no CPU compiler")
+    kernel, cpu = _count_kernel(), torch.device("cpu")
+    a, b = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    warp_runtime.launch_args(kernel, 4, (a, 0), cpu)
+    warp_runtime.launch_args(kernel, 4, (a, 0), cpu)  # same arguments: replayed as bound
+    warp_runtime.launch_args(kernel, 4, (b, 2), cpu)  # another tensor and start
+    warp_runtime.launch_args(kernel, 4, (b[2:], 2), cpu)  # a view at an offset: counts[t + 2] of b[2:]
+    warp_runtime.launch_args(kernel, 2, (a, 6), cpu)  # fewer threads
+    assert a.tolist() == [2, 2, 2, 2, 0, 0, 1, 1]
+    assert b.tolist() == [0, 0, 1, 1, 2, 2, 1, 1]
+
+
 def _count_kernel():
     import warp as wp
 

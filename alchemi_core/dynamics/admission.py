@@ -108,7 +108,9 @@ class Admission(StepLoop):
         assert batch is not None
         status = batch.status
         before = status.clone()
-        self._quarantine(k)  # first: a model's own checks would stop at the structures that went bad
+        # First: a model's own checks would stop at the structures that went bad. Marked on the
+        # device; the records are read below, with the check's one read-back (strict: at once).
+        codes = self._mark_quarantined(k)
         self.verify_models()
         if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
             self._update_fmax()
@@ -126,9 +128,16 @@ class Admission(StepLoop):
                 status.masked_fill_(done, s.target)
         self._pass_empty_stages()
         moved = status != before
-        # One read-back for both: did this check move systems, or did anything (a hook between
-        # checks too) change a status since the masks were written?
-        any_moved, any_changed = torch.stack([moved.any(), self._status_changed_since_masks()]).tolist()
+        # One read-back for all: did this check move systems, did anything (a hook between
+        # checks too) change a status since the masks were written, is any system left to step,
+        # has every system graduated, and did any go bad?
+        flags = [moved.any(), self._status_changed_since_masks(), self.active_mask().any(),
+                 self.graduated_mask().all(), codes.any() if codes is not None else moved.new_zeros(())]
+        any_moved, any_changed, any_active, all_graduated, any_bad = torch.stack(flags).tolist()
+        read_at = batch.version
+        if any_bad:
+            assert codes is not None
+            self._collect_quarantined(codes, k)
         if any_changed:
             self._masks_stale = True
         if any_moved:  # checks may read back; integrators' resets are not free
@@ -141,7 +150,7 @@ class Admission(StepLoop):
         if self.sampler is not None or self.sinks:
             if k % self.refill_frequency == 0:
                 self._graduate_and_refill()
-            elif k >= self._budget_check and not bool(self.active_mask().any()):
+            elif k >= self._budget_check and not any_active:
                 # A budget that ends between refill steps leaves its graduates in the batch, not
                 # stepping, until the next refill step hands them on with the others: refilling
                 # here too would admit systems out of step with the refill cadence, whose budgets
@@ -151,7 +160,8 @@ class Admission(StepLoop):
                 self._graduate_and_refill()
         if self._masks_out_of_date():  # a refill rewrote them already; a quiet check keeps them
             self._update_masks()
-        self._check_done()
+        # Nothing entered or left since the read-back: its answers still hold.
+        self._check_done((any_active, all_graduated) if batch.version == read_at else None)
         self._flush_graduates()
 
     def _flush_graduates(self) -> None:
@@ -171,6 +181,30 @@ class Admission(StepLoop):
             if s.budget == 0:
                 status.masked_fill_(status == s.code, s.target)
 
+    def _mark_quarantined(self, k: int) -> torch.Tensor | None:
+        """The check's quarantine: failure statuses set on the device and the codes returned for
+        the check's read-back (None: nothing to check, or ``strict``, which raised or found none)."""
+        batch = self.batch
+        if batch is None or batch.num_graphs == 0:
+            return None
+        if self.health.strict:
+            self._quarantine(k)
+            return None
+        return self.health.mark(batch, self.active_mask())
+
+    def _collect_quarantined(self, codes: torch.Tensor, k: int) -> None:
+        """Record the systems :meth:`_mark_quarantined` failed (the read-back found some)."""
+        assert self.batch is not None
+        self.quarantined.extend(self.health.collect(self.batch, codes, k))
+        self._start_masking()
+
+    def _start_masking(self) -> None:
+        if not self.masked:
+            self.masked = True  # from now on each stage steps only its own systems
+            for s in self.subs:
+                s.buffers_version = -1  # masks allocated at the next update
+        self._graph = None
+
     def _quarantine(self, k: int) -> bool:
         """Give structures that went bad their failure status (``quarantine``); True if any."""
         batch = self.batch
@@ -180,18 +214,16 @@ class Admission(StepLoop):
         if not found:
             return False
         self.quarantined.extend(found)
-        if not self.masked:
-            self.masked = True  # from now on each stage steps only its own systems
-            for s in self.subs:
-                s.buffers_version = -1  # masks allocated at the next update
-        self._graph = None
+        self._start_masking()
         return True
 
     def health_check(self, k: int) -> None:
         if self._quarantine(k):
             self._update_masks()
 
-    def _check_done(self) -> None:
+    def _check_done(self, known: tuple[bool, bool] | None = None) -> None:
+        """Whether the run is over; ``known`` (any system active, all graduated) when the
+        check's read-back answered it already."""
         batch = self.batch
         assert batch is not None
         if self.sampler is not None and not self.sampler.exhausted:
@@ -199,7 +231,10 @@ class Admission(StepLoop):
         if batch.num_graphs == 0:
             self.done = True
             return
-        if self.graduate_on_budget:
+        if known is not None:
+            any_active, all_graduated = known
+            self.done = all_graduated if self.graduate_on_budget else not any_active
+        elif self.graduate_on_budget:
             self.done = bool(self.graduated_mask().all())
         else:
             self.done = not bool(self.active_mask().any())

@@ -3,8 +3,10 @@ instead of ending the run or poisoning its results.
 
 At each check step (never inside a step) the engine computes, on the device, one failure code
 per system: a bit for each of non-finite positions, velocities, forces and energy, and one for
-atoms that flew apart (the system's bounding box grew past ``max_extent`` Å). Only these codes
-are read back, one byte per system. A system with a nonzero code gets ``status = -code``: no
+atoms that flew apart (the system's bounding box grew past ``max_extent`` Å). A system with a
+nonzero code gets ``status = -code`` on the device (:meth:`HealthCheck.mark`); whether any did
+rides on the check's one read-back, and only then are the codes read, one byte per system, for
+the records (:meth:`HealthCheck.collect`). A quarantined system: no
 stage steps it any more, it is written to the sinks at the next refill like a graduated system
 (or stays, frozen, in a returned batch), and the run records it in ``quarantined``. With
 ``strict=True`` the run raises instead, naming the systems and reasons.
@@ -90,6 +92,7 @@ class HealthCheck:
 
         self.max_extent = finite_number("max_extent", max_extent, above=0.0, unit=" Å")
         self.strict = bool(strict)
+        self._warp = WarpHealthCodes()
 
     @classmethod
     def of(cls, owner: Any) -> HealthCheck:
@@ -105,8 +108,15 @@ class HealthCheck:
                 installed (faster on a GPU and on a CPU alike), torch otherwise. Both give the
                 same codes.
         """
+        out = self._device_codes(batch, backend)
+        # The Warp path answers in a buffer that the next check overwrites: callers get a copy.
+        held = self._warp._out
+        return held.clone() if held is not None and out is held else out
+
+    def _device_codes(self, batch: Batch, backend: str = "auto") -> torch.Tensor:
+        """:meth:`codes`, the Warp path's in this check's own buffer (valid until the next call)."""
         if backend in ("warp", "auto"):
-            out = warp_codes(batch, self.max_extent)
+            out = self._warp(batch, self.max_extent)
             if out is not None:
                 return out
         return self._torch_codes(batch)
@@ -146,65 +156,120 @@ class HealthCheck:
         Raises:
             InvalidDataError: Some went bad and ``strict`` is set (nothing is changed).
         """
-        codes = torch.where(active, self.codes(batch), 0)
+        codes = torch.where(active, self._device_codes(batch), 0)
         host = codes.to(torch.uint8).cpu()
         if not bool(host.any()):
             return []
+        found = self._records(batch, host, step)
+        if self.strict:
+            raise self._strict_error(found)
+        rows = torch.nonzero(host).flatten().to(batch.device)
+        batch.status.index_copy_(0, rows, -codes.index_select(0, rows))
+        return found
+
+    def mark(self, batch: Batch, active: torch.Tensor) -> torch.Tensor:
+        """Give the systems of ``active`` that went bad their status ``-code`` on the device,
+        without reading back; the ``[B]`` codes (0 for the others) go to :meth:`collect` once a
+        read-back the caller makes anyway says some are nonzero. Not for ``strict`` checks
+        (they raise before anything changes: :meth:`find`)."""
+        codes = torch.where(active, self._device_codes(batch), 0)
+        batch.status.copy_(torch.where(codes != 0, -codes, batch.status))
+        return codes
+
+    def collect(self, batch: Batch, codes: torch.Tensor, step: int) -> list[Quarantined]:
+        """The records of the systems :meth:`mark` quarantined (reads the codes back)."""
+        return self._records(batch, codes.to(torch.uint8).cpu(), step)
+
+    @staticmethod
+    def _records(batch: Batch, host: torch.Tensor, step: int) -> list[Quarantined]:
         rows = torch.nonzero(host).flatten()
         ids = batch.system_id.index_select(0, rows.to(batch.device)).tolist()
-        found = [Quarantined(int(i), int(step), -int(host[r])) for i, r in zip(ids, rows.tolist(), strict=True)]
-        if self.strict:
-            listed = "; ".join(str(q) for q in found[:10])
-            raise InvalidDataError(
-                f"{len(found)} structures went bad ({listed}){'...' if len(found) > 10 else ''}; strict=True "
-                "stops the run. Leave strict off to quarantine them and go on"
-            )
-        dev_rows = rows.to(batch.device)
-        batch.status.index_copy_(0, dev_rows, -codes.index_select(0, dev_rows))
-        return found
+        return [Quarantined(int(i), int(step), -int(host[r])) for i, r in zip(ids, rows.tolist(), strict=True)]
+
+    @staticmethod
+    def _strict_error(found: list[Quarantined]) -> InvalidDataError:
+        listed = "; ".join(str(q) for q in found[:10])
+        return InvalidDataError(
+            f"{len(found)} structures went bad ({listed}){'...' if len(found) > 10 else ''}; strict=True "
+            "stops the run. Leave strict off to quarantine them and go on"
+        )
 
 
 def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
     """``[B]`` int64 failure codes from the kernels of :mod:`~alchemi_core.dynamics.health_kernels`,
     or None where that path does not apply (no warp-lang, a CPU batch and a Warp build that cannot
     compile CPU kernels, or fields of other dtypes or shapes) and torch must do it."""
-    pos = batch.positions
-    n, atoms_n = batch.num_graphs, batch.num_nodes
-    if pos.dtype not in (torch.float32, torch.float64) or n == 0 or atoms_n == 0:
-        return None
-    vectors = [getattr(batch, name) if name in batch else None for name in ("velocities", "forces")]
-    if any(v is not None and (v.dtype != pos.dtype or tuple(v.shape) != tuple(pos.shape)) for v in vectors):
-        return None
-    energy = batch.energy if "energy" in batch else None
-    if energy is not None and (energy.dtype != pos.dtype or energy.numel() != n):
-        return None
-    try:
-        from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
+    return WarpHealthCodes()(batch, max_extent)
 
-        if not can_launch(pos.device):
-            return None  # no warp-lang, or a build without its CPU compiler (as on the GPU test host)
-        wp = warp()
-        from alchemi_core.dynamics.health_kernels import kernels
 
-        reset, atoms, systems = kernels()
-    except ImportError:
-        return None
-    vec = wp.vec3d if pos.dtype == torch.float64 else wp.vec3f
-    dev = pos.device
-    bad = torch.empty((n, 3), dtype=torch.int32, device=dev)
-    lo = torch.empty((n, 3), dtype=torch.float64, device=dev)
-    hi = torch.empty((n, 3), dtype=torch.float64, device=dev)
-    out = torch.empty(n, dtype=torch.int64, device=dev)
-    p, v, f = (Typed(t.contiguous(), vec) if t is not None else None for t in (pos, *vectors))
-    assert p is not None
-    e = energy.reshape(-1).contiguous() if energy is not None else pos.new_zeros(1)
-    idx = batch.batch_idx
-    if idx.dtype != torch.int64:
-        idx = idx.to(torch.int64)
-    # Recorded launches replayed with new arguments: wp.launch would resolve each generic
-    # kernel's overload again at every check (a third of a millisecond of host time per check).
-    launch_args(reset, n, (bad, lo, hi, wp.float64(float("inf"))), dev)
-    launch_args(atoms, atoms_n, (p, v if v is not None else p, f if f is not None else p, int(v is not None),
-                                 int(f is not None), idx.contiguous(), bad, lo, hi), dev)
-    launch_args(systems, n, (bad, lo, hi, e, int(energy is not None), wp.float64(max_extent), out), dev)
-    return out
+
+class WarpHealthCodes:
+    """The three health kernels, launched at every check with buffers kept between checks.
+
+    From one check to the next the arguments are usually the same tensors (fields are updated in
+    place, and this object keeps its accumulators while the number of systems stays), so the
+    recorded launches are replayed without setting any argument again
+    (:func:`~alchemi_core.warp_runtime.launch_args` compares what they hold). Before, each check
+    allocated four buffers and set fifteen arrays into the launches: half of a check's host time
+    on a small batch. The codes come back in a buffer of this object, valid until its next call.
+    """
+
+    def __init__(self) -> None:
+        self._out: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, ...] = ()
+        self._dummy_energy: torch.Tensor | None = None
+
+    def __call__(self, batch: Batch, max_extent: float) -> torch.Tensor | None:
+        pos = batch.positions
+        n, atoms_n = batch.num_graphs, batch.num_nodes
+        if pos.dtype not in (torch.float32, torch.float64) or n == 0 or atoms_n == 0:
+            return None
+        vectors = [getattr(batch, name) if name in batch else None for name in ("velocities", "forces")]
+        if any(v is not None and (v.dtype != pos.dtype or tuple(v.shape) != tuple(pos.shape)) for v in vectors):
+            return None
+        energy = batch.energy if "energy" in batch else None
+        if energy is not None and (energy.dtype != pos.dtype or energy.numel() != n):
+            return None
+        try:
+            from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
+
+            if not can_launch(pos.device):
+                return None  # no warp-lang, or a build without its CPU compiler (as on the GPU test host)
+            wp = warp()
+            from alchemi_core.dynamics.health_kernels import kernels
+
+            reset, atoms, systems = kernels()
+        except ImportError:
+            return None
+        vec = wp.vec3d if pos.dtype == torch.float64 else wp.vec3f
+        dev = pos.device
+        bad, lo, hi, out = self._accumulators(n, dev)
+        p, v, f = (Typed(t.contiguous(), vec) if t is not None else None for t in (pos, *vectors))
+        assert p is not None
+        e = energy.reshape(-1).contiguous() if energy is not None else self._no_energy(pos)
+        idx = batch.batch_idx
+        if idx.dtype != torch.int64:
+            idx = idx.to(torch.int64)
+        launch_args(reset, n, (bad, lo, hi, wp.float64(float("inf"))), dev)
+        launch_args(atoms, atoms_n, (p, v if v is not None else p, f if f is not None else p, int(v is not None),
+                                     int(f is not None), idx.contiguous(), bad, lo, hi), dev)
+        launch_args(systems, n, (bad, lo, hi, e, int(energy is not None), wp.float64(max_extent), out), dev)
+        self._out = out
+        return out
+
+    def _accumulators(self, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        held = self._buffers
+        if not held or held[3].shape[0] != n or held[3].device != device:
+            held = self._buffers = (
+                torch.empty((n, 3), dtype=torch.int32, device=device),
+                torch.empty((n, 3), dtype=torch.float64, device=device),
+                torch.empty((n, 3), dtype=torch.float64, device=device),
+                torch.empty(n, dtype=torch.int64, device=device),
+            )
+        return held
+
+    def _no_energy(self, pos: torch.Tensor) -> torch.Tensor:
+        held = self._dummy_energy
+        if held is None or held.dtype != pos.dtype or held.device != pos.device:
+            held = self._dummy_energy = pos.new_zeros(1)
+        return held
