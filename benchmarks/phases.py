@@ -120,7 +120,9 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
         timer.clear()
         outcome = framework.relax(systems, device, 2000, None)
         runs.append({"seconds": outcome.seconds, "steps": outcome.steps, "parts": timer.totals()})
-    report: dict[str, Any] = {"untimed_seconds": plain, "runs": runs}
+    timer.restore()
+    report: dict[str, Any] = {"untimed_seconds": plain, "runs": runs,
+                              "check_profile": profile_checks(lambda: framework.relax(systems, device, 2000, None))}
     if device.startswith("cuda"):
         from torch.profiler import ProfilerActivity, profile
 
@@ -128,6 +130,36 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
             framework.relax(systems, device, 2000, None)
         report["cuda_table"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     return report
+
+
+def profile_checks(run: Any, rows: int = 40) -> str:
+    """Host time by Python function inside the engine's checks of one ``run()`` (cProfile,
+    cumulative; a read-back's wait for the device shows in the call that makes it)."""
+    import cProfile
+    import io
+    import pstats
+
+    from alchemi_core.dynamics.admission import Admission
+
+    profiler = cProfile.Profile()
+    original = Admission.__dict__["check"]
+
+    @functools.wraps(original)
+    def profiled(obj: Any, k: int) -> None:
+        profiler.enable()
+        try:
+            original(obj, k)
+        finally:
+            profiler.disable()
+
+    Admission.check = profiled  # type: ignore[method-assign]
+    try:
+        run()
+    finally:
+        Admission.check = original  # type: ignore[method-assign]
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(rows)
+    return text.getvalue()
 
 
 def quarantine(device: str, repeats: int) -> dict[str, Any]:

@@ -523,3 +523,50 @@ def test_a_sampler_sized_from_memory_plans_with_the_models_bytes_per_atom(monkey
     sampler = SizeAwareSampler(_dataset(10), max_atoms=None, bin_width=2)
     DemoDynamics(model=Heavy(), n_steps=2, dt=0.5, sampler=sampler).run()
     assert sampler.bytes_per_atom == 3e6
+
+
+class FlagsItsErrors(DemoModelWrapper):
+    """A model that records an error on the device (``flag``) and raises it in ``verify``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flag = torch.zeros((), dtype=torch.bool)
+        self.verified = 0
+
+    def error_flag(self, batch: Batch) -> torch.Tensor:
+        return self.flag
+
+    def verify(self, batch: Batch) -> None:
+        self.verified += 1
+        if bool(self.flag):
+            raise CapacityError("recorded on the device")
+
+
+def test_a_check_verifies_a_model_only_when_its_error_flag_is_set_and_then_takes_no_effect():
+    model = FlagsItsErrors()
+    stage = DemoDynamics(model=model, n_steps=50, dt=0.5,
+                         convergence_hook=ConvergenceHook.from_fmax(1e9, frequency=1))  # all converge
+    engine = stage._make_engine()
+    engine.prepare(make_batch([3, 4, 5]))
+    at_start = model.verified  # the run's start verifies directly
+    engine.check(1)
+    assert model.verified == at_start  # its flag rode on the check's read-back: clear, no verify
+    assert engine.batch.status.tolist() == [1, 1, 1]  # and the check took effect
+    model.flag.fill_(True)
+    engine.batch.status.fill_(0)
+    with pytest.raises(CapacityError, match="recorded on the device"):
+        engine.check(2)
+    assert model.verified == at_start + 1
+    assert engine.batch.status.tolist() == [0, 0, 0]  # a check that raises converges nothing
+
+
+def test_a_model_without_an_error_flag_is_verified_at_every_check():
+    model = DemoModelWrapper()
+    calls = Counter()
+    model.verify = lambda batch: calls.update(["verify"])  # type: ignore[method-assign]
+    engine = DemoDynamics(model=model, n_steps=50, dt=0.5, convergence_hook=never_converging(1))._make_engine()
+    engine.prepare(make_batch([3, 4]))
+    calls.clear()
+    for k in (1, 2, 3):
+        engine.check(k)
+    assert calls["verify"] == 3

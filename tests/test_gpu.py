@@ -167,23 +167,13 @@ def test_a_sampler_over_a_gpu_dataset_builds_batches_on_the_gpu_from_host_struct
 def test_a_check_reads_back_from_the_device_once():
     """Quarantine, convergence, the masks' staleness and the end of the run share one read-back
     per check (a failure's records cost a second one, only when something failed)."""
-    import warnings
-
     from alchemi_core.testing import never_converging
+    from alchemi_core.testing.gpu import check_syncs
 
     stage = DemoDynamics(model=DemoModelWrapper(), n_steps=50, dt=0.5, convergence_hook=never_converging(frequency=1))
     engine = stage._make_engine()
     engine.prepare(make_batch([5, 7, 6], dtype=torch.float32).to("cuda"))
     engine.check(0)  # the first check may set things up
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            engine.check(1)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    # (The debug mode also warns, once, that it is a prototype: that warning is not a sync.)
-    syncs = [w for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    syncs = check_syncs(engine, 1)
+    assert len(syncs) == 1, syncs
     assert not engine.done

@@ -111,7 +111,7 @@ class Admission(StepLoop):
         # First: a model's own checks would stop at the structures that went bad. Marked on the
         # device; the records are read below, with the check's one read-back (strict: at once).
         codes = self._mark_quarantined(k)
-        self.verify_models()
+        model_errors = self.model_error_flags()  # and models that cannot flag verify now
         if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
             self._update_fmax()
         for s in self.subs:
@@ -130,11 +130,20 @@ class Admission(StepLoop):
         moved = status != before
         # One read-back for all: did this check move systems, did anything (a hook between
         # checks too) change a status since the masks were written, is any system left to step,
-        # has every system graduated, and did any go bad?
+        # has every system graduated, did any go bad, and has a model an error to raise?
+        none = moved.new_zeros(())
         flags = [moved.any(), self._status_changed_since_masks(), self.active_mask().any(),
-                 self.graduated_mask().all(), codes.any() if codes is not None else moved.new_zeros(())]
-        any_moved, any_changed, any_active, all_graduated, any_bad = torch.stack(flags).tolist()
+                 self.graduated_mask().all(), codes.any() if codes is not None else none,
+                 model_errors if model_errors is not None else none]
+        any_moved, any_changed, any_active, all_graduated, any_bad, any_error = torch.stack(flags).tolist()
         read_at = batch.version
+        if any_error:
+            try:
+                self.verify_models()
+            except Exception:
+                # The check takes no effect but the quarantine (which verify leaves out of its errors).
+                status.copy_(torch.where(status < 0, status, before))
+                raise
         if any_bad:
             assert codes is not None
             self._collect_quarantined(codes, k)

@@ -84,6 +84,28 @@ class StepLoop(Masks):
             if verify is not None:
                 verify(self.batch)
 
+    def model_error_flags(self) -> torch.Tensor | None:
+        """At a check: a 0-d device tensor, True when a model may have an error to raise.
+
+        A model with ``error_flag(batch)`` (a 0-d device tensor, True when its ``verify`` may
+        raise) is asked for it, so that its errors ride on the check's one read-back; a model
+        without one, or whose ``error_flag`` returns None, is verified now (it reads back).
+        None: no model gave a flag. When the flag is set, :meth:`verify_models` raises.
+        """
+        flags = []
+        for m in self.models:
+            flag_of = getattr(m, "error_flag", None)
+            flag = flag_of(self.batch) if flag_of is not None else None
+            if flag is not None:
+                flags.append(flag.reshape(()))
+                continue
+            verify = getattr(m, "verify", None)
+            if verify is not None:
+                verify(self.batch)
+        if not flags:
+            return None
+        return flags[0] if len(flags) == 1 else torch.stack(flags).any()
+
     @staticmethod
     def _store(batch: Any, out: Any) -> None:
         try:

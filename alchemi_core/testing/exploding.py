@@ -67,3 +67,6 @@ class ExplodingModel(BaseModel):
 
     def verify(self, batch: Any) -> None:
         getattr(self.inner, "verify", lambda b: None)(batch)
+
+    def error_flag(self, batch: Any) -> Any:
+        return getattr(self.inner, "error_flag", lambda b: None)(batch)

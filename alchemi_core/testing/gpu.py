@@ -1,6 +1,7 @@
 """Helpers for tests that run on a CUDA device.
 
 * :func:`no_host_sync`: fail on any host synchronisation inside a block.
+* :func:`check_syncs`: the host synchronisations one engine check makes.
 * :func:`eager_and_captured`: the same Langevin run eagerly and as a replayed CUDA graph.
 * :func:`step_allocations`: what steps of a warm stage take from the caching allocator.
 """
@@ -29,6 +30,27 @@ def no_host_sync() -> Iterator[None]:
         yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def check_syncs(engine: Any, k: int) -> list[str]:
+    """The messages of torch's sync debug mode for each host synchronisation ``engine.check(k)``
+    makes (work queued before it is finished first).
+
+    Example:
+        >>> assert len(check_syncs(engine, 1)) == 1  # doctest: +SKIP
+    """
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.check(k)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    # (The debug mode also warns, once, that it is a prototype: that warning is not a sync.)
+    return [str(w.message) for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
 
 
 def langevin(model: Any, steps: int) -> Any:

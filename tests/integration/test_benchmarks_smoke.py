@@ -379,3 +379,19 @@ def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     assert all(ms >= 0 for _, ms in totals.values())
     assert Admission.__dict__["check"] is check and StepLoop.__dict__["_core"] is core
     assert "verify_models" not in Admission.__dict__
+
+
+def test_profile_checks_profiles_only_inside_checks_and_puts_check_back():
+    from alchemi_core.dynamics import DemoDynamics
+    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.models.demo import DemoModelWrapper
+    from alchemi_core.testing import make_batch, never_converging
+    from benchmarks.phases import profile_checks
+
+    check = Admission.__dict__["check"]
+    run = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5, convergence_hook=never_converging(frequency=2))
+    text = profile_checks(lambda: run.run(make_batch([3, 4])))
+    assert Admission.__dict__["check"] is check
+    # Three checks, each profiled once (the row of admission.py's check reads "3 ... (check)").
+    assert any(line.split()[:1] == ["3"] and line.endswith("(check)") for line in text.splitlines())
+    assert "(_core)" not in text  # the steps between checks are not profiled

@@ -101,8 +101,12 @@ def test_fixed_capacity_overflow_is_an_error(ref, rng):
     el = EdgeList(RC, skin=0.5, max_edges=100)
     edges = el.update(batch)
     assert edges.capacity == 100
+    assert bool(el.error_flag(batch))
     with pytest.raises(CapacityError, match="max_edges="):
         el.verify(batch)
+    roomy = EdgeList(RC, skin=0.5)
+    roomy.update(batch)
+    assert not bool(roomy.error_flag(batch))
 
 
 def test_one_system_alone_has_the_edges_it_has_in_a_batch(ref, rng):

@@ -209,3 +209,21 @@ def test_memory_per_atom_is_small(ref):
     torch.cuda.synchronize()
     per_atom = (torch.cuda.max_memory_allocated() - base) / batch.num_nodes
     assert per_atom < 1024, f"{per_atom:.0f} bytes per atom"
+
+
+def test_a_check_with_a_neighbour_list_model_reads_back_once(ref):
+    """The neighbour list's error records ride on the check's one read-back (error_flag): a
+    quiet check of a run with Lennard-Jones synchronises once."""
+    from alchemi_core.dynamics import DemoDynamics
+    from alchemi_core.testing import never_converging
+    from alchemi_core.testing.gpu import check_syncs
+
+    cells = [bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3) for _ in range(3)]
+    batch = Batch.from_atoms(cells, dtype=torch.float32).to("cuda")
+    stage = DemoDynamics(model=LennardJones(EPS, SIG, RC), n_steps=50, dt=1.0,
+                         convergence_hook=never_converging(frequency=1))
+    engine = stage._make_engine()
+    engine.prepare(batch)
+    engine.check(0)  # the first check may set things up
+    syncs = check_syncs(engine, 1)
+    assert len(syncs) == 1, syncs

@@ -209,10 +209,27 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     model(engine_batch)
     with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
         model.verify(engine_batch)  # ... until it verifies
+    assert bool(model.error_flag(engine_batch))  # what a check reads instead of verifying
     roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120)
+    assert roomy.error_flag(batch) is None  # nothing built yet
     roomy.check_batch(batch)
     roomy(batch)
     roomy.verify(batch)
+    assert not bool(roomy.error_flag(batch))
+
+
+@pytest.mark.parametrize("record", ["bad_cell", "overflow", "image_out_of_range", "far_atoms"])
+def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record):
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
+    batch = Batch.from_atoms([atoms, atoms])
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    nl.update(batch)
+    assert not bool(nl.error_flag(batch))
+    nl.verify(batch)
+    nl._layout.system_tensors[record][1] = 200  # what a kernel records for the second system
+    assert bool(nl.error_flag(batch))
+    with pytest.raises((CapacityError, InvalidDataError)):
+        nl.verify(batch)
 
 
 def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges():

@@ -145,6 +145,10 @@ class EdgeModel(BaseModel):
         """Raise what the edge list recorded on the device (capacity, cells, far atoms)."""
         self.edge_list.verify(batch)
 
+    def error_flag(self, batch: Batch) -> torch.Tensor | None:
+        """True on the device when :meth:`verify` may raise (the engine reads it at checks)."""
+        return self.edge_list.error_flag(batch)
+
     def bytes_per_atom(self) -> float:
         """Device bytes one atom needs in a step: measured when :meth:`measure_bytes_per_atom`
         ran, else the class's estimate scaled to the model's precision. A sampler built with

@@ -371,6 +371,11 @@ class PairPotential(BaseModel):
         :meth:`BatchedNeighborList.verify`); called by the engine at check steps."""
         self.neighbor_list.verify(batch)
 
+    def error_flag(self, batch: Batch) -> torch.Tensor | None:
+        """True on the device when :meth:`verify` may raise (the engine reads it with a check's
+        other flags, instead of ``verify`` reading back on its own)."""
+        return self.neighbor_list.error_flag(batch)
+
     def extra_repr(self) -> str:
         treatment = "truncated"
         if self.shift_energy:

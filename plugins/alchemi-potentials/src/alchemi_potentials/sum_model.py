@@ -99,3 +99,18 @@ class SumModel(BaseModel):
             verify = getattr(m, "verify", None)
             if verify is not None:
                 verify(batch)
+
+    def error_flag(self, batch: Batch) -> torch.Tensor | None:
+        """True on the device when a part's ``verify`` may raise; None when a part that verifies
+        cannot say so without reading back (then the engine calls :meth:`verify`)."""
+        flags = []
+        for m in self.parts:
+            if getattr(m, "verify", None) is None:
+                continue
+            flag = getattr(m, "error_flag", lambda b: None)(batch)
+            if flag is None:
+                return None
+            flags.append(flag)
+        if not flags:
+            return None
+        return torch.stack([f.reshape(()) for f in flags]).any()

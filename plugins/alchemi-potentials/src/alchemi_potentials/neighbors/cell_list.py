@@ -45,7 +45,7 @@ import torch
 
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
-from alchemi_potentials.neighbors.layout import Layout, NeighborMatrix
+from alchemi_potentials.neighbors.layout import ERROR_FIELDS, Layout, NeighborMatrix
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -312,14 +312,12 @@ class BatchedNeighborList:
         if layout is None or not self._built_for(batch) or layout.num_systems == 0:
             return
         n = layout.num_systems
-        t = layout.system_tensors
-        names = ("bad_cell", "overflow", "image_out_of_range", "far_atoms")
-        # One read-back for all four flags; the usual answer (nothing recorded) ends here, before
-        # the ids and statuses that only an error message needs are read.
-        table = torch.stack([t[name][:n].to(torch.int32) for name in names]).cpu().numpy()
+        # One read-back for all four records; the usual answer (nothing recorded) ends here,
+        # before the ids and statuses that only an error message needs are read.
+        table = layout.errors[:, :n].cpu().numpy()
         if not table.any():
             return
-        flags = dict(zip(names, table, strict=True))
+        flags = dict(zip(ERROR_FIELDS, table, strict=True))
         ids = _system_ids(batch)
         if "status" in batch and batch.num_graphs == n:
             # Quarantined structures (negative status) went bad already and are leaving the run.
@@ -354,6 +352,15 @@ class BatchedNeighborList:
                 "periodic cell, or have non-finite positions; wrap the positions into the cell "
                 "(hook:wrap-periodic) and check for NaN"
             )
+
+    def error_flag(self, batch: Batch) -> torch.Tensor | None:
+        """A 0-d device tensor, True when :meth:`verify` may find something to raise (no read-back:
+        the engine reads it with a check's other flags and calls ``verify`` only when it is set).
+        None before the first build for ``batch``."""
+        layout = self._layout
+        if layout is None or not self._built_for(batch) or layout.num_systems == 0:
+            return None
+        return layout.errors[:, : layout.num_systems].any()
 
     def _exact_need(self, batch: Batch) -> int:
         """The most neighbours of any atom, from a list that sizes itself (the error path only).

@@ -262,6 +262,15 @@ class EdgeList:
                 f"{math.ceil(need * EDGE_HEADROOM)} (or None, to size it from the structures)"
             )
 
+    def error_flag(self, batch: Batch) -> torch.Tensor | None:
+        """A 0-d device tensor, True when :meth:`verify` may find something to raise (no read-back;
+        see :meth:`BatchedNeighborList.error_flag`). None before the first update for ``batch``."""
+        listed = self.neighbor_list.error_flag(batch)
+        b = self._buffers
+        if listed is None or b is None:
+            return None
+        return listed | (b.overflow[0] > b.capacity)
+
     def memory_bytes(self) -> int:
         """Device bytes of the edges and the neighbour list underneath."""
         return self.neighbor_list.memory_bytes() + (0 if self._buffers is None else self._buffers.nbytes())

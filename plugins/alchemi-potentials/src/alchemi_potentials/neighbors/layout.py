@@ -92,6 +92,9 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "allowed_sq": ((), torch.float64, None, 0),
     "followed": ((), torch.int32, None, 0),
 }
+#: The fields in which the kernels record what :meth:`BatchedNeighborList.verify` raises (the
+#: most neighbours an atom needed, for "overflow"; a flag for the others).
+ERROR_FIELDS = ("bad_cell", "overflow", "image_out_of_range", "far_atoms")
 _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
     "system": ((), torch.int32, None, 0),
     "order": ((), torch.int32, None, 0),
@@ -147,6 +150,12 @@ class Layout:
         self.systems = kernels.SystemState()
         self.atoms = kernels.AtomState()
         self.system_tensors = allocate(_SYSTEM_FIELDS, s_cap, self.systems)
+        # The error records, rows of one table: a check reads them back (or asks whether any is
+        # set) in one operation.
+        self.errors = torch.zeros((len(ERROR_FIELDS), s_cap), dtype=torch.int32, device=dev)
+        for row, name in enumerate(ERROR_FIELDS):
+            self.system_tensors[name] = self.errors[row]
+            setattr(self.systems, name, _warp.view(self.errors[row]))
         self.atom_tensors = allocate(_ATOM_FIELDS, v_cap, self.atoms)
         bins = max(1, self.num_bins)
         self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
@@ -206,6 +215,8 @@ class Layout:
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
 
     def nbytes(self) -> int:
-        held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
+        errors = set(ERROR_FIELDS)
+        held = [*(t for k, t in self.system_tensors.items() if k not in errors), self.errors,
+                *self.atom_tensors.values(), *self.inputs.values(),
                 *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell]
         return sum(t.numel() * t.element_size() for t in held)
