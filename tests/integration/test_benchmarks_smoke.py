@@ -375,7 +375,9 @@ def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
         totals = timer.totals()
     finally:
         timer.restore()
-    assert totals["_core"][0] == 6 and totals["check"][0] == 3 and totals["verify_models"][0] >= 3
+    # verify_models runs once, at the run's start: the checks ask the model for an error flag,
+    # or verify one without a flag themselves (model_error_flags), not through verify_models.
+    assert totals["_core"][0] == 6 and totals["check"][0] == 3 and totals["verify_models"][0] == 1
     assert all(ms >= 0 for _, ms in totals.values())
     assert Admission.__dict__["check"] is check and StepLoop.__dict__["_core"] is core
     assert "verify_models" not in Admission.__dict__
