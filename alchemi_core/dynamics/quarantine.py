@@ -202,7 +202,6 @@ def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
     return WarpHealthCodes()(batch, max_extent)
 
 
-
 class WarpHealthCodes:
     """The three health kernels, launched at every check with buffers kept between checks.
 

@@ -84,16 +84,13 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "bin_start": ((), torch.int32, None, 0),
     "first_atom": ((), torch.int32, None, 0),
     "index_bits": ((), torch.int32, None, 1),
-    "bad_cell": ((), torch.int32, None, 0),
-    "overflow": ((), torch.int32, None, 0),
-    "image_out_of_range": ((), torch.int32, None, 0),
-    "far_atoms": ((), torch.int32, None, 0),
     "deform": ((3, 3), torch.float64, "mat33d", 0),
     "allowed_sq": ((), torch.float64, None, 0),
     "followed": ((), torch.int32, None, 0),
 }
-#: The fields in which the kernels record what :meth:`BatchedNeighborList.verify` raises (the
-#: most neighbours an atom needed, for "overflow"; a flag for the others).
+#: The int32 fields, zero at first, in which the kernels record what
+#: :meth:`BatchedNeighborList.verify` raises (the most neighbours an atom needed, for "overflow";
+#: a flag for the others): rows of one table, see :class:`Layout`.
 ERROR_FIELDS = ("bad_cell", "overflow", "image_out_of_range", "far_atoms")
 _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
     "system": ((), torch.int32, None, 0),
@@ -215,8 +212,7 @@ class Layout:
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
 
     def nbytes(self) -> int:
-        errors = set(ERROR_FIELDS)
-        held = [*(t for k, t in self.system_tensors.items() if k not in errors), self.errors,
-                *self.atom_tensors.values(), *self.inputs.values(),
+        # (The error records are in system_tensors as rows of self.errors: counted once.)
+        held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
                 *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell]
         return sum(t.numel() * t.element_size() for t in held)
