@@ -20,17 +20,16 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.data.elements import masses_for
 from alchemi_core.dynamics.columns import flatten_system_columns
-from alchemi_core.dynamics.hook import dispatch
+from alchemi_core.dynamics.measure import Measuring
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.state import SubStage
-from alchemi_core.dynamics.step import StepLoop
 from alchemi_core.errors import CapacityError, InvalidDataError
 
 ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
 
 
-class Admission(StepLoop):
+class Admission(Measuring):
     """The admission layer of the engine (see the module docstring)."""
 
     # ------------------------------------------------------------------ fields of new systems
@@ -96,46 +95,18 @@ class Admission(StepLoop):
         return buf
 
     # ------------------------------------------------------------------ checks
-    def _update_fmax(self) -> None:
-        b = self.batch
-        assert b is not None
-        norms = torch.linalg.vector_norm(b.forces, dim=-1)
-        b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)
-
     def check(self, k: int) -> None:
         """Convergence, budgets, graduation and refill (the only device read-backs)."""
         batch = self.batch
         assert batch is not None
         status = batch.status
-        before = status.clone()
-        # First: a model's own checks would stop at the structures that went bad. Marked on the
-        # device; the records are read below, with the check's one read-back (strict: at once).
-        codes = self._mark_quarantined(k)
-        model_errors = self.model_error_flags()  # and models that cannot flag verify now
-        if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
-            self._update_fmax()
-        for s in self.subs:
-            if s.conv is not None and k % s.conv.frequency == 0:
-                conv = s.conv.evaluate(batch) & (before == s.source) & (status == s.source)
-                s.dynamics.converged_mask = conv
-                status.masked_fill_(conv, s.target)
-                # As in nvalchemi, ON_CONVERGE hooks run only when something converged (a check
-                # may read back).
-                if s.hooks[ON_CONVERGE] and bool(conv.any()):
-                    dispatch(s.hooks[ON_CONVERGE], batch, k)
-            if self.graduate_on_budget:
-                done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
-                status.masked_fill_(done, s.target)
-        self._pass_empty_stages()
-        moved = status != before
+        m = self._measure_check(k)
+        before = m.before
         # One read-back for all: did this check move systems, did anything (a hook between
         # checks too) change a status since the masks were written, is any system left to step,
         # has every system graduated, did any go bad, and has a model an error to raise?
-        none = moved.new_zeros(())
-        flags = [moved.any(), self._status_changed_since_masks(), self.active_mask().any(),
-                 self.graduated_mask().all(), codes.any() if codes is not None else none,
-                 model_errors if model_errors is not None else none]
-        any_moved, any_changed, any_active, all_graduated, any_bad, any_error = torch.stack(flags).tolist()
+        any_moved, any_changed, any_active, all_graduated, any_bad, any_error = m.flags.tolist()
+        codes, moved = m.codes, m.moved
         read_at = batch.version
         if any_error:
             try:
@@ -179,27 +150,6 @@ class Admission(StepLoop):
             if self.batch is not None and self.batch.num_graphs and bool(self.graduated_mask().any()):
                 self._graduate_and_refill()
                 self._update_masks()
-
-    def _pass_empty_stages(self) -> None:
-        """Systems at the status of a stage with ``n_steps=0`` move straight on: such a stage
-        takes no step (in stage order, so a run of empty stages is crossed at once)."""
-        if not self.graduate_on_budget or self.batch is None:
-            return
-        status = self.batch.status
-        for s in self.subs:
-            if s.budget == 0:
-                status.masked_fill_(status == s.code, s.target)
-
-    def _mark_quarantined(self, k: int) -> torch.Tensor | None:
-        """The check's quarantine: failure statuses set on the device and the codes returned for
-        the check's read-back (None: nothing to check, or ``strict``, which raised or found none)."""
-        batch = self.batch
-        if batch is None or batch.num_graphs == 0:
-            return None
-        if self.health.strict:
-            self._quarantine(k)
-            return None
-        return self.health.mark(batch, self.active_mask())
 
     def _collect_quarantined(self, codes: torch.Tensor, k: int) -> None:
         """Record the systems :meth:`_mark_quarantined` failed (the read-back found some)."""

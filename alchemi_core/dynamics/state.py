@@ -7,9 +7,11 @@ layer a class that adds methods to the one below:
 2. ``masks.Masks``: which systems and atoms each stage owns, published in its ``StepContext``.
 3. ``step.StepLoop``: the step (integrator halves around the model forward), its CUDA-graph
    capture and replay, and the hook points inside it.
-4. ``admission.Admission``: checks (convergence, budgets), graduation to sinks, refill from the
-   sampler and admission of new systems.
-5. ``engine.Engine``: preparing a run, running it, the once-per-run hooks.
+4. ``measure.Measuring``: a check's device work up to its one read-back (quarantine, ``fmax``,
+   convergence, budgets), captured as a CUDA graph where it can be (``check_capture``).
+5. ``admission.Admission``: what the check's read-back says (graduation to sinks, refill from
+   the sampler, admission of new systems).
+6. ``engine.Engine``: preparing a run, running it, the once-per-run hooks.
 
 Checkpoints (``checkpoint``) read and restore the counters kept here.
 """
@@ -20,6 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from alchemi_core.dynamics.check_capture import CheckCapture
 from alchemi_core.dynamics.context import RunView, StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import HookTable
@@ -164,6 +167,8 @@ class EngineState:
             getattr(m, "cuda_graphs", True) for m in self.models
         )
         self.graph_captures = 0
+        #: The checks' device work, captured too where it can be (``check_capture``).
+        self._check_capture = CheckCapture()
         #: The context of the run's owner: a plain stage's own; a fused stage's covers every
         #: system of its sub-stages (its masks are kept when it has hooks of its own).
         self.run_view = RunView(self)

@@ -10,13 +10,11 @@ of systems changes. Steps at which a hook inside the step fires run eagerly.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from alchemi_core.dynamics.collector import collector_held
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -92,19 +90,25 @@ class StepLoop(Masks):
         without one, or whose ``error_flag`` returns None, is verified now (it reads back).
         None: no model gave a flag. When the flag is set, :meth:`verify_models` raises.
         """
-        flags = []
+        flag, unflagged = self._model_flags()
+        for m in unflagged:
+            m.verify(self.batch)
+        return flag
+
+    def _model_flags(self) -> tuple[torch.Tensor | None, list[Any]]:
+        """The models' error flag (as :meth:`model_error_flags`, None: none gave one) and the
+        models that gave none but have a ``verify``, without calling it."""
+        flags, unflagged = [], []
         for m in self.models:
             flag_of = getattr(m, "error_flag", None)
             flag = flag_of(self.batch) if flag_of is not None else None
             if flag is not None:
                 flags.append(flag.reshape(()))
-                continue
-            verify = getattr(m, "verify", None)
-            if verify is not None:
-                verify(self.batch)
+            elif getattr(m, "verify", None) is not None:
+                unflagged.append(m)
         if not flags:
-            return None
-        return flags[0] if len(flags) == 1 else torch.stack(flags).any()
+            return None, unflagged
+        return (flags[0] if len(flags) == 1 else torch.stack(flags).any()), unflagged
 
     @staticmethod
     def _store(batch: Any, out: Any) -> None:
@@ -218,7 +222,7 @@ class StepLoop(Masks):
         torch.cuda.current_stream().wait_stream(side)
         _release_cached_memory(self.batch.device)
         graph = torch.cuda.CUDAGraph()
-        with _collector_held(), torch.cuda.graph(graph):
+        with collector_held(), torch.cuda.graph(graph):
             self._core(k, False)
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()
@@ -245,28 +249,6 @@ class StepLoop(Masks):
             self._graph_masks = versions
             return True
         return False
-
-
-@contextlib.contextmanager
-def _collector_held() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the duration of a capture.
-
-    A collection that runs inside a capture may free a dead object that holds CUDA resources,
-    such as the graph of an earlier run's stage caught in a reference cycle; destroying a graph
-    (or freeing memory outside torch's allocator) is not allowed while a stream captures, and
-    it invalidates the capture (seen on the H200: W1 failed in 2 of 3 benchmark processes with
-    ``cudaErrorStreamCaptureInvalidated``). torch no longer collects before a capture
-    by default (``torch.compiler.config.force_cudagraph_gc``), and a full collection per capture
-    would cost W3's 100-odd captures dearly; holding the collector costs nothing, and whatever is
-    dead is collected after the capture, where it is allowed.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 #: Unused cached device memory (as a fraction of the device's) above which a capture first hands

@@ -1,0 +1,88 @@
+"""On a GPU: a compiled run's checks replay their captured device work (``check_capture``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from ase.build import bulk
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.dynamics import ConvergenceHook
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = torch.device("cuda")
+
+
+def _fire_relaxation(compiled: bool) -> tuple[Batch, Any]:
+    """Six rattled argon cells relaxed by FIRE to 0.01 eV/Å, checked every step (as W2)."""
+    cells = []
+    for seed in range(6):
+        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+        atoms.rattle(0.1, seed=seed)
+        cells.append(atoms)
+    batch = Batch.from_atoms(cells, dtype=torch.float64).to(CUDA)
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5, shift_energy=True)
+    stage = registry.build("integrator:fire", model=model, n_steps=300,
+                           convergence_hook=ConvergenceHook.from_fmax(0.01, frequency=1))
+    return batch, stage.compile() if compiled else stage
+
+
+def test_compiled_checks_replay_their_captured_measurement_and_end_as_eager_ones() -> None:
+    """Under compile() a check's device work (quarantine, fmax, convergence, the read-back's
+    flags) is captured once the key repeats and replayed after: the systems converge at the same
+    steps as eagerly (their step counts say so) and end at the same positions."""
+    ends = {}
+    for compiled in (False, True):
+        batch, stage = _fire_relaxation(compiled)
+        stage.run(batch)
+        ends[compiled] = (batch, stage._engine)
+    (eager, eager_engine), (graphed, engine) = ends[False], ends[True]
+    assert eager.status.tolist() == graphed.status.tolist() == [1] * 6
+    assert eager_engine.step_count == engine.step_count
+    assert eager_engine._check_capture.captures == 0  # eager runs never capture
+    # Systems converge at different steps: the key stays (same systems, same fields), so one
+    # capture serves every check after the second.
+    assert engine._check_capture.captures == 1
+    assert engine._check_capture.enabled
+    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-10)
+    torch.testing.assert_close(graphed.fmax, eager.fmax, rtol=0, atol=1e-12)
+
+
+def test_a_replayed_check_synchronises_once() -> None:
+    from alchemi_core.testing.gpu import check_syncs
+
+    batch, stage = _fire_relaxation(True)
+    engine = stage._make_engine()
+    engine.prepare(batch)
+    for _ in range(3):  # checks measured eagerly, captured, then replayed
+        engine.step()
+    assert engine._check_capture.captures == 1
+    syncs = check_syncs(engine, engine.step_count)
+    assert len(syncs) == 1, syncs
+    assert engine._check_capture.captures == 1
+
+
+def test_a_measurement_that_reads_back_is_measured_eagerly() -> None:
+    """A check whose device work synchronises after all (here: a patched mask that reads back)
+    cannot be captured: capture turns itself off and the run ends as an eager one."""
+    eager_batch, eager_stage = _fire_relaxation(False)
+    eager_stage.run(eager_batch)
+    batch, stage = _fire_relaxation(True)
+    engine = stage._make_engine()
+    plain = type(engine).active_mask
+
+    def reading_back(self: Any) -> torch.Tensor:
+        mask = plain(self)
+        bool(mask.any())  # a host synchronisation: not allowed while a stream captures
+        return mask
+
+    engine.active_mask = reading_back.__get__(engine)
+    ran = engine.prepare(batch)
+    engine.run(300)
+    assert not engine._check_capture.enabled and engine._check_capture.captures == 0
+    assert ran.status.tolist() == eager_batch.status.tolist() == [1] * 6
+    torch.testing.assert_close(ran.positions, eager_batch.positions, rtol=0, atol=1e-10)
