@@ -46,8 +46,8 @@ class Measuring(StepLoop):
         held = self._masks_status
         key = (batch.version, due, field_addresses(batch),
                None if held is None else (held.data_ptr(), tuple(held.shape)))
-        # Models' flags live in their own buffers: asked for outside the graph, which reads them
-        # from its slot. Models that cannot flag verify after the quarantine is marked.
+        # Models' flags live in their own buffers: asked for outside the graph and written into
+        # its last flag after the replay. Models that cannot flag verify once quarantine is marked.
         model_errors, unflagged = self._model_flags()
         m = capture.measure(key, lambda: self._measure(k, models=False))
         if model_errors is not None:
