@@ -22,11 +22,8 @@ from alchemi_core.data.elements import masses_for
 from alchemi_core.dynamics.columns import flatten_system_columns
 from alchemi_core.dynamics.measure import Measuring
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
-from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.state import SubStage
 from alchemi_core.errors import CapacityError, InvalidDataError
-
-ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
 
 
 class Admission(Measuring):
@@ -99,7 +96,6 @@ class Admission(Measuring):
         """Convergence, budgets, graduation and refill (the only device read-backs)."""
         batch = self.batch
         assert batch is not None
-        status = batch.status
         m = self._measure_check(k)
         before = m.before
         # One read-back for all: did this check move systems, did anything (a hook between
@@ -109,12 +105,7 @@ class Admission(Measuring):
         codes, moved = m.codes, m.moved
         read_at = batch.version
         if any_error:
-            try:
-                self.verify_models()
-            except Exception:
-                # The check takes no effect but the quarantine (which verify leaves out of its errors).
-                status.copy_(torch.where(status < 0, status, before))
-                raise
+            self._verify_or_restore(self.verify_models, before)
         if any_bad:
             assert codes is not None
             self._collect_quarantined(codes, k)

@@ -103,11 +103,6 @@ class CheckCapture:
         graph.replay()
         return out
 
-    def drop(self) -> None:
-        """Forget the captured graph (the next check measures eagerly)."""
-        self._graph = self._out = None
-        self._seen = self._key = None
-
 
 def field_addresses(batch: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
     """Name, address and shape of every field of ``batch`` (and of its system index)."""

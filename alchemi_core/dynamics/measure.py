@@ -9,7 +9,7 @@ on a GPU under ``compile()`` replayed as a CUDA graph where it can be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -37,12 +37,12 @@ class Measuring(StepLoop):
     def _measure_check(self, k: int) -> Measurement:
         """The check's device work up to its read-back: replayed as a CUDA graph where it can be
         (:mod:`~alchemi_core.dynamics.check_capture`), eager otherwise."""
-        capture = self._check_capture
         if not self._may_capture_check():
             return self._measure(k, models=True)
+        capture = self._check_capture
         batch = self.batch
         assert batch is not None
-        due = tuple(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs)
+        due = self._criteria_due(k)
         held = self._masks_status
         key = (batch.version, due, field_addresses(batch),
                None if held is None else (held.data_ptr(), tuple(held.shape)))
@@ -53,8 +53,12 @@ class Measuring(StepLoop):
         if model_errors is not None:
             m.model_flag.copy_(model_errors)
         if unflagged:
-            self._verify_or_restore(unflagged, m.before)
+            self._verify_or_restore(lambda: [model.verify(batch) for model in unflagged], m.before)
         return m
+
+    def _criteria_due(self, k: int) -> tuple[bool, ...]:
+        """Per sub-stage: whether its convergence criteria are evaluated at step ``k``."""
+        return tuple(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs)
 
     def _may_capture_check(self) -> bool:
         batch = self.batch
@@ -74,10 +78,12 @@ class Measuring(StepLoop):
         # device; the records are read below, with the check's one read-back (strict: at once).
         codes = self._mark_quarantined(k)
         model_errors = self.model_error_flags() if models else None  # models that cannot flag verify now
-        if self.track_fmax and any(s.conv is not None and k % s.conv.frequency == 0 for s in self.subs):
+        due = self._criteria_due(k)
+        if self.track_fmax and any(due):
             self._update_fmax()
-        for s in self.subs:
-            if s.conv is not None and k % s.conv.frequency == 0:
+        for s, evaluated in zip(self.subs, due, strict=True):
+            if evaluated:
+                assert s.conv is not None
                 conv = s.conv.evaluate(batch) & (before == s.source) & (status == s.source)
                 s.dynamics.converged_mask = conv
                 status.masked_fill_(conv, s.target)
@@ -96,12 +102,11 @@ class Measuring(StepLoop):
                              model_errors.reshape(()) if model_errors is not None else none])
         return Measurement(before, moved, codes, flags, flags[5])
 
-    def _verify_or_restore(self, models: Sequence[object], before: torch.Tensor) -> None:
-        """``verify`` each of ``models``; one that raises leaves the statuses as they were before
-        the check, but the quarantine's."""
+    def _verify_or_restore(self, verify: Callable[[], object], before: torch.Tensor) -> None:
+        """Run ``verify`` (models' ``verify``); if it raises, the check takes no effect but the
+        quarantine (which verify leaves out of its errors): statuses go back to ``before``."""
         try:
-            for model in models:
-                model.verify(self.batch)  # type: ignore[attr-defined]
+            verify()
         except Exception:
             assert self.batch is not None
             status = self.batch.status
