@@ -15,11 +15,16 @@ warm-up, capture and layout are not counted), peak device bytes per atom (``max_
 above the start), and alchemi's step over the model's own forward + backward on a fixed graph
 (its network called on fixed edges, eagerly). TorchSim steps with ``nvt_langevin_step`` in a
 loop, its model rebuilding its neighbour list every call. The largest batch is searched first,
-for each framework in a fresh process: predicted from the bytes per atom of a 16-cell run, grown
-by 15 % while it runs and backed off by 20 % on out-of-memory.
+for each framework in a fresh process: predicted from the peak memory of two short runs (16 and
+48 cells; with ``--chunk-atoms``, one and three of alchemi's chunks), grown by 15 % while it runs
+and backed off by 20 % on out-of-memory, up to 1,024 cells (reported as ``capped``).
+
+``--chunk-atoms N`` has alchemi's model evaluate batches of more than N atoms in chunks of whole
+systems (``chunk_atoms=N``), one chunk's activations held at a time.
 
     python -m benchmarks.w7_mlip --model mace --json out/w7_mace.json
     python -m benchmarks.w7_mlip --model sevennet --json out/w7_sevennet.json
+    python -m benchmarks.w7_mlip --model mace --chunk-atoms 6912 --json out/w7_mace_chunked.json
     python -m benchmarks.w7_mlip --model mace --device cpu --quick     # does everything run?
 """
 
@@ -58,9 +63,10 @@ def sync(device: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- models
-def networks(kind: str, device: str, quick: bool = False) -> tuple[Any, Any]:
+def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | None = None) -> tuple[Any, Any]:
     """(alchemi model, TorchSim model or the reason it is unavailable), with the same weights
-    (``quick``: a much smaller MACE, for a smoke test on a CPU)."""
+    (``quick``: a much smaller MACE, for a smoke test on a CPU; ``chunk_atoms``: alchemi's
+    model evaluates larger batches in chunks of whole systems)."""
     if kind == "mace":
         import alchemi_mace.imports
 
@@ -71,7 +77,7 @@ def networks(kind: str, device: str, quick: bool = False) -> tuple[Any, Any]:
         shape = {"channels": 8, "max_ell": 1, "correlation": 2} if quick else {}
         net = mace_mp_small_like(seed=0, dtype=torch.float32, **shape)
         theirs = copy.deepcopy(net)
-        ours = MaceModel(net, dtype="float32")
+        ours = MaceModel(net, dtype="float32", chunk_atoms=chunk_atoms)
         try:
             from mace.calculators.mace_torchsim import MaceTorchSimModel
 
@@ -81,7 +87,7 @@ def networks(kind: str, device: str, quick: bool = False) -> tuple[Any, Any]:
         return ours, peer
     from alchemi_sevennet import SevenNetModel
 
-    ours = SevenNetModel("7net-0")
+    ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms)
     try:
         from sevenn.torchsim import SevenNetModel as TsSevenNet
 
@@ -214,23 +220,34 @@ def oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-#: Cells of the short run that measures a framework's bytes per atom before the largest-batch search.
-PROBE_CELLS = 16
+#: Cells of the two short runs that measure a framework's memory before the largest-batch search
+#: (with ``--chunk-atoms``, alchemi's are one and three chunks' worth instead).
+PROBE_CELLS = (16, 48)
+#: The search tries no more cells than this (a run of them takes about half a minute on an H200);
+#: a framework that runs them is reported as fitting at least that many.
+MOST_CELLS = 1024
 
 
-def largest(run: Any, device: str) -> dict[str, Any]:
-    """The most cells that run: predicted from the bytes per atom of a 16-cell run, then grown
-    by 15 % while it fits (backed off by 20 % on out-of-memory); ``run(cells, steps)``."""
-    if device != "cuda":
-        return {"cells": None, "reason": "needs a GPU"}
+def peak_bytes(run: Any, cells: int) -> float:
+    """Peak device bytes of a short run of ``cells`` cells, above what was held before it."""
     free_memory()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    run(PROBE_CELLS, WARM_STEPS + 4)
-    per_atom = (torch.cuda.max_memory_allocated() - base) / (PROBE_CELLS * 108)
+    run(cells, WARM_STEPS + 4)
+    return float(torch.cuda.max_memory_allocated() - base)
+
+
+def largest(run: Any, device: str, probes: tuple[int, int] = PROBE_CELLS, most: int = MOST_CELLS) -> dict[str, Any]:
+    """The most cells that run (``run(cells, steps)``): predicted from two short runs (their peak
+    memory, a fixed part and a part per cell), then grown by 15 % while it fits (backed off by
+    20 % on out-of-memory), never beyond ``most``."""
+    if device != "cuda":
+        return {"cells": None, "reason": "needs a GPU"}
+    small, large = (peak_bytes(run, n) for n in probes)
+    per_cell = max((large - small) / (probes[1] - probes[0]), 1.0)
     free_memory()
     free, _ = torch.cuda.mem_get_info()
-    cells = max(1, int(0.92 * free / (per_atom * 108)))
+    cells = max(1, min(most, probes[1] + int((0.92 * free - large) / per_cell)))
     best: dict[str, Any] = {"cells": None, "reason": "out of memory at every size tried"}
     tried: list[list[Any]] = []
     failed = False
@@ -238,11 +255,11 @@ def largest(run: Any, device: str) -> dict[str, Any]:
         try:
             free_memory()
             sec = run(cells, WARM_STEPS + 4)
-            best = {"cells": cells, "atoms": cells * 108, "ms_per_step": 1e3 * sec}
+            best = {"cells": cells, "atoms": cells * 108, "ms_per_step": 1e3 * sec, "capped": cells == most}
             tried.append([cells, "ok"])
-            if failed:
+            if failed or cells == most:
                 break
-            cells = int(cells * 1.15)
+            cells = min(most, int(cells * 1.15))
         except Exception as exc:  # noqa: BLE001
             if not oom(exc):
                 return {"cells": None, "reason": f"{type(exc).__name__}: {exc}", "tried": tried}
@@ -251,14 +268,25 @@ def largest(run: Any, device: str) -> dict[str, Any]:
             if best["cells"] is not None:
                 break
             cells = int(cells * 0.8)
-    best.update(tried=tried, probe_bytes_per_atom=per_atom)
+    best.update(tried=tried, probes=list(probes), probe_peak_bytes=[small, large], bytes_per_cell=per_cell)
     return best
 
 
-def largest_in_subprocess(model: str, framework: str, device: str) -> dict[str, Any]:
+def chunk_probes(chunk_atoms: int | None) -> tuple[int, int]:
+    """Probe sizes for alchemi: one and three chunks when it evaluates in chunks (a probe within
+    one chunk would see the whole network's memory per cell), else :data:`PROBE_CELLS`."""
+    if chunk_atoms is None:
+        return PROBE_CELLS
+    per_chunk = max(1, chunk_atoms // 108)
+    return per_chunk, 3 * per_chunk
+
+
+def largest_in_subprocess(model: str, framework: str, device: str, chunk_atoms: int | None) -> dict[str, Any]:
     """:func:`largest` for one framework in a fresh process, so that neither framework's
     earlier runs hold device memory during the other's search."""
     cmd = [sys.executable, "-m", "benchmarks.w7_mlip", "--model", model, "--device", device, "--largest", framework]
+    if chunk_atoms is not None:
+        cmd += ["--chunk-atoms", str(chunk_atoms)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -275,13 +303,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--budget-s", type=float, default=8.0, help="seconds of stepping per case and framework")
     p.add_argument("--largest", choices=("alchemi", "torchsim"), default=None,
                    help="only search the largest batch of one framework (what the full run starts in subprocesses)")
+    p.add_argument("--chunk-atoms", type=int, default=None,
+                   help="alchemi evaluates the model in chunks of whole systems of at most this many atoms")
     args = p.parse_args(argv)
     device = args.device
     compiled = True  # a model whose step cannot be captured runs eagerly under compile()
     if args.largest is not None:
-        ours, peer = networks(args.model, device)
+        ours, peer = networks(args.model, device, chunk_atoms=args.chunk_atoms)
         if args.largest == "alchemi":
-            found = largest(lambda n, s: alchemi_run(ours, cu_cells(n), s, device, compiled), device)
+            found = largest(lambda n, s: alchemi_run(ours, cu_cells(n), s, device, compiled), device,
+                            probes=chunk_probes(args.chunk_atoms))
         elif isinstance(peer, str):
             found = {"cells": None, "reason": peer}
         else:
@@ -290,13 +321,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return found
     big: dict[str, Any] = {}
     if device == "cuda" and not args.quick:  # first, while this process holds no device memory
-        big = {fw: largest_in_subprocess(args.model, fw, device) for fw in ("alchemi", "torchsim")}
-    ours, peer = networks(args.model, device, args.quick)
+        big = {fw: largest_in_subprocess(args.model, fw, device, args.chunk_atoms) for fw in ("alchemi", "torchsim")}
+    ours, peer = networks(args.model, device, args.quick, args.chunk_atoms)
     sizes = (1,) if args.quick else SIZES
     budget = 0.5 if args.quick else args.budget_s
     report: dict[str, Any] = {
         "workload": "W7", "model": args.model, "device": device, "torch": torch.__version__,
-        "alchemi_compiled": compiled, "peer": "torchsim" if not isinstance(peer, str) else peer, "cases": [],
+        "alchemi_compiled": compiled, "chunk_atoms": args.chunk_atoms,
+        "peer": "torchsim" if not isinstance(peer, str) else peer, "cases": [],
     }
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()

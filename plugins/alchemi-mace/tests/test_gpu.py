@@ -62,3 +62,46 @@ def test_measured_bytes_per_atom_plan_batches():
     measured = model.measure_bytes_per_atom(Batch.from_atoms(copper_cells(8), dtype=torch.float32, device="cuda"))
     assert 0 < measured == model.bytes_per_atom()
     print(f"MACE-MP-0-small shape, float32: estimate {estimate:.3g} B/atom, measured {measured:.3g} B/atom")
+
+
+def test_captured_chunked_step_equals_the_eager_whole_batch(tiny_net):
+    """Three cells in chunks of one cell, the step captured: the whole batch's eager run."""
+    batch = Batch.from_atoms(copper_cells(3), dtype=torch.float64, device="cuda")
+    whole, _, _ = eager_and_captured(MaceModel(tiny_net, dtype="float64", enable_cueq=False), batch)
+    _, graphed, captures = eager_and_captured(MaceModel(tiny_net, dtype="float64", enable_cueq=False,
+                                                        chunk_atoms=108), batch)
+    assert captures >= 1
+    torch.testing.assert_close(graphed.positions, whole.positions, rtol=0, atol=1e-8)
+    torch.testing.assert_close(graphed.forces, whole.forces, rtol=0, atol=1e-8)
+
+
+def test_chunks_hold_one_chunks_activations():
+    """A forward and backward of 32 cells in chunks of 4 peaks well below the whole batch's, and
+    a captured chunked step still allocates nothing."""
+    from alchemi_mace.random_model import mace_mp_small_like
+
+    net = mace_mp_small_like(seed=0, dtype=torch.float32)
+    batch = Batch.from_atoms(copper_cells(32), dtype=torch.float32, device="cuda")
+    peaks = {}
+    for chunk in (None, 4 * 108):
+        model = MaceModel(net, dtype="float32", enable_cueq=False, chunk_atoms=chunk)
+        model(batch, compute_stress=True)  # warm: edges, windows
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = model(batch, compute_stress=True)
+        torch.cuda.synchronize()
+        peaks[chunk] = torch.cuda.max_memory_allocated() - base
+        if chunk is None:
+            whole = out
+        else:
+            torch.testing.assert_close(out["forces"], whole["forces"], rtol=0, atol=2e-5)
+            torch.testing.assert_close(out["stress"], whole["stress"], rtol=0, atol=1e-6)
+        del model, out
+        torch.cuda.empty_cache()
+    print(f"32 cells, MACE-MP-0-small shape: whole {peaks[None] / 2**20:.0f} MiB, chunks of 4 cells "
+          f"{peaks[432] / 2**20:.0f} MiB")
+    assert peaks[432] < 0.3 * peaks[None]
+    chunked = MaceModel(net, dtype="float32", chunk_atoms=4 * 108)
+    allocations, segments = step_allocations(langevin(chunked, 1000).compile(), batch.clone())
+    assert allocations == 0 and segments == 0

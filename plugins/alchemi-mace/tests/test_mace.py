@@ -28,6 +28,19 @@ def test_float64_batch_equals_mace_calculator(mp_small_file):
     assert worst["forces"] < 1e-8
 
 
+def test_chunked_evaluation_equals_mace_calculator(mp_small_file):
+    """Systems in chunks of at most 20 atoms (the 32-atom bulk alone, the 16-atom crystal, the
+    5-atom molecule with the 12-atom slab), one forward and backward each: still MACE's results."""
+    from mace.calculators import MACECalculator
+
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64", chunk_atoms=20)
+    calc = MACECalculator(model_paths=str(mp_small_file), device="cpu", default_dtype="float64")
+    compare_with_calculator(model, calc, reference_structures(), torch.float64,
+                            energy_tol=1e-8, force_tol=1e-8, stress_tol=1e-8)
+    model(Batch.from_atoms(reference_structures(), dtype=torch.float64))
+    assert [c.num_nodes for c in model.chunking.chunks] == [32, 16, 17]
+
+
 def test_float32_positions_run_a_float64_model(mp_small_file):
     model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64")
     atoms = reference_structures()[:2]
@@ -83,3 +96,12 @@ def test_fire_then_langevin(tiny_net, inflight):
     model = MaceModel(tiny_net, dtype="float64")
     structures = reference_structures()[:3]
     relax_then_md(model, structures, torch.float64, inflight=inflight, fire_steps=8, md_steps=8)
+
+
+def test_chunked_fire_then_langevin_follows_the_whole_batch(tiny_net):
+    structures = reference_structures()[:3]
+    whole = relax_then_md(MaceModel(tiny_net, dtype="float64"), structures, torch.float64, inflight=False,
+                          fire_steps=8, md_steps=8)
+    chunked = relax_then_md(MaceModel(tiny_net, dtype="float64", chunk_atoms=20), structures, torch.float64,
+                            inflight=False, fire_steps=8, md_steps=8)
+    torch.testing.assert_close(chunked.positions, whole.positions, rtol=0, atol=1e-9)

@@ -28,6 +28,19 @@ def test_float32_batch_equals_sevennet_calculator(seven_net):
                             energy_tol=2e-4, force_tol=2e-5, stress_tol=1e-6)
 
 
+def test_chunked_evaluation_equals_sevennet_calculator():
+    """Systems in chunks of at most 20 atoms (three chunks), one forward and backward each."""
+    from alchemi_sevennet import SevenNetModel
+    from sevenn.calculator import SevenNetCalculator
+
+    chunked = SevenNetModel("7net-0", chunk_atoms=20)
+    calc = SevenNetCalculator("7net-0", device="cpu")
+    compare_with_calculator(chunked, calc, reference_structures(), torch.float32,
+                            energy_tol=2e-4, force_tol=2e-5, stress_tol=1e-6)
+    chunked(Batch.from_atoms(reference_structures(), dtype=torch.float32))
+    assert [c.num_nodes for c in chunked.chunking.chunks] == [32, 16, 17]
+
+
 def test_7net_0_energies_per_atom_are_pinned(seven_net):
     cu = bulk("Cu", "fcc", a=3.61, cubic=True)
     si = bulk("Si", "diamond", a=5.43, cubic=True)

@@ -34,7 +34,7 @@ from alchemi_mace.imports import import_mace
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
-    from alchemi_core.data import Batch
+    from alchemi_potentials.edge_model import Systems
     from alchemi_potentials.neighbors.edges import Edges
 
 #: Padding edges' length as a multiple of r_max (beyond it: MACE masks r >= r_max).
@@ -88,6 +88,8 @@ class MaceModel(EdgeModel):
             installed).
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
+        chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
+            many atoms, one chunk's activations held at a time (None: whole batches).
 
     Raises:
         ConfigurationError: Neither or both of model and model_path, an untrusted or missing
@@ -102,7 +104,8 @@ class MaceModel(EdgeModel):
 
     def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
                  trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
-                 enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None) -> None:
+                 enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None,
+                 chunk_atoms: int | None = None) -> None:
         import_mace()
         if (model is None) == (model_path is None):
             raise ConfigurationError(
@@ -120,7 +123,7 @@ class MaceModel(EdgeModel):
         r_max = float(model.r_max)
         species = tuple(int(z) for z in model.atomic_numbers)
         super().__init__(cutoff=r_max, name="mace", species=species, dtype=dt, skin=skin, max_edges=max_edges,
-                         padding_length=PADDING_FACTOR * r_max)
+                         padding_length=PADDING_FACTOR * r_max, chunk_atoms=chunk_atoms)
         self.heads = list(getattr(model, "heads", None) or ["Default"])
         self.head = self._pick_head(head)
         self.network = model.to(dt).eval()
@@ -168,7 +171,7 @@ class MaceModel(EdgeModel):
                 for p in self.network.parameters():
                     p.requires_grad_(False)
 
-    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+    def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         self._prepare(positions.device)
         n = batch.num_graphs
         key = (n, positions.device)

@@ -30,7 +30,7 @@ from alchemi_core.errors import ConfigurationError, MissingDependencyError
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
-    from alchemi_core.data import Batch
+    from alchemi_potentials.edge_model import Systems
     from alchemi_potentials.neighbors.edges import Edges
 
 #: Bohr radius in Å and Hartree in eV, the values of the D3 program (and torch-dftd).
@@ -63,6 +63,8 @@ class D3Dispersion(EdgeModel):
         dtype: Precision (None: the positions').
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
+        chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
+            many atoms, one chunk's activations held at a time (None: whole batches).
 
     Raises:
         ConfigurationError: An unknown damping or functional, or cn_cutoff above cutoff.
@@ -76,7 +78,7 @@ class D3Dispersion(EdgeModel):
 
     def __init__(self, functional: str = "pbe", damping: str = "bj", *, cutoff: float = 95.0 * BOHR,
                  cn_cutoff: float = 40.0 * BOHR, dtype: torch.dtype | None = None, skin: float = 1.0,
-                 max_edges: int | None = None) -> None:
+                 max_edges: int | None = None, chunk_atoms: int | None = None) -> None:
         params_for, self._edisp = _dftd3()
         if damping not in DAMPINGS:
             raise ConfigurationError(f"model:d3: damping must be one of {DAMPINGS}, got {damping!r}")
@@ -89,7 +91,8 @@ class D3Dispersion(EdgeModel):
                 f"model:d3: no D3({damping}) parameters for functional {functional!r} ({exc})"
             ) from None
         super().__init__(cutoff=cutoff, name=f"d3-{damping}:{functional.lower()}", species=tuple(range(1, 95)),
-                         dtype=dtype, skin=skin, max_edges=max_edges, padding_length=cutoff + 1.0)
+                         dtype=dtype, skin=skin, max_edges=max_edges, padding_length=cutoff + 1.0,
+                         chunk_atoms=chunk_atoms)
         self.functional, self.damping, self.cn_cutoff = functional.lower(), damping, float(cn_cutoff)
         self.cutoff = float(cutoff)
         self.params = dict(params)
@@ -103,7 +106,7 @@ class D3Dispersion(EdgeModel):
             self.register_buffer(name, torch.as_tensor(table[name], dtype=torch.float64), persistent=False)
         self._graphs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+    def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         if self.c6ab.device != positions.device or self.c6ab.dtype != positions.dtype:
             self.to(device=positions.device, dtype=positions.dtype)
         n = batch.num_graphs

@@ -31,17 +31,21 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Union
 
 import torch
 
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_potentials.neighbors import EdgeList, check_cells
+from alchemi_potentials.neighbors.chunks import SystemChunk, SystemChunks
 from alchemi_potentials.neighbors.edges import Edges
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
+
+#: What :meth:`EdgeModel.energies` reads systems from: the batch, or a chunk of its systems.
+Systems = Union["Batch", SystemChunk]
 
 
 def cell_volumes(cell: torch.Tensor) -> torch.Tensor:
@@ -61,6 +65,10 @@ class EdgeModel(BaseModel):
         max_neighbors: Columns of that neighbour list (None: sized from the structures).
         max_edges: Edge capacity (None: sized from the structures; a number for CUDA graphs).
         padding_length: Length (Å) of padding edges' vectors (default: the cutoff).
+        chunk_atoms: Evaluate a batch of more atoms than this in chunks of whole systems, one
+            forward and backward per chunk, so that only one chunk's activations are held at a
+            time (None: the whole batch at once). Results are the same; a batch far larger than
+            would fit at once fits (:mod:`~alchemi_potentials.neighbors.chunks`).
     """
 
     #: The step may be captured in a CUDA graph (no host reads, no CPU-side control flow on
@@ -73,18 +81,23 @@ class EdgeModel(BaseModel):
 
     def __init__(self, *, cutoff: float, name: str, species: tuple[int, ...] | None = None,
                  dtype: torch.dtype | None = None, skin: float = 0.5, max_neighbors: int | None = None,
-                 max_edges: int | None = None, padding_length: float | None = None) -> None:
+                 max_edges: int | None = None, padding_length: float | None = None,
+                 chunk_atoms: int | None = None) -> None:
         super().__init__()
         self.edge_list = EdgeList(cutoff, skin, max_neighbors, max_edges, padding_length)
+        self._chunking = None if chunk_atoms is None else SystemChunks(chunk_atoms, self.edge_list.padding_length)
         self.dtype = dtype
         self.card = ModelCard(name=name, cutoff=float(cutoff), periodic=True, stress=True, species=species)
         self._no_cell: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self._measured: float | None = None
 
     # ------------------------------------------------------------------ to implement
-    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+    def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         """``[B]`` energies (eV), differentiable in ``positions`` and ``cell`` (both in the
-        model's dtype; the edges' vectors are ``edges.vectors(positions, cell)``)."""
+        model's dtype; the edges' vectors are ``edges.vectors(positions, cell)``). ``batch`` is
+        the batch, or a chunk of its systems (:class:`~alchemi_potentials.neighbors.chunks.SystemChunk`,
+        atom and system indices local to it) when the model evaluates in chunks: read only
+        ``num_graphs``, ``num_nodes``, ``atomic_numbers``, ``batch_idx`` and ``batch_ptr``."""
         raise NotImplementedError  # pragma: no cover
 
     # ------------------------------------------------------------------ the forward
@@ -92,29 +105,47 @@ class EdgeModel(BaseModel):
         """Energies ``[B, 1]``, forces ``[V, 3]`` and, when asked, stress ``[B, 3, 3]``."""
         edges = self.edge_list.update(batch)
         pos_in = batch.positions
-        dtype = self.dtype or pos_in.dtype
+        cell = self._cell(batch, self.dtype or pos_in.dtype)
+        chunking = self._chunking
+        if chunking is None or batch.num_nodes <= chunking.max_atoms:
+            energy, forces, stress = self._evaluate(batch, pos_in, cell, edges, compute_stress)
+        else:  # one forward and backward per chunk: one chunk's activations are held at a time
+            chunks = chunking.update(batch, edges)
+            parts = [self._evaluate(c, c.atoms(pos_in), c.systems(cell), c.edges, compute_stress) for c in chunks]
+            energy = torch.cat([p[0] for p in parts])
+            forces = torch.cat([p[1] for p in parts])
+            stress = torch.cat([p[2] for p in parts if p[2] is not None]) if compute_stress else None
+        out_dtype = pos_in.dtype
+        out = {"energy": energy.to(out_dtype).unsqueeze(1), "forces": forces.to(out_dtype)}
+        if stress is not None:
+            out["stress"] = stress.to(out_dtype)
+        return out
+
+    def _evaluate(self, systems: Systems, pos_in: torch.Tensor, cell: torch.Tensor, edges: Edges,
+                  compute_stress: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Energies ``[B]``, forces and stress (or None) of ``systems`` in the model's dtype, from
+        one forward and one backward (``cell``: detached, in the model's dtype)."""
+        dtype = cell.dtype
         with torch.enable_grad():
             pos = pos_in.detach().to(dtype).requires_grad_(True)
-            cell = self._cell(batch, dtype)
             wrt = [pos]
             if compute_stress:
-                strain = torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=pos.device, requires_grad=True)
+                strain = torch.zeros((systems.num_graphs, 3, 3), dtype=dtype, device=pos.device, requires_grad=True)
                 sym = 0.5 * (strain + strain.transpose(1, 2))
-                x = pos + torch.bmm(pos.unsqueeze(1), sym[batch.batch_idx]).squeeze(1)
+                x = pos + torch.bmm(pos.unsqueeze(1), sym[systems.batch_idx]).squeeze(1)
                 c = cell + torch.bmm(cell, sym)
                 wrt.append(strain)
             else:
                 x, c = pos, cell
-            energy = self.energies(batch, x, c, edges)
+            energy = self.energies(systems, x, c, edges)
             grads = torch.autograd.grad(energy.sum(), wrt, allow_unused=True)
-        out_dtype = pos_in.dtype
         forces = grads[0]
         forces = torch.zeros_like(pos) if forces is None else -forces
-        out = {"energy": energy.detach().to(out_dtype).unsqueeze(1), "forces": forces.to(out_dtype)}
+        stress = None
         if compute_stress:
             g = grads[1] if grads[1] is not None else torch.zeros_like(cell)
-            out["stress"] = (g / cell_volumes(cell).view(-1, 1, 1)).to(out_dtype)
-        return out
+            stress = g / cell_volumes(cell).view(-1, 1, 1)
+        return energy.detach(), forces, stress
 
     def _cell(self, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
         if "cell" in batch:
@@ -141,13 +172,30 @@ class EdgeModel(BaseModel):
         super().check_batch(batch)
         check_cells(batch, self.card.name)
 
+    @property
+    def chunk_atoms(self) -> int | None:
+        """Atoms per chunk at most, or None when a batch is evaluated whole."""
+        return None if self._chunking is None else self._chunking.max_atoms
+
+    @property
+    def chunking(self) -> SystemChunks | None:
+        """The chunk planner (its ``chunks`` are the last chunked batch's), or None."""
+        return self._chunking
+
     def verify(self, batch: Batch) -> None:
-        """Raise what the edge list recorded on the device (capacity, cells, far atoms)."""
+        """Raise what the edge list (and chunks' edge windows) recorded on the device (capacity,
+        cells, far atoms)."""
         self.edge_list.verify(batch)
+        if self._chunking is not None:
+            self._chunking.verify()
 
     def error_flag(self, batch: Batch) -> torch.Tensor | None:
         """True on the device when :meth:`verify` may raise (the engine reads it at checks)."""
-        return self.edge_list.error_flag(batch)
+        flag = self.edge_list.error_flag(batch)
+        windows = None if self._chunking is None else self._chunking.error_flag()
+        if flag is None or windows is None:
+            return flag
+        return flag | windows[0]
 
     def bytes_per_atom(self) -> float:
         """Device bytes one atom needs in a step: measured when :meth:`measure_bytes_per_atom`
@@ -181,4 +229,5 @@ class EdgeModel(BaseModel):
 
     def memory_bytes(self) -> int:
         """Device bytes of the edges and neighbour list (not the network's activations)."""
-        return self.edge_list.memory_bytes()
+        windows = 0 if self._chunking is None else self._chunking.memory_bytes()
+        return self.edge_list.memory_bytes() + windows

@@ -41,7 +41,7 @@ from alchemi_core.errors import ConfigurationError, MissingDependencyError
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
-    from alchemi_core.data import Batch
+    from alchemi_potentials.edge_model import Systems
     from alchemi_potentials.neighbors.edges import Edges
 
 #: Layers alchemi does itself: the total-energy reduction and the force/stress output.
@@ -68,6 +68,8 @@ class SevenNetModel(EdgeModel):
         enable_cueq: Use cuEquivariance kernels (sevenn's option; needs cuequivariance).
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
+        chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
+            many atoms, one chunk's activations held at a time (None: whole batches).
 
     Raises:
         ConfigurationError: An unknown name or missing file, a modal the model lacks (or none
@@ -81,7 +83,8 @@ class SevenNetModel(EdgeModel):
     BYTES_PER_ATOM: ClassVar[float] = 7.2e6
 
     def __init__(self, model: str | os.PathLike[str] = "7net-0", *, modal: str | None = None, dtype: Any = "float32",
-                 enable_cueq: bool = False, skin: float = 0.5, max_edges: int | None = None) -> None:
+                 enable_cueq: bool = False, skin: float = 0.5, max_edges: int | None = None,
+                 chunk_atoms: int | None = None) -> None:
         if dtype not in ("float32", torch.float32, None):
             raise ConfigurationError(f"model:sevennet computes in float32 only, got dtype={dtype!r}")
         sevenn = _sevenn()
@@ -98,7 +101,7 @@ class SevenNetModel(EdgeModel):
         cutoff = float(config[KEY.CUTOFF])
         type_map = dict(config[KEY.TYPE_MAP])
         super().__init__(cutoff=cutoff, name="sevennet", species=tuple(sorted(int(z) for z in type_map)),
-                         dtype=torch.float32, skin=skin, max_edges=max_edges, padding_length=cutoff)
+                         dtype=torch.float32, skin=skin, max_edges=max_edges, padding_length=cutoff, chunk_atoms=chunk_atoms)
         network.set_is_batch_data(True)
         network.eval_modal_map = False  # alchemi sets the modal index itself
         self.network = network.float().eval()
@@ -123,7 +126,7 @@ class SevenNetModel(EdgeModel):
         self._modal_for: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._onehot_tables: dict[torch.device, torch.Tensor] = {}
 
-    def energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
+    def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         KEY = self._keys
         if next(self.network.parameters()).device != positions.device:
             self.network.to(positions.device)

@@ -60,6 +60,9 @@ class Edges:
         system: ``[capacity]`` int64, the system of each edge.
         padding: ``[capacity, 3]`` zero for real edges, ``(padding_length, 0, 0)`` for padding.
         count: ``[1]`` int32 on the device: the real edges, which come first.
+        ends: ``[atoms]`` int32, the real edges through each slot of the neighbour list (a
+            system's slots are its own atom range, so system ``s``'s edges end at
+            ``ends[batch_ptr[s + 1] - 1]``); set by the batch's edge list, None for other edges.
     """
 
     index: torch.Tensor
@@ -67,6 +70,7 @@ class Edges:
     system: torch.Tensor
     padding: torch.Tensor
     count: torch.Tensor
+    ends: torch.Tensor | None = None
 
     @property
     def sender(self) -> torch.Tensor:
@@ -114,7 +118,7 @@ class _Buffers:
         self.ends = torch.zeros(max(1, num_atoms), dtype=torch.int32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         self.edges = Edges(self.index, self.unit_shifts, self.system, self.padding,
-                           self.ends[max(0, num_atoms - 1):][:1])
+                           self.ends[max(0, num_atoms - 1):][:1], self.ends)
         self.launches: dict[tuple[int, ...], tuple[_warp.LaunchSequence, _warp.LaunchSequence]] = {}
         self.matrix: Any = None
 

@@ -1,0 +1,231 @@
+"""Chunks of whole systems, and each chunk's own COO edges, for evaluating a model piecewise.
+
+A message-passing network keeps activations for its backward pass on every edge, megabytes per
+atom: a batch that would fit in device memory as positions and edges does not fit as one forward
+and backward. Systems do not interact, so the batch can be evaluated in *chunks* of whole
+systems, one forward and backward after the other, the activations of one chunk freed before the
+next; the results are the same, system by system (a chunk's edges are exactly its systems'
+edges, in the same order).
+
+:class:`SystemChunks` groups a batch's systems into chunks of at most ``max_atoms`` atoms (a
+system larger than that is a chunk of its own), from the host's copy of the atom counts (no
+read-back). Each :class:`SystemChunk` is what :meth:`EdgeModel.energies` reads of a batch
+(``num_graphs``, ``num_nodes``, ``atomic_numbers``, ``batch_idx``, ``batch_ptr``, local to the
+chunk) and holds a fixed-capacity *edge window*: the chunk's edges, copied out of the whole
+batch's :class:`~alchemi_potentials.neighbors.edges.Edges` at every update into buffers of its
+own, with atom and system indices made local and the rest padding edges, as the edge list pads.
+The batch's edges of a chunk are contiguous (the neighbour list's slots of a system are its own
+atom range, and edges are written in slot order), so a window is a gather from the chunk's first
+edge on, with no host synchronisation. A window's capacity is sized from the edges found when the
+plan is made (one read-back per new set of systems), with the edge list's headroom;
+:meth:`SystemChunks.error_flag` and :meth:`SystemChunks.verify` report a window that overflowed.
+
+Example:
+    >>> from alchemi_potentials.testing import copper_cells
+    >>> from alchemi_core.data import Batch
+    >>> from alchemi_potentials.neighbors import EdgeList
+    >>> batch = Batch.from_atoms(copper_cells(5))        # 5 systems of 108 atoms
+    >>> edges = EdgeList(cutoff=3.0).update(batch)
+    >>> chunks = SystemChunks(max_atoms=250, padding_length=3.0).update(batch, edges)
+    >>> [(c.first_system, c.num_graphs, c.num_nodes) for c in chunks]
+    [(0, 2, 216), (2, 2, 216), (4, 1, 108)]
+    >>> sum(int(c.edges.num_edges) for c in chunks) == int(edges.num_edges)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from alchemi_core.errors import CapacityError, ConfigurationError
+from alchemi_potentials.neighbors.edges import EDGE_HEADROOM, EDGES_MULTIPLE_OF, Edges
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+
+def group_systems(atoms_per_system: np.ndarray, max_atoms: int) -> list[tuple[int, int]]:
+    """``[first, end)`` system ranges, in order, each of at most ``max_atoms`` atoms unless one
+    system alone has more (it is then a range of its own).
+
+    Example:
+        >>> group_systems(np.array([3, 3, 5, 2, 9]), max_atoms=6)
+        [(0, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    ranges: list[tuple[int, int]] = []
+    start, held = 0, 0
+    for s, n in enumerate(atoms_per_system.tolist()):
+        if s > start and held + n > max_atoms:
+            ranges.append((start, s))
+            start, held = s, 0
+        held += n
+    if len(atoms_per_system):
+        ranges.append((start, len(atoms_per_system)))
+    return ranges
+
+
+class SystemChunk:
+    """Systems ``[first_system, first_system + num_graphs)`` of a batch and their edges.
+
+    Reads like a batch where models read one (``num_graphs``, ``num_nodes``, ``atomic_numbers``,
+    ``batch_idx``, ``batch_ptr``; atom and system indices start at 0), and holds the edge window
+    (:attr:`edges`) that :meth:`fill` brings up to date.
+    """
+
+    def __init__(self, batch: Batch, systems: tuple[int, int], atom_range: tuple[int, int], capacity: int,
+                 padding_length: float, like: Edges) -> None:
+        s0, s1 = systems
+        a0, a1 = atom_range
+        self.first_system, self.num_graphs = s0, s1 - s0
+        self.first_atom, self.num_nodes = a0, a1 - a0
+        self._batch = batch
+        dev = like.index.device
+        self.batch_idx = (batch.batch_idx[a0:a1] - s0).contiguous()
+        self.batch_ptr = (batch.batch_ptr[s0:s1 + 1] - a0).contiguous()
+        self.capacity = capacity
+        slot = torch.arange(capacity, device=dev)
+        self._slot = slot
+        self._pad_atom = slot % max(1, self.num_nodes)
+        self._pad_system = self.batch_idx[self._pad_atom]
+        dt = like.padding.dtype
+        self._pad_vector = torch.tensor([padding_length, 0.0, 0.0], dtype=dt, device=dev)
+        self._zero = torch.zeros((), dtype=dt, device=dev)
+        self._at = torch.zeros(capacity, dtype=torch.int64, device=dev)
+        self._live = torch.zeros(capacity, dtype=torch.bool, device=dev)
+        self._count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.needed = torch.zeros(1, dtype=torch.int32, device=dev)  # most edges the window was asked to hold
+        ends = like.ends
+        assert ends is not None
+        self._start = ends[a0 - 1:a0] if a0 > 0 else torch.zeros(1, dtype=ends.dtype, device=dev)
+        self._stop = ends[a1 - 1:a1]
+        self.edges = Edges(
+            torch.zeros((2, capacity), dtype=torch.int64, device=dev),
+            torch.zeros((capacity, 3), dtype=like.unit_shifts.dtype, device=dev),
+            torch.zeros(capacity, dtype=torch.int64, device=dev),
+            torch.zeros((capacity, 3), dtype=dt, device=dev),
+            self._count,
+        )
+
+    @property
+    def atomic_numbers(self) -> torch.Tensor:
+        return self._batch.atomic_numbers[self.first_atom:self.first_atom + self.num_nodes]
+
+    def atoms(self, per_atom: torch.Tensor) -> torch.Tensor:
+        """The chunk's rows of a ``[atoms, ...]`` tensor of the whole batch (a view)."""
+        return per_atom[self.first_atom:self.first_atom + self.num_nodes]
+
+    def systems(self, per_system: torch.Tensor) -> torch.Tensor:
+        """The chunk's rows of a ``[systems, ...]`` tensor of the whole batch (a view)."""
+        return per_system[self.first_system:self.first_system + self.num_graphs]
+
+    def fill(self, edges: Edges) -> Edges:
+        """Copy the chunk's edges out of the batch's (in place, no read-back) and return them."""
+        at, live = self._at, self._live
+        torch.add(self._slot, self._start, out=at)
+        torch.lt(at, self._stop, out=live)
+        at.clamp_(max=edges.capacity - 1)
+        mine = self.edges
+        torch.index_select(edges.index, 1, at, out=mine.index)
+        mine.index.sub_(self.first_atom)
+        torch.where(live, mine.index, self._pad_atom, out=mine.index)
+        torch.index_select(edges.unit_shifts, 0, at, out=mine.unit_shifts)
+        torch.where(live.unsqueeze(1), mine.unit_shifts, self._zero, out=mine.unit_shifts)
+        torch.index_select(edges.system, 0, at, out=mine.system)
+        mine.system.sub_(self.first_system)
+        torch.where(live, mine.system, self._pad_system, out=mine.system)
+        torch.where(live.unsqueeze(1), self._zero, self._pad_vector, out=mine.padding)
+        torch.sub(self._stop, self._start, out=self._count)
+        torch.maximum(self.needed, self._count, out=self.needed)
+        self._count.clamp_(max=self.capacity)
+        return mine
+
+
+class SystemChunks:
+    """Plans chunks of whole systems for a batch and fills their edge windows (module docstring).
+
+    Args:
+        max_atoms: Atoms per chunk at most (a larger system is a chunk of its own).
+        padding_length: Length (Å) of padding edges' vectors (the edge list's, at least the
+            model's cutoff).
+
+    Raises:
+        ConfigurationError: ``max_atoms`` is not a positive integer.
+    """
+
+    def __init__(self, max_atoms: int, padding_length: float) -> None:
+        if isinstance(max_atoms, bool) or not isinstance(max_atoms, int) or max_atoms < 1:
+            raise ConfigurationError(f"chunk_atoms must be a positive integer or None, got {max_atoms!r}")
+        self.max_atoms = max_atoms
+        self.padding_length = float(padding_length)
+        self._key: tuple[int, int, int] | None = None
+        self._chunks: list[SystemChunk] = []
+
+    @property
+    def chunks(self) -> list[SystemChunk]:
+        """The chunks of the last update's batch."""
+        return list(self._chunks)
+
+    def update(self, batch: Batch, edges: Edges) -> list[SystemChunk]:
+        """The chunks of ``batch`` with their windows filled from ``edges`` (the batch's, just
+        updated). Planned anew, with one read-back, when the set of systems or the edge buffers
+        change; otherwise no read-back and no allocation."""
+        key = (batch.version, edges.index.data_ptr(), edges.capacity)
+        if key != self._key:
+            self._plan(batch, edges)
+            self._key = key
+        for chunk in self._chunks:
+            chunk.fill(edges)
+        return self._chunks
+
+    def _plan(self, batch: Batch, edges: Edges) -> None:
+        counts = np.asarray(batch.num_nodes_per_system, dtype=np.int64)
+        ranges = group_systems(counts, self.max_atoms)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        if edges.ends is None:
+            raise ConfigurationError("SystemChunks needs the edges of a batch's EdgeList (they carry ends)")
+        bounds = [int(starts[s1]) for _, s1 in ranges]
+        ends = edges.ends[torch.tensor([b - 1 for b in bounds], device=edges.ends.device)].tolist() if bounds else []
+        self._chunks = []
+        before = 0
+        for (s0, s1), end in zip(ranges, ends, strict=True):
+            need = end - before
+            before = end
+            capacity = -(-max(1, math.ceil(need * EDGE_HEADROOM)) // EDGES_MULTIPLE_OF) * EDGES_MULTIPLE_OF
+            self._chunks.append(SystemChunk(batch, (s0, s1), (int(starts[s0]), int(starts[s1])), capacity,
+                                            self.padding_length, edges))
+
+    def error_flag(self) -> torch.Tensor | None:
+        """A ``[1]`` device tensor, True when some window was asked for more edges than it holds."""
+        flags = [c.needed > c.capacity for c in self._chunks]
+        if not flags:
+            return None
+        return torch.stack(flags).any().reshape(1)
+
+    def verify(self) -> None:
+        """Raise if a window overflowed (reads back).
+
+        Raises:
+            CapacityError: A chunk had more edges than its window holds (its results are wrong).
+        """
+        for c in self._chunks:
+            need = int(c.needed[0])
+            if need > c.capacity:
+                raise CapacityError(
+                    f"chunk edge window overflow: systems {c.first_system}-{c.first_system + c.num_graphs - 1} "
+                    f"needed {need} edges but their window holds {c.capacity}, so edges were dropped and these "
+                    "results are wrong; the windows are sized when the set of systems changes, so a batch whose "
+                    "edges grow by more than 20 % (strong compression) needs a smaller chunk_atoms or chunk_atoms=None"
+                )
+
+    def memory_bytes(self) -> int:
+        """Device bytes of the windows."""
+        total = 0
+        for c in self._chunks:
+            e = c.edges
+            for t in (e.index, e.unit_shifts, e.system, e.padding, c._at, c._slot, c._pad_atom, c._pad_system):
+                total += t.numel() * t.element_size()
+        return total
