@@ -32,6 +32,8 @@ from benchmarks import spec
 
 #: Relative tolerance of the temperature check (BENCHMARKS.md).
 TEMPERATURE_TOLERANCE = 0.02
+#: Atoms per slice of :meth:`EnergyRecorder.observe` (bounds its temporaries).
+OBSERVE_SLICE = 1 << 16
 
 
 class EnergyRecorder:
@@ -64,13 +66,22 @@ class EnergyRecorder:
             velocity_unit_fs: The time unit of ``velocities`` in fs (1 for Å/fs; 10.18 for the
                 internal unit of nvalchemi and TorchSim).
         """
-        v = velocities.detach().to(torch.float64) / velocity_unit_fs
-        m = masses.detach().reshape(-1).to(torch.float64)
-        idx = system_index.reshape(-1).long()
-        ke_atoms = 0.5 * m * (v * v).sum(-1)
-        ke = torch.zeros(num_systems, dtype=torch.float64, device=v.device).index_add_(0, idx, ke_atoms)
-        momentum = torch.zeros(num_systems, 3, dtype=torch.float64, device=v.device).index_add_(0, idx, v * m[:, None])
-        mass = torch.zeros(num_systems, dtype=torch.float64, device=v.device).index_add_(0, idx, m)
+        vel = velocities.detach().reshape(-1, 3)
+        mas = masses.detach().reshape(-1)
+        sys_of = system_index.reshape(-1)
+        dev = vel.device
+        ke = torch.zeros(num_systems, dtype=torch.float64, device=dev)
+        momentum = torch.zeros(num_systems, 3, dtype=torch.float64, device=dev)
+        mass = torch.zeros(num_systems, dtype=torch.float64, device=dev)
+        # Slices of atoms, so the instrument's float64 temporaries stay a few MB instead of
+        # ~100 B per atom on top of the framework it measures (peaks are part of the report).
+        for a in range(0, vel.shape[0], OBSERVE_SLICE):
+            v = vel[a : a + OBSERVE_SLICE].to(torch.float64) / velocity_unit_fs
+            m = mas[a : a + OBSERVE_SLICE].to(torch.float64)
+            idx = sys_of[a : a + OBSERVE_SLICE].long()
+            ke.index_add_(0, idx, 0.5 * m * (v * v).sum(-1))
+            momentum.index_add_(0, idx, v * m[:, None])
+            mass.index_add_(0, idx, m)
         ke_com = 0.5 * (momentum * momentum).sum(-1) / mass
         pot = potential.detach().reshape(-1).to(torch.float64)
         self._rows.append(torch.stack([(ke - ke_com) * AMU_A2_PER_FS2_TO_EV, ke * AMU_A2_PER_FS2_TO_EV, pot]))

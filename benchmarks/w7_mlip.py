@@ -17,7 +17,7 @@ above the start), and alchemi's step over the model's own forward + backward on 
 loop, its model rebuilding its neighbour list every call. The largest batch is searched first,
 for each framework in a fresh process: predicted from the peak memory of two short runs (16 and
 48 cells; with ``--chunk-atoms``, one and three of alchemi's chunks), grown by 15 % while it runs
-and backed off by 20 % on out-of-memory, up to 1,024 cells (reported as ``capped``).
+and backed off by 20 % on out-of-memory, up to 2,048 cells (reported as ``capped``).
 
 ``--chunk-atoms N`` has alchemi's model evaluate batches of more than N atoms in chunks of whole
 systems (``chunk_atoms=N``), one chunk's activations held at a time.
@@ -223,9 +223,9 @@ def oom(exc: BaseException) -> bool:
 #: Cells of the two short runs that measure a framework's memory before the largest-batch search
 #: (with ``--chunk-atoms``, alchemi's are one and three chunks' worth instead).
 PROBE_CELLS = (16, 48)
-#: The search tries no more cells than this (a run of them takes about half a minute on an H200);
+#: The search tries no more cells than this (a run of them takes under a minute on an H200);
 #: a framework that runs them is reported as fitting at least that many.
-MOST_CELLS = 1024
+MOST_CELLS = 2048
 
 
 def peak_bytes(run: Any, cells: int) -> float:
@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
+    if big:
+        report["largest"] = big
 
     def save() -> None:
         if args.json is not None:
@@ -363,9 +365,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if device == "cuda":
             free_memory()
 
-    if big:
-        report["largest"] = big
-        save()
     by = {c["cells"]: c for c in report["cases"]}
     met: dict[str, Any] = {}
     for n in (1, 64, 256):

@@ -102,6 +102,27 @@ def test_temperature_verdict_separates_failure_from_too_few_samples() -> None:
     assert check["verdict"] in ("inconclusive", "pass") and check["stderr_K"] > 1.0
 
 
+def test_recorder_slices_atoms_without_changing_the_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """observe() works through atoms in slices (bounded temporaries); a slice boundary inside a
+    system and systems in several slices must give the one-pass sums."""
+    import benchmarks.physics as physics
+
+    counts = torch.tensor([5, 108, 1, 40])
+    v = maxwell_boltzmann(counts, 50.0, seed=1) + 0.003
+    masses = torch.rand(v.shape[0], generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 10.0
+    idx = torch.repeat_interleave(torch.arange(4), counts)
+    whole = EnergyRecorder()
+    whole.observe(v, masses, idx, 4, torch.arange(4.0))
+    monkeypatch.setattr(physics, "OBSERVE_SLICE", 7)
+    sliced = EnergyRecorder()
+    sliced.observe(v, masses, idx, 4, torch.arange(4.0))
+    for key in ("ke_internal", "ke_total", "potential"):
+        assert torch.allclose(whole.result()[key], sliced.result()[key], rtol=1e-12, atol=0.0)
+    m = masses.reshape(-1, 1)
+    ke1 = float((0.5 * m[5:113] * v[5:113] ** 2).sum() - 0.5 * ((m[5:113] * v[5:113]).sum(0) ** 2).sum() / m[5:113].sum())
+    assert sliced.result()["ke_internal"][0, 1].item() == pytest.approx(ke1 * physics.AMU_A2_PER_FS2_TO_EV, rel=1e-10)
+
+
 def test_velocities_in_other_time_units_give_the_same_temperature() -> None:
     counts = torch.tensor([108])
     v = maxwell_boltzmann(counts, 50.0, seed=0)
