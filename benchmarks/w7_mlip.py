@@ -140,17 +140,26 @@ def alchemi_run(model: Any, atoms: list[Any], steps: int, device: str, compiled:
 
 
 def fixed_graph_seconds(model: Any, atoms: list[Any], device: str, repeats: int) -> float:
-    """The network's own forward and backward (forces) on fixed edges, eager, per call."""
+    """The network's own forward and backward (forces) on fixed edges, eager, per call; for a
+    model that evaluates this batch in chunks, one forward and backward per chunk on its edges
+    (what its step does, and all that fits)."""
     from alchemi_core.data import Batch
 
     batch = Batch.from_atoms(atoms, dtype=torch.float32, device=device)
     edges = model.edge_list.update(batch)
     cell = batch.cell
+    chunking = model.chunking
+    if chunking is not None and batch.num_nodes > chunking.max_atoms:
+        parts = [(c, c.systems(cell), c.edges) for c in chunking.update(batch, edges)]
+    else:
+        parts = [(batch, cell, edges)]
 
     def once() -> None:
-        x = batch.positions.detach().requires_grad_(True)
-        e = model.energies(batch, x, cell, edges)
-        torch.autograd.grad(e.sum(), [x])
+        for systems, part_cell, part_edges in parts:
+            x = batch.positions.detach().requires_grad_(True)
+            at = x if systems is batch else systems.atoms(x)
+            e = model.energies(systems, at, part_cell, part_edges)
+            torch.autograd.grad(e.sum(), [x])
 
     for _ in range(3):
         once()
