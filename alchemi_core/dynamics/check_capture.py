@@ -73,6 +73,12 @@ class CheckCapture:
         self._seen: Hashable = None
         self._out: Measurement | None = None
 
+    def release(self) -> None:
+        """Drop the captured measurement (its memory goes back to torch's pool); the next
+        check measures eagerly, and a repeat of its key captures again."""
+        self._graph = self._out = None
+        self._key = self._seen = None
+
     def measure(self, key: Hashable, measure: Callable[[], Measurement]) -> Measurement:
         """The measurement for ``key``: replayed, captured now (and replayed), or eager.
 

@@ -207,6 +207,13 @@ class EngineState:
         """The version of the masks the stages' contexts hold now."""
         return self.subs[0].context.version
 
+    def release_graphs(self) -> None:
+        """Drop the captured step and check graphs (the run has ended); their memory goes back
+        to torch's pool at once. A later step on this engine captures again."""
+        self._graph = None
+        self._graph_key = -1
+        self._check_capture.release()
+
     def _all_hooks(self) -> list[Any]:
         out = list(self.extra_hooks)
         for s in self.subs:

@@ -86,3 +86,22 @@ def test_a_measurement_that_reads_back_is_measured_eagerly() -> None:
     assert not engine._check_capture.enabled and engine._check_capture.captures == 0
     assert ran.status.tolist() == eager_batch.status.tolist() == [1] * 6
     torch.testing.assert_close(ran.positions, eager_batch.positions, rtol=0, atol=1e-10)
+
+
+def test_a_finished_run_holds_no_graph_memory() -> None:
+    """A compiled run's captured step and checks are dropped when it ends, while the stage (and
+    its engine, with which it forms a cycle) is still alive: a loop of runs, or a larger batch
+    next, must not hold every earlier run's graph memory until the garbage collector runs."""
+    batch, stage = _fire_relaxation(compiled=True)
+    stage.run(batch, n_steps=3)  # warm: buffers and the model's lists exist
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    stage.run(batch, n_steps=40)
+    torch.cuda.synchronize()
+    engine = stage._engine
+    assert engine.graph_captures >= 1 and engine._check_capture.captures >= 1  # it did capture
+    assert engine._graph is None and engine._check_capture._graph is None
+    # What the graphs' pools held during the run is back: allocated memory is where it was.
+    assert torch.cuda.max_memory_allocated() > held
+    assert torch.cuda.memory_allocated() <= held + 64 * 1024, (torch.cuda.memory_allocated(), held)
