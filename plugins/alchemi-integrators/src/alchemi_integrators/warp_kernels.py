@@ -2,8 +2,10 @@
 
 Each update of an integrator is one to three kernel launches over the batch's tensors, zero-copy
 through ``wp.from_torch`` and on torch's current CUDA stream, so they order with the model's torch
-work and can be captured in a CUDA graph. Per-system sums (kinetic energy, FIRE's power) are
-atomic adds into ``[B]`` buffers; nothing is read back to the host.
+work and can be captured in a CUDA graph. Per-system sums of vectors (Langevin's noise momentum,
+FIRE's power and norms) go through :mod:`~alchemi_integrators.system_sums` (two levels of chunks,
+no contention on one address in a large system); the kinetic energy of Nose-Hoover is an atomic
+add per atom into a ``[B]`` buffer. Nothing is read back to the host.
 
 Per step, the Python cost is a signature check and a replay of a recorded launch
 (recorded once, in ``alchemi_core.warp_runtime``): Warp arrays and launches are rebuilt only when a tensor's
@@ -27,6 +29,8 @@ import warp as wp
 
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
+from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
+from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
 
 if TYPE_CHECKING:
@@ -117,10 +121,12 @@ def _langevin_baoa(
     kb: Any,
     seed: wp.int32,
     fix_com: wp.int32,
-    momentum: wp.array(dtype=Any),
+    kicks: wp.array(dtype=Any),
 ):
-    # B, A, O and (without fix_com) the second A of BAOAB. With fix_com the noise's momentum is
-    # summed per system and the second A waits for _langevin_remove_com_drift.
+    # B, A, O and (without fix_com) the second A of BAOAB. With fix_com each atom's noise
+    # momentum goes to kicks[i] (summed per system by system_sums, not by an atomic add per atom
+    # onto one address) and the second A waits for _langevin_remove_com_drift. Idle atoms leave
+    # their kick unwritten: it only adds to their own (idle, unread) system's total.
     i = wp.tid()
     b = system[i]
     if _idle(active, b):
@@ -137,7 +143,7 @@ def _langevin_baoa(
     v[i] = vi
     if fix_com != 0:
         x[i] = xi
-        wp.atomic_add(momentum, wp.int32(b), noise * mass[i])
+        kicks[i] = noise * mass[i]
     else:
         x[i] = xi + vi * h
 
@@ -311,14 +317,12 @@ def _scale(v: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), scale: wp.a
 
 
 @wp.kernel
-def _fire_powers(
-    v: wp.array(dtype=Any), f: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), sums: wp.array(dtype=Any)
-):
-    # sums[b] += (F.v, v.v, F.F)
+def _fire_powers(v: wp.array(dtype=Any), f: wp.array(dtype=Any), powers: wp.array(dtype=Any)):
+    # Each atom's (F.v, v.v, F.F), summed per system by system_sums.
     i = wp.tid()
     vi = v[i]
     fi = f[i]
-    wp.atomic_add(sums, wp.int32(system[i]), type(vi)(wp.dot(fi, vi), wp.dot(vi, vi), wp.dot(fi, fi)))
+    powers[i] = type(vi)(wp.dot(fi, vi), wp.dot(vi, vi), wp.dot(fi, fi))
 
 
 @wp.kernel
@@ -470,7 +474,7 @@ def _fire_move(
 # overloads: both precisions compiled together, once
 # ---------------------------------------------------------------------------------------------
 
-_VECTOR_ARGS = {"x", "v", "f", "momentum", "sums", "dx", "dx_out"}
+_VECTOR_ARGS = {"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers"}
 _ARRAY2D_ARGS = {"xi", "vxi", "coeff"}
 
 
@@ -506,7 +510,7 @@ _declare_overloads()
 
 # Launches go through core's Warp runtime (torch's stream, recorded launches replayed while the
 # arguments stay the same objects); [N, 3] arguments of these names are vec3 arrays.
-_VECTORS = frozenset(_VECTOR_ARGS)
+_VECTORS = frozenset(_VECTOR_ARGS) | SUM_VECTOR_ARGS
 
 
 class WarpLaunches(RecordedLaunches):
@@ -575,16 +579,19 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     )
     momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     launches = _launches(dyn)
-    if dyn.fix_com:
-        momentum.zero_()
+    # Each atom's noise momentum, when the centre of mass is held (else never written).
+    kicks = (dyn.work.get("kicks", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
+             if dyn.fix_com else momentum)
     seed = int(dyn.random_seed % (2**31 - 1))
     args = (
         x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
         dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, _typed(KB, batch), seed,
-        int(dyn.fix_com), momentum,
+        int(dyn.fix_com), kicks,
     )
     launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
     if dyn.fix_com:
+        momentum.zero_()
+        system_sums(launches, dyn.work, "momentum", kicks, sys, momentum)
         launches.launch(
             "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
             batch.device,
@@ -653,7 +660,9 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
     dtype, dev = v.dtype, v.device
     sums = dyn.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
     sums.zero_()
-    launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, sys, sums), batch.device)
+    powers = dyn.work.get("fire_powers", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+    launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, powers), batch.device)
+    system_sums(launches, dyn.work, "fire_powers", powers, sys, sums)
     fire2 = bool(dyn.uses_fire2)
     per = dyn.per_system
     delay = per("n_delay" if fire2 else "n_min", batch)

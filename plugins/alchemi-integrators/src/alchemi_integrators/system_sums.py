@@ -1,0 +1,113 @@
+"""Per-system sums of per-atom vec3 values, fast for one system of millions of atoms and for
+many small ones.
+
+An atomic add per atom into its system's total serialises on one address: in one system of
+1,048,576 atoms, Langevin's momentum sum took 5.5 ms of a 6.3 ms step on an H200. Here the atoms
+are summed in two levels of contiguous chunks instead (a system's atoms are contiguous in a
+batch). Level one: each thread adds up ``WIDTH`` consecutive atoms and keeps the sum of its
+first run of equal system index as a partial (tagged with that system); the runs after it (small
+systems that start inside the chunk) go straight to their totals, so a system gets at most one
+such add. Level two: each thread adds up ``WIDTH`` consecutive partials and adds every run to
+its system's total. A system of ``n`` atoms thus receives about ``n / WIDTH²`` atomic adds
+(1,024 for a million atoms) and a small one at most three. The order of the adds is not fixed,
+so results agree with a plain sum to rounding, as the per-atom atomics did.
+
+Both levels are Warp kernels on torch's stream with no host synchronisation and scratch kept in
+a :class:`~alchemi_core.workspace.Workspace`, so they replay inside a captured step.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.workspace import Workspace
+    >>> from alchemi_integrators.system_sums import system_sums
+    >>> from alchemi_integrators.warp_kernels import WarpLaunches
+    >>> values = torch.ones(100, 3)
+    >>> system = torch.repeat_interleave(torch.arange(3), torch.tensor([1, 60, 39]))
+    >>> out = torch.zeros(3, 3)
+    >>> system_sums(WarpLaunches(), Workspace(), "demo", values, system, out)
+    >>> out[:, 0].tolist()
+    [1.0, 60.0, 39.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import warp as wp
+
+from alchemi_core.workspace import Workspace
+
+#: Atoms (level one) and partials (level two) per thread.
+WIDTH = 32
+#: Kernel arguments that take ``[N, 3]`` tensors as vec3 arrays (for the launcher).
+VECTOR_ARGS = frozenset({"values", "partial", "totals"})
+
+
+@wp.kernel
+def _chunk_sums(
+    values: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    count: wp.int32,
+    width: wp.int32,
+    keep_first: wp.int32,
+    partial: wp.array(dtype=Any),
+    tag: wp.array(dtype=wp.int64),
+    totals: wp.array(dtype=Any),
+):
+    # Sum values[k*width : (k+1)*width] by runs of equal system. With keep_first the first run
+    # becomes partial[k] (tag[k] its system) and later runs are added to their totals; without
+    # it every run is added to its total.
+    k = wp.tid()
+    lo = k * width
+    hi = wp.min(lo + width, count)
+    acc = values[lo]
+    cur = system[lo]
+    first = keep_first
+    for i in range(lo + 1, hi):
+        b = system[i]
+        if b == cur:
+            acc = acc + values[i]
+        else:
+            if first != 0:
+                partial[k] = acc
+                tag[k] = cur
+                first = 0
+            else:
+                wp.atomic_add(totals, wp.int32(cur), acc)
+            acc = values[i]
+            cur = b
+    if first != 0:
+        partial[k] = acc
+        tag[k] = cur
+    else:
+        wp.atomic_add(totals, wp.int32(cur), acc)
+
+
+for _vector in (wp.vec3f, wp.vec3d):
+    _arr = wp.array(dtype=_vector)
+    wp.overload(_chunk_sums, {"values": _arr, "partial": _arr, "totals": _arr})
+
+
+def _chunks(count: int) -> int:
+    return (count + WIDTH - 1) // WIDTH
+
+
+def system_sums(
+    launches: Any, work: Workspace, name: str, values: torch.Tensor, system: torch.Tensor, totals: torch.Tensor
+) -> None:
+    """Add ``values`` (``[N, 3]``, atoms of a system contiguous) into ``totals`` (``[B, 3]``) by
+    ``system`` (``[N]`` int64, non-decreasing); ``totals`` is not zeroed here.
+
+    ``launches`` is a :class:`~alchemi_core.warp_runtime.RecordedLaunches` whose vector
+    arguments include :data:`VECTOR_ARGS`; ``work`` holds the partials under ``name``.
+    """
+    n = int(values.shape[0])
+    if n == 0:
+        return
+    device = values.device
+    first = _chunks(n)
+    partial = work.get(f"{name}:partial", first, first, (3,), values.dtype, device)
+    tag = work.get(f"{name}:tag", first, first, (), torch.int64, device)
+    launches.launch(f"{name}:sums1", _chunk_sums, first, (values, system, n, WIDTH, 1, partial, tag, totals), device)
+    launches.launch(f"{name}:sums2", _chunk_sums, _chunks(first),
+                    (partial, tag, first, WIDTH, 0, partial, tag, totals), device)
