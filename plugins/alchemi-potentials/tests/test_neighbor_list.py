@@ -377,3 +377,54 @@ def test_models_copy_and_pickle_without_device_state(ref):
     expected = model(batch)["energy"]
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         torch.testing.assert_close(clone(batch)["energy"], expected)
+
+
+def _matrix(nl, batch):
+    m = nl.update(batch)
+    counts = m.count.clone()
+    rows = [m.entries[: int(c), t].clone() for t, c in enumerate(counts.tolist())]
+    return counts, rows
+
+
+@pytest.mark.parametrize("parts", [2, 5, 7])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, monkeypatch):
+    """A GPU searches each slot's box in parts (a count pass, then a write pass at the counted
+    offsets); run here on the CPU, it gives the one-thread search's matrix bit for bit: many
+    images, open axes, atoms outside their cell, parts with no bin columns (7 of 25 and more)."""
+    from alchemi_potentials.neighbors import layout
+
+    systems = some_systems(ref, rng)
+    batch = ref.batch(systems)
+    whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
+    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", parts)
+    split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    split = _matrix(split_list, batch)
+    assert split_list._layout.search_parts == parts
+    assert torch.equal(whole[0], split[0]) and int(whole[0].sum()) > 0
+    assert all(torch.equal(a, b) for a, b in zip(whole[1], split[1]))
+    # A later partial rebuild (one system moved) in parts equals a fresh one-thread build.
+    moved = ref.batch(systems)
+    moved.positions[:5] += 0.3
+    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 1)
+    fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), moved)
+    batch.positions[:5] += 0.3
+    again = _matrix(split_list, batch)
+    assert torch.equal(fresh[0], again[0])
+    assert all(torch.equal(a, b) for a, b in zip(fresh[1], again[1]))
+
+
+def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
+    from alchemi_potentials.neighbors import layout
+
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
+    batch = Batch.from_atoms([atoms])
+    exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    exact_list.update(batch)
+    exact = int(exact_list.most_neighbors(batch).max())
+    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 5)
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    m = tight.update(batch)
+    assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
+    with pytest.raises(CapacityError, match=rf"had up to {exact} neighbours"):
+        tight.verify(batch)

@@ -30,6 +30,12 @@ MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
 #: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
 #: many entries at a time.
 COLUMNS_MULTIPLE_OF = 4
+#: Threads per slot of a build's neighbour search, by device type. A step rebuilds only the
+#: systems whose atoms moved (a few percent of a large batch), so with one thread per slot most
+#: of a GPU idles while each thread walks its whole box (~125 bins); in 5 parts of its 25 bin
+#: columns (a count pass, then a write pass at the counted offsets: the same order, the same
+#: bits) each walks a fifth. A CPU has few threads: one per slot, one pass.
+SEARCH_PARTS = {"cuda": 5, "cpu": 1}
 
 
 @attrs.frozen
@@ -176,6 +182,9 @@ class Layout:
             a["system"][:v] = batch.batch_idx.to(torch.int32)
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
+        # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
+        self.search_parts = SEARCH_PARTS.get(dev.type, 1)
+        self.found_in_part = torch.zeros((self.search_parts, max(1, v)), dtype=torch.int16, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
 
@@ -214,5 +223,6 @@ class Layout:
     def nbytes(self) -> int:
         # (The error records are in system_tensors as rows of self.errors: counted once.)
         held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
-                *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell]
+                *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell,
+                self.found_in_part]
         return sum(t.numel() * t.element_size() for t in held)
