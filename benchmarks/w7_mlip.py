@@ -219,8 +219,8 @@ def measure(run: Any, atoms_count: int, device: str, budget_s: float) -> dict[st
 
 
 def free_memory() -> None:
-    """Give the device memory of finished runs back (a stage and its engine refer to each other,
-    so their captured graphs go only when the garbage collector runs)."""
+    """Give the device memory of finished runs back to the device (a run drops its captured
+    graphs when it ends; what the collector has not yet freed, and torch's cache, go here)."""
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only search the largest batch of one framework (what the full run starts in subprocesses)")
     p.add_argument("--chunk-atoms", type=int, default=None,
                    help="alchemi evaluates the model in chunks of whole systems of at most this many atoms")
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated cell counts to run (default 1,16,64,256); given, the largest-batch search is skipped")
     args = p.parse_args(argv)
     device = args.device
     compiled = True  # a model whose step cannot be captured runs eagerly under compile()
@@ -329,10 +331,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(found), flush=True)
         return found
     big: dict[str, Any] = {}
-    if device == "cuda" and not args.quick:  # first, while this process holds no device memory
+    if device == "cuda" and not args.quick and args.sizes is None:  # first, while no device memory is held
         big = {fw: largest_in_subprocess(args.model, fw, device, args.chunk_atoms) for fw in ("alchemi", "torchsim")}
     ours, peer = networks(args.model, device, args.quick, args.chunk_atoms)
-    sizes = (1,) if args.quick else SIZES
+    sizes = (1,) if args.quick else SIZES if args.sizes is None else tuple(int(x) for x in args.sizes.split(","))
     budget = 0.5 if args.quick else args.budget_s
     report: dict[str, Any] = {
         "workload": "W7", "model": args.model, "device": device, "torch": torch.__version__,
