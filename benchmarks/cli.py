@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the workloads, print a table per case, write the JSON.
 
-    python -m benchmarks --json out.json                          # GPU: W1, W2, W3, W5 (priority order)
+    python -m benchmarks --json out.json                          # GPU: W1, W2, W3, W5, then W1 scaling shapes
     python -m benchmarks --device cpu --json w6.json              # CPU: W6
     python -m benchmarks --workloads W1:108x1,W2 --budget-s 120
     python -m benchmarks --quick --device cpu                     # tiny sizes, seconds
@@ -29,7 +29,8 @@ from benchmarks.report import render, write_json
 from benchmarks.timing import Budget
 
 #: Most important first (BENCHMARKS.md targets): what runs when --workloads is not given.
-GPU_ORDER = ("W1:256x1024", "W1:108x1", "W2", "W1:108x2048", "W1:55296x1", "W3", "W5")
+GPU_ORDER = ("W1:256x1024", "W1:108x1", "W2", "W1:108x2048", "W1:55296x1", "W3", "W5",
+             *(f"W1:{a}x{s}" for a, s in spec.W1_SCALING))
 CPU_ORDER = ("W6:108x64", "W6:864x1")
 QUICK_ORDER = ("W1:108x2", "W2", "W3", "W5", "W6:108x4")
 #: Seconds each framework may spend on one case.

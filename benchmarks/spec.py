@@ -90,6 +90,9 @@ RATTLE = 0.1
 
 #: W1 shapes (atoms per system, systems), most important first (the order the harness runs).
 W1_SHAPES = ((256, 1024), (108, 1), (108, 2048), (55296, 1))
+#: W1's scaling shapes (issue #16): batches up to 16.8M atoms, and one system of 1M and of 4.1M
+#: atoms (4 n^3 with n = 64 and 101).
+W1_SCALING = ((256, 4096), (256, 16384), (256, 65536), (1_048_576, 1), (4_121_204, 1))
 #: W6: NVT as W1 on a 2-core CPU.
 W6_SHAPES = ((108, 64), (864, 1))
 #: W2: 2048 cells of 108 atoms.
