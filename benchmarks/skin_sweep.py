@@ -164,20 +164,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--equilibrate", type=int, default=400, help="steps before timing (2 ps)")
     p.add_argument("--lists", default="default", help="comma-separated: default, full, half")
+    p.add_argument("--search-parts", default=None,
+                   help="comma-separated threads per slot of a GPU's neighbour search to compare (default: the list's)")
     p.add_argument("--headroom", type=float, default=1.3, help="neighbour columns over the expected count")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also profile this many eager steps on a GPU: the costliest kernels per step")
     p.add_argument("--json", default=None, help="write the rows here (rewritten after each)")
     args = p.parse_args(argv)
+    from alchemi_potentials.neighbors import layout
+
     rows = []
     for atoms, systems in parse_shapes(args.shapes):
-        for skin, kind in ((float(s), k) for s in args.skins.split(",") for k in args.lists.split(",")):
+        parts_list = [None] if args.search_parts is None else [int(x) for x in args.search_parts.split(",")]
+        for skin, kind, parts in ((float(s), k, n) for s in args.skins.split(",") for k in args.lists.split(",")
+                                  for n in parts_list):
             half = {"default": None, "full": False, "half": True}[kind]
+            if parts is not None:
+                layout.SEARCH_PARTS[args.device] = parts
             row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
                           args.headroom, args.profile, half)
+            row["search_parts"] = layout.SEARCH_PARTS.get(args.device, 1)
             rows.append(row)
             print(
-                f"{atoms}x{systems} skin {skin:.2f} {row['list']} list: {row['ms_per_step']:.3f} ms/step "
+                f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}: "
+                f"{row['ms_per_step']:.3f} ms/step "
                 f"({row['atom_steps_per_s']:.3g} atom-steps/s), builds/system/step "
                 f"{row['builds_per_system_step']:.2e}, steps with a build {row['steps_with_a_build']}, "
                 f"columns {row['columns']}, peak {row['peak_bytes_per_atom']} B/atom, "

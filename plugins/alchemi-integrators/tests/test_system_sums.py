@@ -1,4 +1,4 @@
-"""Per-system sums in two levels of chunks equal a plain per-system sum, whatever the sizes:
+"""Per-system sums in levels of chunks equal a plain per-system sum, whatever the sizes:
 systems smaller than a chunk, exactly one chunk, spanning chunk and level-two boundaries, one
 system of many chunks, a batch whose length is not a multiple of the chunk."""
 
@@ -20,6 +20,7 @@ SIZES = {
     "straddling": [31, 33, 1000, 1025, 3, 2049, 17],
     "one large": [70_001],
     "large among small": [3, 40_000, 1, 1, 5_000, 2],
+    "level boundaries": [255, 257, 4095, 4097, 1, 16, 17, 15, 4096],
 }
 
 
@@ -46,7 +47,7 @@ def _reference(values: torch.Tensor, system: torch.Tensor, systems: int) -> torc
 
 
 @pytest.mark.parametrize("name", list(SIZES))
-def test_two_level_sums_equal_a_plain_sum(name: str) -> None:
+def test_chunked_sums_equal_a_plain_sum(name: str) -> None:
     sizes = SIZES[name]
     values, system = _case(sizes, torch.float64, "cpu")
     got = _sums(values, system, len(sizes))
@@ -68,8 +69,8 @@ def test_float32_sums_and_totals_are_added_to_not_replaced() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["many small", "straddling", "large among small"])
-def test_two_level_sums_on_gpu(name: str) -> None:
+@pytest.mark.parametrize("name", ["many small", "straddling", "large among small", "level boundaries"])
+def test_chunked_sums_on_gpu(name: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     sizes = SIZES[name]

@@ -398,6 +398,7 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     batch = ref.batch(systems)
     whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
     monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", parts)
+    monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # these systems differ in size
     split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
     split = _matrix(split_list, batch)
     assert split_list._layout.search_parts == parts
@@ -423,8 +424,22 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
     exact_list.update(batch)
     exact = int(exact_list.most_neighbors(batch).max())
     monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 5)
+    monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # one system
     tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
     with pytest.raises(CapacityError, match=rf"had up to {exact} neighbours"):
         tight.verify(batch)
+
+
+def test_the_search_runs_in_parts_only_for_batches_of_many_systems():
+    """A batch whose largest system holds more than 1/16 of its atoms rebuilds mostly whole,
+    where two passes cost more than they save: one thread per slot there."""
+    from alchemi_potentials.neighbors.layout import search_parts
+
+    assert search_parts("cuda", np.full(1024, 256)) == 5
+    assert search_parts("cuda", np.full(16, 108)) == 5
+    assert search_parts("cuda", np.array([1 << 20])) == 1
+    assert search_parts("cuda", np.array([20_000] + [100] * 1000)) == 1
+    assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 5
+    assert search_parts("cpu", np.full(1024, 256)) == 1

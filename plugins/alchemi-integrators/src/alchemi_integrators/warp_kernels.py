@@ -3,7 +3,7 @@
 Each update of an integrator is one to three kernel launches over the batch's tensors, zero-copy
 through ``wp.from_torch`` and on torch's current CUDA stream, so they order with the model's torch
 work and can be captured in a CUDA graph. Per-system sums of vectors (Langevin's noise momentum,
-FIRE's power and norms) go through :mod:`~alchemi_integrators.system_sums` (two levels of chunks,
+FIRE's power and norms) go through :mod:`~alchemi_integrators.system_sums` (levels of chunks,
 no contention on one address in a large system); the kinetic energy of Nose-Hoover is an atomic
 add per atom into a ``[B]`` buffer. Nothing is read back to the host.
 

@@ -15,9 +15,9 @@ read the same bins and neighbours. Every forward launches, on every system:
 5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
    position and wrapped position; bin counts reset for the next build.
 6. ``search_neighbors`` (slots): the bins around the slot's bin, over periodic images, into a
-   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU the search
-   runs in parts of each slot's bin columns instead (a count pass, then a write pass; see
-   ``layout.SEARCH_PARTS``): same entries, same order.
+   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a batch
+   of many systems, the search runs in parts of each slot's bin columns instead (a count pass,
+   then a write pass; see ``layout.search_parts``): same entries, same order.
 
 A system that does not rebuild exits each build kernel at its first line, so nothing is decided
 on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's

@@ -30,12 +30,31 @@ MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
 #: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
 #: many entries at a time.
 COLUMNS_MULTIPLE_OF = 4
-#: Threads per slot of a build's neighbour search, by device type. A step rebuilds only the
-#: systems whose atoms moved (a few percent of a large batch), so with one thread per slot most
-#: of a GPU idles while each thread walks its whole box (~125 bins); in 5 parts of its 25 bin
-#: columns (a count pass, then a write pass at the counted offsets: the same order, the same
-#: bits) each walks a fifth. A CPU has few threads: one per slot, one pass.
+#: Threads per slot of a build's neighbour search, by device type, for batches of many systems
+#: (see :func:`search_parts`). A step of such a batch rebuilds only the systems whose atoms moved
+#: (a few percent), so with one thread per slot most of a GPU idles while each thread walks its
+#: whole box (~125 bins); in 5 parts of its 25 bin columns (a count pass, then a write pass at
+#: the counted offsets: the same order, the same bits) each walks a fifth. A CPU has few threads:
+#: one per slot, one pass.
 SEARCH_PARTS = {"cuda": 5, "cpu": 1}
+#: The search runs in parts only when no system holds more than this share of the batch's atoms.
+#: A large system rebuilds whole, and then the two passes cost more than the idle GPU did
+#: (H200, W1: 256x1024 0.484 -> 0.449 ms/step in parts; one system of 2^20 atoms 0.864 -> 1.189).
+PARTS_LARGEST_SHARE = 1 / 16
+
+
+def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
+    """Threads per slot of the neighbour search for a batch of these system sizes.
+
+    Example:
+        >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.array([1 << 20]))
+        (5, 1)
+    """
+    parts = SEARCH_PARTS.get(device_type, 1)
+    total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
+    if parts > 1 and total and int(atoms_per_system.max()) > PARTS_LARGEST_SHARE * total:
+        return 1
+    return parts
 
 
 @attrs.frozen
@@ -183,7 +202,7 @@ class Layout:
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
         # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
-        self.search_parts = SEARCH_PARTS.get(dev.type, 1)
+        self.search_parts = search_parts(dev.type, counts)
         self.found_in_part = torch.zeros((self.search_parts, max(1, v)), dtype=torch.int16, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
