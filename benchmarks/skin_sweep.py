@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from alchemi_core.dynamics import DynamicsStage, Hook
 from benchmarks import spec
 from benchmarks.adapters.alchemi import to_batch
 from benchmarks.structures import replicated_crystal
@@ -42,14 +43,31 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return out
 
 
-class _BuildTrace:
-    """After every step, whether some system of the batch has rebuilt since the step before,
-    kept on the device (one int per step), so the traced steps read nothing back."""
+class _BuildTrace(Hook):
+    """A hook (after every step) recording whether some system of the batch has rebuilt since
+    the step before, on the device (one int per step), so the traced steps read nothing back."""
 
-    def __init__(self, steps: int, device: str) -> None:
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, neighbor_list: Any, steps: int, device: str) -> None:
+        super().__init__(frequency=1)
+        self.neighbor_list = neighbor_list
         self.any_build = torch.zeros(steps, dtype=torch.int64, device=device)
         self.last: torch.Tensor | None = None
         self.step = 0
+
+    def __call__(self, batch: Any, dynamics: Any) -> None:
+        if self.step >= len(self.any_build):
+            return
+        total = self.neighbor_list.builds(batch).sum()
+        if self.last is not None:
+            self.any_build[self.step] = (total > self.last).to(torch.int64)
+            self.step += 1
+        self.last = total
+
+    def share(self) -> float | None:
+        """The share of traced steps in which some system rebuilt (reads back)."""
+        return float(self.any_build[: self.step].double().mean()) if self.step else None
 
 
 def kernel_profile(run: Any, steps: int, top: int = 14) -> list[dict[str, Any]]:
@@ -72,8 +90,8 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
             equilibrate: int, headroom: float, profile_steps: int = 0, half: bool | None = None) -> dict[str, Any]:
     """One shape at one skin (see the module's docstring); ``half``: a half or full neighbour
     list (None: the device's default)."""
-    from alchemi_core.dynamics import DynamicsStage, Hook
     from alchemi_integrators import Langevin
+    from alchemi_integrators.thermo import temperature
     from alchemi_potentials import LennardJones
     from alchemi_potentials.neighbors import BatchedNeighborList
 
@@ -86,29 +104,15 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
     batch = to_batch(crystal, device)
     nl = BatchedNeighborList(spec.CUTOFF, skin, columns, half_list=half)
     model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, neighbor_list=nl)
-    trace = _BuildTrace(steps, device)
-
-    class Trace(Hook):
-        """Records, on the device, whether any system rebuilt in this step."""
-
-        stage = DynamicsStage.AFTER_STEP
-
-        def __call__(self, b: Any, dynamics: Any) -> None:
-            if trace.step >= steps:
-                return
-            total = nl.builds(b).sum()
-            if trace.last is not None:
-                trace.any_build[trace.step] = (total > trace.last).to(torch.int64)
-                trace.step += 1
-            trace.last = total
-
+    trace = _BuildTrace(nl, steps, device)
     p = spec.LANGEVIN
 
-    def dynamics(hooks: list[Any]) -> Any:
-        return Langevin(model, dt=p.dt_fs, temperature=p.temperature, friction=p.friction_per_fs,
-                        random_seed=1, hooks=hooks).compile()
+    def dynamics(seed: int, hooks: list[Any] | None = None, compiled: bool = True) -> Any:
+        md = Langevin(model, dt=p.dt_fs, temperature=p.temperature, friction=p.friction_per_fs,
+                      random_seed=seed, hooks=hooks or [])
+        return md.compile() if compiled else md
 
-    plain = dynamics([])
+    plain = dynamics(1)
     with plain:
         plain.run(batch, n_steps=equilibrate)
     synchronize(device)
@@ -122,16 +126,8 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         synchronize(device)
         per_step.append((time.perf_counter() - start) / steps)
     builds = int(nl.builds(batch).sum()) - builds0
-    # The share of steps with a rebuild, from one eager traced run (hooks read no host state).
-    traced = Langevin(model, dt=p.dt_fs, temperature=p.temperature, friction=p.friction_per_fs,
-                      random_seed=2, hooks=[Trace()])
-    traced.run(batch, n_steps=steps + 1)
-    v = batch.velocities.double()
-    m = batch.atomic_masses.double().reshape(-1, 1)
-    from alchemi_core.units import ACCELERATION, KB
-
-    kinetic = 0.5 * float((m * v * v).sum()) / ACCELERATION
-    temperature = 2.0 * kinetic / (3.0 * batch.num_nodes * KB)
+    # The share of steps with a rebuild, from one eager traced run (the hook reads nothing back).
+    dynamics(2, [trace], compiled=False).run(batch, n_steps=steps + 1)
     ms = median(per_step) * 1e3
     total_atoms = atoms * systems
     out = {
@@ -144,13 +140,13 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         "ms_per_step": ms,
         "atom_steps_per_s": total_atoms / (ms * 1e-3),
         "builds_per_system_step": builds / (systems * steps * repeats),
-        "steps_with_a_build": float(trace.any_build[: trace.step].double().mean()) if trace.step else None,
-        "temperature_K": temperature,
+        "steps_with_a_build": trace.share(),
+        "temperature_K": float(temperature(batch).mean()),
         "repeats_ms": [x * 1e3 for x in per_step],
     }
     out.update(memory.per_atom(total_atoms))
     if profile_steps and device == "cuda":
-        eager = Langevin(model, dt=p.dt_fs, temperature=p.temperature, friction=p.friction_per_fs, random_seed=3)
+        eager = dynamics(3, compiled=False)
         out["kernels"] = kernel_profile(lambda n: eager.run(batch, n_steps=n), profile_steps)
     return out
 

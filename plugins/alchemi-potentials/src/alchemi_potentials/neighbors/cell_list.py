@@ -240,10 +240,10 @@ class BatchedNeighborList:
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
                       _warp.view(layout.found_in_part), int(m.half)]
             if parts > 1:  # a GPU: count, then write at the counted offsets
-                after.add(k.search_neighbors, parts * na, [*search, 0, 0])
-                after.add(k.search_neighbors, parts * na, [*search, 1, 0])
+                after.add(k.search_neighbors, parts * na, [*search, 0, na, 0])
+                after.add(k.search_neighbors, parts * na, [*search, 1, na, 0])
             else:
-                after.add_chunked(k.search_neighbors, na, [*search, 1, 0])
+                after.add_chunked(k.search_neighbors, na, [*search, 1, na, 0])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs

@@ -448,10 +448,11 @@ def search_neighbors(
     found_in_part: wp.array2d(dtype=wp.int16),
     half: int,
     write: int,
+    slots: int,
     start: int,
 ):
     """Each slot's neighbours, by ``parts = found_in_part.shape[0]`` threads per slot (thread
-    ``j * slots + t`` is part j of slot t).
+    ``j * slots + t`` is part j of slot t; one part needs no ``found_in_part`` but its shape).
 
     A CPU uses one part, one pass (``write`` 1). A GPU uses several, launched twice: a step
     rebuilds a few systems at a time, so one thread per slot would leave most of the GPU idle
@@ -460,7 +461,6 @@ def search_neighbors(
     The last part sets the slot's count (and the overflow flag).
     """
     tid = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
-    slots = found_in_part.shape[1]
     parts = found_in_part.shape[0]
     t = tid % slots
     j = tid / slots

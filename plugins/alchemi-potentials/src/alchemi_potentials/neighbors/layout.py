@@ -203,7 +203,8 @@ class Layout:
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
         # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
         self.search_parts = search_parts(dev.type, counts)
-        self.found_in_part = torch.zeros((self.search_parts, max(1, v)), dtype=torch.int16, device=dev)
+        self.found_in_part = torch.zeros((self.search_parts, max(1, v) if self.search_parts > 1 else 1),
+                                         dtype=torch.int16, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
 
