@@ -4,7 +4,8 @@ A diagnosis, not a benchmark: the synchronisations add a little to every timed c
 totals are larger than an untimed run's. ``python -m benchmarks.phases w2`` times W2's run
 (2048 cells of 108 atoms, FIRE, checks every step) by phase and writes a CUDA profile;
 ``python -m benchmarks.phases quarantine`` times the quarantine benchmark's clean and exploding
-runs by phase. Both need a GPU (``--device cpu`` runs them on the CPU, unsynchronised).
+runs by phase; ``python -m benchmarks.phases w3 [--cells N]`` times W3's inflight run by phase
+and profiles its host time (cProfile, whole run). Both need a GPU (``--device cpu`` runs them on the CPU, unsynchronised).
 
 Example:
     >>> from benchmarks.phases import PhaseTimer
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks import spec
 
 
 class PhaseTimer:
@@ -180,14 +183,53 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     return runs
 
 
+def w3(device: str, repeats: int, cells: int) -> dict[str, Any]:
+    """W3's inflight run by phase (after one untimed run of the same cells), compiled and eager
+    in turn, then one compiled run under cProfile: where the host's time goes between and
+    around the steps."""
+    import cProfile
+    import io
+    import pstats
+
+    from benchmarks.adapters.alchemi import Alchemi
+    from benchmarks.structures import ArgonCells
+
+    full = ArgonCells.drawn(cells, spec.W3_REPEATS)
+    framework = Alchemi()
+    untimed = framework.inflight(full, device, spec.W3_MD_STEPS, None).seconds
+    timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
+                                   ("Admission", "_graduate_and_refill"), ("Admission", "_update_masks")))
+    runs = []
+    for _ in range(repeats):
+        for compiled in (True, False):
+            timer.clear()
+            outcome = framework.inflight(full, device, spec.W3_MD_STEPS, None, compile_step=compiled)
+            runs.append({"compiled": compiled, "seconds": outcome.seconds, "parts": timer.totals()})
+    timer.restore()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    framework.inflight(full, device, spec.W3_MD_STEPS, None)
+    profiler.disable()
+    tables = {}
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(45)
+        tables[order] = text.getvalue()
+    return {"cells": cells, "untimed_seconds": untimed, "runs": runs, "profile": tables}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["w2", "quarantine"])
+    parser.add_argument("run", choices=["w2", "quarantine", "w3"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
     args = parser.parse_args(argv)
-    report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
+    if args.run == "w3":
+        report = w3(args.device, args.repeats, args.cells)
+    else:
+        report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json is not None:

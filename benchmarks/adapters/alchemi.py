@@ -219,8 +219,10 @@ class Alchemi(Framework):
             seconds=seconds, steps=fire.step_count, positions=batch.positions.detach().to("cpu", torch.float64)
         )
 
-    def inflight(self, cells: ArgonCells, device: str, md_steps: int, deadline: float | None) -> InflightOutcome:
-
+    def inflight(
+        self, cells: ArgonCells, device: str, md_steps: int, deadline: float | None, compile_step: bool = True
+    ) -> InflightOutcome:
+        """W3's fused relax-then-MD stage; ``compile_step=False`` steps eagerly (a diagnosis)."""
         f, p = spec.FIRE, spec.LANGEVIN
         model = self.model()
         sampler = SizeAwareSampler(CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32)
@@ -247,7 +249,9 @@ class Alchemi(Framework):
             sinks=[tally],
             refill_frequency=CHECK_EVERY_INFLIGHT,
         )
-        fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)]).compile()
+        fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)])
+        if compile_step:
+            fused.compile()
 
         def go() -> None:
             with fused:
