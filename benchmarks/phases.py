@@ -183,10 +183,10 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     return runs
 
 
-def w3(device: str, repeats: int, cells: int) -> dict[str, Any]:
-    """W3's inflight run by phase (after one untimed run of the same cells), compiled and eager
-    in turn, then one compiled run under cProfile: where the host's time goes between and
-    around the steps."""
+def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...] = (5,)) -> dict[str, Any]:
+    """W3's inflight run by phase (after one untimed run of the same cells), compiled with each
+    of ``check_every`` (steps between checks) and eager with the first, then one compiled run
+    under cProfile: where the host's time goes between and around the steps."""
     import cProfile
     import io
     import pstats
@@ -201,10 +201,11 @@ def w3(device: str, repeats: int, cells: int) -> dict[str, Any]:
                                    ("Admission", "_graduate_and_refill"), ("Admission", "_update_masks")))
     runs = []
     for _ in range(repeats):
-        for compiled in (True, False):
+        for compiled, every in [(True, e) for e in check_every] + [(False, check_every[0])]:
             timer.clear()
-            outcome = framework.inflight(full, device, spec.W3_MD_STEPS, None, compile_step=compiled)
-            runs.append({"compiled": compiled, "seconds": outcome.seconds, "parts": timer.totals()})
+            outcome = framework.inflight(full, device, spec.W3_MD_STEPS, None, compile_step=compiled, check_every=every)
+            runs.append({"compiled": compiled, "check_every": every, "seconds": outcome.seconds,
+                         "out": len(outcome.ids_out), "converged": outcome.converged, "parts": timer.totals()})
     timer.restore()
     profiler = cProfile.Profile()
     profiler.enable()
@@ -225,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
+    parser.add_argument("--check-every", default="5", help="w3: comma-separated steps between checks to compare")
     args = parser.parse_args(argv)
     if args.run == "w3":
-        report = w3(args.device, args.repeats, args.cells)
+        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in args.check_every.split(",")))
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
     text = json.dumps(report, indent=1)

@@ -220,9 +220,16 @@ class Alchemi(Framework):
         )
 
     def inflight(
-        self, cells: ArgonCells, device: str, md_steps: int, deadline: float | None, compile_step: bool = True
+        self,
+        cells: ArgonCells,
+        device: str,
+        md_steps: int,
+        deadline: float | None,
+        compile_step: bool = True,
+        check_every: int = CHECK_EVERY_INFLIGHT,
     ) -> InflightOutcome:
-        """W3's fused relax-then-MD stage; ``compile_step=False`` steps eagerly (a diagnosis)."""
+        """W3's fused relax-then-MD stage; ``compile_step=False`` steps eagerly and ``check_every``
+        sets the steps between checks (diagnoses: ``benchmarks.phases w3``)."""
         f, p = spec.FIRE, spec.LANGEVIN
         model = self.model()
         sampler = SizeAwareSampler(CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32)
@@ -235,9 +242,9 @@ class Alchemi(Framework):
             maxstep=f.maxstep,
             maxstep_scope="system",
             sampler=sampler,
-            refill_frequency=CHECK_EVERY_INFLIGHT,
+            refill_frequency=check_every,
             hooks=[converged],
-            convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=CHECK_EVERY_INFLIGHT),
+            convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=check_every),
         )
         md = Langevin(
             model,
@@ -247,7 +254,7 @@ class Alchemi(Framework):
             friction=p.friction_per_fs,
             random_seed=0,
             sinks=[tally],
-            refill_frequency=CHECK_EVERY_INFLIGHT,
+            refill_frequency=check_every,
         )
         fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)])
         if compile_step:
