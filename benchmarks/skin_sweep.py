@@ -175,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         for skin, kind, parts in ((float(s), k, n) for s in args.skins.split(",") for k in args.lists.split(",")
                                   for n in parts_list):
             half = {"default": None, "full": False, "half": True}[kind]
-            if parts is not None:
+            if parts is not None:  # the count asked for, whatever the batch (search_parts' rule off)
                 layout.SEARCH_PARTS[args.device] = parts
+                layout.PARTS_MAX_ATOMS, layout.PARTS_MIN_MEAN_ATOMS, layout.PARTS_LARGEST_SHARE = 1 << 62, 0, 1.0
             row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
                           args.headroom, args.profile, half)
             row["search_parts"] = layout.SEARCH_PARTS.get(args.device, 1)

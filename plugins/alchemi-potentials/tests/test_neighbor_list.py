@@ -399,6 +399,7 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
     monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", parts)
     monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # these systems differ in size
+    monkeypatch.setattr(layout, "PARTS_MIN_MEAN_ATOMS", 0)  # and are small
     split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
     split = _matrix(split_list, batch)
     assert split_list._layout.search_parts == parts
@@ -425,6 +426,7 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
     exact = int(exact_list.most_neighbors(batch).max())
     monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 5)
     monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # one system
+    monkeypatch.setattr(layout, "PARTS_MIN_MEAN_ATOMS", 0)  # of 108 atoms
     tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
@@ -432,14 +434,18 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
         tight.verify(batch)
 
 
-def test_the_search_runs_in_parts_only_for_batches_of_many_systems():
-    """A batch whose largest system holds more than 1/16 of its atoms rebuilds mostly whole,
-    where two passes cost more than they save: one thread per slot there."""
+def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
+    """In parts where few slots rebuild at a step (a batch of up to 300,000 atoms, many systems of
+    192 or more atoms on average); one thread per slot where enough rebuild to fill the GPU (large
+    batches, one large system) or the systems are small (measured on the H200: layout.py)."""
     from alchemi_potentials.neighbors.layout import search_parts
 
     assert search_parts("cuda", np.full(1024, 256)) == 5
-    assert search_parts("cuda", np.full(16, 108)) == 5
+    assert search_parts("cuda", np.full(16, 256)) == 5
+    assert search_parts("cuda", np.full(2048, 256)) == 1  # 524,288 atoms
+    assert search_parts("cuda", np.full(65536, 256)) == 1
+    assert search_parts("cuda", np.full(2048, 108)) == 1  # small systems
     assert search_parts("cuda", np.array([1 << 20])) == 1
-    assert search_parts("cuda", np.array([20_000] + [100] * 1000)) == 1
+    assert search_parts("cuda", np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
     assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 5
     assert search_parts("cpu", np.full(1024, 256)) == 1

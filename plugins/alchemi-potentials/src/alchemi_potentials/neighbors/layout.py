@@ -30,16 +30,22 @@ MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
 #: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
 #: many entries at a time.
 COLUMNS_MULTIPLE_OF = 4
-#: Threads per slot of a build's neighbour search, by device type, for batches of many systems
-#: (see :func:`search_parts`). A step of such a batch rebuilds only the systems whose atoms moved
-#: (a few percent), so with one thread per slot most of a GPU idles while each thread walks its
-#: whole box (~125 bins); in 5 parts of its 25 bin columns (a count pass, then a write pass at
-#: the counted offsets: the same order, the same bits) each walks a fifth. A CPU has few threads:
-#: one per slot, one pass.
+#: Threads per slot of a build's neighbour search, by device type, where it pays (see
+#: :func:`search_parts`). A step rebuilds only the systems whose atoms moved (a few percent), so
+#: in a small batch with one thread per slot most of a GPU idles while each thread walks its whole
+#: box (~125 bins); in 5 parts of its 25 bin columns (a count pass, then a write pass at the
+#: counted offsets: the same order, the same bits) each walks a fifth. A CPU has few threads: one
+#: per slot, one pass.
 SEARCH_PARTS = {"cuda": 5, "cpu": 1}
-#: The search runs in parts only when no system holds more than this share of the batch's atoms.
-#: A large system rebuilds whole, and then the two passes cost more than the idle GPU did
-#: (H200, W1: 256x1024 0.484 -> 0.449 ms/step in parts; one system of 2^20 atoms 0.864 -> 1.189).
+#: The search runs in parts only in a batch of at most this many atoms, whose systems hold at
+#: least PARTS_MIN_MEAN_ATOMS on average and none more than PARTS_LARGEST_SHARE of the atoms.
+#: Elsewhere enough slots rebuild at each step to fill the GPU, and the two passes cost more than
+#: they save. W1 on the H200 (warp-lang 1.5.1, ``benchmarks.skin_sweep --search-parts 1,5``), ms
+#: per step with one thread per slot / in 5 parts: 256x1024 0.488 / **0.453**; 108x2048 **0.451** /
+#: 0.475; 256x2048 **0.662** / 0.730; 256x4096 **1.075** / 1.312; 256x16384 **3.576** / 4.747;
+#: 256x65536 **13.67** / 18.91; one system of 2^20 atoms **0.864** / 1.189.
+PARTS_MAX_ATOMS = 300_000
+PARTS_MIN_MEAN_ATOMS = 192
 PARTS_LARGEST_SHARE = 1 / 16
 
 
@@ -47,14 +53,17 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
     """Threads per slot of the neighbour search for a batch of these system sizes.
 
     Example:
-        >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.array([1 << 20]))
+        >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.full(4096, 256))
         (5, 1)
     """
     parts = SEARCH_PARTS.get(device_type, 1)
     total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
-    if parts > 1 and total and int(atoms_per_system.max()) > PARTS_LARGEST_SHARE * total:
-        return 1
-    return parts
+    if parts == 1 or not total:
+        return parts
+    many_small = total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total
+    if many_small and total >= PARTS_MIN_MEAN_ATOMS * len(atoms_per_system):
+        return parts
+    return 1
 
 
 @attrs.frozen
