@@ -49,9 +49,12 @@ if TYPE_CHECKING:
     from benchmarks.physics import EnergyRecorder
     from benchmarks.structures import ArgonCells, Systems
 
-#: Steps between convergence / refill checks (the only device read-backs) in W2 and W3.
+#: Steps between convergence / refill checks (the only device read-backs) in W2 and W3. W3's
+#: checks cost host time while the GPU waits (a read-back, then the refill's loading of new
+#: structures); on the H200 W3 drained in 7.55 s with checks every 5 steps and 6.13 s every 10
+#: (``python -m benchmarks.phases w3 --check-every 5,10``, one process, timers synchronised).
 CHECK_EVERY_RELAX = 1
-CHECK_EVERY_INFLIGHT = 5
+CHECK_EVERY_INFLIGHT = 10
 #: Steps between deadline checks (a host clock read).
 DEADLINE_EVERY = 10
 
