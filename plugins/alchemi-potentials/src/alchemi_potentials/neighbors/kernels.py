@@ -15,9 +15,9 @@ read the same bins and neighbours. Every forward launches, on every system:
 5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
    position and wrapped position; bin counts reset for the next build.
 6. ``search_neighbors`` (slots): the bins around the slot's bin, over periodic images, into a
-   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a batch
-   of many systems, the search runs in parts of each slot's bin columns instead (a count pass,
-   then a write pass; see ``layout.search_parts``): same entries, same order.
+   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a small
+   batch of many systems, the search runs in parts of each slot's bin columns instead (a count
+   pass, then a write pass; see ``layout.search_parts``): same entries, same order.
 
 A system that does not rebuild exits each build kernel at its first line, so nothing is decided
 on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's
@@ -454,9 +454,9 @@ def search_neighbors(
     """Each slot's neighbours, by ``parts = found_in_part.shape[0]`` threads per slot (thread
     ``j * slots + t`` is part j of slot t; one part needs no ``found_in_part`` but its shape).
 
-    A CPU uses one part, one pass (``write`` 1). A GPU uses several, launched twice: a step
-    rebuilds a few systems at a time, so one thread per slot would leave most of the GPU idle
-    while each walks ~125 bins; in parts, each walks a fifth or less. Pass one (``write`` 0)
+    A CPU uses one part, one pass (``write`` 1). A GPU uses several in a small batch, launched
+    twice: a step rebuilds a few systems at a time, so one thread per slot would leave most of
+    the GPU idle while each walks ~125 bins; in parts, each walks a fifth or less. Pass one (``write`` 0)
     counts each part's neighbours; pass two writes them after those of the parts before it.
     The last part sets the slot's count (and the overflow flag).
     """
