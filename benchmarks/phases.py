@@ -5,7 +5,8 @@ totals are larger than an untimed run's. ``python -m benchmarks.phases w2`` time
 (2048 cells of 108 atoms, FIRE, checks every step) by phase and writes a CUDA profile;
 ``python -m benchmarks.phases quarantine`` times the quarantine benchmark's clean and exploding
 runs by phase; ``python -m benchmarks.phases w3 [--cells N]`` times W3's inflight run by phase
-and profiles its host time (cProfile, whole run). Both need a GPU (``--device cpu`` runs them on the CPU, unsynchronised).
+and profiles its host time (cProfile, whole run). All three need a GPU (``--device cpu`` runs
+them on the CPU, unsynchronised).
 
 Example:
     >>> from benchmarks.phases import PhaseTimer
@@ -183,7 +184,7 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     return runs
 
 
-def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...] = (5,)) -> dict[str, Any]:
+def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...]) -> dict[str, Any]:
     """W3's inflight run by phase (after one untimed run of the same cells), compiled with each
     of ``check_every`` (steps between checks) and eager with the first, then one compiled run
     under cProfile: where the host's time goes between and around the steps."""
@@ -226,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
-    parser.add_argument("--check-every", default="5", help="w3: comma-separated steps between checks to compare")
+    parser.add_argument("--check-every", default=None,
+                        help="w3: comma-separated steps between checks to compare (default: the benchmark's)")
     args = parser.parse_args(argv)
     if args.run == "w3":
-        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in args.check_every.split(",")))
+        from benchmarks.adapters.alchemi import CHECK_EVERY_INFLIGHT
+
+        every = str(CHECK_EVERY_INFLIGHT) if args.check_every is None else args.check_every
+        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")))
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
     text = json.dumps(report, indent=1)

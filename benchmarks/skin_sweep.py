@@ -136,6 +136,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         "skin": skin,
         "list": {None: "device default", True: "half", False: "full"}[half],
         "columns": columns,
+        "search_parts": nl._layout.search_parts if nl._layout is not None else 1,
         "most_neighbors": int(nl.most_neighbors(batch).max()),
         "ms_per_step": ms,
         "atom_steps_per_s": total_atoms / (ms * 1e-3),
@@ -175,12 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         for skin, kind, parts in ((float(s), k, n) for s in args.skins.split(",") for k in args.lists.split(",")
                                   for n in parts_list):
             half = {"default": None, "full": False, "half": True}[kind]
-            if parts is not None:  # the count asked for, whatever the batch (search_parts' rule off)
-                layout.SEARCH_PARTS[args.device] = parts
-                layout.PARTS_MAX_ATOMS, layout.PARTS_MIN_MEAN_ATOMS, layout.PARTS_LARGEST_SHARE = 1 << 62, 0, 1.0
+            layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
             row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
                           args.headroom, args.profile, half)
-            row["search_parts"] = layout.SEARCH_PARTS.get(args.device, 1)
             rows.append(row)
             print(
                 f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}: "

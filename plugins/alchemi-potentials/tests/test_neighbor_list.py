@@ -397,9 +397,7 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
     whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
-    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", parts)
-    monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # these systems differ in size
-    monkeypatch.setattr(layout, "PARTS_MIN_MEAN_ATOMS", 0)  # and are small
+    monkeypatch.setattr(layout, "FORCED_PARTS", parts)  # these systems are small and differ in size
     split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
     split = _matrix(split_list, batch)
     assert split_list._layout.search_parts == parts
@@ -408,7 +406,7 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     # A later partial rebuild (one system moved) in parts equals a fresh one-thread build.
     moved = ref.batch(systems)
     moved.positions[:5] += 0.3
-    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 1)
+    monkeypatch.setattr(layout, "FORCED_PARTS", 1)
     fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), moved)
     batch.positions[:5] += 0.3
     again = _matrix(split_list, batch)
@@ -424,9 +422,7 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
     exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5)
     exact_list.update(batch)
     exact = int(exact_list.most_neighbors(batch).max())
-    monkeypatch.setitem(layout.SEARCH_PARTS, "cpu", 5)
-    monkeypatch.setattr(layout, "PARTS_LARGEST_SHARE", 1.0)  # one system
-    monkeypatch.setattr(layout, "PARTS_MIN_MEAN_ATOMS", 0)  # of 108 atoms
+    monkeypatch.setattr(layout, "FORCED_PARTS", 5)  # one system of 108 atoms
     tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them

@@ -47,6 +47,9 @@ SEARCH_PARTS = {"cuda": 5, "cpu": 1}
 PARTS_MAX_ATOMS = 300_000
 PARTS_MIN_MEAN_ATOMS = 192
 PARTS_LARGEST_SHARE = 1 / 16
+#: Threads per slot whatever the batch, on every device, instead of the rule (None): for
+#: measurements (``skin_sweep --search-parts``) and tests.
+FORCED_PARTS: int | None = None
 
 
 def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
@@ -56,6 +59,8 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
         >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.full(4096, 256))
         (5, 1)
     """
+    if FORCED_PARTS is not None:
+        return FORCED_PARTS
     parts = SEARCH_PARTS.get(device_type, 1)
     total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
     if parts == 1 or not total:
