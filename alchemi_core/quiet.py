@@ -24,10 +24,13 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-#: Native messages of Warp's CUDA probe that say only "no GPU here".
+#: Native messages of Warp's CUDA probe that say only "no GPU here", or (Warp 1.5 under a CUDA 13
+#: driver) that an entry point the newer driver no longer exports was not found: Warp runs on.
 DRIVER_NOTICES = (
     "Could not find or load the NVIDIA CUDA driver",
     "Unable to determine CUDA driver version",
+    "cuDeviceGetUuid",
+    "API call is not supported in the installed CUDA driver (in function cuda_init",
 )
 
 

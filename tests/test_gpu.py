@@ -53,9 +53,12 @@ def test_compiled_fused_stage_matches_eager_and_captures_once_per_composition():
 
 
 def _allocations_in_steps(dyn: DemoDynamics, batch, steps: int = 50) -> int:
-    """Device allocations (caching allocator) of ``steps`` engine steps after a 5-step run."""
+    """Device allocations (caching allocator) of ``steps`` engine steps after a 5-step run and
+    three steps more (a run drops its CUDA graph when it ends: the first of them captures again)."""
     dyn.run(batch, n_steps=5)
     engine = dyn._engine
+    for _ in range(3):
+        engine.step()
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     for _ in range(steps):
