@@ -34,6 +34,28 @@ def test_a_plain_run_quarantines_the_system_whose_forces_are_nan():
         torch.testing.assert_close(out.positions[rows], clean.positions[rows], rtol=0, atol=0)
 
 
+def test_a_run_without_checks_acts_on_its_health_check_when_the_codes_are_read():
+    """A run without checks looks every 100 steps; its codes are read at the next look, at the
+    run's end, or when ``quarantined`` is asked for (the GPU's queue does not drain for them),
+    and the record names the step that was looked at."""
+    model = ExplodingModel(DemoModelWrapper(), explode=[1], after=3)
+    batch = make_batch([3, 4, 2], dtype=torch.float64)
+    stage = DemoDynamics(model=model, n_steps=1000, dt=0.5)
+    for _ in range(100):
+        stage.step(batch)
+    assert batch.status.tolist() == [0, 0, 0]  # the look at step 99 is on its way
+    assert [(q.system_id, q.step) for q in stage.quarantined] == [(1, 99)]
+    assert batch.status[1].item() < 0 and batch.status[[0, 2]].tolist() == [0, 0]
+    for _ in range(150):  # two more looks: the quarantined system is not recorded again
+        stage.step(batch)
+    assert [(q.system_id, q.step) for q in stage.quarantined] == [(1, 99)]
+    # A run reads its last look before it returns.
+    run = DemoDynamics(model=ExplodingModel(DemoModelWrapper(), explode=[2], after=3), n_steps=200, dt=0.5)
+    out = run.run(make_batch([3, 4, 2], dtype=torch.float64))
+    assert [(q.system_id, q.step) for q in run._engine.quarantined] == [(2, 99)]
+    assert out.status[2].item() < 0
+
+
 def test_strict_raises_naming_the_system():
     model = ExplodingModel(DemoModelWrapper(), explode=[2])
     stage = DemoDynamics(model=model, n_steps=300, dt=0.5, strict=True)

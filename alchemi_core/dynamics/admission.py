@@ -20,7 +20,9 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.data.elements import masses_for
 from alchemi_core.dynamics.columns import flatten_system_columns
-from alchemi_core.dynamics.measure import Measuring
+from alchemi_core.dynamics.hook import dispatch
+from alchemi_core.dynamics.measure import MODEL_FLAG, ON_CONVERGE, Measuring
+from alchemi_core.dynamics.quarantine import Quarantined
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
 from alchemi_core.dynamics.state import SubStage
 from alchemi_core.errors import CapacityError, InvalidDataError
@@ -101,7 +103,10 @@ class Admission(Measuring):
         # One read-back for all: did this check move systems, did anything (a hook between
         # checks too) change a status since the masks were written, is any system left to step,
         # has every system graduated, did any go bad, and has a model an error to raise?
-        any_moved, any_changed, any_active, all_graduated, any_bad, any_error = m.flags.tolist()
+        # The wait for it is the GPU finishing the steps queued since the last check: the sampler
+        # builds the structures the next refills will likely take meanwhile.
+        read = self._flags.read(m.flags, self._idle_work)
+        any_moved, any_changed, any_active, all_graduated, any_bad, any_error = read[:MODEL_FLAG + 1]
         codes, moved = m.codes, m.moved
         read_at = batch.version
         if any_error:
@@ -109,6 +114,9 @@ class Admission(Measuring):
         if any_bad:
             assert codes is not None
             self._collect_quarantined(codes, k)
+        for s, converged in zip(self.subs, read[MODEL_FLAG + 1:], strict=True):
+            if converged:  # as in nvalchemi, ON_CONVERGE hooks run only when something converged
+                dispatch(s.hooks[ON_CONVERGE], batch, k)
         if any_changed:
             self._masks_stale = True
         if any_moved:  # checks may read back; integrators' resets are not free
@@ -134,6 +142,12 @@ class Admission(Measuring):
         # Nothing entered or left since the read-back: its answers still hold.
         self._check_done((any_active, all_graduated) if batch.version == read_at else None)
         self._flush_graduates()
+
+    def _idle_work(self) -> bool:
+        """Host work while a check waits for the GPU: the sampler builds one structure ahead
+        (False: nothing to do)."""
+        sampler = self.sampler
+        return sampler is not None and sampler.prefetch()
 
     def _flush_graduates(self) -> None:
         """When the run ends, graduates still waiting for a refill check go out now."""
@@ -168,7 +182,33 @@ class Admission(Measuring):
         return True
 
     def health_check(self, k: int) -> None:
-        if self._quarantine(k):
+        """The quarantine of a run without checks. Its codes are read at the next health check
+        (:meth:`settle_health`), so the GPU's queue of steps never drains for it
+        (:class:`~alchemi_core.dynamics.quarantine.PendingCodes`); ``strict`` raises at once."""
+        self.settle_health()
+        batch = self.batch
+        if batch is None or batch.num_graphs == 0:
+            return
+        if self.health.strict:
+            if self._quarantine(k):
+                self._update_masks()
+            return
+        self._health_pending = self.health.start(batch, self.active_mask(), k)
+
+    def quarantine_records(self) -> list[Quarantined]:
+        """Every structure quarantined so far, a health check still on its way included."""
+        self.settle_health()
+        return list(self.quarantined)
+
+    def settle_health(self) -> None:
+        """Act on the last health check's codes: bad systems get their status and records."""
+        pending, self._health_pending = self._health_pending, None
+        if pending is None or self.batch is None:
+            return
+        found = self.health.settle(self.batch, pending)
+        if found:
+            self.quarantined.extend(found)
+            self._start_masking()
             self._update_masks()
 
     def _check_done(self, known: tuple[bool, bool] | None = None) -> None:

@@ -219,7 +219,7 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
     @property
     def quarantined(self) -> list[Quarantined]:
         """Structures the current (or last) run took out because they went bad, with reasons."""
-        return list(self._engine.quarantined) if self._engine is not None else []
+        return self._engine.quarantine_records() if self._engine is not None else []
 
     def _attach(self, engine: Engine, sub: SubStage) -> None:
         self._engine = engine

@@ -89,6 +89,7 @@ def engine_state(engine: Engine) -> dict[str, Any]:
     batch = engine.batch
     if batch is None:
         raise InvalidDataError("there is no run to checkpoint yet")
+    engine.settle_health()  # statuses and records of a health check still on its way
     held = engine.host_results
     sinks = []
     for sink in engine.sinks:

@@ -170,8 +170,10 @@ class Engine(Admission):
             self.step()
             if every and self.step_count % every == 0:
                 ckpt.save(self, checkpoint)
-        if self.health_every and self.step_count % self.health_every != 0:
-            self.health_check(self.step_count - 1)
+        if self.health_every:
+            if self.step_count % self.health_every != 0:
+                self.health_check(self.step_count - 1)
+            self.settle_health()
         if checkpoint is not None:
             ckpt.save(self, checkpoint)
 

@@ -187,7 +187,7 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
     @property
     def quarantined(self) -> list[Quarantined]:
         """Structures the current (or last) run took out because they went bad, with reasons."""
-        return list(self._engine.quarantined) if self._engine is not None else []
+        return self._engine.quarantine_records() if self._engine is not None else []
 
     def step(self, batch: Batch) -> Batch:
         """One step of every sub-stage on ``batch``, as nvalchemi's ``FusedStage.step``: one shared

@@ -14,11 +14,12 @@ from collections.abc import Callable
 import torch
 
 from alchemi_core.dynamics.check_capture import Measurement, field_addresses
-from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.step import StepLoop
 
 ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
+#: Where the models' error flag sits in a measurement's flags (then one per stage: converged).
+MODEL_FLAG = 5
 
 
 class Measuring(StepLoop):
@@ -64,7 +65,6 @@ class Measuring(StepLoop):
         batch = self.batch
         return (self._check_capture.enabled and self.graph_requested and batch is not None
                 and batch.device.type == "cuda" and batch.num_graphs > 0 and not self.health.strict
-                and not any(s.hooks[ON_CONVERGE] for s in self.subs)
                 and all(c.custom_op is None for s in self.subs if s.conv is not None for c in s.conv.criteria))
 
     def _measure(self, k: int, models: bool) -> Measurement:
@@ -81,26 +81,27 @@ class Measuring(StepLoop):
         due = self._criteria_due(k)
         if self.track_fmax and any(due):
             self._update_fmax()
-        for s, evaluated in zip(self.subs, due, strict=True):
+        none = status.new_zeros((), dtype=torch.bool)
+        # Per stage: whether some system converged, for its ON_CONVERGE hooks, which run after
+        # the read-back (Admission.check): a hook may read back, and the measurement must not.
+        converged = [none] * len(self.subs)
+        for i, (s, evaluated) in enumerate(zip(self.subs, due, strict=True)):
             if evaluated:
                 assert s.conv is not None
                 conv = s.conv.evaluate(batch) & (before == s.source) & (status == s.source)
                 s.dynamics.converged_mask = conv
                 status.masked_fill_(conv, s.target)
-                # As in nvalchemi, ON_CONVERGE hooks run only when something converged (a check
-                # may read back).
-                if s.hooks[ON_CONVERGE] and bool(conv.any()):
-                    dispatch(s.hooks[ON_CONVERGE], batch, k)
+                if s.hooks[ON_CONVERGE]:
+                    converged[i] = conv.any()
             if self.graduate_on_budget:
                 done = (before == s.code) & (batch.stage_steps >= s.budget) & (status == s.code)
                 status.masked_fill_(done, s.target)
         self._pass_empty_stages()
         moved = status != before
-        none = moved.new_zeros(())
         flags = torch.stack([moved.any(), self._status_changed_since_masks(), self.active_mask().any(),
                              self.graduated_mask().all(), codes.any() if codes is not None else none,
-                             model_errors.reshape(()) if model_errors is not None else none])
-        return Measurement(before, moved, codes, flags, flags[5])
+                             model_errors.reshape(()) if model_errors is not None else none, *converged])
+        return Measurement(before, moved, codes, flags, flags[MODEL_FLAG])
 
     def _verify_or_restore(self, verify: Callable[[], object], before: torch.Tensor) -> None:
         """Run ``verify`` (models' ``verify``); if it raises, the check takes no effect but the

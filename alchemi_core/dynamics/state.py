@@ -27,7 +27,8 @@ from alchemi_core.dynamics.context import RunView, StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import HookTable
 from alchemi_core.dynamics.identity import SystemIds
-from alchemi_core.dynamics.quarantine import HEALTH_INTERVAL, HealthCheck, Quarantined
+from alchemi_core.dynamics.quarantine import HEALTH_INTERVAL, HealthCheck, PendingCodes, Quarantined
+from alchemi_core.dynamics.readback import FlagReadBack
 from alchemi_core.dynamics.status_flow import check_status_flow
 from alchemi_core.errors import ConfigurationError
 
@@ -169,6 +170,7 @@ class EngineState:
         self.graph_captures = 0
         #: The checks' device work, captured too where it can be (``check_capture``).
         self._check_capture = CheckCapture()
+        self._flags = FlagReadBack()
         #: The context of the run's owner: a plain stage's own; a fused stage's covers every
         #: system of its sub-stages (its masks are kept when it has hooks of its own).
         self.run_view = RunView(self)
@@ -201,6 +203,8 @@ class EngineState:
         self.quarantined: list[Quarantined] = []
         #: A run without checks still looks for bad structures this often, and at its end.
         self.health_every = HEALTH_INTERVAL if self.check_interval == 0 else 0
+        #: Such a health check's codes, on their way to the host (read at the next one).
+        self._health_pending: PendingCodes | None = None
 
     @property
     def mask_version(self) -> int:

@@ -34,7 +34,8 @@ def no_host_sync() -> Iterator[None]:
 
 def check_syncs(engine: Any, k: int) -> list[str]:
     """The messages of torch's sync debug mode for each host synchronisation ``engine.check(k)``
-    makes (work queued before it is finished first).
+    makes (work queued before it is finished first), and one per wait on a CUDA event (which
+    the debug mode does not see; the check's own read-back waits on one).
 
     Example:
         >>> assert len(check_syncs(engine, 1)) == 1  # doctest: +SKIP
@@ -42,6 +43,14 @@ def check_syncs(engine: Any, k: int) -> list[str]:
     import warnings
 
     torch.cuda.synchronize()
+    waits: list[str] = []
+    plain = torch.cuda.Event.synchronize
+
+    def waited(event: Any) -> None:
+        waits.append("waited on a CUDA event")
+        plain(event)
+
+    torch.cuda.Event.synchronize = waited
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -49,8 +58,9 @@ def check_syncs(engine: Any, k: int) -> list[str]:
             engine.check(k)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.Event.synchronize = plain
     # (The debug mode also warns, once, that it is a prototype: that warning is not a sync.)
-    return [str(w.message) for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
+    return [str(w.message) for w in seen if "called a synchronizing CUDA operation" in str(w.message)] + waits
 
 
 def langevin(model: Any, steps: int) -> Any:

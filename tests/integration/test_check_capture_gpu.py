@@ -105,3 +105,31 @@ def test_a_finished_run_holds_no_graph_memory() -> None:
     # What the graphs' pools held during the run is back: allocated memory is where it was.
     assert torch.cuda.max_memory_allocated() > held
     assert torch.cuda.memory_allocated() <= held + 64 * 1024, (torch.cuda.memory_allocated(), held)
+
+
+def test_checks_with_on_converge_hooks_are_captured_and_the_hooks_see_what_eager_ones_see() -> None:
+    """``ON_CONVERGE`` hooks run after the check's read-back, outside its device work, so that
+    work is captured with them too; they fire at the same steps with the same systems."""
+    from alchemi_core.dynamics import DynamicsStage, Hook
+
+    class ConvergedAt(Hook):
+        stage = DynamicsStage.ON_CONVERGE
+
+        def __init__(self) -> None:
+            super().__init__(frequency=1)
+            self.seen: list[tuple[int, list[int]]] = []
+
+        def __call__(self, batch: Batch, dynamics: Any) -> None:
+            self.seen.append((dynamics.step_count, torch.nonzero(dynamics.converged_mask).flatten().tolist()))
+
+    seen = {}
+    for compiled in (False, True):
+        batch, stage = _fire_relaxation(compiled)
+        hook = ConvergedAt()
+        stage.hooks.append(hook)
+        stage.run(batch)
+        seen[compiled] = (hook.seen, stage._engine._check_capture.captures, batch.status.tolist())
+    (eager, eager_captures, eager_status), (graphed, captures, status) = seen[False], seen[True]
+    assert eager_status == status == [1] * 6
+    assert eager == graphed and sum(len(ids) for _, ids in graphed) == 6
+    assert eager_captures == 0 and captures == 1
