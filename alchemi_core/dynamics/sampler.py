@@ -46,10 +46,10 @@ CPU_DEFAULT_MAX_ATOMS = 100_000
 DEFAULT_PREFETCH = 4096
 #: Structures of each size bin built ahead first: what fills the gaps a refill leaves.
 PREFETCH_HEADS = 4
-#: Then what refills of this many whole batches would take. In a simulation of W3's refills
-#: (waves of systems leaving together, 22 structures built per check), 1 had 75 % of the
-#: requested structures ready, 2 had 88 %, 3 all of them.
-PREFETCH_BATCHES = 3
+#: Then what refills of this many whole batches would take. W3 on the H200 (one run each, in
+#: alternation): 1 batch 4.35 and 4.53 s, 3 batches 4.48 and 4.99 s. (A simulation of W3's
+#: refills had promised more from 3: every structure ready, against 75 % with 1.)
+PREFETCH_BATCHES = 1
 #: Atoms built ahead, at most (host memory: about 50 bytes per atom of a plain structure).
 PREFETCH_MAX_ATOMS = 2_000_000
 
@@ -112,7 +112,6 @@ class SizeAwareSampler:
         if self.max_atoms < 1 or (self.max_batch_size is not None and self.max_batch_size < 1):
             raise ConfigurationError("max_atoms and max_batch_size must be >= 1")
         self._atoms, self._edges = all_metadata(dataset)
-        self._smallest = int(self._atoms.min()) if len(self._atoms) else 0
         self._check_fits()
         ids = all_system_ids(dataset)
         if ids is not None:
@@ -171,6 +170,10 @@ class SizeAwareSampler:
         self._bins = bins
         self._handed: list[int] = [] if handed_out is None else handed_out.tolist()
         self._ready = {}
+        #: What :meth:`prefetch` builds, in order, how far it got, and after how many handed out.
+        self._plan: list[int] = []
+        self._plan_pos = 0
+        self._plan_at = -1
 
     # ------------------------------------------------------------------ state
     def __len__(self) -> int:
@@ -219,19 +222,23 @@ class SizeAwareSampler:
         The engine calls it while a check waits for the GPU, so that a dataset that builds its
         structures on request (reads a file, makes tensors) does so while the GPU steps, not
         while it waits for the refill. Likely means (:meth:`_likely`): the next few of each size
-        bin, then what a refill of a whole empty batch would take. Systems that entered together
-        tend to leave together, so refills come in waves of up to a batch. A structure whose
-        building raises raises when it is requested, as it would have without this.
+        bin, then what refills of whole empty batches would take, since systems that entered
+        together tend to leave together and refills come in waves of up to a batch. A structure
+        whose building raises raises when it is requested, as it would have without this.
         """
         if len(self._ready) >= self.prefetch_limit:
             return False
-        for index in self._likely():
-            key = (index, stored)
+        if self._plan_at != len(self._handed):  # something was handed out: plan again
+            self._plan, self._plan_pos, self._plan_at = list(self._likely()), 0, len(self._handed)
+        plan = self._plan
+        while self._plan_pos < len(plan):
+            key = (plan[self._plan_pos], stored)
+            self._plan_pos += 1
             if key in self._ready:
                 continue
             self.prefetched += 1
             try:
-                self._ready[key] = self._build(index, stored)
+                self._ready[key] = self._build(key[0], stored)
             except Exception as exc:  # noqa: BLE001 - raised again when it is requested
                 self._ready[key] = exc
             return True
@@ -240,23 +247,23 @@ class SizeAwareSampler:
     def _likely(self) -> Iterator[int]:
         """The structures coming requests will likely take, most likely first: the first
         ``PREFETCH_HEADS`` of each bin (a refill's gap fillers), then best fit into
-        ``PREFETCH_BATCHES`` batches of ``max_atoms`` atoms and ``max_batch_size`` systems (waves),
-        at most ``PREFETCH_MAX_ATOMS`` atoms."""
+        ``PREFETCH_BATCHES`` batches of ``max_atoms`` atoms (waves), at most
+        ``PREFETCH_MAX_ATOMS`` atoms and ``prefetch`` structures in all."""
         keys = sorted(self._bins, reverse=True)
+        count = 0
         for b in keys:
-            yield from itertools.islice(self._bins[b], PREFETCH_HEADS)
+            for i in itertools.islice(self._bins[b], PREFETCH_HEADS):
+                yield i
+                count += 1
         atoms = min(PREFETCH_BATCHES * self.max_atoms, PREFETCH_MAX_ATOMS)
-        systems = PREFETCH_BATCHES * self.max_batch_size if self.max_batch_size else len(self._atoms)
         for b in keys:
             for i in self._bins[b]:
-                if systems == 0 or atoms < self._smallest:
-                    return
-                if atoms < b * self.bin_width:
-                    break  # nothing in this bin fits any more
+                if atoms < b * self.bin_width or count >= self.prefetch_limit:
+                    break  # nothing more of this bin fits
                 if self._atoms[i] <= atoms:
                     yield i
                     atoms -= int(self._atoms[i])
-                    systems -= 1
+                    count += 1
 
     def _build(self, index: int, stored: bool) -> AtomicData:
         get_stored = getattr(self.dataset, "get_stored", None) if stored else None
