@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks import spec
+from benchmarks.report import print_report
 
 
 class PhaseTimer:
@@ -243,11 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")))
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text)
-    return 0
+    return print_report(report, args.json)
 
 
 if __name__ == "__main__":

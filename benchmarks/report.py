@@ -128,6 +128,15 @@ def write_json(path: str | Path, meta: dict[str, Any], cases: list[dict[str, Any
     Path(path).write_text(json.dumps({"meta": meta, "workloads": cases}, indent=2, default=_plain))
 
 
+def print_report(report: dict[str, Any], path: Path | None) -> int:
+    """Print a diagnosis's ``report`` as JSON and write it to ``path`` too (when given); 0."""
+    text = json.dumps(report, indent=1, default=_plain)
+    print(text)
+    if path is not None:
+        path.write_text(text)
+    return 0
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()

@@ -34,15 +34,20 @@ class FlagReadBack:
         when it has nothing left to do). A CPU tensor is read at once."""
         if flags.device.type != "cuda":
             return flags.tolist()
-        host = self._host
-        if host is None or host.shape != flags.shape or host.dtype != flags.dtype:
-            host = self._host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-            self._event = torch.cuda.Event()
-        host.copy_(flags, non_blocking=True)
-        event = self._event
-        event.record()
+        host, event = self.start(flags)
         if idle is not None:
             while not event.query() and idle():
                 pass
         event.synchronize()
         return host.tolist()
+
+    def start(self, flags: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Copy ``flags`` (on a GPU) into the pinned buffer without blocking; the buffer and the
+        event recorded after the copy."""
+        host = self._host
+        if host is None or host.shape != flags.shape or host.dtype != flags.dtype:
+            host = self._host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self._event = torch.cuda.Event()
+        host.copy_(flags, non_blocking=True)
+        self._event.record()
+        return host, self._event
