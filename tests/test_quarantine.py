@@ -192,3 +192,25 @@ def test_the_health_kernels_follow_the_fields_in_place_and_when_replaced():
     fewer = batch.index_select([1, 2])  # other tensors and sizes, then the first batch again
     assert check.codes(fewer).tolist() == [FAILED_FORCES, FAILED_VELOCITIES]
     assert check.codes(batch).tolist() == [0, FAILED_FORCES, FAILED_VELOCITIES]
+
+
+def test_a_health_check_read_later_marks_systems_by_id_once_even_when_the_batch_changed():
+    from alchemi_core.dynamics.quarantine import FAILED_FORCES, FAILED_VELOCITIES, HealthCheck
+
+    batch = make_batch([3, 4, 2], dtype=torch.float64)
+    batch.set_field("forces", torch.zeros(9, 3, dtype=torch.float64), "node")
+    batch.set_field("velocities", torch.zeros(9, 3, dtype=torch.float64), "node")
+    batch.set_field("status", torch.zeros(3, dtype=torch.long), "system")
+    batch.forces[4, 0] = float("nan")  # system 1
+    batch.velocities[8, 2] = float("inf")  # system 2
+    check = HealthCheck()
+    pending = check.start(batch, torch.ones(3, dtype=torch.bool), step=99)
+    assert batch.status.tolist() == [0, 0, 0]  # nothing changes until the codes are read
+    later = batch.index_select([2, 0, 1])  # the systems moved
+    later.status[0] = -FAILED_FORCES  # system 2 was quarantined meanwhile, for another reason
+    found = check.settle(later, pending)
+    assert [(q.system_id, q.step, q.status) for q in found] == [(1, 99, -FAILED_FORCES)]
+    assert later.status.tolist() == [-FAILED_FORCES, 0, -FAILED_FORCES]
+    assert check.settle(batch, check.start(batch, torch.tensor([True, False, True]), 5)) == [
+        type(found[0])(2, 5, -FAILED_VELOCITIES)
+    ]

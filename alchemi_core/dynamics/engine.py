@@ -105,6 +105,7 @@ class Engine(Admission):
         if self.sampler is not None:
             batch = self._with_capacity(batch)
         self.batch = batch
+        self._health_pending = None  # a look at an earlier batch says nothing about this one
         for m in self.models:
             check = getattr(m, "check_batch", None)
             if check is not None:
@@ -142,6 +143,7 @@ class Engine(Admission):
         batch = Batch.empty(num_systems=num_systems, num_nodes=num_nodes, num_edges=num_edges, template=template)
         self._fill_defaults(batch, first=True)
         self.batch = batch
+        self._health_pending = None
         self._attach_all()
         for s in self.subs:
             s.dynamics.setup(batch)

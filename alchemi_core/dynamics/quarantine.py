@@ -182,29 +182,29 @@ class HealthCheck:
         step queue should not drain for a health check: :class:`PendingCodes`)."""
         codes = torch.where(active, self._device_codes(batch), 0)
         rows = torch.stack([codes, batch.system_id.to(torch.int64)])
-        return PendingCodes.of(rows, step, batch.version)
+        return PendingCodes.of(rows, step)
 
     def settle(self, batch: Batch, pending: PendingCodes) -> list[Quarantined]:
         """The systems :meth:`start` found bad, now given their status ``-code``; [] when none.
 
         Waits for the copy (long done when the next health check comes). Systems are found by
-        ``system_id``, so a batch whose systems changed in between is marked right; one that
-        left the batch since is not recorded here (it left with its status).
+        ``system_id``, so a batch whose systems moved in between is marked right; one that left
+        the batch since, or was quarantined since, is not recorded again.
         """
         host = pending.wait()
         bad = host[0] != 0
         if not bool(bad.any()):
             return []
         codes_of = dict(zip(host[1][bad].tolist(), host[0][bad].tolist(), strict=True))
-        ids = batch.system_id.tolist() if batch.version != pending.version else host[1].tolist()
-        rows = [r for r, i in enumerate(ids) if i in codes_of]
+        ids = batch.system_id.tolist()  # where they are now (only read when some went bad)
+        status = batch.status
+        # Systems quarantined since (or before: already negative) keep their status and record.
+        rows = [r for r, i in enumerate(ids) if i in codes_of and int(status[r]) >= 0]
         if not rows:
             return []
         index = torch.tensor(rows, dtype=torch.long, device=batch.device)
-        codes = torch.tensor([codes_of[ids[r]] for r in rows], dtype=batch.status.dtype, device=batch.device)
-        status = batch.status
-        current = status.index_select(0, index)
-        status.index_copy_(0, index, torch.where(current < 0, current, -codes))
+        codes = torch.tensor([codes_of[ids[r]] for r in rows], dtype=status.dtype, device=batch.device)
+        status.index_copy_(0, index, -codes)
         return [Quarantined(int(ids[r]), pending.step, -int(codes_of[ids[r]])) for r in rows]
 
     def collect(self, batch: Batch, codes: torch.Tensor, step: int) -> list[Quarantined]:
@@ -240,24 +240,22 @@ class PendingCodes:
     Attributes:
         host: ``[2, B]`` int64 host tensor: failure codes (0: healthy), then system ids.
         step: The step the codes describe.
-        version: ``batch.version`` then (the systems may change before the codes are read).
         event: Recorded after the copy on a GPU; None on a CPU.
     """
 
     host: torch.Tensor
     step: int
-    version: int
     event: Any = None
 
     @classmethod
-    def of(cls, rows: torch.Tensor, step: int, version: int) -> PendingCodes:
+    def of(cls, rows: torch.Tensor, step: int) -> PendingCodes:
         if rows.device.type != "cuda":
-            return cls(rows.cpu(), int(step), int(version))
+            return cls(rows.cpu(), int(step))
         host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
         host.copy_(rows, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return cls(host, int(step), int(version), event)
+        return cls(host, int(step), event)
 
     def wait(self) -> torch.Tensor:
         """The host rows, once the copy has arrived."""
