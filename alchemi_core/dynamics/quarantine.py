@@ -9,7 +9,9 @@ rides on the check's one read-back, and only then are the codes read, one byte p
 the records (:meth:`HealthCheck.collect`). A quarantined system: no
 stage steps it any more, it is written to the sinks at the next refill like a graduated system
 (or stays, frozen, in a returned batch), and the run records it in ``quarantined``. With
-``strict=True`` the run raises instead, naming the systems and reasons.
+``strict=True`` the run raises instead, naming the systems and reasons. A run without checks
+looks every ``HEALTH_INTERVAL`` steps and reads what it found at the next look
+(:class:`PendingCodes`), so that its GPU never waits for a look.
 
 Negative statuses are reserved for quarantine, so stage status codes are ``>= 0``.
 
