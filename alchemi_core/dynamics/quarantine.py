@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from alchemi_core.dynamics.readback import FlagReadBack
 from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class HealthCheck:
         self.max_extent = finite_number("max_extent", max_extent, above=0.0, unit=" Å")
         self.strict = bool(strict)
         self._warp = WarpHealthCodes()
+        #: The pinned buffer a look's codes travel in (one look is pending at a time).
+        self._copies = FlagReadBack()
 
     @classmethod
     def of(cls, owner: Any) -> HealthCheck:
@@ -181,10 +184,14 @@ class HealthCheck:
     def start(self, batch: Batch, active: torch.Tensor, step: int) -> PendingCodes:
         """The codes of the systems of ``active``, on their way to the host without blocking; the
         statuses stay as they are until :meth:`settle` reads them (for runs without checks, whose
-        step queue should not drain for a health check: :class:`PendingCodes`)."""
+        step queue should not drain for a health check: :class:`PendingCodes`). One look is
+        pending at a time: the next one reuses its host buffer."""
         codes = torch.where(active, self._device_codes(batch), 0)
         rows = torch.stack([codes, batch.system_id.to(torch.int64)])
-        return PendingCodes.of(rows, step)
+        if rows.device.type != "cuda":
+            return PendingCodes(rows.cpu(), int(step))
+        host, event = self._copies.start(rows)
+        return PendingCodes(host, int(step), event)
 
     def settle(self, batch: Batch, pending: PendingCodes) -> list[Quarantined]:
         """The systems :meth:`start` found bad, now given their status ``-code``; [] when none.
@@ -198,15 +205,15 @@ class HealthCheck:
         if not bool(bad.any()):
             return []
         codes_of = dict(zip(host[1][bad].tolist(), host[0][bad].tolist(), strict=True))
-        ids = batch.system_id.tolist()  # where they are now (only read when some went bad)
-        status = batch.status
-        # Systems quarantined since (or before: already negative) keep their status and record.
-        rows = [r for r, i in enumerate(ids) if i in codes_of and int(status[r]) >= 0]
+        # Where they are now, and their statuses (read only when some went bad): systems
+        # quarantined since (or before: already negative) keep their status and record.
+        ids, current = batch.system_id.tolist(), batch.status.tolist()
+        rows = [r for r, i in enumerate(ids) if i in codes_of and current[r] >= 0]
         if not rows:
             return []
         index = torch.tensor(rows, dtype=torch.long, device=batch.device)
-        codes = torch.tensor([codes_of[ids[r]] for r in rows], dtype=status.dtype, device=batch.device)
-        status.index_copy_(0, index, -codes)
+        codes = torch.tensor([codes_of[ids[r]] for r in rows], dtype=batch.status.dtype, device=batch.device)
+        batch.status.index_copy_(0, index, -codes)
         return [Quarantined(int(ids[r]), pending.step, -int(codes_of[ids[r]])) for r in rows]
 
     def collect(self, batch: Batch, codes: torch.Tensor, step: int) -> list[Quarantined]:
@@ -248,16 +255,6 @@ class PendingCodes:
     host: torch.Tensor
     step: int
     event: Any = None
-
-    @classmethod
-    def of(cls, rows: torch.Tensor, step: int) -> PendingCodes:
-        if rows.device.type != "cuda":
-            return cls(rows.cpu(), int(step))
-        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-        host.copy_(rows, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return cls(host, int(step), event)
 
     def wait(self) -> torch.Tensor:
         """The host rows, once the copy has arrived."""

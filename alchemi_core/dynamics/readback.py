@@ -6,7 +6,8 @@ done. :class:`FlagReadBack` copies the flags into pinned host memory without blo
 the copy has arrived, calls ``idle()`` (the engine's: the sampler builds the structures the next
 refill will likely take), one short piece of work at a time, so the wait ends at most one piece
 late. On W3 (10,000 cells through a sampler) building the structures took 1.7 s on the host,
-during which the GPU was idle.
+during which the GPU was idle. A health check of a run without checks sends its codes the same
+way (:meth:`FlagReadBack.start`, :class:`~alchemi_core.dynamics.quarantine.PendingCodes`).
 
 Example:
     >>> import torch
@@ -43,7 +44,7 @@ class FlagReadBack:
 
     def start(self, flags: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Copy ``flags`` (on a GPU) into the pinned buffer without blocking; the buffer and the
-        event recorded after the copy."""
+        event recorded after the copy (both reused by the next call)."""
         host = self._host
         if host is None or host.shape != flags.shape or host.dtype != flags.dtype:
             host = self._host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)

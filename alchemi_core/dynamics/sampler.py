@@ -259,7 +259,7 @@ class SizeAwareSampler:
         for b in keys:
             for i in self._bins[b]:
                 if atoms < b * self.bin_width or count >= self.prefetch_limit:
-                    break  # nothing more of this bin fits
+                    break  # nothing more of this bin fits, or the plan is full
                 if self._atoms[i] <= atoms:
                     yield i
                     atoms -= int(self._atoms[i])
