@@ -19,6 +19,12 @@ for each framework in a fresh process: predicted from the peak memory of two sho
 48 cells; with ``--chunk-atoms``, one and three of alchemi's chunks), grown by 15 % while it runs
 and backed off by 20 % on out-of-memory, up to 2,048 cells (reported as ``capped``).
 
+cuEquivariance: where its CUDA kernels are installed (``cuequivariance-ops-torch-*``), alchemi's
+model runs on them (``--cueq auto``, the models' default; ``on``/``off`` force it), and TorchSim is
+measured twice, as it comes (``torchsim``, e3nn's kernels) and with its own ``enable_cueq=True``
+(``torchsim_cueq``): ``speedup`` is against the first, ``speedup_cueq`` against the second, the
+same kernels on both sides.
+
 ``--chunk-atoms N`` has alchemi's model evaluate batches of more than N atoms in chunks of whole
 systems (``chunk_atoms=N``), one chunk's activations held at a time.
 
@@ -43,6 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from alchemi_potentials.cueq import cueq_kernels_installed, runs_on_cueq
+
 #: Boltzmann constant (eV/K) and the internal time unit of eV, Å, amu in fs (TorchSim's).
 KB = 8.617333262e-5
 INTERNAL_TIME_FS = 10.1805057
@@ -63,10 +71,14 @@ def sync(device: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- models
-def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | None = None) -> tuple[Any, Any]:
-    """(alchemi model, TorchSim model or the reason it is unavailable), with the same weights
-    (``quick``: a much smaller MACE, for a smoke test on a CPU; ``chunk_atoms``: alchemi's
-    model evaluates larger batches in chunks of whole systems)."""
+def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | None = None,
+             cueq: bool | None = None) -> tuple[Any, dict[str, Any]]:
+    """(alchemi model, TorchSim models by name, each a model or the reason it is unavailable),
+    all with the same weights (``quick``: a much smaller MACE, for a smoke test on a CPU;
+    ``chunk_atoms``: alchemi's model evaluates larger batches in chunks of whole systems;
+    ``cueq``: alchemi's ``enable_cueq``). With cuEquivariance's kernels in reach, TorchSim runs
+    twice: as it comes (``torchsim``) and with its own ``enable_cueq=True`` (``torchsim_cueq``)."""
+    peers: dict[str, Any] = {}
     if kind == "mace":
         import alchemi_mace.imports
 
@@ -76,25 +88,34 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
 
         shape = {"channels": 8, "max_ell": 1, "correlation": 2} if quick else {}
         net = mace_mp_small_like(seed=0, dtype=torch.float32, **shape)
-        theirs = copy.deepcopy(net)
-        ours = MaceModel(net, dtype="float32", chunk_atoms=chunk_atoms)
-        try:
-            from mace.calculators.mace_torchsim import MaceTorchSimModel
+        pristine = copy.deepcopy(net)
+        ours = MaceModel(net, dtype="float32", chunk_atoms=chunk_atoms, enable_cueq=cueq)
+        kernels = device == "cuda" and cueq_kernels_installed()
+        for name, on in (("torchsim", False), ("torchsim_cueq", True)):
+            if on and not kernels:
+                continue
+            try:
+                from mace.calculators.mace_torchsim import MaceTorchSimModel
 
-            peer: Any = MaceTorchSimModel(theirs.to(device), device=torch.device(device), dtype=torch.float32)
-        except Exception as exc:  # noqa: BLE001 - a peer that cannot run gets a reason
-            peer = f"unavailable: {type(exc).__name__}: {exc}"
-        return ours, peer
+                peers[name] = MaceTorchSimModel(copy.deepcopy(pristine).to(device), device=torch.device(device),
+                                                dtype=torch.float32, enable_cueq=on)
+            except Exception as exc:  # noqa: BLE001 - a peer that cannot run gets a reason
+                peers[name] = f"unavailable: {type(exc).__name__}: {exc}"
+        return ours, peers
     from alchemi_sevennet import SevenNetModel
 
-    ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms)
-    try:
-        from sevenn.torchsim import SevenNetModel as TsSevenNet
+    kernels = device == "cuda" and cueq_kernels_installed()
+    ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms, enable_cueq=kernels if cueq is None else cueq)
+    for name, on in (("torchsim", False), ("torchsim_cueq", True)):
+        if on and not kernels:
+            continue
+        try:
+            from sevenn.torchsim import SevenNetModel as TsSevenNet
 
-        peer = TsSevenNet("7net-0", device=device, dtype=torch.float32)
-    except Exception as exc:  # noqa: BLE001
-        peer = f"unavailable: {type(exc).__name__}: {exc}"
-    return ours, peer
+            peers[name] = TsSevenNet("7net-0", device=device, dtype=torch.float32, enable_cueq=on)
+        except Exception as exc:  # noqa: BLE001
+            peers[name] = f"unavailable: {type(exc).__name__}: {exc}"
+    return ours, peers
 
 
 # ---------------------------------------------------------------------------------- alchemi
@@ -290,10 +311,12 @@ def chunk_probes(chunk_atoms: int | None) -> tuple[int, int]:
     return per_chunk, 3 * per_chunk
 
 
-def largest_in_subprocess(model: str, framework: str, device: str, chunk_atoms: int | None) -> dict[str, Any]:
+def largest_in_subprocess(model: str, framework: str, device: str, chunk_atoms: int | None,
+                          cueq: str = "auto") -> dict[str, Any]:
     """:func:`largest` for one framework in a fresh process, so that neither framework's
     earlier runs hold device memory during the other's search."""
-    cmd = [sys.executable, "-m", "benchmarks.w7_mlip", "--model", model, "--device", device, "--largest", framework]
+    cmd = [sys.executable, "-m", "benchmarks.w7_mlip", "--model", model, "--device", device, "--largest", framework,
+           "--cueq", cueq]
     if chunk_atoms is not None:
         cmd += ["--chunk-atoms", str(chunk_atoms)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -314,13 +337,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only search the largest batch of one framework (what the full run starts in subprocesses)")
     p.add_argument("--chunk-atoms", type=int, default=None,
                    help="alchemi evaluates the model in chunks of whole systems of at most this many atoms")
+    p.add_argument("--cueq", choices=("auto", "on", "off"), default="auto",
+                   help="alchemi's model on cuEquivariance's kernels (auto: on a GPU where they are installed)")
     p.add_argument("--sizes", default=None,
                    help="comma-separated cell counts to run (default 1,16,64,256); given, the largest-batch search is skipped")
     args = p.parse_args(argv)
     device = args.device
+    cueq = {"auto": None, "on": True, "off": False}[args.cueq]
     compiled = True  # a model whose step cannot be captured runs eagerly under compile()
     if args.largest is not None:
-        ours, peer = networks(args.model, device, chunk_atoms=args.chunk_atoms)
+        ours, peers = networks(args.model, device, chunk_atoms=args.chunk_atoms, cueq=cueq)
+        peer = peers["torchsim"]
         if args.largest == "alchemi":
             found = largest(lambda n, s: alchemi_run(ours, cu_cells(n), s, device, compiled), device,
                             probes=chunk_probes(args.chunk_atoms))
@@ -332,14 +359,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return found
     big: dict[str, Any] = {}
     if device == "cuda" and not args.quick and args.sizes is None:  # first, while no device memory is held
-        big = {fw: largest_in_subprocess(args.model, fw, device, args.chunk_atoms) for fw in ("alchemi", "torchsim")}
-    ours, peer = networks(args.model, device, args.quick, args.chunk_atoms)
+        big = {fw: largest_in_subprocess(args.model, fw, device, args.chunk_atoms, args.cueq)
+               for fw in ("alchemi", "torchsim")}
+    ours, peers = networks(args.model, device, args.quick, args.chunk_atoms, cueq)
     sizes = (1,) if args.quick else SIZES if args.sizes is None else tuple(int(x) for x in args.sizes.split(","))
     budget = 0.5 if args.quick else args.budget_s
     report: dict[str, Any] = {
         "workload": "W7", "model": args.model, "device": device, "torch": torch.__version__,
         "alchemi_compiled": compiled, "chunk_atoms": args.chunk_atoms,
-        "peer": "torchsim" if not isinstance(peer, str) else peer, "cases": [],
+        "peers": {name: ("ok" if not isinstance(peer, str) else peer) for name, peer in peers.items()}, "cases": [],
     }
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
@@ -362,14 +390,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             case["step_over_fixed"] = case["alchemi"]["ms_per_step"] / case["fixed_graph_ms"]
         except Exception as exc:  # noqa: BLE001
             case["alchemi"] = {"error": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(peer, str):
+        for name, peer in peers.items():
+            if isinstance(peer, str):
+                continue
             try:
-                case["torchsim"] = measure(lambda s, a=atoms: torchsim_run(peer, a, s, device), 108 * n, device, budget)
+                case[name] = measure(lambda s, a=atoms, p=peer: torchsim_run(p, a, s, device), 108 * n, device, budget)
             except Exception as exc:  # noqa: BLE001
-                case["torchsim"] = {"error": ("out of memory" if oom(exc) else f"{type(exc).__name__}: {exc}")}
-            a, t = case["alchemi"].get("steps_per_s"), case["torchsim"].get("steps_per_s")
+                case[name] = {"error": ("out of memory" if oom(exc) else f"{type(exc).__name__}: {exc}")}
+            a, t = case["alchemi"].get("steps_per_s"), case[name].get("steps_per_s")
             if a and t:
-                case["speedup"] = a / t
+                case["speedup" + name.removeprefix("torchsim")] = a / t
+        report["alchemi_cueq"] = runs_on_cueq(ours.network)
         report["cases"].append(case)
         print(json.dumps(case), flush=True)
         save()
@@ -379,8 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     by = {c["cells"]: c for c in report["cases"]}
     met: dict[str, Any] = {}
     for n in (1, 64, 256):
-        if "speedup" in by.get(n, {}):
-            met[f"speedup_{n}"] = by[n]["speedup"] >= TARGETS[f"speedup_{n}"]
+        for key in ("speedup", "speedup_cueq"):  # against TorchSim as it comes, and on the same kernels
+            if key in by.get(n, {}):
+                met[f"{key}_{n}"] = by[n][key] >= TARGETS[f"speedup_{n}"]
     if big.get("alchemi", {}).get("cells") and big.get("torchsim", {}).get("cells"):
         met["systems_in_memory"] = big["alchemi"]["cells"] >= TARGETS["systems_in_memory"] * big["torchsim"]["cells"]
     ratios = [c["step_over_fixed"] for c in report["cases"] if "step_over_fixed" in c]

@@ -8,6 +8,7 @@ from alchemi_mace import MaceModel
 
 from alchemi_core.data import Batch
 from alchemi_core.testing.gpu import eager_and_captured, langevin, step_allocations
+from alchemi_potentials.cueq import cueq_kernels_installed
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
@@ -17,6 +18,9 @@ from alchemi_potentials.testing import (
 
 pytestmark = pytest.mark.gpu
 
+needs_cueq_kernels = pytest.mark.skipif(not cueq_kernels_installed(),
+                                        reason="needs cuequivariance-torch with its CUDA kernels")
+
 
 def test_gpu_float64_equals_mace_calculator(mp_small_file):
     from mace.calculators import MACECalculator
@@ -25,6 +29,38 @@ def test_gpu_float64_equals_mace_calculator(mp_small_file):
     calc = MACECalculator(model_paths=str(mp_small_file), device="cuda", default_dtype="float64")
     compare_with_calculator(model, calc, reference_structures(), torch.float64, energy_tol=1e-8, force_tol=1e-8,
                             stress_tol=1e-8, device="cuda")
+
+
+@needs_cueq_kernels
+def test_cueq_kernels_equal_mace_calculator(mp_small_file):
+    """Unasked, a GPU with cuEquivariance's kernels runs the network on them; results are still
+    MACE's own (its calculator on e3nn's kernels), float64 to 1e-7."""
+    from mace.calculators import MACECalculator
+
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64")
+    calc = MACECalculator(model_paths=str(mp_small_file), device="cuda", default_dtype="float64")
+    compare_with_calculator(model, calc, reference_structures(), torch.float64, energy_tol=1e-7, force_tol=1e-7,
+                            stress_tol=1e-7, device="cuda")
+    assert model.uses_cueq
+
+
+@needs_cueq_kernels
+def test_cueq_captured_step_equals_eager_e3nn():
+    """A captured float32 step on cuEquivariance's kernels follows the eager step on e3nn's."""
+    from alchemi_mace.random_model import mace_mp_small_like
+
+    net = mace_mp_small_like(seed=2, channels=32, max_ell=2, dtype=torch.float32)
+    batch = Batch.from_atoms(copper_cells(3), dtype=torch.float32, device="cuda")
+    cueq = MaceModel(net, dtype="float32", enable_cueq=True)
+    e3nn = MaceModel(mace_mp_small_like(seed=2, channels=32, max_ell=2, dtype=torch.float32), dtype="float32",
+                     enable_cueq=False)
+    _, graphed, captures = eager_and_captured(cueq, batch.clone())
+    eager, _, _ = eager_and_captured(e3nn, batch.clone())
+    assert captures >= 1 and cueq.uses_cueq and not e3nn.uses_cueq
+    # Different kernels sum in different orders: float32 rounding, grown over 30 steps (a wrong
+    # conversion differs by whole eV/Å).
+    torch.testing.assert_close(graphed.forces, eager.forces, rtol=0, atol=1e-3)
+    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-4)
 
 
 def test_captured_step_equals_eager(tiny_net):

@@ -105,3 +105,25 @@ def test_chunked_fire_then_langevin_follows_the_whole_batch(tiny_net):
     chunked = relax_then_md(MaceModel(tiny_net, dtype="float64", chunk_atoms=20), structures, torch.float64,
                             inflight=False, fire_steps=8, md_steps=8)
     torch.testing.assert_close(chunked.positions, whole.positions, rtol=0, atol=1e-9)
+
+
+def test_cuequivariance_kernels_give_mace_calculator_results(mp_small_file):
+    """The network converted to cuEquivariance (its plain-torch code on a CPU; on a GPU its CUDA
+    kernels, tests/test_gpu.py) still gives MACE's e3nn results, and torch's default dtype is
+    left as it was."""
+    pytest.importorskip("cuequivariance_torch")
+    from mace.calculators import MACECalculator
+
+    model = MaceModel(model_path=mp_small_file, trust_model_file=True, dtype="float64", enable_cueq=True)
+    calc = MACECalculator(model_paths=str(mp_small_file), device="cpu", default_dtype="float64")
+    before = torch.get_default_dtype()
+    compare_with_calculator(model, calc, reference_structures(), torch.float64,
+                            energy_tol=1e-8, force_tol=1e-8, stress_tol=1e-8)
+    assert model.uses_cueq and "cuequivariance" in repr(model)
+    assert torch.get_default_dtype() == before
+
+
+def test_cuequivariance_is_not_used_unasked_on_a_cpu(tiny_net):
+    model = MaceModel(tiny_net, dtype="float64")
+    model(Batch.from_atoms(reference_structures()[:1], dtype=torch.float64))
+    assert not model.uses_cueq

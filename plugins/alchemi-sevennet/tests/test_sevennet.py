@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from ase.build import bulk
@@ -39,6 +41,22 @@ def test_chunked_evaluation_equals_sevennet_calculator():
                             energy_tol=2e-4, force_tol=2e-5, stress_tol=1e-6)
     chunked(Batch.from_atoms(reference_structures(), dtype=torch.float32))
     assert [c.num_nodes for c in chunked.chunking.chunks] == [32, 16, 17]
+
+
+def test_cuequivariance_asked_for_is_never_a_quiet_fallback():
+    """sevenn itself would warn and stay on e3nn; alchemi says what is missing."""
+    from alchemi_sevennet import SevenNetModel
+
+    from alchemi_core.errors import MissingDependencyError
+
+    if importlib.util.find_spec("cuequivariance_torch") is None:
+        with pytest.raises(MissingDependencyError, match="pip install cuequivariance-torch"):
+            SevenNetModel("7net-0", enable_cueq=True)
+    elif not torch.cuda.is_available():
+        with pytest.raises(ConfigurationError, match="only where CUDA is available"):
+            SevenNetModel("7net-0", enable_cueq=True)
+    else:
+        assert SevenNetModel("7net-0", enable_cueq=True).uses_cueq
 
 
 def test_7net_0_energies_per_atom_are_pinned(seven_net):

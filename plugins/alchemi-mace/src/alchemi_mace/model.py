@@ -23,14 +23,17 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from alchemi_core.errors import ConfigurationError
+from alchemi_core.errors import ConfigurationError, MissingDependencyError
 from alchemi_mace.imports import import_mace
+from alchemi_potentials.cueq import cueq_kernels_installed, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -75,6 +78,46 @@ def load_model_file(path: str | os.PathLike[str], trust_model_file: bool, who: s
     return torch.load(p, map_location="cpu", weights_only=False)
 
 
+def to_cueq(network: torch.nn.Module, device: torch.device, *, required: bool) -> torch.nn.Module:
+    """``network`` converted to cuEquivariance kernels with mace-torch's converter (same weights).
+
+    The converter sets torch's default dtype to the network's for the whole process; it is put
+    back. A network that cannot be converted stays as it is with a warning, unless the caller
+    ``required`` the conversion.
+
+    Raises:
+        MissingDependencyError: ``required`` and cuequivariance-torch is not installed.
+        ConfigurationError: ``required`` and the converter rejects the network.
+    """
+    if importlib.util.find_spec("cuequivariance_torch") is None:
+        if required:
+            raise MissingDependencyError(
+                "model:mace: enable_cueq=True needs cuequivariance: pip install cuequivariance-torch "
+                "cuequivariance-ops-torch-cu12 (or -cu13, matching your CUDA)"
+            )
+        return network
+    from mace.cli.convert_e3nn_cueq import run as convert
+
+    previous = torch.get_default_dtype()
+    try:
+        with warnings.catch_warnings():
+            # On a CPU cuequivariance-torch says, once per module, that it runs plain torch code.
+            warnings.filterwarnings("ignore", message="cuequivariance_ops_torch is not available")
+            converted = convert(network, device=device.type)
+    except (RuntimeError, ValueError, NotImplementedError, KeyError) as exc:
+        if required:
+            raise ConfigurationError(f"model:mace: this network cannot run on cuEquivariance's kernels: {exc}") from exc
+        warnings.warn(f"model:mace: staying on e3nn's kernels, cuEquivariance conversion failed: {exc}",
+                      stacklevel=3)
+        return network
+    finally:
+        torch.set_default_dtype(previous)
+    converted = converted.to(device).eval()
+    for p in converted.parameters():
+        p.requires_grad_(False)
+    return converted
+
+
 class MaceModel(EdgeModel):
     """A MACE network as an alchemi model (see the module docstring).
 
@@ -84,8 +127,10 @@ class MaceModel(EdgeModel):
         trust_model_file: Confirms that ``model_path`` may be unpickled.
         dtype: ``"float32"`` or ``"float64"`` (None: the network's own).
         head: Head of a multi-head model (None: its only head, or the one named "default").
-        enable_cueq: Convert to cuEquivariance kernels on a GPU (None: when cuequivariance is
-            installed).
+        enable_cueq: Run the network on cuEquivariance's kernels (converted at its first call,
+            same weights). None: on a GPU when ``cuequivariance-torch`` and its CUDA kernels
+            (``cuequivariance-ops-torch-cu12``/``-cu13``) are installed; True: always (on a CPU
+            cuequivariance-torch runs plain torch code, for checking results); False: never.
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
         chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
@@ -130,6 +175,7 @@ class MaceModel(EdgeModel):
         for p in self.network.parameters():
             p.requires_grad_(False)
         self.enable_cueq = enable_cueq
+        self._decided = False  # whether to convert to cuEquivariance is settled at the first call
         self._converted = False
         n = len(species)
         lut = torch.full((119,), n, dtype=torch.int64)
@@ -150,26 +196,27 @@ class MaceModel(EdgeModel):
             raise ConfigurationError(f"model:mace: this model has heads {self.heads}; choose one with head=")
         return named[0]
 
+    @property
+    def uses_cueq(self) -> bool:
+        """Whether the network now runs on cuEquivariance's kernels (decided at its first call)."""
+        return self._converted
+
     def _prepare(self, device: torch.device) -> None:
-        """Move to ``device``, and convert to cuEquivariance on a GPU when asked (once)."""
+        """Move to ``device``; at the first call, convert to cuEquivariance if asked or, unasked,
+        on a GPU with its CUDA kernels installed."""
         if self.element_index.device != device:
             self.to(device)
-        if device.type == "cuda" and not self._converted:
-            self._converted = True
-            want = self.enable_cueq
-            if want is None:
-                try:
-                    import cuequivariance_torch  # noqa: F401
-                except ImportError:
-                    want = False
-                else:
-                    want = True
-            if want:
-                from mace.cli.convert_e3nn_cueq import run as to_cueq
-
-                self.network = to_cueq(self.network, device=str(device)).to(device)
-                for p in self.network.parameters():
-                    p.requires_grad_(False)
+        if self._decided:
+            return
+        self._decided = True
+        want = self.enable_cueq
+        if want is None:
+            # Without its CUDA kernels cuequivariance-torch runs plain torch code, slower than
+            # e3nn's: only worth it on a GPU with cuequivariance-ops-torch installed.
+            want = device.type == "cuda" and cueq_kernels_installed()
+        if want:
+            self.network = to_cueq(self.network, device, required=self.enable_cueq is True)
+            self._converted = runs_on_cueq(self.network)
 
     def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         self._prepare(positions.device)
@@ -193,4 +240,5 @@ class MaceModel(EdgeModel):
         return out["energy"]
 
     def extra_repr(self) -> str:
-        return f"r_max={self.card.cutoff}, dtype={self.dtype}, head={self.heads[self.head]!r}, {self.edge_list!r}"
+        kernels = ", cuequivariance" if self._converted else ""
+        return f"r_max={self.card.cutoff}, dtype={self.dtype}, head={self.heads[self.head]!r}{kernels}, {self.edge_list!r}"

@@ -32,12 +32,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_potentials.cueq import runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -65,7 +67,9 @@ class SevenNetModel(EdgeModel):
             SevenNet checkpoint (``.pth``).
         modal: Fidelity of a multi-fidelity model (e.g. ``"mpa"`` for 7net-mf-ompa).
         dtype: Only ``"float32"`` (SevenNet's precision).
-        enable_cueq: Use cuEquivariance kernels (sevenn's option; needs cuequivariance).
+        enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion, same weights; needs
+            ``cuequivariance-torch``, and on a GPU ``cuequivariance-ops-torch-cu12``/``-cu13`` for
+            its CUDA kernels: without them it runs slower plain torch code).
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
         chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
@@ -73,8 +77,9 @@ class SevenNetModel(EdgeModel):
 
     Raises:
         ConfigurationError: An unknown name or missing file, a modal the model lacks (or none
-            for a multi-fidelity model), or a dtype other than float32.
-        MissingDependencyError: sevenn is not installed.
+            for a multi-fidelity model), a dtype other than float32, or ``enable_cueq`` without
+            CUDA.
+        MissingDependencyError: sevenn is not installed, or cuequivariance-torch with enable_cueq.
     """
 
     #: Per-atom device bytes of a step in float32, with 25 % headroom: a captured 7net-0 step
@@ -96,7 +101,18 @@ class SevenNetModel(EdgeModel):
             raise ConfigurationError(
                 f"model:sevennet: {model!r} is neither a pretrained name nor a checkpoint file ({exc})"
             ) from None
+        if enable_cueq and importlib.util.find_spec("cuequivariance_torch") is None:
+            # sevenn itself would warn and quietly stay on e3nn.
+            raise MissingDependencyError(
+                "model:sevennet: enable_cueq=True needs cuequivariance: pip install cuequivariance-torch "
+                "cuequivariance-ops-torch-cu12 (or -cu13, matching your CUDA)"
+            )
         network = checkpoint.build_model(enable_cueq=enable_cueq)
+        if enable_cueq and not runs_on_cueq(network):
+            raise ConfigurationError(
+                "model:sevennet: sevenn converts to cuEquivariance only where CUDA is available; "
+                "leave enable_cueq unset here"
+            )
         config = checkpoint.config
         cutoff = float(config[KEY.CUTOFF])
         type_map = dict(config[KEY.TYPE_MAP])
@@ -125,6 +141,11 @@ class SevenNetModel(EdgeModel):
         self._keys = KEY
         self._modal_for: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._onehot_tables: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def uses_cueq(self) -> bool:
+        """Whether the network runs on cuEquivariance's kernels."""
+        return runs_on_cueq(self.network)
 
     def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         KEY = self._keys

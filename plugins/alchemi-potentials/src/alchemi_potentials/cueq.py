@@ -1,0 +1,38 @@
+"""cuEquivariance, NVIDIA's fused kernels for e3nn-style networks: is it here, is a network on it.
+
+MACE and SevenNet convert their networks with their own converters (same weights); the models
+of alchemi-mace and alchemi-sevennet ask these two questions before and after.
+
+Example:
+    >>> import torch
+    >>> runs_on_cueq(torch.nn.Linear(2, 2))
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+
+@functools.cache
+def cueq_kernels_installed() -> bool:
+    """Whether cuequivariance-torch and its CUDA kernels (cuequivariance-ops-torch) import.
+
+    An install that is there but cannot import (a missing dependency) counts as absent: without
+    its kernels cuequivariance-torch would quietly run slower plain torch code.
+    """
+    if any(importlib.util.find_spec(m) is None for m in ("cuequivariance_torch", "cuequivariance_ops_torch")):
+        return False
+    try:
+        import cuequivariance_ops_torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means no kernels
+        return False
+    return True
+
+
+def runs_on_cueq(network: torch.nn.Module) -> bool:
+    """Whether any layer of ``network`` is one of cuequivariance-torch's."""
+    return any(type(m).__module__.startswith("cuequivariance_torch") for m in network.modules())
