@@ -127,3 +127,24 @@ def test_cuequivariance_is_not_used_unasked_on_a_cpu(tiny_net):
     model = MaceModel(tiny_net, dtype="float64")
     model(Batch.from_atoms(reference_structures()[:1], dtype=torch.float64))
     assert not model.uses_cueq
+
+
+def test_a_failed_conversion_unasked_keeps_e3nn_and_asked_is_an_error(tiny_net, monkeypatch):
+    """The converter is mace-torch's: when it fails, a model that was not told to use
+    cuEquivariance warns and stays on e3nn; one that was told raises, naming the cause."""
+    pytest.importorskip("cuequivariance_torch")
+    import mace.cli.convert_e3nn_cueq as converter
+
+    def broken(*args, **kwargs):
+        raise AttributeError("no buffer_num_segments")
+
+    monkeypatch.setattr(converter, "run", broken)
+    batch = Batch.from_atoms(reference_structures()[:1], dtype=torch.float64)
+    asked = MaceModel(tiny_net, dtype="float64", enable_cueq=True)
+    with pytest.raises(ConfigurationError, match="no buffer_num_segments"):
+        asked(batch)
+    from alchemi_mace.model import to_cueq
+
+    with pytest.warns(UserWarning, match="staying on e3nn"):
+        kept = to_cueq(tiny_net, torch.device("cpu"), required=False)
+    assert kept is tiny_net
