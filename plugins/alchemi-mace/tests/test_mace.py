@@ -148,3 +148,17 @@ def test_a_failed_conversion_unasked_keeps_e3nn_and_asked_is_an_error(tiny_net, 
     with pytest.warns(UserWarning, match="staying on e3nn"):
         kept = to_cueq(tiny_net, torch.device("cpu"), required=False)
     assert kept is tiny_net
+
+
+def test_the_memory_estimate_follows_the_kernels_the_network_will_run_on(tiny_net):
+    """A sampler asks before the first batch, so the estimate looks ahead to the conversion."""
+    assert MaceModel(tiny_net, dtype="float32", enable_cueq=False).bytes_per_atom() == MaceModel.BYTES_PER_ATOM
+    assert MaceModel(tiny_net, dtype="float64", enable_cueq=True).bytes_per_atom() == 2 * MaceModel.BYTES_PER_ATOM_CUEQ
+    from alchemi_potentials.cueq import cueq_kernels_installed
+
+    unasked = MaceModel(tiny_net, dtype="float32")
+    kernels = torch.cuda.is_available() and cueq_kernels_installed()
+    assert unasked.bytes_per_atom() == (MaceModel.BYTES_PER_ATOM_CUEQ if kernels else MaceModel.BYTES_PER_ATOM)
+    # Its first call is on a CPU, where it stays on e3nn, and the estimate follows.
+    unasked(Batch.from_atoms(reference_structures()[:1], dtype=torch.float32))
+    assert unasked.bytes_per_atom() == MaceModel.BYTES_PER_ATOM

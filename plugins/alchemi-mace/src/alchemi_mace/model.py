@@ -146,6 +146,9 @@ class MaceModel(EdgeModel):
     #: MACE-MP-0-small shape (128x0e, l_max 3) peaked at 2.55-2.71 MB per atom on an H200 (W7, 16
     #: to 256 Cu cells; 40,932 atoms fitted, 51,192 did not).
     BYTES_PER_ATOM: ClassVar[float] = 3.4e6
+    #: The same on cuEquivariance's kernels: the captured step peaked at 0.81-0.93 MB per atom
+    #: (W7 on an H200, 16 and 64 Cu cells in one batch), with 25 % headroom.
+    BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.2e6
 
     def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
                  trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
@@ -200,6 +203,20 @@ class MaceModel(EdgeModel):
     def uses_cueq(self) -> bool:
         """Whether the network now runs on cuEquivariance's kernels (decided at its first call)."""
         return self._converted
+
+    def bytes_per_atom(self) -> float:
+        """As :meth:`EdgeModel.bytes_per_atom`, with the estimate of the kernels the network
+        will run on: it is asked before the first batch, when the conversion is not done yet."""
+        if self._measured is None and self._will_use_cueq():
+            return self.BYTES_PER_ATOM_CUEQ * (2 if self.dtype == torch.float64 else 1)
+        return super().bytes_per_atom()
+
+    def _will_use_cueq(self) -> bool:
+        if self._decided:
+            return self._converted
+        if self.enable_cueq is None:
+            return torch.cuda.is_available() and cueq_kernels_installed()
+        return self.enable_cueq
 
     def _prepare(self, device: torch.device) -> None:
         """Move to ``device``; at the first call, convert to cuEquivariance if asked or, unasked,
