@@ -20,7 +20,8 @@ for each framework in a fresh process: predicted from the peak memory of two sho
 and backed off by 20 % on out-of-memory, up to 2,048 cells (reported as ``capped``).
 
 cuEquivariance: where its CUDA kernels are installed (``cuequivariance-ops-torch-*``), alchemi's
-model runs on them (``--cueq auto``, the models' default; ``on``/``off`` force it), and TorchSim is
+model runs on them (``--cueq auto``, for both models, although ``model:sevennet``'s own default
+is off; ``on``/``off`` force it), and TorchSim is
 measured twice, as it comes (``torchsim``, e3nn's kernels) and with its own ``enable_cueq=True``
 (``torchsim_cueq``): ``speedup`` is against the first, ``speedup_cueq`` against the second, the
 same kernels on both sides.
