@@ -75,8 +75,25 @@ class AtomicStore:
 
         self.read_only = read_only
         self.zarr_store, self.where, self._lock_path = resolve_store(store, read_only, storage_options)
+        self.header: Header | None = None
+        self.counts = (0, 0, 0)  # committed systems, atoms, edges
+        self._arrays: dict[str, Any] = {}
+        self._tails = ChunkTails()
+        if read_only:
+            self._group = self._open_group(zarr, "r")
+        else:
+            # Under the writer lock: two writers creating one new store at once would otherwise
+            # race between zarr's "no group here" and its write of one (ContainsGroupError).
+            with writer_lock(self.where, self._lock_path):
+                self._group = self._open_group(zarr, "a")
+                if layout.HEADER_KEY not in self._group.attrs:
+                    self._initialise()
+        self._load()
+
+    # ------------------------------------------------------------------ opening
+    def _open_group(self, zarr: Any, mode: str) -> Any:
         try:
-            self._group = zarr.open_group(self.zarr_store, mode="r" if read_only else "a", zarr_format=3)
+            return zarr.open_group(self.zarr_store, mode=mode, zarr_format=3)
         except (FileNotFoundError, KeyError) as exc:  # zarr's GroupNotFoundError is one
             raise InvalidDataError(f"no alchemi store at {self.where}: {exc}") from None
         except Exception as exc:
@@ -88,15 +105,7 @@ class AtomicStore:
                 f"{self.where} is not an alchemi store, or a damaged one: its group metadata (zarr.json) is "
                 f"unreadable or not a group's ({type(exc).__name__}: {exc})"
             ) from None
-        self.header: Header | None = None
-        self.counts = (0, 0, 0)  # committed systems, atoms, edges
-        self._arrays: dict[str, Any] = {}
-        self._tails = ChunkTails()
-        if not read_only and layout.HEADER_KEY not in self._group.attrs:
-            self._initialise()
-        self._load()
 
-    # ------------------------------------------------------------------ opening
     def _initialise(self) -> None:
         """Mark an empty group as an alchemi store, or refuse a group that holds something else."""
         if "alchemi_sharded" in self._group.attrs:
