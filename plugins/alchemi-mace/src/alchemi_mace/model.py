@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from pathlib import Path
@@ -31,9 +30,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_core.errors import ConfigurationError
 from alchemi_mace.imports import import_mace
-from alchemi_potentials.cueq import cueq_kernels_installed, runs_on_cueq
+from alchemi_potentials.cueq import cueq_kernels_installed, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -89,12 +88,10 @@ def to_cueq(network: torch.nn.Module, device: torch.device, *, required: bool) -
         MissingDependencyError: ``required`` and cuequivariance-torch is not installed.
         ConfigurationError: ``required`` and the converter rejects the network.
     """
-    if importlib.util.find_spec("cuequivariance_torch") is None:
+    missing = missing_cueq("model:mace")
+    if missing is not None:
         if required:
-            raise MissingDependencyError(
-                "model:mace: enable_cueq=True needs cuequivariance: pip install cuequivariance-torch "
-                "cuequivariance-ops-torch-cu12 (or -cu13, matching your CUDA)"
-            )
+            raise missing
         return network
     from mace.cli.convert_e3nn_cueq import run as convert
 

@@ -16,6 +16,22 @@ import importlib.util
 
 import torch
 
+from alchemi_core.errors import MissingDependencyError
+
+
+def missing_cueq(who: str) -> MissingDependencyError | None:
+    """The error for ``enable_cueq=True`` when cuequivariance-torch is not installed, else None.
+
+    Example:
+        >>> error = missing_cueq("model:mace")   # None where cuequivariance-torch is installed
+    """
+    if importlib.util.find_spec("cuequivariance_torch") is not None:
+        return None
+    return MissingDependencyError(
+        f"{who}: enable_cueq=True needs cuequivariance: pip install cuequivariance-torch "
+        "cuequivariance-ops-torch-cu12 (or -cu13, matching your CUDA)"
+    )
+
 
 @functools.cache
 def cueq_kernels_installed() -> bool:

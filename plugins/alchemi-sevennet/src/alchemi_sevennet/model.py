@@ -32,14 +32,13 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
-from alchemi_potentials.cueq import runs_on_cueq
+from alchemi_potentials.cueq import missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -101,12 +100,9 @@ class SevenNetModel(EdgeModel):
             raise ConfigurationError(
                 f"model:sevennet: {model!r} is neither a pretrained name nor a checkpoint file ({exc})"
             ) from None
-        if enable_cueq and importlib.util.find_spec("cuequivariance_torch") is None:
-            # sevenn itself would warn and quietly stay on e3nn.
-            raise MissingDependencyError(
-                "model:sevennet: enable_cueq=True needs cuequivariance: pip install cuequivariance-torch "
-                "cuequivariance-ops-torch-cu12 (or -cu13, matching your CUDA)"
-            )
+        missing = missing_cueq("model:sevennet") if enable_cueq else None
+        if missing is not None:
+            raise missing  # sevenn itself would warn and quietly stay on e3nn
         network = checkpoint.build_model(enable_cueq=enable_cueq)
         if enable_cueq and not runs_on_cueq(network):
             raise ConfigurationError(
