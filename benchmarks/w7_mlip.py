@@ -20,9 +20,8 @@ for each framework in a fresh process: predicted from the peak memory of two sho
 and backed off by 20 % on out-of-memory, up to 2,048 cells (reported as ``capped``).
 
 cuEquivariance: where its CUDA kernels are installed (``cuequivariance-ops-torch-*``), alchemi's
-model runs on them (``--cueq auto``, for both models, although ``model:sevennet``'s own default
-is off; ``on``/``off`` force it), and TorchSim is
-measured twice, as it comes (``torchsim``, e3nn's kernels) and with its own ``enable_cueq=True``
+model runs on them (``--cueq auto``, both models' own default; ``on``/``off`` force it), and
+TorchSim is measured twice, as it comes (``torchsim``, e3nn's kernels) and with its own ``enable_cueq=True``
 (``torchsim_cueq``): ``speedup`` is against the first, ``speedup_cueq`` against the second, the
 same kernels on both sides.
 
@@ -106,7 +105,7 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
     from alchemi_sevennet import SevenNetModel
 
     kernels = device == "cuda" and cueq_kernels_installed()
-    ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms, enable_cueq=kernels if cueq is None else cueq)
+    ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms, enable_cueq=cueq)
     for name, on in (("torchsim", False), ("torchsim_cueq", True)):
         if on and not kernels:
             continue

@@ -9,6 +9,7 @@ import torch
 from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.testing.gpu import eager_and_captured, langevin, step_allocations
+from alchemi_potentials.cueq import cueq_kernels_installed
 from alchemi_potentials.testing import (
     compare_with_calculator,
     copper_cells,
@@ -20,11 +21,24 @@ pytestmark = pytest.mark.gpu
 
 
 def test_gpu_equals_sevennet_calculator(seven_net):
+    """The default model: on cuEquivariance's kernels where they are installed, else e3nn's."""
     from sevenn.calculator import SevenNetCalculator
 
     calc = SevenNetCalculator("7net-0", device="cuda")
     compare_with_calculator(seven_net, calc, reference_structures(), torch.float32, energy_tol=2e-4,
                             force_tol=2e-5, stress_tol=1e-6, device="cuda")
+    assert seven_net.uses_cueq == cueq_kernels_installed()
+
+
+def test_e3nn_on_the_gpu_equals_sevennet_calculator():
+    from alchemi_sevennet import SevenNetModel
+    from sevenn.calculator import SevenNetCalculator
+
+    model = SevenNetModel("7net-0", enable_cueq=False)
+    calc = SevenNetCalculator("7net-0", device="cuda")
+    compare_with_calculator(model, calc, reference_structures(), torch.float32, energy_tol=2e-4,
+                            force_tol=2e-5, stress_tol=1e-6, device="cuda")
+    assert not model.uses_cueq
 
 
 def test_the_captured_step_replays_what_the_eager_step_does(seven_net):
@@ -58,7 +72,8 @@ def test_sevennet_plus_d3_on_the_gpu(seven_net):
 
 def test_cueq_kernels_equal_sevennet_calculator():
     """7net-0 on cuEquivariance's kernels gives SevenNet's e3nn results (its calculator, GPU)."""
-    pytest.importorskip("cuequivariance_ops_torch")
+    if not cueq_kernels_installed():
+        pytest.skip("needs cuequivariance-torch with its CUDA kernels")
     from alchemi_sevennet import SevenNetModel
     from sevenn.calculator import SevenNetCalculator
 

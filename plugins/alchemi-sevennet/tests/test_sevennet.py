@@ -59,6 +59,38 @@ def test_cuequivariance_asked_for_is_never_a_quiet_fallback():
         assert SevenNetModel("7net-0", enable_cueq=True).uses_cueq
 
 
+def test_cuequivariance_is_not_used_unasked_on_a_cpu():
+    from alchemi_sevennet import SevenNetModel
+
+    model = SevenNetModel("7net-0")
+    if not torch.cuda.is_available():
+        # The memory estimate is asked before the first batch and looks ahead to the kernels.
+        assert model.bytes_per_atom() == SevenNetModel.BYTES_PER_ATOM
+    model(Batch.from_atoms(reference_structures()[:1], dtype=torch.float32))
+    assert not model.uses_cueq and "cuequivariance" not in repr(model)
+    assert model.bytes_per_atom() == SevenNetModel.BYTES_PER_ATOM
+
+
+def test_a_failed_rebuild_on_cuequivariance_unasked_keeps_e3nn(monkeypatch):
+    """Unasked, the rebuild at the first GPU call is sevenn's converter: when it fails, the model
+    warns and gives e3nn's results."""
+    from alchemi_sevennet import SevenNetModel
+
+    batch = Batch.from_atoms(reference_structures()[:2], dtype=torch.float32)
+    expected = SevenNetModel("7net-0", enable_cueq=False)(batch)["forces"]
+    model = SevenNetModel("7net-0")
+
+    def broken(**kwargs):
+        raise RuntimeError("no cuequivariance layer for this block")
+
+    monkeypatch.setattr(model._checkpoint, "build_model", broken)
+    monkeypatch.setattr(model._kernels, "settle", lambda device: True)  # as on a GPU with the kernels
+    with pytest.warns(UserWarning, match="staying on e3nn.*no cuequivariance layer"):
+        forces = model(batch)["forces"]
+    assert not model.uses_cueq
+    torch.testing.assert_close(forces, expected, rtol=0, atol=1e-6)
+
+
 def test_7net_0_energies_per_atom_are_pinned(seven_net):
     cu = bulk("Cu", "fcc", a=3.61, cubic=True)
     si = bulk("Si", "diamond", a=5.43, cubic=True)

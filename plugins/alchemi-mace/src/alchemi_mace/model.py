@@ -32,7 +32,7 @@ import torch
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_mace.imports import import_mace
-from alchemi_potentials.cueq import cueq_kernels_installed, missing_cueq, runs_on_cueq
+from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -175,8 +175,7 @@ class MaceModel(EdgeModel):
         for p in self.network.parameters():
             p.requires_grad_(False)
         self.enable_cueq = enable_cueq
-        self._decided = False  # whether to convert to cuEquivariance is settled at the first call
-        self._converted = False
+        self._kernels = KernelChoice(enable_cueq)
         n = len(species)
         lut = torch.full((119,), n, dtype=torch.int64)
         lut[torch.tensor(species)] = torch.arange(n)
@@ -199,38 +198,23 @@ class MaceModel(EdgeModel):
     @property
     def uses_cueq(self) -> bool:
         """Whether the network now runs on cuEquivariance's kernels (decided at its first call)."""
-        return self._converted
+        return self._kernels.converted
 
     def bytes_per_atom(self) -> float:
         """As :meth:`EdgeModel.bytes_per_atom`, with the estimate of the kernels the network
         will run on: it is asked before the first batch, when the conversion is not done yet."""
-        if self._measured is None and self._will_use_cueq():
+        if self._measured is None and self._kernels.expected():
             return self.BYTES_PER_ATOM_CUEQ * (2 if self.dtype == torch.float64 else 1)
         return super().bytes_per_atom()
-
-    def _will_use_cueq(self) -> bool:
-        if self._decided:
-            return self._converted
-        if self.enable_cueq is None:
-            return torch.cuda.is_available() and cueq_kernels_installed()
-        return self.enable_cueq
 
     def _prepare(self, device: torch.device) -> None:
         """Move to ``device``; at the first call, convert to cuEquivariance if asked or, unasked,
         on a GPU with its CUDA kernels installed."""
         if self.element_index.device != device:
             self.to(device)
-        if self._decided:
-            return
-        self._decided = True
-        want = self.enable_cueq
-        if want is None:
-            # Without its CUDA kernels cuequivariance-torch runs plain torch code, slower than
-            # e3nn's: only worth it on a GPU with cuequivariance-ops-torch installed.
-            want = device.type == "cuda" and cueq_kernels_installed()
-        if want:
+        if self._kernels.settle(device):
             self.network = to_cueq(self.network, device, required=self.enable_cueq is True)
-            self._converted = runs_on_cueq(self.network)
+            self._kernels.converted = runs_on_cueq(self.network)
 
     def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         self._prepare(positions.device)
@@ -254,5 +238,5 @@ class MaceModel(EdgeModel):
         return out["energy"]
 
     def extra_repr(self) -> str:
-        kernels = ", cuequivariance" if self._converted else ""
+        kernels = ", cuequivariance" if self._kernels.converted else ""
         return f"r_max={self.card.cutoff}, dtype={self.dtype}, head={self.heads[self.head]!r}{kernels}, {self.edge_list!r}"

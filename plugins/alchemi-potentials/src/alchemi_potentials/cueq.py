@@ -1,7 +1,8 @@
 """cuEquivariance, NVIDIA's fused kernels for e3nn-style networks: is it here, is a network on it.
 
 MACE and SevenNet convert their networks with their own converters (same weights); the models
-of alchemi-mace and alchemi-sevennet ask these two questions before and after.
+of alchemi-mace and alchemi-sevennet ask these questions before and after, and settle when to
+convert with a :class:`KernelChoice`.
 
 Example:
     >>> import torch
@@ -52,3 +53,45 @@ def cueq_kernels_installed() -> bool:
 def runs_on_cueq(network: torch.nn.Module) -> bool:
     """Whether any layer of ``network`` is one of cuequivariance-torch's."""
     return any(type(m).__module__.startswith("cuequivariance_torch") for m in network.modules())
+
+
+class KernelChoice:
+    """Whether a model's network runs on cuEquivariance's kernels, settled at its first call.
+
+    Args:
+        asked: The model's ``enable_cueq``. True: convert on any device (on a CPU
+            cuequivariance-torch runs plain torch code, useful to check results). False: never.
+            None: on a GPU where the CUDA kernels import, since without them cuequivariance-torch
+            runs plain torch code, slower than e3nn's.
+
+    Example:
+        >>> choice = KernelChoice(None)
+        >>> choice.settle(torch.device("cpu"))
+        False
+        >>> choice.decided, choice.converted
+        (True, False)
+    """
+
+    def __init__(self, asked: bool | None) -> None:
+        self.asked = asked
+        self.decided = False
+        #: Whether the network did convert; the model sets it after its converter ran.
+        self.converted = False
+
+    def expected(self) -> bool:
+        """Whether the network runs, or will run, on the kernels: memory estimates are asked for
+        before the first call."""
+        if self.decided:
+            return self.converted
+        if self.asked is None:
+            return torch.cuda.is_available() and cueq_kernels_installed()
+        return self.asked
+
+    def settle(self, device: torch.device) -> bool:
+        """At a call on ``device``: whether to convert now (True at most once, at the first call)."""
+        if self.decided:
+            return False
+        self.decided = True
+        if self.asked is None:
+            return device.type == "cuda" and cueq_kernels_installed()
+        return self.asked

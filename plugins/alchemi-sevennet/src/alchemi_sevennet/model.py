@@ -21,6 +21,10 @@ alchemi does all three itself, so the layers it runs read nothing back and copy 
 (captured and eager steps agree to 5e-7 Å over 30 Langevin steps on the H200). Once warm, a
 step takes no new device memory.
 
+On a GPU where cuEquivariance's CUDA kernels are installed, the network is rebuilt on them at
+its first call there (sevenn's conversion, same weights; ``enable_cueq``): at 64 Cu cells a
+step takes a tenth of the time and a fifth of the memory of e3nn's (W7, docs/performance.md).
+
 SevenNet computes in float32; ``dtype`` is float32 only.
 
 Example:
@@ -33,12 +37,13 @@ Example:
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
-from alchemi_potentials.cueq import missing_cueq, runs_on_cueq
+from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
@@ -66,9 +71,10 @@ class SevenNetModel(EdgeModel):
             SevenNet checkpoint (``.pth``).
         modal: Fidelity of a multi-fidelity model (e.g. ``"mpa"`` for 7net-mf-ompa).
         dtype: Only ``"float32"`` (SevenNet's precision).
-        enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion, same weights; needs
-            ``cuequivariance-torch``, and on a GPU ``cuequivariance-ops-torch-cu12``/``-cu13`` for
-            its CUDA kernels: without them it runs slower plain torch code).
+        enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion, same weights). None:
+            from the first call on a GPU where ``cuequivariance-torch`` and its CUDA kernels
+            (``cuequivariance-ops-torch-cu12``/``-cu13``) are installed; True: always (sevenn
+            converts only under CUDA); False: never.
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
         chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
@@ -85,9 +91,12 @@ class SevenNetModel(EdgeModel):
     #: peaked at 5.6-5.75 MB per atom on an H200 (W7, 16 to 64 Cu cells; 19,008 atoms fitted,
     #: 23,868 did not).
     BYTES_PER_ATOM: ClassVar[float] = 7.2e6
+    #: The same on cuEquivariance's kernels: the captured step peaked at 1.06-1.19 MB per atom
+    #: (W7 on an H200, 16 and 64 Cu cells in one batch), with 25 % headroom.
+    BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.5e6
 
     def __init__(self, model: str | os.PathLike[str] = "7net-0", *, modal: str | None = None, dtype: Any = "float32",
-                 enable_cueq: bool = False, skin: float = 0.5, max_edges: int | None = None,
+                 enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None,
                  chunk_atoms: int | None = None) -> None:
         if dtype not in ("float32", torch.float32, None):
             raise ConfigurationError(f"model:sevennet computes in float32 only, got dtype={dtype!r}")
@@ -103,25 +112,24 @@ class SevenNetModel(EdgeModel):
         missing = missing_cueq("model:sevennet") if enable_cueq else None
         if missing is not None:
             raise missing  # sevenn itself would warn and quietly stay on e3nn
-        network = checkpoint.build_model(enable_cueq=enable_cueq)
-        if enable_cueq and not runs_on_cueq(network):
-            raise ConfigurationError(
-                "model:sevennet: sevenn converts to cuEquivariance only where CUDA is available; "
-                "leave enable_cueq unset here"
-            )
         config = checkpoint.config
         cutoff = float(config[KEY.CUTOFF])
         type_map = dict(config[KEY.TYPE_MAP])
         super().__init__(cutoff=cutoff, name="sevennet", species=tuple(sorted(int(z) for z in type_map)),
                          dtype=torch.float32, skin=skin, max_edges=max_edges, padding_length=cutoff, chunk_atoms=chunk_atoms)
-        network.set_is_batch_data(True)
-        network.eval_modal_map = False  # alchemi sets the modal index itself
-        self.network = network.float().eval()
-        for p in self.network.parameters():
-            p.requires_grad_(False)
-        self._layers = [m for name, m in self.network._modules.items() if name not in _REPLACED]
-        reduce = self.network._modules.get("reduce_total_enegy") or self.network._modules.get("reduce_total_energy")
-        self._energy_scale = float(getattr(reduce, "constant", 1.0))
+        self._checkpoint = checkpoint  # unasked, the network is rebuilt on cuEquivariance at a first GPU call
+        self.enable_cueq = enable_cueq
+        self._kernels = KernelChoice(enable_cueq)
+        network = checkpoint.build_model(enable_cueq=bool(enable_cueq))
+        if enable_cueq:  # sevenn converts as it builds, and only under CUDA: settled here
+            self._kernels.settle(torch.device("cuda"))
+            self._kernels.converted = runs_on_cueq(network)
+            if not self._kernels.converted:
+                raise ConfigurationError(
+                    "model:sevennet: sevenn converts to cuEquivariance only where CUDA is available; "
+                    "leave enable_cueq unset here"
+                )
+        self._adopt(network)
         modal_map = dict(getattr(self.network, "modal_map", None) or {})
         if modal_map:
             if modal is None or modal not in modal_map:
@@ -138,15 +146,48 @@ class SevenNetModel(EdgeModel):
         self._modal_for: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._onehot_tables: dict[torch.device, torch.Tensor] = {}
 
+    def _adopt(self, network: torch.nn.Module) -> None:
+        """Run ``network``: alchemi sums the energies and takes the derivatives itself."""
+        network.set_is_batch_data(True)
+        network.eval_modal_map = False  # alchemi sets the modal index itself
+        self.network = network.float().eval()
+        for p in self.network.parameters():
+            p.requires_grad_(False)
+        self._layers = [m for name, m in self.network._modules.items() if name not in _REPLACED]
+        reduce = self.network._modules.get("reduce_total_enegy") or self.network._modules.get("reduce_total_energy")
+        self._energy_scale = float(getattr(reduce, "constant", 1.0))
+
     @property
     def uses_cueq(self) -> bool:
-        """Whether the network runs on cuEquivariance's kernels."""
-        return runs_on_cueq(self.network)
+        """Whether the network runs on cuEquivariance's kernels (unasked: decided at its first call)."""
+        return self._kernels.converted
+
+    def bytes_per_atom(self) -> float:
+        """As :meth:`EdgeModel.bytes_per_atom`, with the estimate of the kernels the network
+        will run on: it is asked before the first batch, when the conversion is not done yet."""
+        if self._measured is None and self._kernels.expected():
+            return self.BYTES_PER_ATOM_CUEQ
+        return super().bytes_per_atom()
+
+    def _prepare(self, device: torch.device) -> None:
+        """Move to ``device``; unasked, at the first call on a GPU with cuEquivariance's kernels,
+        rebuild the network on them (sevenn converts as it builds)."""
+        if self._kernels.settle(device):
+            try:
+                network = self._checkpoint.build_model(enable_cueq=True)
+            except Exception as exc:  # noqa: BLE001 - third-party converter: unasked, any failure keeps e3nn
+                warnings.warn(f"model:sevennet: staying on e3nn's kernels, cuEquivariance conversion failed: {exc}",
+                              stacklevel=3)
+            else:
+                if runs_on_cueq(network):
+                    self._adopt(network)
+                    self._kernels.converted = True
+        if next(self.network.parameters()).device != device:
+            self.network.to(device)
 
     def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
         KEY = self._keys
-        if next(self.network.parameters()).device != positions.device:
-            self.network.to(positions.device)
+        self._prepare(positions.device)
         data: dict[str, torch.Tensor] = {
             KEY.ATOMIC_NUMBERS: batch.atomic_numbers,
             KEY.POS: positions,
@@ -178,4 +219,5 @@ class SevenNetModel(EdgeModel):
         return table
 
     def extra_repr(self) -> str:
-        return f"cutoff={self.card.cutoff}, modal={self.modal!r}, {self.edge_list!r}"
+        kernels = ", cuequivariance" if self._kernels.converted else ""
+        return f"cutoff={self.card.cutoff}, modal={self.modal!r}{kernels}, {self.edge_list!r}"
