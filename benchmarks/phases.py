@@ -125,44 +125,69 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
         outcome = framework.relax(systems, device, 2000, None)
         runs.append({"seconds": outcome.seconds, "steps": outcome.steps, "parts": timer.totals()})
     timer.restore()
-    report: dict[str, Any] = {"untimed_seconds": plain, "runs": runs,
-                              "check_profile": profile_checks(lambda: framework.relax(systems, device, 2000, None))}
+    def run() -> None:
+        framework.relax(systems, device, 2000, None)
+
+    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.engine import Engine
+
+    report: dict[str, Any] = {
+        "untimed_seconds": plain,
+        "runs": runs,
+        "check_profile": profile_calls(Admission, "check", run),
+        "prepare_profile": profile_calls(Engine, "prepare", run),
+        "run_profile": profile_calls(type(framework), "relax", run, order="tottime"),
+    }
     if device.startswith("cuda"):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            framework.relax(systems, device, 2000, None)
+            run()
         report["cuda_table"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        report["prepare_cuda_table"] = profile_calls(Engine, "prepare", run, torch_profiler=True)
     return report
 
 
-def profile_checks(run: Any, rows: int = 40) -> str:
-    """Host time by Python function inside the engine's checks of one ``run()`` (cProfile,
-    cumulative; a read-back's wait for the device shows in the call that makes it)."""
+def profile_calls(
+    cls: type, name: str, run: Any, rows: int = 40, torch_profiler: bool = False, order: str = "cumulative"
+) -> str:
+    """Host time by Python function inside every call of ``cls.name`` during ``run()``
+    (cProfile sorted by ``order``; cumulative: a read-back's wait for the device shows in the
+    call that makes it), or with ``torch_profiler`` the host and CUDA time of those calls by
+    operator and kernel."""
     import cProfile
     import io
     import pstats
 
-    from alchemi_core.dynamics.admission import Admission
+    original = cls.__dict__[name]
+    if torch_profiler:
+        from torch.profiler import ProfilerActivity, profile
 
-    profiler = cProfile.Profile()
-    original = Admission.__dict__["check"]
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        start, stop = prof.start, prof.stop
+    else:
+        profiler = cProfile.Profile()
+        start, stop = profiler.enable, profiler.disable
 
     @functools.wraps(original)
-    def profiled(obj: Any, k: int) -> None:
-        profiler.enable()
+    def profiled(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        start()
         try:
-            original(obj, k)
+            return original(obj, *args, **kwargs)
         finally:
-            profiler.disable()
+            if torch_profiler:
+                torch.cuda.synchronize()
+            stop()
 
-    Admission.check = profiled  # type: ignore[method-assign]
+    setattr(cls, name, profiled)
     try:
         run()
     finally:
-        Admission.check = original  # type: ignore[method-assign]
+        setattr(cls, name, original)
+    if torch_profiler:
+        return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(rows)
+    pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(rows)
     return text.getvalue()
 
 

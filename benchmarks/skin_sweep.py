@@ -137,6 +137,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         "list": {None: "device default", True: "half", False: "full"}[half],
         "columns": columns,
         "search_parts": nl._layout.search_parts if nl._layout is not None else 1,
+        "search_listed": bool(nl._layout.listed) if nl._layout is not None else False,
         "most_neighbors": int(nl.most_neighbors(batch).max()),
         "ms_per_step": ms,
         "atom_steps_per_s": total_atoms / (ms * 1e-3),
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lists", default="default", help="comma-separated: default, full, half")
     p.add_argument("--search-parts", default=None,
                    help="comma-separated threads per slot of a GPU's neighbour search to compare (default: the list's)")
+    p.add_argument("--search-listed", default=None,
+                   help="comma-separated on/off: whether the search walks a list of the rebuilding slots "
+                        "(default: the device's)")
     p.add_argument("--headroom", type=float, default=1.3, help="neighbour columns over the expected count")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also profile this many eager steps on a GPU: the costliest kernels per step")
@@ -173,15 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for atoms, systems in parse_shapes(args.shapes):
         parts_list = [None] if args.search_parts is None else [int(x) for x in args.search_parts.split(",")]
-        for skin, kind, parts in ((float(s), k, n) for s in args.skins.split(",") for k in args.lists.split(",")
-                                  for n in parts_list):
+        listed_list = [None] if args.search_listed is None else [
+            {"on": True, "off": False}[x.strip()] for x in args.search_listed.split(",")]
+        for skin, kind, parts, listed in ((float(s), k, n, li) for s in args.skins.split(",")
+                                          for k in args.lists.split(",") for n in parts_list for li in listed_list):
             half = {"default": None, "full": False, "half": True}[kind]
             layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
+            layout.FORCED_LISTED = listed  # None: the device's default
             row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
                           args.headroom, args.profile, half)
             rows.append(row)
             print(
-                f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}: "
+                f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}"
+                f"{' listed' if row['search_listed'] else ''}: "
                 f"{row['ms_per_step']:.3f} ms/step "
                 f"({row['atom_steps_per_s']:.3g} atom-steps/s), builds/system/step "
                 f"{row['builds_per_system_step']:.2e}, steps with a build {row['steps_with_a_build']}, "

@@ -404,16 +404,16 @@ def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     assert "verify_models" not in Admission.__dict__
 
 
-def test_profile_checks_profiles_only_inside_checks_and_puts_check_back():
+def test_profile_calls_profiles_only_inside_checks_and_puts_check_back():
     from alchemi_core.dynamics import DemoDynamics
     from alchemi_core.dynamics.admission import Admission
     from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.testing import make_batch, never_converging
-    from benchmarks.phases import profile_checks
+    from benchmarks.phases import profile_calls
 
     check = Admission.__dict__["check"]
     run = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5, convergence_hook=never_converging(frequency=2))
-    text = profile_checks(lambda: run.run(make_batch([3, 4])))
+    text = profile_calls(Admission, "check", lambda: run.run(make_batch([3, 4])))
     assert Admission.__dict__["check"] is check
     # Three checks, each profiled once (the row of admission.py's check reads "3 ... (check)").
     assert any(line.split()[:1] == ["3"] and line.endswith("(check)") for line in text.splitlines())

@@ -414,6 +414,39 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     assert all(torch.equal(a, b) for a, b in zip(fresh[1], again[1]))
 
 
+@pytest.mark.parametrize("parts", [1, 5])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, rng, half, parts, monkeypatch):
+    """A GPU's search walks only the slots of the systems that rebuild, listed on the device;
+    run here on the CPU (a few threads striding over the list), its matrix equals the search of
+    every slot bit for bit, at the first build and after rebuilds of some systems only, while
+    the systems that keep their lists keep their entries."""
+    from alchemi_potentials.neighbors import layout
+
+    systems = some_systems(ref, rng)
+    batch, listed_batch = ref.batch(systems), ref.batch(systems)
+    monkeypatch.setattr(layout, "FORCED_PARTS", parts)
+    plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    monkeypatch.setattr(layout, "FORCED_LISTED", True)
+    listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    first = _matrix(listed, listed_batch)
+    assert listed._layout.listed and listed._layout.search_parts == parts
+    monkeypatch.setattr(layout, "FORCED_LISTED", False)
+    expected = _matrix(plain, batch)
+    assert not plain._layout.listed
+    assert torch.equal(expected[0], first[0]) and int(first[0].sum()) > 0
+    assert all(torch.equal(x, y) for x, y in zip(expected[1], first[1]))
+    for moved in (slice(0, 5), slice(-3, None)):  # the first system's atoms, then the last's
+        for b in (batch, listed_batch):
+            b.positions[moved] += 0.3
+        expected = _matrix(plain, batch)
+        again = _matrix(listed, listed_batch)
+        assert torch.equal(expected[0], again[0])
+        assert all(torch.equal(x, y) for x, y in zip(expected[1], again[1]))
+    builds = listed.builds(listed_batch)
+    assert int(builds.min()) == 1 and int(builds.max()) == 2  # only the moved systems rebuilt
+
+
 def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
     from alchemi_potentials.neighbors import layout
 
@@ -431,17 +464,17 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
 
 
 def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
-    """In parts where few slots rebuild at a step (a batch of up to 300,000 atoms, many systems of
-    192 or more atoms on average); one thread per slot where enough rebuild to fill the GPU (large
-    batches, one large system) or the systems are small (measured on the H200: layout.py)."""
+    """In parts where few slots rebuild at a step (a batch of up to 300,000 atoms of many
+    systems); one thread per slot where enough rebuild to fill the GPU (large batches, one large
+    system), measured on the H200 (layout.py)."""
     from alchemi_potentials.neighbors.layout import search_parts
 
-    assert search_parts("cuda", np.full(1024, 256)) == 5
-    assert search_parts("cuda", np.full(16, 256)) == 5
+    assert search_parts("cuda", np.full(1024, 256)) == 9
+    assert search_parts("cuda", np.full(16, 256)) == 9
+    assert search_parts("cuda", np.full(2048, 108)) == 9  # small systems too, with the listed search
     assert search_parts("cuda", np.full(2048, 256)) == 1  # 524,288 atoms
     assert search_parts("cuda", np.full(65536, 256)) == 1
-    assert search_parts("cuda", np.full(2048, 108)) == 1  # small systems
     assert search_parts("cuda", np.array([1 << 20])) == 1
     assert search_parts("cuda", np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
-    assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 5
+    assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 9
     assert search_parts("cpu", np.full(1024, 256)) == 1

@@ -45,7 +45,7 @@ import torch
 
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
-from alchemi_potentials.neighbors.layout import ERROR_FIELDS, Layout, NeighborMatrix
+from alchemi_potentials.neighbors.layout import ERROR_FIELDS, Layout, NeighborMatrix, listed_threads
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -239,18 +239,29 @@ class BatchedNeighborList:
             parts = layout.search_parts
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
                       _warp.view(layout.found_in_part), int(m.half)]
-            if parts > 1:  # a GPU: count, then write at the counted offsets
-                after.add(k.search_neighbors, parts * na, [*search, 0, na, 0])
-                after.add(k.search_neighbors, parts * na, [*search, 1, na, 0])
+            passes = (0, 1) if parts > 1 else (1,)  # in parts: count, then write at the counted offsets
+            work_slot = _warp.view(layout.work_slot)
+            if layout.listed:
+                after.add(k.list_work, na, [g, a, work_slot])
+                threads = listed_threads(pos.device, parts * na)
+                for write in passes:
+                    after.add(k.search_neighbors, threads, [*search, write, na, 0, work_slot, ns - 1, threads])
+            elif parts > 1:
+                for write in passes:
+                    after.add(k.search_neighbors, parts * na, [*search, write, na, 0, work_slot, ns - 1, 0])
             else:
-                after.add_chunked(k.search_neighbors, na, [*search, 1, na, 0])
+                after.add_chunked(k.search_neighbors, na, [*search, 1, na, 0, work_slot, ns - 1, 0])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs
         before.run(stream)
-        # Bin ends: the one step that needs every bin's count at once.
+        # Bin ends: the one step that needs every bin's count at once (and a listed search's
+        # place of each system's rebuilding slots).
         nb = layout.num_bins
         torch.cumsum(layout.bin_count[:nb], 0, dtype=torch.int32, out=layout.bin_end[:nb])
+        if layout.listed:
+            s = layout.system_tensors
+            torch.cumsum(s["work"][:layout.num_systems], 0, dtype=torch.int32, out=s["work_end"][:layout.num_systems])
         after.run(stream)
 
     # ------------------------------------------------------------------ inspection and checks

@@ -17,7 +17,9 @@ read the same bins and neighbours. Every forward launches, on every system:
 6. ``search_neighbors`` (slots): the bins around the slot's bin, over periodic images, into a
    dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a small
    batch of many systems, the search runs in parts of each slot's bin columns instead (a count
-   pass, then a write pass; see ``layout.search_parts``): same entries, same order.
+   pass, then a write pass; see ``layout.search_parts``): same entries, same order. On a GPU it
+   walks only the rebuilding slots, listed by ``list_work`` after a
+   ``torch.cumsum`` over the systems' rebuilding atoms (``layout.SEARCH_LISTED``).
 
 A system that does not rebuild exits each build kernel at its first line, so nothing is decided
 on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's
@@ -72,6 +74,9 @@ class SystemState:
     bin_capacity: wp.array(dtype=wp.int32)  # bins this system may use
     bin_start: wp.array(dtype=wp.int32)  # its first bin
     first_atom: wp.array(dtype=wp.int32)  # its first atom (and slot)
+    num_atoms: wp.array(dtype=wp.int32)  # its atoms
+    work: wp.array(dtype=wp.int32)  # this step: its atoms if it builds, else 0 (a listed search)
+    work_end: wp.array(dtype=wp.int32)  # inclusive cumulative sum of work (a listed search)
     index_bits: wp.array(dtype=wp.int32)  # bits of an entry's slot (see entries.py)
     bad_cell: wp.array(dtype=wp.int32)  # a degenerate periodic cell was seen
     overflow: wp.array(dtype=wp.int32)  # most neighbours of an atom that had more than fit
@@ -243,7 +248,9 @@ def begin_build(
         flag = 1
     g.rebuild[s] = flag
     if flag == 0:
+        g.work[s] = 0
         return
+    g.work[s] = g.num_atoms[s]
     g.builds[s] = g.builds[s] + wp.int64(1)
     g.cell[s] = m
     p = wp.vec3i(pa, pb, pc)
@@ -437,6 +444,42 @@ def part_range(g: SystemState, s: int, j: int, parts: int):
     return lo, wp.min(lo + each, total)
 
 
+@wp.func
+def search_slot(
+    wrapped: wp.array(dtype=Any),
+    g: SystemState,
+    a: AtomState,
+    radius_sq: wp.float64,
+    entries: wp.array2d(dtype=wp.int32),
+    count: wp.array(dtype=wp.int32),
+    found_in_part: wp.array2d(dtype=wp.int16),
+    half: int,
+    write: int,
+    t: int,
+    j: int,
+):
+    """Part j of slot t's search (see :func:`search_neighbors`), if its system rebuilds."""
+    parts = found_in_part.shape[0]
+    s = a.system[t]
+    rebuild = g.rebuild[s]
+    if rebuild == 2:
+        if write != 0 and j == 0:
+            count[t] = 0  # no images without a cell; verify() reports it
+    elif rebuild != 0:
+        lo, hi = part_range(g, s, j, parts)
+        if write == 0:
+            found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, 0, 0)
+            # Clamped to int16 (2 bytes per slot and part): a count this large overflows the row anyway.
+            found_in_part[j, t] = wp.int16(wp.min(found, 32767))
+        else:
+            before = int(0)
+            for q in range(j):
+                before += int(found_in_part[q, t])
+            found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, before, 1)
+            if j == parts - 1:
+                finish_row(g, count, t, s, before + found, entries.shape[0])
+
+
 @wp.kernel
 def search_neighbors(
     wrapped: wp.array(dtype=Any),
@@ -450,39 +493,43 @@ def search_neighbors(
     write: int,
     slots: int,
     start: int,
+    work_slot: wp.array(dtype=wp.int32),
+    last_system: int,
+    threads: int,
 ):
     """Each slot's neighbours, by ``parts = found_in_part.shape[0]`` threads per slot (thread
     ``j * slots + t`` is part j of slot t; one part needs no ``found_in_part`` but its shape).
 
     A CPU uses one part, one pass (``write`` 1). A GPU uses several in a small batch, launched
     twice: a step rebuilds a few systems at a time, so one thread per slot would leave most of
-    the GPU idle while each walks ~125 bins; in parts, each walks a fifth or less. Pass one (``write`` 0)
+    the GPU idle while each walks ~125 bins; in parts, each walks a ninth or less. Pass one (``write`` 0)
     counts each part's neighbours; pass two writes them after those of the parts before it.
     The last part sets the slot's count (and the overflow flag).
+
+    With ``threads`` > 0 (a GPU) only the rebuilding slots are searched: ``work_slot`` lists them
+    (:func:`list_work`; ``g.work_end[last_system]`` of them) and the launch's ``threads`` threads
+    stride over (part, listed slot) pairs, so no thread is launched for a slot that keeps its list.
     """
     tid = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
-    parts = found_in_part.shape[0]
-    t = tid % slots
-    j = tid / slots
+    if threads == 0:
+        search_slot(wrapped, g, a, radius_sq, entries, count, found_in_part, half, write, tid % slots, tid / slots)
+    else:
+        total = g.work_end[last_system]
+        w = tid
+        while w < found_in_part.shape[0] * total:
+            search_slot(wrapped, g, a, radius_sq, entries, count, found_in_part, half, write,
+                        work_slot[w % total], w / total)
+            w += threads
+
+
+@wp.kernel
+def list_work(g: SystemState, a: AtomState, work_slot: wp.array(dtype=wp.int32)):
+    """The slots of the systems that rebuild, in slot order: ``work_slot[r]`` is the r-th."""
+    t = wp.tid()
     s = a.system[t]
-    if g.rebuild[s] == 0:
-        return
-    if g.rebuild[s] == 2:
-        if write != 0 and j == 0:
-            count[t] = 0  # no images without a cell; verify() reports it
-        return
-    lo, hi = part_range(g, s, j, parts)
-    if write == 0:
-        found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, 0, 0)
-        # Clamped to int16 (2 bytes per slot and part): a count this large overflows the row anyway.
-        found_in_part[j, t] = wp.int16(wp.min(found, 32767))
-        return
-    before = int(0)
-    for q in range(j):
-        before += int(found_in_part[q, t])
-    found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, before, 1)
-    if j == parts - 1:
-        finish_row(g, count, t, s, before + found, entries.shape[0])
+    n = g.work[s]
+    if n != 0:
+        work_slot[g.work_end[s] - n + t - g.first_atom[s]] = t
 
 
 # Concrete instances for float32 and float64 positions, declared before any launch so that the

@@ -33,23 +33,40 @@ COLUMNS_MULTIPLE_OF = 4
 #: Threads per slot of a build's neighbour search, by device type, where it pays (see
 #: :func:`search_parts`). A step rebuilds only the systems whose atoms moved (a few percent), so
 #: in a small batch with one thread per slot most of a GPU idles while each thread walks its whole
-#: box (~125 bins); in 5 parts of its 25 bin columns (a count pass, then a write pass at the
-#: counted offsets: the same order, the same bits) each walks a fifth. A CPU has few threads: one
+#: box (~125 bins); in 9 parts of its 25 bin columns (a count pass, then a write pass at the
+#: counted offsets: the same order, the same bits) each walks a ninth. A CPU has few threads: one
 #: per slot, one pass.
-SEARCH_PARTS = {"cuda": 5, "cpu": 1}
-#: The search runs in parts only in a batch of at most this many atoms, whose systems hold at
-#: least PARTS_MIN_MEAN_ATOMS on average and none more than PARTS_LARGEST_SHARE of the atoms.
-#: Elsewhere enough slots rebuild at each step to fill the GPU, and the two passes cost more than
-#: they save. W1 on the H200 (warp-lang 1.5.1, ``benchmarks.skin_sweep --search-parts 1,5``), ms
-#: per step with one thread per slot / in 5 parts: 256x1024 0.488 / **0.453**; 108x2048 **0.451** /
-#: 0.475; 256x2048 **0.662** / 0.730; 256x4096 **1.075** / 1.312; 256x16384 **3.576** / 4.747;
-#: 256x65536 **13.67** / 18.91; one system of 2^20 atoms **0.864** / 1.189.
+SEARCH_PARTS = {"cuda": 9, "cpu": 1}
+#: The search runs in parts only in a batch of at most this many atoms, none of whose systems
+#: holds more than PARTS_LARGEST_SHARE of them. Elsewhere enough slots rebuild at each step to
+#: fill the GPU (a large batch, or one large system rebuilding whole), and the two passes cost
+#: more than they save. W1 on the H200 with the listed search (warp-lang 1.5.1, ``benchmarks.skin_sweep
+#: --search-parts 1,5,9,13 --search-listed on``), ms per step: 256x1024 0.464 / 0.432 / **0.410**
+#: / 0.415 (1 / 5 / 9 / 13 parts); 108x2048 0.447 / 0.370 / **0.365** / 0.362; 256x2048 **0.669** /
+#: 0.690 / 0.683 (1 / 5 / 9); 256x4096 **1.069** / 1.207 / 1.220; one system of 2^20 atoms
+#: **0.880** / 1.116 / 1.136. (Before the list, small systems gained nothing from parts: the idle
+#: threads of the systems that did not rebuild cost what the parts saved.)
 PARTS_MAX_ATOMS = 300_000
-PARTS_MIN_MEAN_ATOMS = 192
 PARTS_LARGEST_SHARE = 1 / 16
 #: Threads per slot whatever the batch, on every device, instead of the rule (None): for
 #: measurements (``skin_sweep --search-parts``) and tests.
 FORCED_PARTS: int | None = None
+#: Whether the search walks a list of the rebuilding systems' slots, by device type. A step
+#: rebuilds a few percent of a batch's systems: launched over every slot (and part), the threads
+#: of the others only read two values and leave, but on a GPU those waves of idle threads cost
+#: about as much as the search itself (W1 256x1024 on the H200: 5, 9, 13 and 25 parts took 180,
+#: 180, 199 and 275 us a step). Listed, a fixed number of threads, as many as the GPU holds at
+#: once, walks only the rebuilding slots, found on the device (a sum over systems, a kernel over
+#: slots): nothing is read back and the launch stays the same size, so it is captured too. A CPU
+#: runs its threads one after another, and an idle slot there costs two loads: no list.
+SEARCH_LISTED = {"cuda": True, "cpu": False}
+#: Listed or not whatever the device, instead of SEARCH_LISTED (None): for measurements
+#: (``skin_sweep --search-listed``) and tests.
+FORCED_LISTED: bool | None = None
+#: Threads of a listed search per streaming multiprocessor (what one holds at once).
+LISTED_THREADS_PER_SM = 2048
+#: Threads of a listed search on a CPU (a few, so that each walks the list in strides).
+LISTED_THREADS_CPU = 7
 
 
 def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
@@ -57,7 +74,7 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
 
     Example:
         >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.full(4096, 256))
-        (5, 1)
+        (9, 1)
     """
     if FORCED_PARTS is not None:
         return FORCED_PARTS
@@ -65,10 +82,35 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
     total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
     if parts == 1 or not total:
         return parts
-    many_small = total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total
-    if many_small and total >= PARTS_MIN_MEAN_ATOMS * len(atoms_per_system):
+    if total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total:
         return parts
     return 1
+
+
+def search_listed(device_type: str) -> bool:
+    """Whether the neighbour search walks a list of the rebuilding slots on this device type.
+
+    Example:
+        >>> search_listed("cuda"), search_listed("cpu")
+        (True, False)
+    """
+    return FORCED_LISTED if FORCED_LISTED is not None else SEARCH_LISTED.get(device_type, False)
+
+
+def listed_threads(device: torch.device, work: int) -> int:
+    """Threads of a listed search on ``device`` for at most ``work`` slots and parts: no more than
+    the device holds at once (each walks the list in strides of the thread count).
+
+    Example:
+        >>> listed_threads(torch.device("cpu"), 1000), listed_threads(torch.device("cpu"), 3)
+        (7, 3)
+    """
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        most = sms * LISTED_THREADS_PER_SM
+    else:
+        most = LISTED_THREADS_CPU
+    return max(1, min(work, most))
 
 
 @attrs.frozen
@@ -122,6 +164,9 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "bin_capacity": ((), torch.int32, None, 1),
     "bin_start": ((), torch.int32, None, 0),
     "first_atom": ((), torch.int32, None, 0),
+    "num_atoms": ((), torch.int32, None, 0),
+    "work": ((), torch.int32, None, 0),
+    "work_end": ((), torch.int32, None, 0),
     "index_bits": ((), torch.int32, None, 1),
     "deform": ((3, 3), torch.float64, "mat33d", 0),
     "allowed_sq": ((), torch.float64, None, 0),
@@ -211,6 +256,7 @@ class Layout:
             put(s["bin_capacity"], caps)
             put(s["bin_start"], starts)
             put(s["first_atom"], self.first_atom)
+            put(s["num_atoms"], counts)
             put(s["index_bits"], bits)
             a["system"][:v] = batch.batch_idx.to(torch.int32)
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
@@ -219,6 +265,10 @@ class Layout:
         self.search_parts = search_parts(dev.type, counts)
         self.found_in_part = torch.zeros((self.search_parts, max(1, v) if self.search_parts > 1 else 1),
                                          dtype=torch.int16, device=dev)
+        # A listed search: the rebuilding slots, each system's after those of the systems before
+        # it (work_end: the running sum of the systems' rebuilding atoms, SystemState.work).
+        self.listed = search_listed(dev.type)
+        self.work_slot = torch.zeros(v_cap if self.listed else 1, dtype=torch.int32, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
 
@@ -258,5 +308,5 @@ class Layout:
         # (The error records are in system_tensors as rows of self.errors: counted once.)
         held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
                 *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell,
-                self.found_in_part]
+                self.found_in_part, self.work_slot]
         return sum(t.numel() * t.element_size() for t in held)
