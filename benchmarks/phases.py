@@ -209,19 +209,20 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     return runs
 
 
-def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...]) -> dict[str, Any]:
+def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...], profile_only: bool = False) -> dict[str, Any]:
     """W3's inflight run by phase (after one untimed run of the same cells), compiled with each
     of ``check_every`` (steps between checks) and eager with the first, then one compiled run
-    under cProfile: where the host's time goes between and around the steps."""
-    import cProfile
-    import io
-    import pstats
+    under cProfile: where the host's time goes between and around the steps. ``profile_only``:
+    one small untimed run (compilation), then only the profiled run."""
 
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import ArgonCells
 
     full = ArgonCells.drawn(cells, spec.W3_REPEATS)
     framework = Alchemi()
+    if profile_only:
+        framework.inflight(ArgonCells.drawn(64, spec.W3_REPEATS, seed=1), device, spec.W3_MD_STEPS, None)
+        return {"cells": cells, "profile": _profiled_inflight(framework, full, device)}
     untimed = framework.inflight(full, device, spec.W3_MD_STEPS, None).seconds
     timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
                                    ("Admission", "_graduate_and_refill"), ("Admission", "_update_masks")))
@@ -239,16 +240,26 @@ def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...]) -> d
     for every in check_every:
         outcome = framework.inflight(full, device, spec.W3_MD_STEPS, None, check_every=every)
         plain[str(every)] = {"seconds": outcome.seconds, "out": len(outcome.ids_out), "converged": outcome.converged}
+    return {"cells": cells, "untimed_seconds": untimed, "runs": runs, "unsynchronised": plain,
+            "profile": _profiled_inflight(framework, full, device)}
+
+
+def _profiled_inflight(framework: Any, cells: Any, device: str) -> dict[str, Any]:
+    """One compiled W3 run under cProfile: its seconds and the tables by cumulative and own time."""
+    import cProfile
+    import io
+    import pstats
+
     profiler = cProfile.Profile()
     profiler.enable()
-    framework.inflight(full, device, spec.W3_MD_STEPS, None)
+    outcome = framework.inflight(cells, device, spec.W3_MD_STEPS, None)
     profiler.disable()
-    tables = {}
+    tables: dict[str, Any] = {"seconds": outcome.seconds, "out": len(outcome.ids_out)}
     for order in ("cumulative", "tottime"):
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(45)
         tables[order] = text.getvalue()
-    return {"cells": cells, "untimed_seconds": untimed, "runs": runs, "unsynchronised": plain, "profile": tables}
+    return tables
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="w3: after a small warm-up, only the run under cProfile")
     parser.add_argument("--check-every", default=None,
                         help="w3: comma-separated steps between checks to compare (default: the benchmark's)")
     args = parser.parse_args(argv)
@@ -265,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.adapters.alchemi import CHECK_EVERY_INFLIGHT
 
         every = str(CHECK_EVERY_INFLIGHT) if args.check_every is None else args.check_every
-        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")))
+        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")), args.profile_only)
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
     return print_report(report, args.json)

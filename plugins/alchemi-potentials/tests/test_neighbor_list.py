@@ -386,7 +386,7 @@ def _matrix(nl, batch):
     return counts, rows
 
 
-@pytest.mark.parametrize("parts", [2, 5, 7])
+@pytest.mark.parametrize("parts", [2, 5, 7, 13])  # 13: more counts than the build's scratch holds
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
 def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, monkeypatch):
     """A GPU searches each slot's box in parts (a count pass, then a write pass at the counted
@@ -445,6 +445,22 @@ def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, r
         assert all(torch.equal(x, y) for x, y in zip(expected[1], again[1]))
     builds = listed.builds(listed_batch)
     assert int(builds.min()) == 1 and int(builds.max()) == 2  # only the moved systems rebuilt
+
+
+def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng, monkeypatch):
+    """The counts of a search in parts (int16 per slot and part) live in the memory where a
+    build keeps each atom's bin, place and wrap until the sort: up to ten parts cost nothing."""
+    from alchemi_potentials.neighbors import layout
+
+    batch = ref.batch(some_systems(ref, rng))
+    held = {}
+    for parts in (1, 9, 11):
+        monkeypatch.setattr(layout, "FORCED_PARTS", parts)
+        nl = BatchedNeighborList(cutoff=RC, skin=0.4)
+        nl.update(batch)
+        held[parts] = nl.memory_bytes()
+    assert held[9] == held[1]
+    assert held[11] == held[1] + 2 * 11 * batch.num_nodes  # its own int16 counts
 
 
 def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):

@@ -183,10 +183,13 @@ _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] 
     "slot_bin": ((), torch.int32, None, 0),
     "slot_number": ((), torch.int32, None, 0),
     "atomic_number": ((), torch.int32, None, 0),
-    "atom_bin": ((), torch.int32, None, 0),
-    "atom_place": ((), torch.int32, None, 0),
-    "atom_wrap": ((3,), torch.int32, "vec3i", 0),
 }
+#: int32 values per atom of a build's scratch: an atom's bin, its place in the bin and its wrap
+#: (``bin_atoms`` writes them, ``sort_into_bins`` reads them). The search in parts then counts
+#: into the same memory (``found_in_part``, int16 per slot and part), which fits up to
+#: SCRATCH_PARTS parts: their counts are written after the sort and read before the next build.
+BUILD_SCRATCH = 5
+SCRATCH_PARTS = 2 * BUILD_SCRATCH
 
 
 class Layout:
@@ -238,6 +241,10 @@ class Layout:
             self.system_tensors[name] = self.errors[row]
             setattr(self.systems, name, _warp.view(self.errors[row]))
         self.atom_tensors = allocate(_ATOM_FIELDS, v_cap, self.atoms)
+        self.build_scratch = torch.zeros(BUILD_SCRATCH * v_cap, dtype=torch.int32, device=dev)
+        scratch = self.build_scratch
+        self.atoms.atom_bin, self.atoms.atom_place = _warp.view(scratch[:v_cap]), _warp.view(scratch[v_cap:2 * v_cap])
+        self.atoms.atom_wrap = _warp.view(scratch[2 * v_cap:].view(v_cap, 3), wp.vec3i)
         bins = max(1, self.num_bins)
         self.bin_count = torch.zeros(bins, dtype=torch.int32, device=dev)
         self.bin_end = torch.zeros(bins, dtype=torch.int32, device=dev)
@@ -263,8 +270,11 @@ class Layout:
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
         # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
         self.search_parts = search_parts(dev.type, counts)
-        self.found_in_part = torch.zeros((self.search_parts, max(1, v) if self.search_parts > 1 else 1),
-                                         dtype=torch.int16, device=dev)
+        parts, width = self.search_parts, max(1, v) if self.search_parts > 1 else 1
+        if parts * width <= SCRATCH_PARTS * v_cap:  # in the build's scratch (see BUILD_SCRATCH)
+            self.found_in_part = scratch.view(torch.int16)[: parts * width].view(parts, width)
+        else:
+            self.found_in_part = torch.zeros((parts, width), dtype=torch.int16, device=dev)
         # A listed search: the rebuilding slots, each system's after those of the systems before
         # it (work_end: the running sum of the systems' rebuilding atoms, SystemState.work).
         self.listed = search_listed(dev.type)
@@ -308,5 +318,7 @@ class Layout:
         # (The error records are in system_tensors as rows of self.errors: counted once.)
         held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
                 *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell,
-                self.found_in_part, self.work_slot]
+                self.build_scratch, self.work_slot]
+        if self.found_in_part.untyped_storage().data_ptr() != self.build_scratch.untyped_storage().data_ptr():
+            held.append(self.found_in_part)
         return sum(t.numel() * t.element_size() for t in held)
