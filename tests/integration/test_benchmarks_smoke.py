@@ -315,6 +315,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "w3_inflight",
         "w4_report",
         "w5_snapshots",
+        "rebuild_criteria",
         "adapters",
         "adapters.base",
         "adapters.alchemi",
@@ -326,6 +327,17 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"benchmarks.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_rebuild_criteria_counts_both_criteria_on_one_trajectory(capsys) -> None:
+    import json
+
+    from benchmarks import rebuild_criteria
+
+    assert rebuild_criteria.main(["--atoms", "32", "--systems", "2", "--steps", "30", "--equilibrate", "5"]) == 0
+    counts = json.loads(capsys.readouterr().out)["builds_per_system_step"]
+    # The exact criterion is the later one (on this trajectory, and on W1's in general).
+    assert 0 <= counts["two_largest"] <= counts["half_skin"] <= 1
 
 
 def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
