@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from alchemi_core.dynamics import check_capture
 from alchemi_core.dynamics.check_capture import CheckCapture, Measurement, field_addresses
 from alchemi_core.testing import make_batch
 
@@ -22,28 +23,24 @@ class _Graph:
 
     def __init__(self) -> None:
         self.replays = 0
+        self.replaces: _Graph | None = None  # the graph whose memory pool it took over
         _Graph.made.append(self)
 
     def replay(self) -> None:
         self.replays += 1
 
 
-class _Capturing:
-    def __init__(self, graph: _Graph) -> None:
-        self.graph = graph
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 @pytest.fixture
 def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> list[_Graph]:
     _Graph.made = []
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
-    monkeypatch.setattr(torch.cuda, "graph", _Capturing)
+
+    def capture_graph(record: Any, stream: Any, replaces: Any = None) -> tuple[_Graph, Any]:
+        graph = _Graph()
+        graph.replaces = replaces
+        return graph, record()
+
+    monkeypatch.setattr(check_capture, "capture_graph", capture_graph)
+    monkeypatch.setattr(CheckCapture, "_stream", lambda self: None)
     return _Graph.made
 
 
@@ -70,6 +67,9 @@ def test_a_key_is_measured_eagerly_once_then_captured_then_replayed(fake_cuda_gr
     assert len(calls) == 3 and capture.captures == 1
     capture.measure("a", measure)  # "a" again, but not twice in a row: eager
     assert len(calls) == 4 and capture.captures == 1
+    capture.measure("a", measure)  # twice in a row: captured into the memory of the first graph
+    assert len(calls) == 5 and capture.captures == 2
+    assert fake_cuda_graphs[1].replaces is fake_cuda_graphs[0] and fake_cuda_graphs[0].replaces is None
 
 
 def test_a_capture_that_fails_turns_capture_off_and_measures_eagerly(fake_cuda_graphs: list[_Graph]) -> None:

@@ -145,6 +145,36 @@ def test_the_collector_is_held_during_a_capture_that_frees_an_old_graph():
     assert torch.isfinite(batch.positions).all()
 
 
+def test_a_recapture_takes_over_the_replaced_graphs_memory_and_replays_its_own_work():
+    # An inflight run captures its step again whenever the set of systems changes (W3: about a
+    # thousand times). Each capture must draw from the memory of the graph it replaces: a graph
+    # of its own pool per capture leaves the old pools cached until torch empties its cache.
+    from alchemi_core.dynamics.capture import capture_graph
+
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 20, device="cuda")
+
+    def record(scale: float) -> None:
+        temporary = torch.full_like(x, scale)  # 4 MB from the graph's pool, freed inside
+        x.add_(temporary)
+
+    graph, _ = capture_graph(lambda: record(1.0), side)
+    graph.replay()
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    for scale in range(2, 42):
+        graph, _ = capture_graph(lambda s=float(scale): record(s), side, replaces=graph)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert x[0].item() == sum(range(1, 42))  # each graph replays its own scale once
+    assert torch.cuda.memory_reserved() <= reserved
+    with pytest.raises(RuntimeError, match="bad record"):  # the capture ends and the error passes on
+        capture_graph(lambda: (_ for _ in ()).throw(RuntimeError("bad record")), side, replaces=graph)
+    graph.replay()  # the old graph still works: a failed capture takes nothing from it
+    torch.cuda.synchronize()
+    assert x[0].item() == sum(range(1, 42)) + 41
+
+
 def test_a_sampler_over_a_gpu_dataset_builds_batches_on_the_gpu_from_host_structures():
     from alchemi_core.data.datapipes import ListDataset
     from alchemi_core.dynamics import SizeAwareSampler

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import torch
 
-from alchemi_core.dynamics.collector import collector_held
+from alchemi_core.dynamics.capture import capture_graph
 
 
 @attrs.define
@@ -72,11 +72,14 @@ class CheckCapture:
         self._key: Hashable = None
         self._seen: Hashable = None
         self._out: Measurement | None = None
+        #: A replaced graph, kept until the next capture takes over its memory pool.
+        self._spent: Any = None
+        self._side: Any = None
 
     def release(self) -> None:
         """Drop the captured measurement (its memory goes back to torch's pool); the next
         check measures eagerly, and a repeat of its key captures again."""
-        self._graph = self._out = None
+        self._graph = self._out = self._spent = None
         self._key = self._seen = None
 
     def measure(self, key: Hashable, measure: Callable[[], Measurement]) -> Measurement:
@@ -89,14 +92,16 @@ class CheckCapture:
         if self._graph is not None and key == self._key and out is not None:
             self._graph.replay()
             return out
+        old, self._graph, self._out = self._graph, None, None
         if key != self._seen:
             self._seen = key
-            self._graph = self._out = None  # the old graph's memory goes back to the pool
+            if old is not None:
+                self._spent = old  # its memory pool serves the next capture
             return measure()
-        graph = torch.cuda.CUDAGraph()
+        old = old if old is not None else self._spent
+        self._spent = None
         try:
-            with collector_held(), torch.cuda.graph(graph):
-                out = measure()
+            graph, captured = capture_graph(measure, self._stream(), replaces=old)
         except Exception:
             # Something read back inside the measurement (a model or a field this module cannot
             # see), or the measurement raises (then it raises again, eagerly): measure eagerly
@@ -104,10 +109,17 @@ class CheckCapture:
             self.enabled = False
             self._seen = None
             return measure()
-        self._graph, self._key, self._out = graph, key, out
+        self._graph, self._key, self._out = graph, key, captured
         self.captures += 1
         graph.replay()
-        return out
+        return captured
+
+    def _stream(self) -> torch.cuda.Stream:
+        """The side stream of the captures (one, as for the step's)."""
+        index = torch.cuda.current_device()
+        if self._side is None or self._side.device.index != index:
+            self._side = torch.cuda.Stream(device=index)
+        return self._side
 
 
 def field_addresses(batch: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:

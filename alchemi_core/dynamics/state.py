@@ -182,6 +182,8 @@ class EngineState:
         self.owner_context.run = self.run_view
         self._graph: Any = None
         self._graph_key = -1
+        #: The side stream the step is warmed up and captured on (``StepLoop._capture_stream``).
+        self._side_stream: Any = None
         #: The contexts' mask versions the captured graph's stages were last refreshed for.
         self._graph_masks: tuple[int, ...] = ()
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.

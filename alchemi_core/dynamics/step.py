@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core.dynamics.collector import collector_held
+from alchemi_core.dynamics.capture import capture_graph
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -37,6 +37,7 @@ class StepLoop(Masks):
 
     #: Every distinct context of this run; each step writes its index into them.
     _contexts: tuple[Any, ...] = ()
+    _side_stream: Any = None
 
     def check(self, k: int) -> None:
         """The checks after step ``k`` (``admission.Admission`` implements them)."""
@@ -214,19 +215,29 @@ class StepLoop(Masks):
         if self._graph is not None and self._graph_key == key and self._graph_sees_current_masks():
             self._graph.replay()
             return
-        self._graph = None
-        side = torch.cuda.Stream()
+        old, self._graph = self._graph, None
+        side = self._capture_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._core(k, False)
         torch.cuda.current_stream().wait_stream(side)
         _release_cached_memory(self.batch.device)
-        graph = torch.cuda.CUDAGraph()
-        with collector_held(), torch.cuda.graph(graph):
-            self._core(k, False)
+        graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old)
+        del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()
         self.graph_captures += 1
+
+    @property
+    def _capture_stream(self) -> Any:
+        """The side stream the step is warmed up and captured on: one per engine, as a new stream
+        per capture would leave torch's allocator with blocks cached per stream."""
+        assert self.batch is not None
+        device = self.batch.device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if self._side_stream is None or self._side_stream.device.index != index:
+            self._side_stream = torch.cuda.Stream(device=index)
+        return self._side_stream
 
     def _mask_versions(self) -> tuple[int, ...]:
         return (*(s.context.version for s in self.subs), self.owner_context.version)
