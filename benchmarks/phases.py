@@ -244,6 +244,37 @@ def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...], prof
             "profile": _profiled_inflight(framework, full, device)}
 
 
+def w3_split(device: str, cells: int) -> dict[str, Any]:
+    """Where a change of the set of systems costs in W3's inflight run: one compiled run with
+    the capture's parts, the neighbour layout, admissions, graduations, the sampler's requests
+    and the checks' measurements timed (device synchronised around each), then one plain run.
+    Both after one small untimed run (compilation)."""
+    from alchemi_core.dynamics import check_capture, step
+    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.check_capture import CheckCapture
+    from alchemi_core.dynamics.sampler import SizeAwareSampler
+    from alchemi_potentials.neighbors.layout import Layout
+    from benchmarks.adapters.alchemi import Alchemi
+    from benchmarks.structures import ArgonCells
+
+    full = ArgonCells.drawn(cells, spec.W3_REPEATS)
+    framework = Alchemi()
+    framework.inflight(ArgonCells.drawn(64, spec.W3_REPEATS, seed=1), device, spec.W3_MD_STEPS, None)
+    timer = _engine_timer(device, (("StepLoop", "_graph_step"),))
+    nested: list[tuple[Any, str]] = [
+        (step, "capture_graph"), (check_capture, "capture_graph"), (Layout, "__init__"), (Admission, "admit"),
+        (Admission, "write_to_sinks"), (SizeAwareSampler, "request_batch"), (CheckCapture, "measure"),
+    ]
+    for owner, name in nested:
+        timer.wrap(owner, name, nested=True)
+    outcome = framework.inflight(full, device, spec.W3_MD_STEPS, None)
+    parts = timer.totals()
+    timer.restore()
+    plain = framework.inflight(full, device, spec.W3_MD_STEPS, None)
+    return {"cells": cells, "timed_seconds": outcome.seconds, "parts": parts, "out": len(outcome.ids_out),
+            "plain_seconds": plain.seconds, "plain_out": len(plain.ids_out)}
+
+
 def _profiled_inflight(framework: Any, cells: Any, device: str) -> dict[str, Any]:
     """One compiled W3 run under cProfile: its seconds and the tables by cumulative and own time."""
     import cProfile
@@ -271,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
     parser.add_argument("--profile-only", action="store_true",
                         help="w3: after a small warm-up, only the run under cProfile")
+    parser.add_argument("--split", action="store_true",
+                        help="w3: one run with the parts of a change of the set of systems timed (w3_split)")
     parser.add_argument("--check-every", default=None,
                         help="w3: comma-separated steps between checks to compare (default: the benchmark's)")
     args = parser.parse_args(argv)
@@ -278,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.adapters.alchemi import CHECK_EVERY_INFLIGHT
 
         every = str(CHECK_EVERY_INFLIGHT) if args.check_every is None else args.check_every
+        if args.split:
+            return print_report(w3_split(args.device, args.cells), args.json)
         report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")), args.profile_only)
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
