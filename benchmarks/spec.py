@@ -105,6 +105,10 @@ W3_MD_STEPS = 500
 W3_RELAX_BUDGET = 1000
 #: Atoms per batch for inflight batching (sampler budget), the same for every framework.
 W3_MAX_ATOMS = 250_000
+#: Processes that build W3's cells for alchemi's sampler (``SizeAwareSampler(workers=...)``), as a
+#: user with a dataset made on request would ask for; where the installed alchemi predates
+#: workers (``compare_commits`` against an older commit) the cells are built in the run's process.
+W3_SAMPLER_WORKERS = 4
 #: W5: W1 108x2048 with a snapshot of every system every this many steps.
 W5_SHAPE, W5_EVERY = (108, 2048), 100
 

@@ -4,8 +4,8 @@
 device (``torch.cuda.synchronize``) and hands torch's cached memory back to the driver
 (``empty_cache``), and each graph draws from a memory pool of its own. An inflight run captures
 again whenever the set of systems changes (W3 at 100,000 cells: about a thousand captures, at
-roughly 11 ms each for that preparation alone on the H200, and the next allocations then go back to
-``cudaMalloc``). :func:`capture_graph` captures without either: on a side stream the engine keeps,
+about 11 ms each for that preparation alone on the H200 under a host profiler, and the next
+allocations then go back to ``cudaMalloc``). :func:`capture_graph` captures without either: on a side stream the engine keeps,
 into the pool of the graph it replaces. That graph is never replayed again, so its temporaries'
 memory can serve the new one (the sharing PyTorch documents as safe for graphs replayed in the
 order they were captured), and the run's graph memory stays that of one graph.

@@ -24,8 +24,7 @@ Example:
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +33,10 @@ import torch
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import all_metadata, all_system_ids, as_atomic_data
+from alchemi_core.dynamics import build_pool
+from alchemi_core.dynamics.build_pool import BuildPool, Pending
 from alchemi_core.dynamics.identity import check_dataset_ids
+from alchemi_core.dynamics.size_bins import SizeBins
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.validation import whole_number
 
@@ -67,6 +69,11 @@ class SizeAwareSampler:
         max_gpu_memory_fraction: Share of free GPU memory ``max_atoms=None`` may plan for.
         seed: Seed of the shuffle.
         prefetch: Most structures built ahead of their request (:meth:`prefetch`; 0: none).
+        workers: Processes that build the structures (0: the engine's own process builds them).
+            For a dataset that makes its structures on the host when asked (reads files,
+            generates cells); one whose structures are made already (``ListDataset``) gains
+            nothing. Structures and their order are the same with any number
+            (:mod:`~alchemi_core.dynamics.build_pool`).
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class SizeAwareSampler:
         max_gpu_memory_fraction: float = 0.8,
         seed: int = 0,
         prefetch: int = DEFAULT_PREFETCH,
+        workers: int = 0,
     ) -> None:
         bin_width = whole_number("SizeAwareSampler bin_width", bin_width, minimum=1)
         if max_atoms is not None:
@@ -93,8 +101,11 @@ class SizeAwareSampler:
             raise ConfigurationError("max_gpu_memory_fraction must be in (0, 1]")
         self.dataset = dataset
         self.prefetch_limit = whole_number("SizeAwareSampler prefetch", prefetch, minimum=0)
-        #: Structures built ahead, by (index, stored), or the error building one raised.
-        self._ready: dict[tuple[int, bool], AtomicData | Exception] = {}
+        self.workers = whole_number("SizeAwareSampler workers", workers, minimum=0)
+        self._pool: BuildPool | None = None
+        #: Structures built ahead (or on their way from a worker), by (index, stored), or the
+        #: error building one raised.
+        self._ready: dict[tuple[int, bool], AtomicData | Exception | Pending] = {}
         #: Structures built ahead so far (:meth:`prefetch`).
         self.prefetched = 0
         self.bin_width = int(bin_width)
@@ -116,7 +127,6 @@ class SizeAwareSampler:
         ids = all_system_ids(dataset)
         if ids is not None:
             check_dataset_ids(ids, f"the dataset {type(dataset).__name__}")
-        self._bins: dict[int, deque[int]] = {}
         self._reset_bins()
 
     # ------------------------------------------------------------------ setup
@@ -164,17 +174,11 @@ class SizeAwareSampler:
             order = np.random.default_rng(self.seed).permutation(order)
         if handed_out is not None:
             order = order[~np.isin(order, handed_out)]
-        bins: dict[int, deque[int]] = {}
-        for i in order.tolist():
-            bins.setdefault(int(self._atoms[i]) // self.bin_width, deque()).append(i)
-        self._bins = bins
-        #: Per bin: the fewest atoms of a structure in it and how many have that many (lazy).
-        self._smallest: dict[int, list[int]] = {}
+        self._bins = SizeBins(self._atoms, self._edges, self.bin_width, order.tolist())
         self._handed: list[int] = [] if handed_out is None else handed_out.tolist()
         self._ready = {}
         #: What :meth:`prefetch` builds, in order, how far it got, and after how many handed out.
-        self._plan: list[int] = []
-        self._plan_pos = 0
+        self._plan: Iterator[int] = iter(())
         self._plan_at = -1
 
     # ------------------------------------------------------------------ state
@@ -184,7 +188,7 @@ class SizeAwareSampler:
     @property
     def remaining(self) -> int:
         """Structures not handed out yet."""
-        return sum(len(b) for b in self._bins.values())
+        return len(self._bins)
 
     @property
     def exhausted(self) -> bool:
@@ -203,47 +207,10 @@ class SizeAwareSampler:
     # ------------------------------------------------------------------ handing out
     def _take(self, num_atoms: int, num_edges: int | None) -> int | None:
         """Index of the largest remaining structure within the budgets, removed from its bin."""
-        if num_atoms < 1:
-            return None
-        top = num_atoms // self.bin_width
-        for b in sorted((k for k in self._bins if k <= top), reverse=True):
-            if b == top and self._smallest_in(b) > num_atoms:
-                continue  # the budget ends inside this bin's range, below all it holds
-            queue = self._bins[b]
-            for pos, i in enumerate(queue):
-                if self._atoms[i] <= num_atoms and (num_edges is None or self._edges[i] <= num_edges):
-                    del queue[pos]
-                    self._taken_from(b, i)
-                    self._handed.append(i)
-                    return i
-        return None
-
-    def _smallest_in(self, b: int) -> int:
-        """The fewest atoms of a structure left in bin ``b``.
-
-        Kept with how many structures have that many, so that taking from a bin costs O(1) here:
-        without it, a request whose budget ends inside a bin's range but below its structures
-        (100 atoms left, the bin of 96-127 holding only 108-atom cells) scanned the whole bin,
-        3 ms at 25,000 structures in it, at most refills of a long run.
-        """
-        entry = self._smallest.get(b)
-        if entry is None:
-            sizes = self._atoms[np.fromiter(self._bins[b], dtype=np.int64)]
-            least = int(sizes.min())
-            entry = self._smallest[b] = [least, int((sizes == least).sum())]
-        return entry[0]
-
-    def _taken_from(self, b: int, i: int) -> None:
-        """Structure ``i`` left bin ``b``: the bin and its smallest size brought up to date."""
-        if not self._bins[b]:
-            del self._bins[b]
-            self._smallest.pop(b, None)
-            return
-        entry = self._smallest.get(b)
-        if entry is not None and int(self._atoms[i]) == entry[0]:
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._smallest[b]  # found again when next asked
+        i = self._bins.take(num_atoms, num_edges)
+        if i is not None:
+            self._handed.append(i)
+        return i
 
     def prefetch(self, stored: bool = True) -> bool:
         """Build one structure that a coming request will likely take; False when there is none
@@ -259,41 +226,57 @@ class SizeAwareSampler:
         if len(self._ready) >= self.prefetch_limit:
             return False
         if self._plan_at != len(self._handed):  # something was handed out: plan again
-            self._plan, self._plan_pos, self._plan_at = list(self._likely()), 0, len(self._handed)
-        plan = self._plan
-        while self._plan_pos < len(plan):
-            key = (plan[self._plan_pos], stored)
-            self._plan_pos += 1
+            # A generator, followed only as far as structures are built: planning all of
+            # ``prefetch`` ahead after every refill cost more than the building it saved.
+            # (It reads the bins live; a new one replaces it whenever a structure was taken.)
+            self._plan, self._plan_at = self._likely(), len(self._handed)
+        if self.workers:  # a chunk of the plan to the workers: they build while the host goes on
+            room = min(build_pool.CHUNK, self.prefetch_limit - len(self._ready))
+            chunk: list[int] = []
+            for i in self._plan:
+                if (i, stored) not in self._ready:
+                    chunk.append(i)
+                    if len(chunk) >= room:
+                        break
+            self._submit(chunk, stored)
+            return bool(chunk)
+        for i in self._plan:
+            key = (i, stored)
             if key in self._ready:
                 continue
             self.prefetched += 1
             try:
-                self._ready[key] = self._build(key[0], stored)
+                self._ready[key] = self._build(i, stored)
             except Exception as exc:  # noqa: BLE001 - raised again when it is requested
                 self._ready[key] = exc
             return True
         return False
+
+    def _submit(self, indices: list[int], stored: bool) -> None:
+        """Send ``indices`` to the workers (started at the first call)."""
+        if not indices:
+            return
+        if self._pool is None:
+            self._pool = BuildPool(self.dataset, self.workers)
+            weakref.finalize(self, self._pool.close)
+        for i, pending in zip(indices, self._pool.submit(indices, stored), strict=True):
+            self._ready[(i, stored)] = pending
+        self.prefetched += len(indices)
+
+    def close(self) -> None:
+        """Stop the workers, if any (a later request starts them again)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._ready = {k: v for k, v in self._ready.items() if not isinstance(v, Pending)}
 
     def _likely(self) -> Iterator[int]:
         """The structures coming requests will likely take, most likely first: the first
         ``PREFETCH_HEADS`` of each bin (a refill's gap fillers), then best fit into
         ``PREFETCH_BATCHES`` batches of ``max_atoms`` atoms (waves), at most
         ``PREFETCH_MAX_ATOMS`` atoms and ``prefetch`` structures in all."""
-        keys = sorted(self._bins, reverse=True)
-        count = 0
-        for b in keys:
-            for i in itertools.islice(self._bins[b], PREFETCH_HEADS):
-                yield i
-                count += 1
         atoms = min(PREFETCH_BATCHES * self.max_atoms, PREFETCH_MAX_ATOMS)
-        for b in keys:
-            for i in self._bins[b]:
-                if count >= self.prefetch_limit or atoms < self._smallest_in(b):
-                    break  # the plan is full, or nothing more of this bin fits
-                if self._atoms[i] <= atoms:
-                    yield i
-                    atoms -= int(self._atoms[i])
-                    count += 1
+        return self._bins.likely(PREFETCH_HEADS, atoms, self.prefetch_limit)
 
     def _build(self, index: int, stored: bool) -> AtomicData:
         get_stored = getattr(self.dataset, "get_stored", None) if stored else None
@@ -305,6 +288,10 @@ class SizeAwareSampler:
         self._ready.pop((index, not stored), None)  # built for the other kind of request
         if isinstance(ready, Exception):
             raise ready
+        if isinstance(ready, Pending):
+            ready = ready.result()
+            if not self._bins and not any(isinstance(v, Pending) for v in self._ready.values()):
+                self.close()  # every structure handed out and back: the workers are done
         data = ready if ready is not None else self._build(index, stored)
         if data.num_nodes != self._atoms[index]:
             raise InvalidDataError(
@@ -330,16 +317,29 @@ class SizeAwareSampler:
         return self._many(max_systems, num_atoms, num_edges, stored=False)
 
     def _many(self, max_systems: int, num_atoms: int, num_edges: int | None, stored: bool) -> list[AtomicData]:
-        out: list[AtomicData] = []
-        while len(out) < max_systems:
-            data = self._next(num_atoms, num_edges, stored)
-            if data is None:
+        if num_edges is not None or not self.workers:
+            out: list[AtomicData] = []
+            while len(out) < max_systems:
+                data = self._next(num_atoms, num_edges, stored)
+                if data is None:
+                    break
+                out.append(data)
+                num_atoms -= data.num_nodes
+                if num_edges is not None:
+                    num_edges -= data.num_edges
+            return out
+        # With workers and no edge budget: take them all (by their sizes, which _load checks),
+        # send the ones not built yet to the workers at once, then collect in order.
+        taken: list[int] = []
+        while len(taken) < max_systems:
+            i = self._take(num_atoms, None)
+            if i is None:
                 break
-            out.append(data)
-            num_atoms -= data.num_nodes
-            if num_edges is not None:
-                num_edges -= data.num_edges
-        return out
+            taken.append(i)
+            num_atoms -= int(self._atoms[i])
+        self._submit([i for i in taken if (i, stored) not in self._ready and (i, not stored) not in self._ready],
+                     stored)
+        return [self._load(i, stored) for i in taken]
 
     def request_batch(
         self, max_systems: int, num_atoms: int, num_edges: int | None, device: torch.device | str | None = None
