@@ -14,7 +14,7 @@ import torch
 
 from alchemi_core.data import AtomicData
 from alchemi_core.dynamics import DemoDynamics, HostMemory, SizeAwareSampler
-from alchemi_core.errors import ConfigurationError
+from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing import random_structures
 
@@ -71,6 +71,7 @@ def test_workers_hand_out_the_same_structures_in_the_same_order(prefetch_between
     assert os.getpid() not in makers and len(makers) >= 1  # made in the workers, not here
     assert {int(m) for b in plain for m in b.maker} == {os.getpid()}
     assert sampler._pool is None and sampler._ready == {}  # all handed out: the workers stopped
+    assert sampler.worker_builds == len(SIZES) and (sampler.prefetched > 0) == prefetch_between
 
 
 def test_a_structure_a_worker_fails_to_build_raises_where_it_is_requested() -> None:
@@ -112,3 +113,19 @@ def test_an_inflight_run_with_workers_gives_the_run_without(monkeypatch: pytest.
 def test_a_negative_number_of_workers_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="workers"):
         SizeAwareSampler(MadeOnRequest(SIZES), max_atoms=12, workers=-1)
+
+
+class EdgesUnsaid(MadeOnRequest):
+    """Structures with a neighbour list whose metadata says they have no edges."""
+
+    def __getitem__(self, index: int) -> AtomicData:
+        s = self.structures[index]
+        pairs = torch.tensor([[0, 0]] * 3, dtype=torch.long)
+        return AtomicData(atomic_numbers=s.atomic_numbers.clone(), positions=s.positions.clone(), neighbor_list=pairs)
+
+
+def test_with_workers_edges_the_metadata_does_not_give_are_an_error_that_says_so() -> None:
+    sampler = SizeAwareSampler(EdgesUnsaid(SIZES), max_atoms=12, max_edges=100, bin_width=2, workers=1)
+    with pytest.raises(InvalidDataError, match="has 3 edges but get_metadata said 0"):
+        sampler.request_batch(2, 12, 100)
+    sampler.close()

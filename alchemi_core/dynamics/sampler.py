@@ -73,7 +73,8 @@ class SizeAwareSampler:
             For a dataset that makes its structures on the host when asked (reads files,
             generates cells); one whose structures are made already (``ListDataset``) gains
             nothing. Structures and their order are the same with any number
-            (:mod:`~alchemi_core.dynamics.build_pool`).
+            (:mod:`~alchemi_core.dynamics.build_pool`); a request's structures are packed by
+            ``get_metadata``'s sizes, which must then be exact for edges too.
     """
 
     def __init__(
@@ -102,6 +103,8 @@ class SizeAwareSampler:
         self.dataset = dataset
         self.prefetch_limit = whole_number("SizeAwareSampler prefetch", prefetch, minimum=0)
         self.workers = whole_number("SizeAwareSampler workers", workers, minimum=0)
+        #: Structures sent to the workers so far (ahead of their request or with it).
+        self.worker_builds = 0
         self._pool: BuildPool | None = None
         #: Structures built ahead (or on their way from a worker), by (index, stored), or the
         #: error building one raised.
@@ -233,12 +236,13 @@ class SizeAwareSampler:
         if self.workers:  # a chunk of the plan to the workers: they build while the host goes on
             room = min(build_pool.CHUNK, self.prefetch_limit - len(self._ready))
             chunk: list[int] = []
-            for i in self._plan:
-                if (i, stored) not in self._ready:
+            for i in self._plan:  # (the plan names a bin's first structures twice)
+                if (i, stored) not in self._ready and i not in chunk:
                     chunk.append(i)
                     if len(chunk) >= room:
                         break
             self._submit(chunk, stored)
+            self.prefetched += len(chunk)
             return bool(chunk)
         for i in self._plan:
             key = (i, stored)
@@ -261,7 +265,7 @@ class SizeAwareSampler:
             weakref.finalize(self, self._pool.close)
         for i, pending in zip(indices, self._pool.submit(indices, stored), strict=True):
             self._ready[(i, stored)] = pending
-        self.prefetched += len(indices)
+        self.worker_builds += len(indices)
 
     def close(self) -> None:
         """Stop the workers, if any (a later request starts them again)."""
@@ -298,6 +302,12 @@ class SizeAwareSampler:
                 f"structure {index} has {data.num_nodes} atoms but get_metadata said "
                 f"{int(self._atoms[index])}; the dataset's metadata is stale"
             )
+        if self.workers and data.num_edges != self._edges[index]:  # requests were packed by it
+            raise InvalidDataError(
+                f"structure {index} has {data.num_edges} edges but get_metadata said "
+                f"{int(self._edges[index])}; with workers a dataset's metadata must give every "
+                "structure's edges exactly"
+            )
         if "system_id" not in data:
             # A copy: the dataset's own structure (maybe listed twice) stays as it was.
             data = data.with_system_id(index)
@@ -317,7 +327,7 @@ class SizeAwareSampler:
         return self._many(max_systems, num_atoms, num_edges, stored=False)
 
     def _many(self, max_systems: int, num_atoms: int, num_edges: int | None, stored: bool) -> list[AtomicData]:
-        if num_edges is not None or not self.workers:
+        if not self.workers:
             out: list[AtomicData] = []
             while len(out) < max_systems:
                 data = self._next(num_atoms, num_edges, stored)
@@ -328,15 +338,17 @@ class SizeAwareSampler:
                 if num_edges is not None:
                     num_edges -= data.num_edges
             return out
-        # With workers and no edge budget: take them all (by their sizes, which _load checks),
-        # send the ones not built yet to the workers at once, then collect in order.
+        # With workers: take them all by their sizes (which _load holds the structures to), send
+        # the ones not built yet to the workers at once, then collect them in order.
         taken: list[int] = []
         while len(taken) < max_systems:
-            i = self._take(num_atoms, None)
+            i = self._take(num_atoms, num_edges)
             if i is None:
                 break
             taken.append(i)
             num_atoms -= int(self._atoms[i])
+            if num_edges is not None:
+                num_edges -= int(self._edges[i])
         self._submit([i for i in taken if (i, stored) not in self._ready and (i, not stored) not in self._ready],
                      stored)
         return [self._load(i, stored) for i in taken]

@@ -213,7 +213,8 @@ def execute(
     refill = int(opts.pop("refill_frequency", 10))
     max_atoms = opts.pop("max_atoms", CPU_MAX_ATOMS if plan.device.type == "cpu" else None)
     sampler = SizeAwareSampler(_on_device(dataset, plan.device), max_atoms=max_atoms,
-                               max_batch_size=opts.pop("max_batch_size", None), bin_width=opts.pop("bin_width", 16))
+                               max_batch_size=opts.pop("max_batch_size", None), bin_width=opts.pop("bin_width", 16),
+                               workers=opts.pop("workers", 0))
     stages = plan.stages
     first = stages[0]
     first.sampler, first.refill_frequency = sampler, refill

@@ -17,7 +17,8 @@ Sections:
   hooks as ``[[stage.hook]]`` tables with a ``component`` key.
 * ``[output]``: ``path`` of the results store (``sink:zarr``; another sink with ``component``),
   ``trajectory_every = N`` to store every N-th step as well, ``log = false`` to skip the log.
-* ``[sampler]``: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``refill_frequency``.
+* ``[sampler]``: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``refill_frequency``,
+  ``workers`` (processes that read the input's structures, for a Zarr store; default 0).
 * ``[checkpoint]``: ``path`` and ``every`` (steps).
 * ``[run]``: ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``) and ``seed``.
 
@@ -63,7 +64,7 @@ SECTIONS = {
     "input": ("path", "format", "index", "dtype"),
     "stage": ("component", "converge", "hook"),
     "output": ("path", "component", "trajectory_every", "log"),
-    "sampler": ("max_atoms", "max_batch_size", "bin_width", "refill_frequency"),
+    "sampler": ("max_atoms", "max_batch_size", "bin_width", "refill_frequency", "workers"),
     "checkpoint": ("path", "every"),
     "run": ("device", "seed"),
 }
@@ -236,8 +237,10 @@ class _Validator:
         sampler = self.table(raw, "sampler", required=False)
         self.only(sampler, "sampler")
         for k, v in sampler.items():
-            if not _is_int(v) or v < 1:
-                raise self.fail(f"sampler.{k}", f"must be a positive integer, got {v!r}")
+            least = 0 if k == "workers" else 1
+            if not _is_int(v) or v < least:
+                what = "an integer >= 0" if least == 0 else "a positive integer"
+                raise self.fail(f"sampler.{k}", f"must be {what}, got {v!r}")
         checkpoint = None
         if "checkpoint" in raw:
             ck = self.table(raw, "checkpoint")

@@ -100,6 +100,20 @@ def test_the_issue_workflow_runs_as_written(project):
     assert np.asarray(log["time"])[md].max() == pytest.approx(200 * 5.0)
 
 
+def test_structures_read_by_worker_processes_give_the_same_results(project):
+    from alchemi_zarr import AtomicDataZarrReader
+
+    with_workers = WORKFLOW.replace('path = "results.zarr"', 'path = "workers.zarr"') + "\n[sampler]\nworkers = 2\n"
+    (project / "workers.toml").write_text(with_workers)
+    for name in ("workflow.toml", "workers.toml"):
+        result = _invoke("run", name, "--no-progress", "--device", "cpu")
+        assert result.exit_code == 0, result.output
+    plain = AtomicDataZarrReader(project / "results.zarr").read_batch()
+    built = AtomicDataZarrReader(project / "workers.zarr").read_batch()
+    assert plain.system_id.tolist() == built.system_id.tolist() and built.num_graphs == 6
+    assert np.array_equal(plain.positions.numpy(), built.positions.numpy())
+
+
 def test_runs_appended_to_one_store_keep_ids_unique(project):
     from alchemi_zarr import AtomicDataZarrReader
 
@@ -133,6 +147,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(project):
         ("converge = { fmax = 0.05 }", "converge = { fmax = -1 }", "stage[0].converge.fmax", "positive"),
         ('path = "structures/*.extxyz"', 'path = "nowhere/*.xyz"', "input.path", "matches no files"),
         ("dt = 5.0\nconverge", "dt = -5.0\nconverge", "stage[0]", "dt"),
+        ('path = "results.zarr"\n', 'path = "results.zarr"\n[sampler]\nworkers = -1\n', "sampler.workers", ">= 0"),
     ],
 )
 def test_a_malformed_workflow_is_one_line_naming_the_key_with_status_2(project, old, new, key, hint):

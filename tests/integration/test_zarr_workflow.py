@@ -34,21 +34,22 @@ def structures_zarr(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "asynchronous"),
+    ("device", "asynchronous", "workers"),
     [
-        ("cpu", False),
-        ("cpu", True),
-        pytest.param("cuda", True, marks=[
+        ("cpu", False, 0),
+        ("cpu", True, 0),
+        ("cpu", False, 2),  # the store read in two worker processes
+        pytest.param("cuda", True, 0, marks=[
             pytest.mark.gpu,
             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
         ]),
     ],
 )
-def test_every_structure_reaches_the_zarr_sink_exactly_once(structures_zarr, device, asynchronous):
+def test_every_structure_reaches_the_zarr_sink_exactly_once(structures_zarr, device, asynchronous, workers):
     model = DemoModelWrapper()
     reader = AtomicDataZarrReader("structures.zarr")
     dataset = Dataset(reader, device=device)
-    sampler = SizeAwareSampler(dataset=dataset, max_atoms=1000, max_edges=5000, max_batch_size=32)
+    sampler = SizeAwareSampler(dataset=dataset, max_atoms=1000, max_edges=5000, max_batch_size=32, workers=workers)
     output = ZarrData("results.zarr", capacity=100000, asynchronous=asynchronous)
 
     opt = DemoDynamics(
@@ -65,6 +66,7 @@ def test_every_structure_reaches_the_zarr_sink_exactly_once(structures_zarr, dev
     with fused:
         assert fused.run() is None  # with a sampler and sinks, the results are in the sinks
     output.close()
+    assert sampler.worker_builds == (NUM_STRUCTURES if workers else 0)
 
     results = AtomicDataZarrReader("results.zarr")
     ids = [int(results[i].system_id) for i in range(len(results))]
