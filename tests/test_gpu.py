@@ -10,7 +10,7 @@ import gc
 import pytest
 import torch
 
-from alchemi_core.dynamics import ConvergenceHook, DemoDynamics
+from alchemi_core.dynamics import ConvergenceHook, DemoDynamics, Hook
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing import make_batch
 
@@ -173,6 +173,39 @@ def test_a_recapture_takes_over_the_replaced_graphs_memory_and_replays_its_own_w
     graph.replay()  # the old graph still works: a failed capture takes nothing from it
     torch.cuda.synchronize()
     assert x[0].item() == sum(range(1, 42)) + 41
+
+
+@pytest.mark.parametrize("much_memory", [False, True])
+def test_a_recaptured_step_shares_the_old_pool_unless_the_model_holds_much_memory(monkeypatch, much_memory):
+    # A large model's old graph is dropped before the eager step that precedes a capture (its
+    # memory is needed there); a small one's pool serves the new graph.
+    from alchemi_core.dynamics import step as step_module
+    from alchemi_core.dynamics.capture import capture_graph
+
+    pools: list[tuple[object, object]] = []
+
+    def recording(record, stream, replaces=None):
+        graph, out = capture_graph(record, stream, replaces=replaces)
+        pools.append((graph.pool(), None if replaces is None else replaces.pool()))
+        return graph, out
+
+    monkeypatch.setattr(step_module, "_holds_much_memory", lambda device: much_memory)
+    monkeypatch.setattr(step_module, "capture_graph", recording)
+
+    class NewVersion(Hook):
+        """As a refill would: the set of systems changed, the next step captures again."""
+
+        def __call__(self, batch, dynamics):
+            batch.__dict__["_version"] += 1
+
+    batch = make_batch([5, 7, 6], dtype=torch.float64).to("cuda")
+    dyn = DemoDynamics(model=DemoModelWrapper(), n_steps=10, dt=0.5, hooks=[NewVersion(frequency=3)])
+    with dyn.compile(mode="reduce-overhead"):
+        dyn.run(batch)
+    torch.cuda.synchronize()
+    assert len(pools) >= 3 and torch.isfinite(batch.positions).all()
+    shared = [old is not None and new == old for new, old in pools[1:]]
+    assert shared == [not much_memory] * len(shared)
 
 
 def test_a_sampler_over_a_gpu_dataset_builds_batches_on_the_gpu_from_host_structures():

@@ -216,6 +216,10 @@ class StepLoop(Masks):
             self._graph.replay()
             return
         old, self._graph = self._graph, None
+        if old is not None and _holds_much_memory(self.batch.device):
+            # A large model's graph (a MACE step holds gigabytes): its memory goes back before the
+            # eager step below needs its own, as one graph's pool cannot serve the other's.
+            old = None
         side = self._capture_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -267,6 +271,15 @@ class StepLoop(Masks):
 CACHED_FRACTION_RELEASED = 0.1
 
 
+def _holds_much_memory(device: torch.device) -> bool:
+    """Whether torch holds more than :data:`CACHED_FRACTION_RELEASED` of the device's memory."""
+    return torch.cuda.memory_reserved(device) > CACHED_FRACTION_RELEASED * _total_memory(device)
+
+
+def _total_memory(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 def _release_cached_memory(device: torch.device) -> None:
     """Return the caching allocator's unused blocks to the driver when they are many.
 
@@ -276,7 +289,7 @@ def _release_cached_memory(device: torch.device) -> None:
     synchronises, and their blocks are worth keeping).
     """
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if unused > CACHED_FRACTION_RELEASED * torch.cuda.get_device_properties(device).total_memory:
+    if unused > CACHED_FRACTION_RELEASED * _total_memory(device):
         torch.cuda.empty_cache()
 
 
