@@ -129,3 +129,25 @@ def test_with_workers_edges_the_metadata_does_not_give_are_an_error_that_says_so
     with pytest.raises(InvalidDataError, match="has 3 edges but get_metadata said 0"):
         sampler.request_batch(2, 12, 100)
     sampler.close()
+
+
+class DiesOn(MadeOnRequest):
+    """A dataset whose code ends the process that builds structure ``fatal``."""
+
+    def __init__(self, sizes: list[int], fatal: int) -> None:
+        super().__init__(sizes)
+        self.fatal = fatal
+
+    def __getitem__(self, index: int) -> AtomicData:
+        if index == self.fatal:
+            os._exit(3)  # as the kernel's out-of-memory killer would end it
+        return super().__getitem__(index)
+
+
+def test_a_worker_that_dies_is_an_error_that_says_what_to_do_not_a_hang() -> None:
+    from alchemi_core.dynamics.build_pool import WorkerLost
+
+    sampler = SizeAwareSampler(DiesOn(SIZES, fatal=1), max_atoms=12, bin_width=2, workers=1)
+    with pytest.raises(WorkerLost, match="workers=0"):
+        sampler.request_batch(2, 12, None)  # index 1 (8 atoms) is among the first taken
+    sampler.close()

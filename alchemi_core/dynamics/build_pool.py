@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ import torch
 from alchemi_core.data import AtomicData
 from alchemi_core.data.datapipes import as_atomic_data
 from alchemi_core.data.fields import Level
+from alchemi_core.errors import AlchemiError
 
 #: Structures per task: enough that sending a task costs little per structure, few enough that
 #: the first of a refill's structures is ready soon.
@@ -96,24 +99,36 @@ def _build_chunk(indices: list[int], stored: bool) -> list[tuple[bool, Any]]:
     return out
 
 
+class WorkerLost(AlchemiError):
+    """A worker process stopped while building structures (killed, out of memory, crashed)."""
+
+
 class Pending:
     """One structure on its way from a worker: :meth:`result` waits for it."""
 
     __slots__ = ("_task", "_position")
 
-    def __init__(self, task: Any, position: int) -> None:
+    def __init__(self, task: Future, position: int) -> None:
         self._task, self._position = task, position
 
     def ready(self) -> bool:
-        return bool(self._task.ready())
+        return self._task.done()
 
     def result(self) -> AtomicData:
         """The structure (waits for its chunk).
 
         Raises:
+            WorkerLost: The worker building it stopped.
             Exception: What building it raised in the worker.
         """
-        ok, value = self._task.get()[self._position]
+        try:
+            ok, value = self._task.result()[self._position]
+        except BrokenProcessPool as exc:
+            raise WorkerLost(
+                "a worker process building structures stopped (killed, out of memory or crashed "
+                "in the dataset's code); run the sampler with workers=0 to build them in this process "
+                "and see the error"
+            ) from exc
         if not ok:
             raise value
         return _unpack(value)
@@ -124,19 +139,22 @@ class BuildPool:
 
     def __init__(self, dataset: Any, workers: int) -> None:
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        context = multiprocessing.get_context(method)
-        self._pool: Any = context.Pool(workers, initializer=_start_worker, initargs=(dataset,))
+        self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker, initargs=(dataset,)
+        )
 
     def submit(self, indices: list[int], stored: bool) -> list[Pending]:
         """Build ``indices`` in the workers, ``CHUNK`` per task; one :class:`Pending` each."""
+        assert self._pool is not None, "the pool was closed"
         out: list[Pending] = []
         for start in range(0, len(indices), CHUNK):
-            task = self._pool.apply_async(_build_chunk, (indices[start:start + CHUNK], stored))
-            out.extend(Pending(task, k) for k in range(len(indices[start:start + CHUNK])))
+            chunk = indices[start:start + CHUNK]
+            task = self._pool.submit(_build_chunk, chunk, stored)
+            out.extend(Pending(task, k) for k in range(len(chunk)))
         return out
 
     def close(self) -> None:
         """Stop the workers (what they were building is dropped)."""
         if self._pool is not None:
-            self._pool.terminate()
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
