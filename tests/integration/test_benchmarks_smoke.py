@@ -316,6 +316,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "w4_report",
         "w5_snapshots",
         "rebuild_criteria",
+        "sampler_workers",
         "adapters",
         "adapters.base",
         "adapters.alchemi",
@@ -338,6 +339,17 @@ def test_rebuild_criteria_counts_both_criteria_on_one_trajectory(capsys) -> None
     counts = json.loads(capsys.readouterr().out)["builds_per_system_step"]
     # The exact criterion is the later one (on this trajectory, and on W1's in general).
     assert 0 <= counts["two_largest"] <= counts["half_skin"] <= 1
+
+
+def test_sampler_workers_reports_both_settings_over_every_cell(capsys) -> None:
+    import json
+
+    from benchmarks import sampler_workers
+
+    assert sampler_workers.main(["--cells", "50", "--workers", "0,1", "--request", "7", "--rounds", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["workers"] for r in rows] == [0, 1] and all(r["structures"] == 50 for r in rows)
+    assert all(r["wall_ms_each"] > 0 and r["process_cpu_ms_each"] > 0 for r in rows)
 
 
 def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
