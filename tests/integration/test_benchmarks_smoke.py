@@ -317,6 +317,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "w5_snapshots",
         "rebuild_criteria",
         "sampler_workers",
+        "cpu_launches",
         "adapters",
         "adapters.base",
         "adapters.alchemi",
@@ -350,6 +351,18 @@ def test_sampler_workers_reports_both_settings_over_every_cell(capsys) -> None:
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["workers"] for r in rows] == [0, 1] and all(r["structures"] == 50 for r in rows)
     assert all(r["wall_ms_each"] > 0 and r["process_cpu_ms_each"] > 0 for r in rows)
+
+
+def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
+    import json
+
+    from benchmarks import cpu_launches
+
+    assert cpu_launches.main(["--atoms", "32", "--systems", "4", "--steps", "20", "--equilibrate", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kernels = out["launches_per_step"]
+    assert out["step_ms"] > 0 and any(k.startswith("pair_kernel") for k in kernels)
+    assert all(v["launches"] > 0 and v["ms"] >= 0 for v in kernels.values())
 
 
 def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:

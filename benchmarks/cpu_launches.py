@@ -1,0 +1,103 @@
+"""Where W6's step goes on a CPU: every Warp launch of a W1-shaped Langevin run, timed.
+
+Each CPU launch of a Warp kernel is timed around Warp's call into the kernel and summed by
+kernel over ``--steps`` steps, after ``--equilibrate``; kernels cut into ranges that run on
+several threads (the pair kernel, the neighbour search) are summed over their threads, so their
+totals can exceed their share of the step's wall time. ``--optimization-level`` and
+``--cpu-flags`` set Warp's CPU compiler options before anything is compiled.
+
+    python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
+
+Example:
+    >>> sorted(LaunchTimer().per_step(10))
+    []
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import threading
+import time
+from typing import Any
+
+from benchmarks import spec
+
+
+class LaunchTimer:
+    """Wall time of Warp's CPU kernel calls, by kernel (installed with :meth:`install`)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+        self._lock = threading.Lock()
+        self._original: Any = None
+
+    def install(self) -> None:
+        import warp._src.context as context
+
+        original = self._original = context.invoke
+        timer = self
+
+        def timed(kernel: Any, hooks: Any, params: Any, adjoint: bool) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(kernel, hooks, params, adjoint)
+            finally:
+                elapsed = time.perf_counter() - start
+                with timer._lock:
+                    entry = timer.totals[kernel.key]
+                    entry[0] += 1
+                    entry[1] += elapsed
+
+        context.invoke = timed
+
+    def restore(self) -> None:
+        import warp._src.context as context
+
+        if self._original is not None:
+            context.invoke = self._original
+
+    def per_step(self, steps: int) -> dict[str, dict[str, float]]:
+        """``{kernel: {launches, ms}}`` per step, costliest first."""
+        rows = sorted(self.totals.items(), key=lambda kv: -kv[1][1])
+        return {k: {"launches": n / steps, "ms": 1e3 * s / steps} for k, (n, s) in rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_launches", description=__doc__.splitlines()[0])
+    parser.add_argument("--atoms", type=int, default=108, help="atoms per system")
+    parser.add_argument("--systems", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--equilibrate", type=int, default=300)
+    parser.add_argument("--optimization-level", type=int, default=None, help="Warp's, for CPU kernels (default 2)")
+    parser.add_argument("--cpu-flags", default=None, help="Warp's CPU compiler flags (default -march=native)")
+    args = parser.parse_args(argv)
+    import warp
+
+    if args.optimization_level is not None:
+        warp.config.optimization_level = args.optimization_level
+    if args.cpu_flags is not None:
+        warp.config.cpu_compiler_flags = args.cpu_flags
+    import torch
+
+    from benchmarks.adapters.alchemi import Alchemi
+    from benchmarks.structures import replicated_crystal
+
+    sim = Alchemi().md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0), "cpu")
+    sim.run(args.equilibrate)
+    timer = LaunchTimer()
+    timer.install()
+    try:
+        start = time.perf_counter()
+        sim.run(args.steps)
+        step_ms = 1e3 * (time.perf_counter() - start) / args.steps
+    finally:
+        timer.restore()
+    print(json.dumps({"atoms": args.atoms, "systems": args.systems, "threads": torch.get_num_threads(),
+                      "step_ms": step_ms, "launches_per_step": timer.per_step(args.steps)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
