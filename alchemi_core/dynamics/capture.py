@@ -49,6 +49,15 @@ def collector_held() -> Iterator[None]:
             gc.enable()
 
 
+def side_stream(held: torch.cuda.Stream | None, index: int) -> torch.cuda.Stream:
+    """``held`` if it is a stream of GPU ``index``, else a new one there: the one side stream a
+    capturer keeps (a new stream per capture would leave torch's allocator with blocks cached per
+    stream)."""
+    if held is None or held.device.index != index:
+        return torch.cuda.Stream(device=index)
+    return held
+
+
 def capture_graph(
     record: Callable[[], T], stream: torch.cuda.Stream, replaces: torch.cuda.CUDAGraph | None = None
 ) -> tuple[torch.cuda.CUDAGraph, T]:

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import torch
 
-from alchemi_core.dynamics.capture import capture_graph
+from alchemi_core.dynamics.capture import capture_graph, side_stream
 
 
 @attrs.define
@@ -116,9 +116,7 @@ class CheckCapture:
 
     def _stream(self) -> torch.cuda.Stream:
         """The side stream of the captures (one, as for the step's)."""
-        index = torch.cuda.current_device()
-        if self._side is None or self._side.device.index != index:
-            self._side = torch.cuda.Stream(device=index)
+        self._side = side_stream(self._side, torch.cuda.current_device())
         return self._side
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core.dynamics.capture import capture_graph
+from alchemi_core.dynamics.capture import capture_graph, side_stream
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -234,13 +234,11 @@ class StepLoop(Masks):
 
     @property
     def _capture_stream(self) -> Any:
-        """The side stream the step is warmed up and captured on: one per engine, as a new stream
-        per capture would leave torch's allocator with blocks cached per stream."""
+        """The side stream the step is warmed up and captured on, one per engine (``side_stream``)."""
         assert self.batch is not None
         device = self.batch.device
         index = device.index if device.index is not None else torch.cuda.current_device()
-        if self._side_stream is None or self._side_stream.device.index != index:
-            self._side_stream = torch.cuda.Stream(device=index)
+        self._side_stream = side_stream(self._side_stream, index)
         return self._side_stream
 
     def _mask_versions(self) -> tuple[int, ...]:
