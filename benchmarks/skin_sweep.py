@@ -10,6 +10,7 @@ neighbour-matrix width, the peak memory per atom and the final temperature.
     python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5,0.75,1.0 --json sweep.json
     python -m benchmarks.skin_sweep --device cpu --shapes 108x64 --skins 0.5,1.0 --steps 200
     python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --lists full,half --profile 40
+    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --joins 1.0,0.9,0.8,0.7
 
 Example:
     >>> from benchmarks.skin_sweep import parse_shapes
@@ -87,9 +88,10 @@ def kernel_profile(run: Any, steps: int, top: int = 14) -> list[dict[str, Any]]:
 
 
 def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repeats: int,
-            equilibrate: int, headroom: float, profile_steps: int = 0, half: bool | None = None) -> dict[str, Any]:
+            equilibrate: int, headroom: float, profile_steps: int = 0, half: bool | None = None,
+            join: float | None = None) -> dict[str, Any]:
     """One shape at one skin (see the module's docstring); ``half``: a half or full neighbour
-    list (None: the device's default)."""
+    list, ``join``: the list's ``join_fraction`` (None: the device's default for either)."""
     from alchemi_integrators import Langevin
     from alchemi_integrators.thermo import temperature
     from alchemi_potentials import LennardJones
@@ -102,7 +104,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
     memory = DeviceMemory(device)
     memory.start()
     batch = to_batch(crystal, device)
-    nl = BatchedNeighborList(spec.CUTOFF, skin, columns, half_list=half)
+    nl = BatchedNeighborList(spec.CUTOFF, skin, columns, half_list=half, join_fraction=join)
     model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, neighbor_list=nl)
     trace = _BuildTrace(nl, steps, device)
     p = spec.LANGEVIN
@@ -135,6 +137,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         "systems": systems,
         "skin": skin,
         "list": {None: "device default", True: "half", False: "full"}[half],
+        "join_fraction": nl.join_fraction_on(torch.device(device).type),
         "columns": columns,
         "search_parts": nl._layout.search_parts if nl._layout is not None else 1,
         "search_listed": bool(nl._layout.listed) if nl._layout is not None else False,
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search-listed", default=None,
                    help="comma-separated on/off: whether the search walks a list of the rebuilding slots "
                         "(default: the device's)")
+    p.add_argument("--joins", default=None,
+                   help="comma-separated join fractions of the neighbour list to compare (default: the device's)")
     p.add_argument("--headroom", type=float, default=1.3, help="neighbour columns over the expected count")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also profile this many eager steps on a GPU: the costliest kernels per step")
@@ -179,17 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         parts_list = [None] if args.search_parts is None else [int(x) for x in args.search_parts.split(",")]
         listed_list = [None] if args.search_listed is None else [
             {"on": True, "off": False}[x.strip()] for x in args.search_listed.split(",")]
-        for skin, kind, parts, listed in ((float(s), k, n, li) for s in args.skins.split(",")
-                                          for k in args.lists.split(",") for n in parts_list for li in listed_list):
+        joins = [None] if args.joins is None else [float(x) for x in args.joins.split(",")]
+        for skin, kind, parts, listed, join in ((float(s), k, n, li, j) for s in args.skins.split(",")
+                                                for k in args.lists.split(",") for n in parts_list
+                                                for li in listed_list for j in joins):
             half = {"default": None, "full": False, "half": True}[kind]
             layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
             layout.FORCED_LISTED = listed  # None: the device's default
             row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
-                          args.headroom, args.profile, half)
+                          args.headroom, args.profile, half, join)
             rows.append(row)
             print(
                 f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}"
-                f"{' listed' if row['search_listed'] else ''}: "
+                f"{' listed' if row['search_listed'] else ''}, join {row['join_fraction']}: "
                 f"{row['ms_per_step']:.3f} ms/step "
                 f"({row['atom_steps_per_s']:.3g} atom-steps/s), builds/system/step "
                 f"{row['builds_per_system_step']:.2e}, steps with a build {row['steps_with_a_build']}, "

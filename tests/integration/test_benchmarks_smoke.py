@@ -331,15 +331,20 @@ def test_docstring_examples_run(module: str) -> None:
     assert result.failed == 0
 
 
-def test_rebuild_criteria_counts_both_criteria_on_one_trajectory(capsys) -> None:
+def test_rebuild_criteria_counts_every_criterion_on_one_trajectory(capsys) -> None:
     import json
 
     from benchmarks import rebuild_criteria
 
-    assert rebuild_criteria.main(["--atoms", "32", "--systems", "2", "--steps", "30", "--equilibrate", "5"]) == 0
-    counts = json.loads(capsys.readouterr().out)["builds_per_system_step"]
-    # The exact criterion is the later one (on this trajectory, and on W1's in general).
-    assert 0 <= counts["two_largest"] <= counts["half_skin"] <= 1
+    assert rebuild_criteria.main(["--atoms", "32", "--systems", "4", "--steps", "30", "--equilibrate", "5",
+                                  "--joins", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    counts = out["builds_per_system_step"]
+    # On this trajectory (and W1's): the exact criterion is the later one; joining adds builds,
+    # in fewer steps than half_skin's.
+    assert 0 <= counts["two_largest"] <= counts["half_skin"] <= counts["joined_0.5"] <= 1
+    steps_share = {k: v["share_of_steps_with_a_build"] for k, v in out["criteria"].items()}
+    assert steps_share["joined_0.5"] <= steps_share["half_skin"]
 
 
 def test_sampler_workers_reports_both_settings_over_every_cell(capsys) -> None:

@@ -9,7 +9,7 @@ from ase.build import bulk
 from ase.neighborlist import neighbor_list
 
 from alchemi_core.data import Batch
-from alchemi_core.errors import CapacityError, InvalidDataError
+from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import LennardJones
 from alchemi_potentials.neighbors import BatchedNeighborList
 
@@ -118,11 +118,42 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
+@pytest.mark.parametrize(("join", "expected"), [(0.8, [2, 2, 1]), (1.0, [1, 2, 1])])
+def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected):
+    """skin/2 = 0.5: with join_fraction 0.8 a system whose atom moved 0.45 rebuilds only when
+    another system must (one moved 0.51); one that moved 0.3 never joins; the batch's flag does
+    not outlive its step."""
+    batch = ref.batch(some_systems(ref, rng)[:3])
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0, join_fraction=join)
+    nl.update(batch)
+    direction = torch.tensor([0.0, 0.6, 0.8], dtype=torch.float64)
+    atoms = [int(batch.batch_ptr[s]) + 1 for s in range(3)]
+    start = batch.positions[atoms].clone()
+    for s, distance in ((0, 0.45), (2, 0.3)):
+        batch.positions[atoms[s]] = start[s] + distance * direction
+        nl.update(batch)
+        assert nl.builds(batch).tolist() == [1, 1, 1], f"system {s} rebuilt alone at {distance}"
+    batch.positions[atoms[1]] = start[1] + 0.51 * direction
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == expected
+    batch.positions[atoms[2]] = start[2] + 0.45 * direction  # near, in a step where nothing must
+    nl.update(batch)
+    assert nl.builds(batch).tolist() == expected
+
+
+@pytest.mark.parametrize("join_fraction", [0.0, -0.5, 1.5, float("nan")])
+def test_join_fraction_outside_zero_to_one_is_refused(join_fraction):
+    with pytest.raises(ConfigurationError, match="join_fraction in \\(0, 1\\]"):
+        BatchedNeighborList(RC, 0.5, join_fraction=join_fraction)
+
+
+@pytest.mark.parametrize("join", [None, 0.5], ids=["join-default", "join-0.5"])
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half):
+def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join):
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
+    nl = BatchedNeighborList(RC, 0.8, half_list=half, join_fraction=join)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=nl)
     g = torch.Generator().manual_seed(7)
     for step in range(25):
         batch.positions.add_(0.04 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
@@ -481,8 +512,8 @@ def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
 
 def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
     """In parts where few slots rebuild at a step (a batch of up to 300,000 atoms of many
-    systems); one thread per slot where enough rebuild to fill the GPU (large batches, one large
-    system), measured on the H200 (layout.py)."""
+    systems, rebuilding one at a time); one thread per slot where enough rebuild to fill the GPU
+    (large batches, one large system, cohorts), measured on the H200 (layout.py)."""
     from alchemi_potentials.neighbors.layout import search_parts
 
     assert search_parts("cuda", np.full(1024, 256)) == 9
@@ -494,3 +525,6 @@ def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
     assert search_parts("cuda", np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
     assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 9
     assert search_parts("cpu", np.full(1024, 256)) == 1
+    # Rebuilds in cohorts: one pass of one thread per slot, whatever the batch.
+    assert search_parts("cuda", np.full(1024, 256), join_fraction=0.8) == 1
+    assert search_parts("cuda", np.full(2048, 108), join_fraction=0.99) == 1

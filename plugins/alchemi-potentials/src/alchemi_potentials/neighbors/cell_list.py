@@ -70,19 +70,29 @@ class BatchedNeighborList:
             None (default): half on a CPU, where a kernel's threads run one after another and
             Newton's third law halves the work; full on a GPU, where each thread writes only
             its own atom (no atomics on forces) and reads stay coalesced.
+        join_fraction: In ``(0, 1]``. When some system of the batch rebuilds, every system with
+            an atom that moved more than ``join_fraction * skin / 2`` rebuilds with it, so that
+            rebuilds come in cohorts and fewer steps pay for a search. 1 rebuilds each system only
+            when it must. None (default): by device type (``layout.JOIN_FRACTION``; fewer build
+            steps pay on a GPU, fewer builds on a CPU). The lists are exact whatever it is.
 
     Raises:
-        ConfigurationError: A non-positive cutoff or max_neighbors, or a negative skin.
+        ConfigurationError: A non-positive cutoff or max_neighbors, a negative skin, or a
+            join_fraction outside ``(0, 1]``.
     """
 
     def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None,
-                 half_list: bool | None = None) -> None:
+                 half_list: bool | None = None, join_fraction: float | None = None) -> None:
         if not (cutoff > 0 and math.isfinite(cutoff)):
             raise ConfigurationError(f"BatchedNeighborList needs a positive, finite cutoff in Å, got {cutoff!r}")
         if not (skin >= 0 and math.isfinite(skin)):
             raise ConfigurationError(f"BatchedNeighborList needs a skin >= 0 Å, got {skin!r}")
         if max_neighbors is not None and int(max_neighbors) < 1:
             raise ConfigurationError(f"max_neighbors must be a positive integer or None, got {max_neighbors!r}")
+        if join_fraction is not None and not 0 < join_fraction <= 1:
+            raise ConfigurationError(
+                f"BatchedNeighborList needs a join_fraction in (0, 1] (1: no early rebuilds), got {join_fraction!r}")
+        self._join_fraction = join_fraction
         self._cutoff = float(cutoff)
         self._skin = float(skin)
         self._fixed_columns = None if max_neighbors is None else int(max_neighbors)
@@ -114,6 +124,12 @@ class BatchedNeighborList:
     @property
     def skin(self) -> float:
         return self._skin
+
+    def join_fraction_on(self, device_type: str) -> float:
+        """The ``join_fraction`` in force on a device of this type (``"cuda"``, ``"cpu"``)."""
+        from alchemi_potentials.neighbors.layout import JOIN_FRACTION
+
+        return self._join_fraction if self._join_fraction is not None else JOIN_FRACTION.get(device_type, 1.0)
 
     @property
     def radius(self) -> float:
@@ -163,7 +179,7 @@ class BatchedNeighborList:
         if fresh:
             _warp.require_device(positions.device)
             half = positions.device.type != "cuda" if self._half_list is None else bool(self._half_list)
-            self._layout = Layout(batch, self._columns, half)
+            self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type))
             self._key = key
             self._batch = weakref.ref(batch)
         layout = self._layout
@@ -230,7 +246,8 @@ class BatchedNeighborList:
             before = _warp.LaunchSequence(positions.device)
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(self._skin),
                                            layout.warp_image_cell])
-            before.add(k.check_moved, na, [positions, ref, wrapped, g, a])
+            join = self.join_fraction_on(pos.device.type)
+            before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join)])
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])

@@ -4,12 +4,16 @@ Atoms are kept in *slots*: each system's atoms occupy the slots of its own atom 
 order after a build, so threads that run side by side work on atoms that sit side by side and
 read the same bins and neighbours. Every forward launches, on every system:
 
+0. ``follow_cell`` (systems): lets a deformed cell's list stand where the skin allows, and
+   clears the batch's "some system moved" flag.
 1. ``check_moved`` (slots): flags the system of an atom that moved more than skin/2 since the
-   last build, and writes the atom's position wrapped into the cell (by the wraps of the last
-   build) to its slot: the pair kernels read only these.
-2. ``begin_build`` (systems): a flagged system, or one whose cell or periodicity changed, starts
-   a build: binning frame, its inverse, bins per axis and search reach, all from the cell, and
-   the image cell (periodic rows only) the pair kernels shift neighbours by.
+   last build (and the batch), or more than a fraction of it (``near``), and writes the atom's
+   position wrapped into the cell (by the wraps of the last build) to its slot: the pair kernels
+   read only these.
+2. ``begin_build`` (systems): a flagged system, one flagged ``near`` in a step where some system
+   of the batch builds anyway, or one whose cell or periodicity changed, starts a build: binning
+   frame, its inverse, bins per axis and search reach, all from the cell, and the image cell
+   (periodic rows only) the pair kernels shift neighbours by.
 3. ``bin_atoms`` (atoms): fractional coordinates, wraps, bin, and a place in the bin.
 4. (a ``torch.cumsum`` over the bin counts gives every bin's end)
 5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
@@ -62,6 +66,8 @@ class SystemState:
     """Per-system state of the cell list (one row per system)."""
 
     moved: wp.array(dtype=wp.int32)  # an atom moved beyond skin/2 (set by atoms, read once)
+    near: wp.array(dtype=wp.int32)  # an atom moved beyond the join threshold (see check_moved)
+    batch_moved: wp.array(dtype=wp.int32)  # [1]: some system of the batch has ``moved`` this step
     rebuild: wp.array(dtype=wp.int32)  # this step builds: 1, or 2 when the cell is degenerate
     builds: wp.array(dtype=wp.int64)  # builds so far
     cell: wp.array(dtype=wp.mat33d)  # the cell of the last build
@@ -171,6 +177,8 @@ def follow_cell(
     deformation too large for the skin) the build is left to :func:`begin_build`.
     """
     s = wp.tid()
+    if s == 0:  # the step's first kernel: no system has moved yet (check_moved sets it)
+        g.batch_moved[0] = 0
     half = skin * wp.float64(0.5)
     g.deform[s] = wp.identity(n=3, dtype=wp.float64)
     g.allowed_sq[s] = half * half
@@ -208,16 +216,23 @@ def check_moved(
     wrapped: wp.array(dtype=Any),
     g: SystemState,
     a: AtomState,
+    join: wp.float64,
 ):
     t = wp.tid()
     s = a.system[t]
     x = vec3d_of(positions[a.order[t]])
     d = x * g.deform[s] - vec3d_of(reference[t])
-    if not (wp.dot(d, d) <= g.allowed_sq[s]):  # NaN too: the build reports it
+    dd = wp.dot(d, d)
+    if not (dd <= join * g.allowed_sq[s]):  # NaN too: the build reports it
         # Read before writing: after the first mover, most threads find the flag set and leave
         # the line alone, instead of every atom of a large system storing to one address.
-        if g.moved[s] == 0:
-            g.moved[s] = 1
+        if g.near[s] == 0:
+            g.near[s] = 1
+        if not (dd <= g.allowed_sq[s]):
+            if g.moved[s] == 0:
+                g.moved[s] = 1
+            if g.batch_moved[0] == 0:
+                g.batch_moved[0] = 1
     store_vec(wrapped, t, wrapped_position(x, a.wrap[t], g.lattice[s]))
 
 
@@ -239,6 +254,11 @@ def begin_build(
     old = g.cell[s]
     flag = g.moved[s]
     g.moved[s] = 0
+    # Rebuilds in cohorts: when some system of the batch rebuilds anyway, a system already most
+    # of the way to its threshold joins it (see BatchedNeighborList's join_fraction).
+    if g.near[s] != 0 and g.batch_moved[0] != 0:
+        flag = 1
+    g.near[s] = 0
     if pa != ref[0] or pb != ref[1] or pc != ref[2]:
         flag = 1
     # A change of a periodic row changes distances without moving any atom.

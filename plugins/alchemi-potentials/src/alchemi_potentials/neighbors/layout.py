@@ -35,7 +35,8 @@ COLUMNS_MULTIPLE_OF = 4
 #: in a small batch with one thread per slot most of a GPU idles while each thread walks its whole
 #: box (~125 bins); in 9 parts of its 25 bin columns (a count pass, then a write pass at the
 #: counted offsets: the same order, the same bits) each walks a ninth. A CPU has few threads: one
-#: per slot, one pass.
+#: per slot, one pass. Parts are used only where systems rebuild one at a time (``join_fraction``
+#: 1; a GPU's default joins them into cohorts, see JOIN_FRACTION).
 SEARCH_PARTS = {"cuda": 9, "cpu": 1}
 #: The search runs in parts only in a batch of at most this many atoms, none of whose systems
 #: holds more than PARTS_LARGEST_SHARE of them. Elsewhere enough slots rebuild at each step to
@@ -67,19 +68,41 @@ FORCED_LISTED: bool | None = None
 LISTED_THREADS_PER_SM = 2048
 #: Threads of a listed search on a CPU (a few, so that each walks the list in strides).
 LISTED_THREADS_CPU = 7
+#: ``BatchedNeighborList``'s default ``join_fraction`` by device type. When some system of a
+#: batch rebuilds, every system with an atom past this fraction of skin/2 rebuilds with it, so
+#: that rebuilds come in cohorts. W1's 256 systems of 256 atoms at 50 K (``python -m
+#: benchmarks.rebuild_criteria --systems 256``, CPU): at 1.0 (off) some system rebuilds in 97 %
+#: of the steps, 17 systems at a time; at 0.8 in 31 % of them, 62 at a time, for 18 % more builds.
+#: With one thread per slot a GPU's search of 62 systems takes little longer than one of 17 (each
+#: thread walks its slot's box alone, latency-bound, the GPU far from full), so the steps without
+#: a build are saved; a CPU's search costs what it searches, so there the extra builds are only a
+#: cost. W1 on the H200, one thread per slot (``skin_sweep --joins``), ms per step at 1.0 / 0.9 /
+#: 0.8 / 0.7 / 0.6: 256x2048 0.636 / 0.605 / **0.567** / 0.579 / 0.588; 256x1024 at 1.0 and 0.8:
+#: 0.460 and **0.344** (0.398 before, one system at a time in 9 parts); 108x2048 0.443 and
+#: **0.318** (0.360 in 9 parts); 256x4096 1.037 and 1.009.
+JOIN_FRACTION = {"cuda": 0.8, "cpu": 1.0}
 
 
-def search_parts(device_type: str, atoms_per_system: np.ndarray) -> int:
-    """Threads per slot of the neighbour search for a batch of these system sizes.
+def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: float = 1.0) -> int:
+    """Threads per slot of the neighbour search for a batch of these system sizes, whose list
+    has this ``join_fraction``: parts pay only where systems rebuild one at a time (1.0). In
+    cohorts, fewer steps search, each over several times the slots, and one pass of one thread
+    per slot does best (W1 on the H200, ``skin_sweep --search-parts 1,3,5,9 --joins 1.0,0.8``,
+    ms per step: 256x1024 joined 0.344 / 0.402 / 0.404 / 0.397, one at a time 0.460 / 0.427 /
+    0.422 / 0.398; 108x2048 joined **0.318** / 0.363 / 0.357 / 0.358).
 
     Example:
         >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.full(4096, 256))
         (9, 1)
+        >>> search_parts("cuda", np.full(1024, 256), join_fraction=0.8)
+        1
     """
     if FORCED_PARTS is not None:
         return FORCED_PARTS
     parts = SEARCH_PARTS.get(device_type, 1)
     total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
+    if join_fraction < 1.0:
+        return 1
     if parts == 1 or not total:
         return parts
     if total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total:
@@ -152,6 +175,7 @@ class NeighborMatrix:
 # Warp element type name or None, initial value).
 _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
     "moved": ((), torch.int32, None, 1),  # 1: everything builds the first time
+    "near": ((), torch.int32, None, 0),
     "rebuild": ((), torch.int32, None, 0),
     "builds": ((), torch.int64, None, 0),
     "cell": ((3, 3), torch.float64, "mat33d", math.nan),
@@ -199,7 +223,7 @@ class Layout:
         CapacityError: A system has more atoms than packed entries can address (2^25).
     """
 
-    def __init__(self, batch: Batch, columns: int, half: bool) -> None:
+    def __init__(self, batch: Batch, columns: int, half: bool, join_fraction: float = 1.0) -> None:
         from alchemi_potentials.neighbors import entries, kernels
 
         wp = _warp.warp()
@@ -234,6 +258,8 @@ class Layout:
         self.systems = kernels.SystemState()
         self.atoms = kernels.AtomState()
         self.system_tensors = allocate(_SYSTEM_FIELDS, s_cap, self.systems)
+        self.batch_moved = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.systems.batch_moved = _warp.view(self.batch_moved)
         # The error records, rows of one table: a check reads them back (or asks whether any is
         # set) in one operation.
         self.errors = torch.zeros((len(ERROR_FIELDS), s_cap), dtype=torch.int32, device=dev)
@@ -269,7 +295,7 @@ class Layout:
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
         # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
-        self.search_parts = search_parts(dev.type, counts)
+        self.search_parts = search_parts(dev.type, counts, join_fraction)
         parts, width = self.search_parts, max(1, v) if self.search_parts > 1 else 1
         if parts * width <= SCRATCH_PARTS * v_cap:  # in the build's scratch (see BUILD_SCRATCH)
             self.found_in_part = scratch.view(torch.int16)[: parts * width].view(parts, width)
@@ -318,7 +344,7 @@ class Layout:
         # (The error records are in system_tensors as rows of self.errors: counted once.)
         held = [*self.system_tensors.values(), *self.atom_tensors.values(), *self.inputs.values(),
                 *self.matrix_tensors, self.bin_count, self.bin_end, self.reference, self.wrapped, self.image_cell,
-                self.build_scratch, self.work_slot]
+                self.build_scratch, self.work_slot, self.batch_moved]
         if self.found_in_part.untyped_storage().data_ptr() != self.build_scratch.untyped_storage().data_ptr():
             held.append(self.found_in_part)
         return sum(t.numel() * t.element_size() for t in held)
