@@ -32,12 +32,12 @@ def _case(sizes: list[int], dtype: torch.dtype, device: str, seed: int = 0) -> t
     return values.to(dtype=dtype, device=device), system.to(device)
 
 
-def _sums(values: torch.Tensor, system: torch.Tensor, systems: int) -> torch.Tensor:
+def _sums(values: torch.Tensor, system: torch.Tensor, systems: int, largest: int | None = None) -> torch.Tensor:
     from alchemi_integrators.system_sums import system_sums
     from alchemi_integrators.warp_kernels import WarpLaunches
 
     out = torch.zeros(systems, 3, dtype=values.dtype, device=values.device)
-    system_sums(WarpLaunches(), Workspace(), "t", values, system, out)
+    system_sums(WarpLaunches(), Workspace(), "t", values, system, out, largest)
     return out
 
 
@@ -46,12 +46,28 @@ def _reference(values: torch.Tensor, system: torch.Tensor, systems: int) -> torc
     return out.index_add_(0, system.cpu(), values.double().cpu())
 
 
+@pytest.mark.parametrize("levels", ["all levels", "levels by size"])
 @pytest.mark.parametrize("name", list(SIZES))
-def test_chunked_sums_equal_a_plain_sum(name: str) -> None:
+def test_chunked_sums_equal_a_plain_sum(name: str, levels: str) -> None:
+    """All three levels, or as few as the largest system needs (one for systems of up to 256
+    atoms, two up to 4,096)."""
     sizes = SIZES[name]
     values, system = _case(sizes, torch.float64, "cpu")
-    got = _sums(values, system, len(sizes))
+    got = _sums(values, system, len(sizes), max(sizes) if levels == "levels by size" else None)
     torch.testing.assert_close(got, _reference(values, system, len(sizes)), rtol=1e-12, atol=1e-10)
+
+
+def test_a_batch_of_small_systems_takes_one_launch() -> None:
+    from alchemi_integrators.system_sums import system_sums
+    from alchemi_integrators.warp_kernels import WarpLaunches
+
+    values, system = _case([256] * 8, torch.float64, "cpu")
+    launches = WarpLaunches()
+    names: list[str] = []
+    original = launches.launch
+    launches.launch = lambda name, *args: (names.append(name), original(name, *args))[1]  # type: ignore[method-assign]
+    system_sums(launches, Workspace(), "t", values, system, torch.zeros(8, 3, dtype=torch.float64), 256)
+    assert names == ["t:sums0"]
 
 
 def test_float32_sums_and_totals_are_added_to_not_replaced() -> None:
@@ -75,8 +91,9 @@ def test_chunked_sums_on_gpu(name: str) -> None:
         pytest.skip("needs CUDA")
     sizes = SIZES[name]
     values, system = _case(sizes, torch.float64, "cuda")
-    got = _sums(values, system, len(sizes))
-    torch.testing.assert_close(got.cpu(), _reference(values, system, len(sizes)), rtol=1e-12, atol=1e-10)
+    for largest in (None, max(sizes)):
+        got = _sums(values, system, len(sizes), largest)
+        torch.testing.assert_close(got.cpu(), _reference(values, system, len(sizes)), rtol=1e-12, atol=1e-10)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,9 @@ of equal system index as a partial, tagged with that system; the runs after it (
 start inside the chunk) go straight to their totals, so a system gets at most one such add per
 level. The next level sums the tagged partials the same way, and the last adds every run to
 its total. A system of ``n`` atoms thus receives about ``n / WIDTH**LEVELS`` atomic adds (256 for
-a million atoms) and a small one a few. The order of the adds is not fixed, so results agree
+a million atoms) and a small one a few. A batch of small systems needs fewer levels, and each
+level is a launch: given the largest system's size, :func:`levels_for` takes as few as leave
+each system at most :data:`ADDS_PER_SYSTEM` adds (one level for W1's 256-atom systems). The order of the adds is not fixed, so results agree
 with a plain sum to rounding, as the per-atom atomics did.
 
 The levels are Warp kernels on torch's stream with no host synchronisation and scratch kept in
@@ -40,9 +42,12 @@ from alchemi_core.workspace import Workspace
 #: Values per thread at every level: a constant, so the loop unrolls and a thread's loads are
 #: all in flight at once (a dynamic loop of 32 waited for each: 39 us for 262k atoms on an H200).
 WIDTH = 16
-#: Levels of partial sums: a system of n atoms gets about n / WIDTH**LEVELS atomic adds (256 for
-#: a million atoms).
+#: Levels of partial sums at most: a system of n atoms gets about n / WIDTH**LEVELS atomic adds
+#: (256 for a million atoms).
 LEVELS = 3
+#: A batch whose systems are small takes fewer levels (each a launch): as few as leave every
+#: system at most this many atomic adds into its total (one level up to WIDTH * ADDS atoms).
+ADDS_PER_SYSTEM = 16
 #: Kernel arguments that take ``[N, 3]`` tensors as vec3 arrays (for the launcher).
 VECTOR_ARGS = frozenset({"values", "partial", "totals"})
 
@@ -98,23 +103,41 @@ def _chunks(count: int) -> int:
     return (count + WIDTH - 1) // WIDTH
 
 
+def levels_for(largest: int) -> int:
+    """Levels of chunk sums for a batch whose largest system has ``largest`` atoms: the fewest
+    that leave each system at most :data:`ADDS_PER_SYSTEM` atomic adds, at most :data:`LEVELS`.
+
+    Example:
+        >>> [levels_for(n) for n in (108, 256, 257, 4096, 65536, 1 << 20)]
+        [1, 1, 2, 2, 3, 3]
+    """
+    levels = 1
+    while levels < LEVELS and largest > ADDS_PER_SYSTEM * WIDTH**levels:
+        levels += 1
+    return levels
+
+
 def system_sums(
-    launches: Any, work: Workspace, name: str, values: torch.Tensor, system: torch.Tensor, totals: torch.Tensor
+    launches: Any, work: Workspace, name: str, values: torch.Tensor, system: torch.Tensor, totals: torch.Tensor,
+    largest: int | None = None,
 ) -> None:
     """Add ``values`` (``[N, 3]``, atoms of a system contiguous) into ``totals`` (``[B, 3]``) by
     ``system`` (``[N]`` int64, non-decreasing); ``totals`` is not zeroed here.
 
     ``launches`` is a :class:`~alchemi_core.warp_runtime.RecordedLaunches` whose vector
     arguments include :data:`VECTOR_ARGS`; ``work`` holds the partials under ``name``.
+    ``largest``: the most atoms of one system (host-known, e.g. ``batch.num_nodes_per_system``),
+    which sets the levels (:func:`levels_for`); None takes all :data:`LEVELS`.
     """
     n = int(values.shape[0])
     if n == 0:
         return
+    levels = LEVELS if largest is None else levels_for(largest)
     device = values.device
     source, tags = values, system
-    for level in range(LEVELS):
+    for level in range(levels):
         chunks = _chunks(n)
-        last = level == LEVELS - 1 or chunks == 1
+        last = level == levels - 1 or chunks == 1
         partial = work.get(f"{name}:partial{level}", chunks, chunks, (3,), values.dtype, device)
         tag = work.get(f"{name}:tag{level}", chunks, chunks, (), torch.int64, device)
         args = (source, tags, n, 0 if last else 1, partial, tag, totals)

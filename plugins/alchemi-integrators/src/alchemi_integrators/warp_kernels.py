@@ -562,6 +562,12 @@ def _typed(value: float, batch: Batch) -> tuple[float, torch.dtype]:
     return (float(value), batch.positions.dtype)
 
 
+def _largest_system(dyn: Any, batch: Batch) -> int:
+    """The most atoms of one system of ``batch`` (host data, kept while its systems last)."""
+    return dyn.cached("largest_system", batch, lambda: int(batch.num_nodes_per_system.max(initial=0)),
+                      reads_fields=False)
+
+
 def verlet_pre(dyn: Integrator, batch: Batch) -> None:
     x, v, f, im, sys, dt, act = _common(dyn, batch)
     _launches(dyn).launch("kick_drift", _kick_drift, batch.num_nodes, (x, v, f, im, sys, dt, act), batch.device)
@@ -591,7 +597,7 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
     if dyn.fix_com:
         momentum.zero_()
-        system_sums(launches, dyn.work, "momentum", kicks, sys, momentum)
+        system_sums(launches, dyn.work, "momentum", kicks, sys, momentum, _largest_system(dyn, batch))
         launches.launch(
             "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
             batch.device,
@@ -662,7 +668,7 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
     sums.zero_()
     powers = dyn.work.get("fire_powers", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
     launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, powers), batch.device)
-    system_sums(launches, dyn.work, "fire_powers", powers, sys, sums)
+    system_sums(launches, dyn.work, "fire_powers", powers, sys, sums, _largest_system(dyn, batch))
     fire2 = bool(dyn.uses_fire2)
     per = dyn.per_system
     delay = per("n_delay" if fire2 else "n_min", batch)
