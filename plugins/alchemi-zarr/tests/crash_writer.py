@@ -26,36 +26,19 @@ from alchemi_zarr import ZarrData  # noqa: E402
 
 
 def kill_at(key_part: str, nth: int) -> None:
-    """Die before the NTH write of a key containing ``key_part``: through zarr's local store, or
-    as one of the chunk files alchemi-zarr writes itself (``chunks._write_file``)."""
-    import threading
-
-    from alchemi_zarr import chunks
-
-    original_set, original_file = zarr.storage.LocalStore.set, chunks._write_file
+    original = zarr.storage.LocalStore.set
     seen = 0
-    lock = threading.Lock()  # chunk files are written by several threads
-
-    def maybe_die(key: str) -> None:
-        nonlocal seen
-        if key_part in key:
-            with lock:
-                seen += 1
-                if seen == nth:
-                    print(f"killing before writing {key}", file=sys.stderr, flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
 
     async def set_then_maybe_die(self, key, value):  # type: ignore[no-untyped-def]
-        maybe_die(key)
-        return await original_set(self, key, value)
-
-    def file_then_maybe_die(path: Path, data: bytes) -> None:
-        where = path.as_posix()
-        maybe_die(where[where.find(key_part):] if key_part in where else where)  # the key in the store
-        original_file(path, data)
+        nonlocal seen
+        if key_part in key:
+            seen += 1
+            if seen == nth:
+                print(f"killing before writing {key}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return await original(self, key, value)
 
     zarr.storage.LocalStore.set = set_then_maybe_die
-    chunks._write_file = file_then_maybe_die
 
 
 def main() -> None:

@@ -88,34 +88,3 @@ def test_a_reopened_store_reads_the_tail_it_did_not_write(tmp_path):
     again = ChunkTails().pieces("x", 5, np.arange(5, 9), 8, read_tail=lambda a, b: arr[a:b])
     write_pieces([(arr, slice(s, s + len(v)), v) for s, v in again])
     assert arr[:9].tolist() == list(range(9))
-
-
-def test_a_local_stores_chunks_written_as_files_equal_those_written_through_zarr(tmp_path, monkeypatch):
-    """On a local store whole chunks are files written by alchemi-zarr's threads
-    (``LOCAL_FILES``); the same bytes land where zarr's own store would put them."""
-    from alchemi_zarr import chunks
-
-    values = _values("float32", 64)
-    stored = {}
-    for local_files in (True, False):
-        monkeypatch.setattr(chunks, "LOCAL_FILES", local_files)
-        group = zarr.open_group(str(tmp_path / f"{local_files}.zarr"), mode="w", zarr_format=3)
-        arr = group.create_array("x", shape=(64, 3), dtype="float32", chunks=(8, 3), compressors=[Crc32cCodec()],
-                                 fill_value=0)
-        write_pieces([(arr, slice(0, 64), values)])
-        np.testing.assert_array_equal(arr[:], values)
-        stored[local_files] = {p.relative_to(tmp_path / f"{local_files}.zarr"): p.read_bytes()
-                               for p in (tmp_path / f"{local_files}.zarr" / "x" / "c").rglob("*") if p.is_file()}
-    assert len(stored[True]) == 8 and stored[True] == stored[False]
-    assert not list(tmp_path.rglob("*.partial")), "a temporary file was left behind"
-
-
-def test_a_chunk_file_that_cannot_be_written_raises_after_the_others_finish(tmp_path):
-    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
-    arr = group.create_array("x", shape=(16, 3), dtype="float32", chunks=(8, 3), compressors=[Crc32cCodec()],
-                             fill_value=0)
-    (tmp_path / "g.zarr" / "x" / "c").mkdir(parents=True)
-    (tmp_path / "g.zarr" / "x" / "c" / "1").write_text("a file where chunk 1's folder goes")
-    with pytest.raises(OSError):
-        write_pieces([(arr, slice(0, 16), _values("float32", 16))])
-    np.testing.assert_array_equal(arr[:8], _values("float32", 16)[:8])  # chunk 0 was written

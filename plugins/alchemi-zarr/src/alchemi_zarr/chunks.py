@@ -7,12 +7,8 @@ bytes followed by their CRC-32C, 4 bytes little-endian), or ``bytes``, ``blosc``
 then a byte copy and a checksum (and one blosc call), and storing it one ``set`` on the array's
 store. Going through zarr's array assignment instead costs per chunk several
 asyncio tasks, a selection, a merge and extra copies: on the W5 snapshot (10.6 MB in 21 chunks)
-about half the writer's time. On a local store the chunks are then written as files by a few
-threads of this module, as zarr's local store writes them (a temporary file in the chunk's
-folder, renamed over the chunk's): through zarr's event loop, one ``asyncio.to_thread`` per
-chunk, the W5 snapshot took 28-34 ms on the H200's host, plain files of its bytes 4-12 ms.
-Arrays with any other codec chain are written through zarr; the bytes written here are the ones
-zarr writes (tested), so any Zarr v3 reader reads them.
+about half the writer's time. Arrays with any other codec chain are written through zarr; the
+bytes written here are the ones zarr writes (tested), so any Zarr v3 reader reads them.
 
 Example:
     >>> import numpy as np, zarr
@@ -27,59 +23,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
-import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 Encoder = Callable[[np.ndarray], bytes]
-
-#: Threads that write a local store's chunk files (writes release the GIL).
-FILE_THREADS = 4
-#: Write a local store's whole chunks as files here (True), or through zarr's store like any
-#: other store's (False: for measurements, ``benchmarks.store_append --via``).
-LOCAL_FILES = True
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = -1
-_pool_lock = threading.Lock()
-
-
-def _file_pool() -> ThreadPoolExecutor:
-    """This process's chunk-file writers (a forked child makes its own: threads do not fork)."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="alchemi-zarr-chunks")
-            _pool_pid = os.getpid()
-        return _pool
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` as zarr's local store writes a key: a temporary file beside it, then
-    renamed over it, so a reader never sees half a chunk."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _local_root(store: Any) -> Path | None:
-    """The folder of a writable zarr ``LocalStore``, else None (other stores go through zarr)."""
-    from zarr.storage import LocalStore
-
-    if isinstance(store, LocalStore) and not store.read_only:
-        return Path(store.root)
-    return None
 
 
 def _crc32c(chunk: np.ndarray) -> bytes:
@@ -172,27 +121,12 @@ def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]]) -> None:
         else:
             through_zarr.append((arr, rows, values))
     buffer = default_buffer_prototype().buffer
-    files: list[Future[None]] = []
-    elsewhere: list[tuple[Any, str, bytes]] = []
-    for store, key, data in direct:
-        root = _local_root(store) if LOCAL_FILES else None
-        if root is None:
-            elsewhere.append((store, key, data))
-        else:
-            files.append(_file_pool().submit(_write_file, root / key, data))
 
     async def assign_all() -> None:
         await asyncio.gather(
-            *(store.set(key, buffer.from_bytes(data)) for store, key, data in elsewhere),
+            *(store.set(key, buffer.from_bytes(data)) for store, key, data in direct),
             *((getattr(arr, "async_array", None) or arr._async_array).setitem(rows, values)
               for arr, rows, values in through_zarr),
         )
 
-    try:
-        if elsewhere or through_zarr:
-            sync(assign_all())
-    finally:
-        for future in files:  # all of them finish before any error is raised
-            future.exception()
-    for future in files:
-        future.result()
+    sync(assign_all())
