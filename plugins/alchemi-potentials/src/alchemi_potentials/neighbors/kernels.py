@@ -216,14 +216,15 @@ def check_moved(
     wrapped: wp.array(dtype=Any),
     g: SystemState,
     a: AtomState,
-    join: wp.float64,
+    join_sq: wp.float64,
 ):
+    # join_sq: join_fraction squared, the share of allowed_sq past which an atom's system is near.
     t = wp.tid()
     s = a.system[t]
     x = vec3d_of(positions[a.order[t]])
     d = x * g.deform[s] - vec3d_of(reference[t])
     dd = wp.dot(d, d)
-    if not (dd <= join * g.allowed_sq[s]):  # NaN too: the build reports it
+    if not (dd <= join_sq * g.allowed_sq[s]):  # NaN too: the build reports it
         # Read before writing: after the first mover, most threads find the flag set and leave
         # the line alone, instead of every atom of a large system storing to one address.
         if g.near[s] == 0:
