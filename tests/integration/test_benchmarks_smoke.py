@@ -318,6 +318,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "rebuild_criteria",
         "sampler_workers",
         "cpu_launches",
+        "writer_parts",
         "adapters",
         "adapters.base",
         "adapters.alchemi",
@@ -345,6 +346,22 @@ def test_rebuild_criteria_counts_every_criterion_on_one_trajectory(capsys) -> No
     assert 0 <= counts["two_largest"] <= counts["half_skin"] <= counts["joined_0.5"] <= 1
     steps_share = {k: v["share_of_steps_with_a_build"] for k, v in out["criteria"].items()}
     assert steps_share["joined_0.5"] <= steps_share["half_skin"]
+
+
+def test_writer_parts_times_every_part_of_an_append_and_puts_everything_back(tmp_path) -> None:
+    import pathlib
+
+    from benchmarks import writer_parts
+
+    open_before = pathlib.Path.open
+    result = writer_parts.main(["--atoms", "32", "--systems", "8", "--appends", "3", "--dir", str(tmp_path)])
+    parts = result["parts"]
+    assert parts["append (whole)"]["calls_per_append"] == 1
+    assert parts["file threads: one chunk file"]["calls_per_append"] >= 7  # a chunk or two per field
+    whole = parts["append (whole)"]["ms_per_append"]
+    assert 0 < parts["write_pieces (wall)"]["ms_per_append"] < whole
+    assert pathlib.Path.open is open_before
+    assert not list(tmp_path.iterdir()), "the store was left behind"
 
 
 def test_sampler_workers_reports_both_settings_over_every_cell(capsys) -> None:

@@ -1,0 +1,151 @@
+"""Where one W5 snapshot's append goes, part by part: the writer process's work, timed in place.
+
+``python -m benchmarks.store_append`` says how long an append of W5's batch takes against plain
+files of the same bytes; this says where the difference goes. It appends the batch ``--appends``
+times to a local store and times, around the functions that do them, the parts of each append:
+
+* on the appending thread: reading the commit (``refresh``), growing the arrays, cutting the rows
+  into whole chunks (``ChunkTails.pieces``: tails and zero padding), encoding them (a copy and a
+  CRC-32C) and waiting for the writes (``write_pieces``); the rest is the lock and the commit;
+* on the threads that write the chunk files (zarr's local store, one task per chunk), summed
+  over threads: each file's whole write, and of it the folder creation, the file's creation,
+  the rename over the chunk and the temporary name.
+
+Thread sums can exceed the wall time of the writes when the threads overlap. Python 3.12's
+profilers are process-wide, one at a time, so this times known functions instead.
+
+    python -m benchmarks.writer_parts --appends 50 --json writer_parts.json
+
+Example:
+    >>> timer = PartTimer()
+    >>> class Box:
+    ...     def work(self):
+    ...         return 7
+    >>> timer.wrap(Box, "work", "the work")
+    >>> Box().work(), timer.calls["the work"]
+    (7, 1)
+    >>> timer.restore(); hasattr(Box.work, "__wrapped__")
+    False
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import pathlib
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import spec
+from benchmarks.adapters.alchemi import to_batch
+from benchmarks.structures import replicated_crystal
+
+
+class PartTimer:
+    """Wall time and calls of wrapped functions, summed by label over every thread."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self._lock = threading.Lock()
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        """Time every call of ``owner.attr`` (a module's function or a class's method) as ``label``."""
+        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        timer = self
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                with timer._lock:
+                    timer.seconds[label] += elapsed
+                    timer.calls[label] += 1
+
+        self._patched.append((owner, attr, original))
+        setattr(owner, attr, timed)
+
+    def restore(self) -> None:
+        """Put every wrapped function back."""
+        for owner, attr, original in reversed(self._patched):
+            setattr(owner, attr, original)
+        self._patched.clear()
+
+
+def measure(atoms: int, systems: int, appends: int, folder: Path) -> dict[str, Any]:
+    """Append a ``systems x atoms`` crystal batch ``appends`` times (after one that lays the store
+    out) with its parts timed; ms and calls per append."""
+    import uuid
+
+    import zarr.storage._local as zarr_local
+
+    import alchemi_zarr.chunks as chunks
+    import alchemi_zarr.storage as storage
+    from alchemi_zarr.aligned import ChunkTails
+    from alchemi_zarr.records import HostRecords, snapshot
+    from alchemi_zarr.storage import AtomicStore
+
+    batch = to_batch(replicated_crystal(atoms, systems, spec.LANGEVIN.temperature, seed=0), "cpu")
+    records = HostRecords.from_snapshot(snapshot(batch, copy=False))
+    store = AtomicStore(str(folder / "parts.zarr"), read_only=False)
+    store.append(records)
+    timer = PartTimer()
+    parts = [
+        (AtomicStore, "append", "append (whole)"),
+        (AtomicStore, "refresh", "read the commit"),
+        (AtomicStore, "_grow", "grow the arrays"),
+        (ChunkTails, "pieces", "whole chunks: tails and padding"),
+        (chunks, "_chunk_sets", "encode: copy and CRC-32C"),
+        (storage, "write_pieces", "write_pieces (wall)"),
+        (zarr_local, "_put", "file threads: one chunk file"),
+        (pathlib.Path, "mkdir", "file threads: its folder"),
+        (pathlib.Path, "open", "file threads: create the file"),
+        (pathlib.Path, "replace", "file threads: rename over the chunk"),
+        (uuid, "uuid4", "file threads: temporary name"),
+    ]
+    for owner, attr, label in parts:
+        timer.wrap(owner, attr, label)
+    try:
+        for _ in range(appends):
+            store.append(records)
+    finally:
+        timer.restore()
+    megabytes = sum(a.nbytes for a in records.fields.values()) / 1e6
+    rows = {label: {"ms_per_append": 1e3 * timer.seconds[label] / appends,
+                    "calls_per_append": timer.calls[label] / appends} for _, _, label in parts}
+    return {"batch": f"{atoms}x{systems}", "megabytes": megabytes, "appends": appends, "parts": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.writer_parts", description=__doc__.splitlines()[0])
+    parser.add_argument("--atoms", type=int, default=spec.W5_SHAPE[0])
+    parser.add_argument("--systems", type=int, default=spec.W5_SHAPE[1])
+    parser.add_argument("--appends", type=int, default=30)
+    parser.add_argument("--dir", type=Path, default=None, help="where the store goes (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="alchemi-writer-parts-", dir=args.dir))
+    try:
+        result = measure(args.atoms, args.systems, args.appends, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"{result['batch']}, {result['megabytes']:.1f} MB per append, {result['appends']} appends")
+    for label, row in result["parts"].items():
+        print(f"  {label:<38} {row['ms_per_append']:8.2f} ms  {row['calls_per_append']:7.1f} calls")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
