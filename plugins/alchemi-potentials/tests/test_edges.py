@@ -90,6 +90,33 @@ def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
     assert el.capacity == capacity
 
 
+def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng, monkeypatch):
+    """A GPU's lists rebuild in cohorts (join_fraction 0.8 there); here on the CPU at 0.5,
+    against 1.0 on the same moves: systems join others' rebuilds (more builds), and the edges
+    equal ASE's at every step either way."""
+    from alchemi_potentials.neighbors import layout
+
+    atoms_list = systems(ref, rng)
+    start = [a.positions.copy() for a in atoms_list]
+    builds = {}
+    for join in (1.0, 0.5):
+        monkeypatch.setitem(layout.JOIN_FRACTION, "cpu", join)
+        for a, x in zip(atoms_list, start, strict=True):
+            a.positions = x.copy()
+        batch = ref.batch(atoms_list)
+        el = EdgeList(RC, skin=1.0)
+        el.update(batch)
+        g = np.random.default_rng(5)
+        for _ in range(6):
+            step = g.normal(scale=0.12, size=(batch.num_nodes, 3)).clip(-0.2, 0.2)
+            batch.positions.add_(torch.as_tensor(step))
+            for a, lo, hi in zip(atoms_list, *_bounds(batch), strict=True):
+                a.positions = batch.positions[lo:hi].numpy()
+            check_against_ase(el.update(batch), batch, atoms_list)
+        builds[join] = el.neighbor_list.builds(batch).clone()
+    assert (builds[0.5] >= builds[1.0]).all() and builds[0.5].sum() > builds[1.0].sum(), builds
+
+
 def _bounds(batch):
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
     return ptr[:-1], ptr[1:]
