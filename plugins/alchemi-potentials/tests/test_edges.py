@@ -78,14 +78,7 @@ def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
     el.update(batch)
     builds = el.neighbor_list.builds(batch).clone()
     capacity = el.capacity
-    g = np.random.default_rng(3)
-    for _ in range(3):
-        step = g.normal(scale=0.08, size=(batch.num_nodes, 3)).clip(-0.15, 0.15)
-        batch.positions.add_(torch.as_tensor(step))
-        for a, lo, hi in zip(atoms_list, *_bounds(batch), strict=True):
-            a.positions = batch.positions[lo:hi].numpy()
-        edges = el.update(batch)
-        check_against_ase(edges, batch, atoms_list)
+    move_and_check(el, batch, atoms_list, steps=3, scale=0.08, largest=0.15, seed=3)
     assert torch.equal(el.neighbor_list.builds(batch), builds), "moves within skin/2 must not rebuild"
     assert el.capacity == capacity
 
@@ -106,15 +99,21 @@ def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng, monkeypatch)
         batch = ref.batch(atoms_list)
         el = EdgeList(RC, skin=1.0)
         el.update(batch)
-        g = np.random.default_rng(5)
-        for _ in range(6):
-            step = g.normal(scale=0.12, size=(batch.num_nodes, 3)).clip(-0.2, 0.2)
-            batch.positions.add_(torch.as_tensor(step))
-            for a, lo, hi in zip(atoms_list, *_bounds(batch), strict=True):
-                a.positions = batch.positions[lo:hi].numpy()
-            check_against_ase(el.update(batch), batch, atoms_list)
+        move_and_check(el, batch, atoms_list, steps=6, scale=0.12, largest=0.2, seed=5)
         builds[join] = el.neighbor_list.builds(batch).clone()
     assert (builds[0.5] >= builds[1.0]).all() and builds[0.5].sum() > builds[1.0].sum(), builds
+
+
+def move_and_check(el, batch, atoms_list, steps: int, scale: float, largest: float, seed: int) -> None:
+    """Move every atom by a clipped normal step (Å) ``steps`` times; after each, the edge list
+    must equal ASE's for the moved structures."""
+    g = np.random.default_rng(seed)
+    for _ in range(steps):
+        step = g.normal(scale=scale, size=(batch.num_nodes, 3)).clip(-largest, largest)
+        batch.positions.add_(torch.as_tensor(step))
+        for a, lo, hi in zip(atoms_list, *_bounds(batch), strict=True):
+            a.positions = batch.positions[lo:hi].numpy()
+        check_against_ase(el.update(batch), batch, atoms_list)
 
 
 def _bounds(batch):
