@@ -11,8 +11,9 @@ level. The next level sums the tagged partials the same way, and the last adds e
 its total. A system of ``n`` atoms thus receives about ``n / WIDTH**LEVELS`` atomic adds (256 for
 a million atoms) and a small one a few. A batch of small systems needs fewer levels, and each
 level is a launch: given the largest system's size, :func:`levels_for` takes as few as leave
-each system at most :data:`ADDS_PER_SYSTEM` adds (one level for W1's 256-atom systems). The order of the adds is not fixed, so results agree
-with a plain sum to rounding, as the per-atom atomics did.
+each system at most :data:`ADDS_PER_SYSTEM` adds (one level for W1's 256-atom systems). The
+levels change only the order of the adds, never the sums; that order is not fixed anyway, so
+results agree with a plain sum to rounding, as the per-atom atomics did.
 
 The levels are Warp kernels on torch's stream with no host synchronisation and scratch kept in
 a :class:`~alchemi_core.workspace.Workspace`, so they replay inside a captured step.

@@ -99,10 +99,10 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: 
     """
     if FORCED_PARTS is not None:
         return FORCED_PARTS
-    parts = SEARCH_PARTS.get(device_type, 1)
-    total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
     if join_fraction < 1.0:
         return 1
+    parts = SEARCH_PARTS.get(device_type, 1)
+    total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
     if parts == 1 or not total:
         return parts
     if total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total:
