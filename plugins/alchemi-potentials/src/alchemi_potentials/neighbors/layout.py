@@ -75,11 +75,13 @@ LISTED_THREADS_CPU = 7
 #: of the steps, 17 systems at a time; at 0.8 in 31 % of them, 62 at a time, for 18 % more builds.
 #: With one thread per slot a GPU's search of 62 systems takes little longer than one of 17 (each
 #: thread walks its slot's box alone, latency-bound, the GPU far from full), so the steps without
-#: a build are saved; a CPU's search costs what it searches, so there the extra builds are only a
-#: cost. W1 on the H200, one thread per slot (``skin_sweep --joins``), ms per step at 1.0 / 0.9 /
-#: 0.8 / 0.7 / 0.6: 256x2048 0.636 / 0.605 / **0.567** / 0.579 / 0.588; 256x1024 at 1.0 and 0.8:
-#: 0.460 and **0.344** (0.398 before, one system at a time in 9 parts); 108x2048 0.443 and
-#: **0.318** (0.360 in 9 parts); 256x4096 1.037 and 1.009.
+#: a build are saved. W1 on the H200, one thread per slot (``skin_sweep --joins``), ms per step at
+#: 1.0 / 0.9 / 0.8 / 0.7 / 0.6: 256x2048 0.636 / 0.605 / **0.567** / 0.579 / 0.588; 256x1024 at
+#: 1.0 and 0.8: 0.460 and **0.344** (0.398 before, one system at a time in 9 parts); 108x2048
+#: 0.443 and **0.318** (0.360 in 9 parts); 256x4096 1.037 and 1.009. A CPU's search costs what
+#: it searches, so there the extra builds are a cost (W6's 108x64 on a 2-core CPU,
+#: ``benchmarks.cpu_launches`` alternating: the search's thread time 2.02-2.06 ms per step at
+#: 1.0, 2.63-2.77 at 0.8; steps 5.0-5.5 against 5.8-6.0 ms).
 JOIN_FRACTION = {"cuda": 0.8, "cpu": 1.0}
 
 
