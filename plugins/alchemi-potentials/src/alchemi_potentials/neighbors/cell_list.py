@@ -246,7 +246,7 @@ class BatchedNeighborList:
             before = _warp.LaunchSequence(positions.device)
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(self._skin),
                                            layout.warp_image_cell])
-            join = self.join_fraction_on(pos.device.type)
+            join = layout.join_fraction
             before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join)])
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])

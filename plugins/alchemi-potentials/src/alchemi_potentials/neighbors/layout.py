@@ -297,6 +297,8 @@ class Layout:
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
         # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
+        # The list's join_fraction: check_moved's threshold and the search's shape follow it.
+        self.join_fraction = join_fraction
         self.search_parts = search_parts(dev.type, counts, join_fraction)
         parts, width = self.search_parts, max(1, v) if self.search_parts > 1 else 1
         if parts * width <= SCRATCH_PARTS * v_cap:  # in the build's scratch (see BUILD_SCRATCH)
