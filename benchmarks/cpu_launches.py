@@ -16,52 +16,32 @@ Example:
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import threading
 import time
-from typing import Any
 
 from benchmarks import spec
+from benchmarks.timing import CallTimer
 
 
 class LaunchTimer:
     """Wall time of Warp's CPU kernel calls, by kernel (installed with :meth:`install`)."""
 
     def __init__(self) -> None:
-        self.totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-        self._lock = threading.Lock()
-        self._original: Any = None
+        self._calls = CallTimer()
 
     def install(self) -> None:
         import warp._src.context as context
 
-        original = self._original = context.invoke
-        timer = self
-
-        def timed(kernel: Any, hooks: Any, params: Any, adjoint: bool) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(kernel, hooks, params, adjoint)
-            finally:
-                elapsed = time.perf_counter() - start
-                with timer._lock:
-                    entry = timer.totals[kernel.key]
-                    entry[0] += 1
-                    entry[1] += elapsed
-
-        context.invoke = timed
+        self._calls.wrap(context, "invoke", lambda kernel, *args: kernel.key)
 
     def restore(self) -> None:
-        import warp._src.context as context
-
-        if self._original is not None:
-            context.invoke = self._original
+        self._calls.restore()
 
     def per_step(self, steps: int) -> dict[str, dict[str, float]]:
         """``{kernel: {launches, ms}}`` per step, costliest first."""
-        rows = sorted(self.totals.items(), key=lambda kv: -kv[1][1])
-        return {k: {"launches": n / steps, "ms": 1e3 * s / steps} for k, (n, s) in rows}
+        seconds, calls = self._calls.seconds, self._calls.calls
+        rows = sorted(seconds, key=lambda k: -seconds[k])
+        return {k: {"launches": calls[k] / steps, "ms": 1e3 * seconds[k] / steps} for k in rows}
 
 
 def main(argv: list[str] | None = None) -> int:

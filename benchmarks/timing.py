@@ -13,7 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import functools
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -122,3 +125,52 @@ class DeviceMemory:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         return {"peak_bytes_per_atom": peak / atoms, "device_bytes_per_atom": (total - free - self.used0) / atoms}
+
+
+class CallTimer:
+    """Wall time and calls of wrapped functions, summed by label over every thread that calls them.
+
+    Example:
+        >>> class Box:
+        ...     def work(self, n):
+        ...         return n + 1
+        >>> timer = CallTimer()
+        >>> timer.wrap(Box, "work", lambda box, n: f"work {n}")
+        >>> Box().work(1), Box().work(1), timer.calls["work 1"]
+        (2, 2, 2)
+        >>> timer.restore(); hasattr(Box.work, "__wrapped__")
+        False
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self._lock = threading.Lock()
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, attr: str, label: str | Callable[..., str]) -> None:
+        """Time every call of ``owner.attr`` (a module's function or a class's own method) under
+        ``label``, or under ``label(*args, **kwargs)`` of the call."""
+        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        timer = self
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                key = label if isinstance(label, str) else label(*args, **kwargs)
+                with timer._lock:
+                    timer.seconds[key] += elapsed
+                    timer.calls[key] += 1
+
+        self._patched.append((owner, attr, original))
+        setattr(owner, attr, timed)
+
+    def restore(self) -> None:
+        """Put every wrapped function back."""
+        for owner, attr, original in reversed(self._patched):
+            setattr(owner, attr, original)
+        self._patched.clear()

@@ -17,69 +17,27 @@ profilers are process-wide, one at a time, so this times known functions instead
     python -m benchmarks.writer_parts --appends 50 --json writer_parts.json
 
 Example:
-    >>> timer = PartTimer()
-    >>> class Box:
-    ...     def work(self):
-    ...         return 7
-    >>> timer.wrap(Box, "work", "the work")
-    >>> Box().work(), timer.calls["the work"]
-    (7, 1)
-    >>> timer.restore(); hasattr(Box.work, "__wrapped__")
-    False
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     result = measure(atoms=32, systems=2, appends=2, folder=Path(folder))
+    >>> result["parts"]["append (whole)"]["calls_per_append"]
+    1.0
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
 import json
 import pathlib
 import shutil
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import spec
 from benchmarks.adapters.alchemi import to_batch
 from benchmarks.structures import replicated_crystal
-
-
-class PartTimer:
-    """Wall time and calls of wrapped functions, summed by label over every thread."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = collections.defaultdict(float)
-        self.calls: dict[str, int] = collections.defaultdict(int)
-        self._lock = threading.Lock()
-        self._patched: list[tuple[Any, str, Any]] = []
-
-    def wrap(self, owner: Any, attr: str, label: str) -> None:
-        """Time every call of ``owner.attr`` (a module's function or a class's method) as ``label``."""
-        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
-        timer = self
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                elapsed = time.perf_counter() - start
-                with timer._lock:
-                    timer.seconds[label] += elapsed
-                    timer.calls[label] += 1
-
-        self._patched.append((owner, attr, original))
-        setattr(owner, attr, timed)
-
-    def restore(self) -> None:
-        """Put every wrapped function back."""
-        for owner, attr, original in reversed(self._patched):
-            setattr(owner, attr, original)
-        self._patched.clear()
+from benchmarks.timing import CallTimer
 
 
 def measure(atoms: int, systems: int, appends: int, folder: Path) -> dict[str, Any]:
@@ -99,7 +57,7 @@ def measure(atoms: int, systems: int, appends: int, folder: Path) -> dict[str, A
     records = HostRecords.from_snapshot(snapshot(batch, copy=False))
     store = AtomicStore(str(folder / "parts.zarr"), read_only=False)
     store.append(records)
-    timer = PartTimer()
+    timer = CallTimer()
     parts = [
         (AtomicStore, "append", "append (whole)"),
         (AtomicStore, "refresh", "read the commit"),
