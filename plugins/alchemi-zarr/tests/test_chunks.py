@@ -88,3 +88,54 @@ def test_a_reopened_store_reads_the_tail_it_did_not_write(tmp_path):
     again = ChunkTails().pieces("x", 5, np.arange(5, 9), 8, read_tail=lambda a, b: arr[a:b])
     write_pieces([(arr, slice(s, s + len(v)), v) for s, v in again])
     assert arr[:9].tolist() == list(range(9))
+
+
+def test_every_array_a_store_lays_out_is_encoded_here(tmp_path, monkeypatch):
+    """Whatever zarr is installed, an append of alchemi's records encodes every chunk itself:
+    zarr 3.4 renamed the chunk grid's class and made the endianness a string, and a check by the
+    old names sent each chunk through zarr without a word (found on the GPU host's Python 3.12)."""
+    import warnings
+
+    from alchemi_core.testing import make_batch
+    from alchemi_zarr import chunks
+    from alchemi_zarr.records import HostRecords, snapshot
+    from alchemi_zarr.storage import AtomicStore
+
+    through_zarr: list[str] = []
+    original = chunks.encoder
+
+    def spying(arr):  # noqa: ANN001, ANN202
+        found = original(arr)
+        if found is None:
+            through_zarr.append(arr.path)
+        return found
+
+    monkeypatch.setattr(chunks, "encoder", spying)
+    store = AtomicStore(str(tmp_path / "s.zarr"), read_only=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        store.append(HostRecords.from_snapshot(snapshot(make_batch([3, 2]), copy=False)))
+    assert store.header is not None and len(store.header.fields) >= 4
+    assert through_zarr == []
+
+
+def test_an_unexpected_failure_to_read_the_metadata_is_said_once(monkeypatch):
+    import warnings
+
+    from alchemi_zarr import chunks
+
+    class Unreadable:
+        """An array whose metadata a future zarr keeps somewhere this module does not know."""
+
+        dtype = np.dtype("f4")
+
+        @property
+        def metadata(self):  # noqa: ANN201
+            raise AttributeError("no metadata here")
+
+    monkeypatch.setattr(chunks, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="cannot encode chunks itself.*no metadata here"):
+        assert encoder(Unreadable()) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert encoder(Unreadable()) is None  # said once

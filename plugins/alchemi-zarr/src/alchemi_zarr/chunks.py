@@ -8,7 +8,9 @@ then a byte copy and a checksum (and one blosc call), and storing it one ``set``
 store. Going through zarr's array assignment instead costs per chunk several
 asyncio tasks, a selection, a merge and extra copies: on the W5 snapshot (10.6 MB in 21 chunks)
 about half the writer's time. Arrays with any other codec chain are written through zarr; the
-bytes written here are the ones zarr writes (tested), so any Zarr v3 reader reads them.
+bytes written here are the ones zarr writes (tested), so any Zarr v3 reader reads them. The
+metadata is read by what it holds rather than by zarr's class names, which zarr 3.4 changed; an
+array of alchemi's that still cannot be read is said once, as a ``RuntimeWarning``.
 
 Example:
     >>> import numpy as np, zarr
@@ -40,21 +42,27 @@ def _crc32c(chunk: np.ndarray) -> bytes:
 
 def encoder(arr: Any) -> Encoder | None:
     """How to encode a whole chunk of ``arr`` here, or None when zarr must (other codecs, a
-    big-endian or irregular layout, an older or newer zarr)."""
+    big-endian or irregular layout).
+
+    The metadata is read by what it holds, not by its classes: zarr 3.4 (Python 3.12 and later)
+    renamed the regular chunk grid's class and made a codec's endianness a string, and a check
+    against the old names sent every chunk through zarr (about 1.5x slower appends) without a
+    word. Anything else unexpected is warned about once, then zarr writes."""
     try:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
-        from zarr.core.chunk_grids import RegularChunkGrid
 
         meta = arr.metadata
         codecs = tuple(meta.codecs)
         dtype = np.dtype(arr.dtype)
-        if getattr(meta, "zarr_format", None) != 3 or not isinstance(meta.chunk_grid, RegularChunkGrid):
+        # A regular grid has one chunk shape (a rectilinear one has ``chunk_shapes``).
+        chunk_shape = getattr(meta.chunk_grid, "chunk_shape", None)
+        if getattr(meta, "zarr_format", None) != 3 or chunk_shape is None:
             return None
-        if tuple(meta.chunk_grid.chunk_shape[1:]) != tuple(arr.shape[1:]):
+        if tuple(chunk_shape[1:]) != tuple(arr.shape[1:]):
             return None  # chunks split rows: not one of alchemi's arrays
         if not codecs or not isinstance(codecs[0], BytesCodec) or dtype.byteorder == ">":
             return None
-        if dtype.itemsize > 1 and getattr(codecs[0].endian, "value", None) != "little":
+        if dtype.itemsize > 1 and _name(codecs[0].endian) != "little":
             return None
         rest = codecs[1:]
         if len(rest) == 1 and isinstance(rest[0], Crc32cCodec):
@@ -68,9 +76,30 @@ def encoder(arr: Any) -> Encoder | None:
             blosc = _blosc(rest[0], dtype)
             if blosc is not None:
                 return lambda chunk: _crc32c(np.frombuffer(blosc.encode(np.ascontiguousarray(chunk)), np.uint8))
-    except Exception:  # noqa: BLE001 - anything unexpected: zarr writes
-        return None
+    except Exception as exc:  # noqa: BLE001 - anything unexpected: zarr writes, and says so once
+        _warn_once(f"{type(exc).__name__}: {exc}")
     return None
+
+
+def _name(value: Any) -> Any:
+    """An enum's value, or the value itself (zarr 3.4 keeps some settings as plain strings)."""
+    return getattr(value, "value", value)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(why: str) -> None:
+    import warnings
+
+    if why not in _WARNED:
+        _WARNED.add(why)
+        warnings.warn(
+            f"alchemi-zarr cannot encode chunks itself with this zarr ({why}); zarr writes them instead, "
+            "which is slower. Please report it with your zarr version",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _blosc(codec: Any, dtype: np.dtype) -> Any:
@@ -79,10 +108,10 @@ def _blosc(codec: Any, dtype: np.dtype) -> Any:
     from numcodecs import Blosc
 
     shuffles = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
-    shuffle = shuffles.get(getattr(codec.shuffle, "value", codec.shuffle))
+    shuffle = shuffles.get(_name(codec.shuffle))
     if shuffle is None or (codec.typesize or dtype.itemsize) != dtype.itemsize:
         return None
-    return Blosc(cname=getattr(codec.cname, "value", codec.cname), clevel=codec.clevel, shuffle=shuffle,
+    return Blosc(cname=_name(codec.cname), clevel=codec.clevel, shuffle=shuffle,
                  blocksize=codec.blocksize)
 
 
