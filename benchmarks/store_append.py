@@ -7,6 +7,7 @@ bytes as plain files of that size (write and rename, as zarr's local store does)
 Usage::
 
     python -m benchmarks.store_append --json store_append.json --chunk-kib 256,512,2048,8192
+    python -m benchmarks.store_append --chunk-kib 512 --via zarr,files
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunk-kib", default="256,512,2048,8192")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--via", default="files",
+                        help="comma-separated: files (a local store's chunks written as files by alchemi-zarr), "
+                             "zarr (through zarr's store, as any other store)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from alchemi_zarr import layout
+    from alchemi_zarr import chunks, layout
     from alchemi_zarr.records import HostRecords, snapshot
     from alchemi_zarr.storage import AtomicStore
 
@@ -61,22 +65,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     megabytes = sum(a.nbytes for a in records.fields.values()) / 1e6
     scratch = Path(tempfile.mkdtemp(prefix="alchemi-store-append-"))
     result: dict[str, Any] = {"batch": f"{atoms}x{systems}", "megabytes": megabytes, "chunks": {}}
-    default = layout.CHUNK_BYTES
+    default, default_via = layout.CHUNK_BYTES, chunks.LOCAL_FILES
     try:
         for kib in (int(k) for k in args.chunk_kib.split(",")):
             layout.CHUNK_BYTES = kib * 1024
-            store = AtomicStore(str(scratch / f"{kib}.zarr"), read_only=False)
-            store.append(records)  # lays the arrays out
-            append_ms = _median_ms(lambda store=store: store.append(records), args.repeats)
+            row: dict[str, float] = {}
+            for via in args.via.split(","):
+                chunks.LOCAL_FILES = {"files": True, "zarr": False}[via.strip()]
+                store = AtomicStore(str(scratch / f"{kib}-{via}.zarr"), read_only=False)
+                store.append(records)  # lays the arrays out
+                row[f"append_ms_via_{via}"] = _median_ms(lambda store=store: store.append(records), args.repeats)
             folder = scratch / f"{kib}.files"
             folder.mkdir()
-            files_ms = _median_ms(
+            row["plain_files_ms"] = _median_ms(
                 lambda folder=folder, kib=kib: _plain_files(folder, list(records.fields.values()), kib * 1024), args.repeats
             )
-            result["chunks"][kib] = {"append_ms": append_ms, "plain_files_ms": files_ms}
-            print(f"{kib:>6} KiB chunks: append {append_ms:.1f} ms, plain files {files_ms:.1f} ms", flush=True)
+            result["chunks"][kib] = row
+            print(f"{kib:>6} KiB chunks: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
     finally:
-        layout.CHUNK_BYTES = default
+        layout.CHUNK_BYTES, chunks.LOCAL_FILES = default, default_via
         shutil.rmtree(scratch, ignore_errors=True)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

@@ -6,13 +6,12 @@ times to a local store and times, around the functions that do them, the parts o
 
 * on the appending thread: reading the commit (``refresh``), growing the arrays, cutting the rows
   into whole chunks (``ChunkTails.pieces``: tails and zero padding), encoding them (a copy and a
-  CRC-32C) and waiting for the writes (``write_pieces``); the rest is the lock and the commit;
-* on the threads that write the chunk files (zarr's local store, one task per chunk), summed
-  over threads: each file's whole write, and of it the folder creation, the file's creation,
-  the rename over the chunk and the temporary name.
+  CRC-32C) and writing them (``write_pieces``); the rest is the lock and the commit;
+* writing the chunk files (a local store's whole chunks, :mod:`alchemi_zarr.local_files`, on the
+  appending thread): each file's whole write, and of it the folders, the file's creation and
+  the rename of a temporary file over a chunk that holds records.
 
-Thread sums can exceed the wall time of the writes when the threads overlap. Python 3.12's
-profilers are process-wide, one at a time, so this times known functions instead.
+Python 3.12's profilers are process-wide, one at a time, so this times known functions instead.
 
     python -m benchmarks.writer_parts --appends 50 --json writer_parts.json
 
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,11 +41,10 @@ from benchmarks.timing import CallTimer
 def measure(atoms: int, systems: int, appends: int, folder: Path) -> dict[str, Any]:
     """Append a ``systems x atoms`` crystal batch ``appends`` times (after one that lays the store
     out) with its parts timed; ms and calls per append."""
-    import uuid
-
-    import zarr.storage._local as zarr_local
+    import os
 
     import alchemi_zarr.chunks as chunks
+    import alchemi_zarr.local_files as local_files
     import alchemi_zarr.storage as storage
     from alchemi_zarr.aligned import ChunkTails
     from alchemi_zarr.records import HostRecords, snapshot
@@ -63,13 +60,12 @@ def measure(atoms: int, systems: int, appends: int, folder: Path) -> dict[str, A
         (AtomicStore, "refresh", "read the commit"),
         (AtomicStore, "_grow", "grow the arrays"),
         (ChunkTails, "pieces", "whole chunks: tails and padding"),
-        (chunks, "_chunk_sets", "encode: copy and CRC-32C"),
+        (chunks, "_chunk_sets", "encode: CRC-32C (and blosc)"),
         (storage, "write_pieces", "write_pieces (wall)"),
-        (zarr_local, "_put", "file threads: one chunk file"),
-        (pathlib.Path, "mkdir", "file threads: its folder"),
-        (pathlib.Path, "open", "file threads: create the file"),
-        (pathlib.Path, "replace", "file threads: rename over the chunk"),
-        (uuid, "uuid4", "file threads: temporary name"),
+        (local_files, "write_file", "files: one chunk file"),
+        (os, "makedirs", "files: their folders"),
+        (os, "open", "files: create the file"),
+        (os, "replace", "files: rename over a chunk with records"),
     ]
     for owner, attr, label in parts:
         timer.wrap(owner, attr, label)

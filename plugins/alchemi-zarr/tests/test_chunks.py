@@ -139,3 +139,23 @@ def test_an_unexpected_failure_to_read_the_metadata_is_said_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert encoder(Unreadable()) is None  # said once
+
+
+def test_local_chunks_past_the_records_are_written_in_place_and_the_others_replaced(tmp_path):
+    """A chunk holding committed rows is replaced whole (a new file renamed over it: a crash
+    leaves its old bytes or its new ones); a chunk past them is written in place, and both read
+    back as written."""
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(24, 3), dtype="f4", chunks=(8, 3), compressors=[Crc32cCodec()], fill_value=0)
+    write_pieces([(arr, slice(0, 24), _values("float32", 24))], committed={"x": 0})
+    chunk_file = {c: tmp_path / "g.zarr" / "x" / "c" / str(c) / "0" for c in range(3)}
+    before = {c: f.stat().st_ino for c, f in chunk_file.items()}
+    values = _values("float32", 16) + 1
+    write_pieces([(arr, slice(8, 24), values)], committed={"x": 12})  # rows 8-11 of chunk 1 are records
+    after = {c: f.stat().st_ino for c, f in chunk_file.items()}
+    assert after[1] != before[1]  # replaced
+    assert after[2] == before[2]  # written in place
+    np.testing.assert_array_equal(arr[8:24], values)
+    assert not list((tmp_path / "g.zarr").rglob("*.partial"))
+    write_pieces([(arr, slice(16, 24), values[:8])])  # no commit given: every chunk replaced
+    assert chunk_file[2].stat().st_ino != after[2]

@@ -53,16 +53,20 @@ def check_store_after_crash(store: Path, printed: list[int]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("key", "nth"),
+    ("key", "nth", "torn"),
     [
-        ("atoms/positions/c/", 6),  # some fields of the record written, pointers and commit not
-        ("atom_ptr/c/", 9),  # all data written, pointers half, commit not
-        ("commit/c/", 12),  # everything but the commit written
+        ("atoms/positions/c/", 6, False),  # some fields of the record written, pointers and commit not
+        ("atom_ptr/c/", 9, False),  # all data written, pointers half, commit not
+        ("commit/c/", 12, False),  # everything but the commit written
+        # Half a chunk written: the first append's, in place (no record in it yet), and a later
+        # one's temporary file (the chunk holds committed records).
+        ("atoms/positions/c/", 1, True),
+        ("atoms/positions/c/", 6, True),
     ],
 )
-def test_sigkill_mid_append_leaves_every_committed_record_whole(tmp_path, key, nth):
+def test_sigkill_mid_append_leaves_every_committed_record_whole(tmp_path, key, nth, torn):
     store = tmp_path / "killed.zarr"
-    proc = start_writer(store, "kill-at", key, str(nth))
+    proc = start_writer(store, "kill-at", key, str(nth), *(["torn"] if torn else []))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
     assert f"killing before writing {key}" in err

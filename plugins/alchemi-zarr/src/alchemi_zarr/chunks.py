@@ -25,19 +25,28 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-Encoder = Callable[[np.ndarray], bytes]
+from alchemi_zarr.local_files import ChunkFile, local_root, write_files
+
+#: An encoded chunk, in parts to be written one after another: no copy joins the data and its
+#: checksum on the way to a file.
+Parts = list[Any]
+Encoder = Callable[[np.ndarray], Parts]
+
+#: Write a local store's whole chunks as files here (:mod:`alchemi_zarr.local_files`), or through
+#: zarr's store like any other store's (False: for measurements, ``benchmarks.store_append --via``).
+LOCAL_FILES = True
 
 
-def _crc32c(chunk: np.ndarray) -> bytes:
+def _crc32c(chunk: np.ndarray) -> Parts:
     import google_crc32c
 
     data = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
-    return b"".join((data.data, int(google_crc32c.value(data)).to_bytes(4, "little")))
+    return [data.data, int(google_crc32c.value(data)).to_bytes(4, "little")]
 
 
 def encoder(arr: Any) -> Encoder | None:
@@ -71,7 +80,7 @@ def encoder(arr: Any) -> Encoder | None:
             from numcodecs import Zstd
 
             zstd = Zstd(level=rest[0].level, checksum=rest[0].checksum)
-            return lambda chunk: bytes(zstd.encode(np.ascontiguousarray(chunk)))
+            return lambda chunk: [zstd.encode(np.ascontiguousarray(chunk))]
         if len(rest) == 2 and isinstance(rest[0], BloscCodec) and isinstance(rest[1], Crc32cCodec):
             blosc = _blosc(rest[0], dtype)
             if blosc is not None:
@@ -115,8 +124,8 @@ def _blosc(codec: Any, dtype: np.dtype) -> Any:
                  blocksize=codec.blocksize)
 
 
-def _chunk_sets(arr: Any, rows: slice, values: np.ndarray, encode: Encoder) -> list[tuple[Any, str, bytes]]:
-    """``(store, key, encoded bytes)`` of each whole chunk that ``values`` fill from ``rows.start``."""
+def _chunk_sets(arr: Any, rows: slice, values: np.ndarray, encode: Encoder) -> list[tuple[int, str, Parts]]:
+    """``(first row, key, encoded parts)`` of each whole chunk that ``values`` fill from ``rows.start``."""
     chunk = arr.chunks[0]
     assert rows.start % chunk == 0 and len(values) % chunk == 0, "whole chunks only"
     store_path = arr.store_path
@@ -126,18 +135,29 @@ def _chunk_sets(arr: Any, rows: slice, values: np.ndarray, encode: Encoder) -> l
     out = []
     for at in range(0, len(values), chunk):
         key = arr.metadata.encode_chunk_key(((rows.start + at) // chunk, *trailing))
-        out.append((store_path.store, prefix + key, encode(values[at : at + chunk])))
+        out.append((rows.start + at, prefix + key, encode(values[at : at + chunk])))
     return out
 
 
-def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]]) -> None:
-    """Assign every ``array[rows] = values`` at once on zarr's event loop (their I/O overlaps),
-    returning when all are done. Pieces of whole chunks of arrays with alchemi's codecs are
-    encoded here and stored directly; the others go through zarr."""
+def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]], committed: Mapping[str, int] | None = None) -> None:
+    """Assign every ``array[rows] = values``, returning when all are done.
+
+    Pieces of whole chunks of arrays with alchemi's codecs are encoded here; a local store's are
+    written as files by this thread (:mod:`alchemi_zarr.local_files`), any other store's stored
+    with one ``set`` each on zarr's event loop (their I/O overlaps), as are the pieces zarr
+    encodes.
+
+    Args:
+        pieces: ``(array, rows, values)`` to assign.
+        committed: Rows of each array (by its path in the store) that hold records: a chunk
+            that starts at or past them holds none and may be written in place. Arrays not
+            named here are written through temporary files only.
+    """
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    direct: list[tuple[Any, str, bytes]] = []
+    direct: list[tuple[Any, str, Parts]] = []
+    files: dict[Any, list[ChunkFile]] = {}
     through_zarr: list[tuple[Any, slice, np.ndarray]] = []
     encoders: dict[int, Encoder | None] = {}
     for arr, rows, values in pieces:
@@ -145,15 +165,27 @@ def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]]) -> None:
             encoders[id(arr)] = encoder(arr)
         encode = encoders[id(arr)]
         whole = rows.start % arr.chunks[0] == 0 and len(values) % arr.chunks[0] == 0
-        if encode is not None and whole:
-            direct.extend(_chunk_sets(arr, rows, values, encode))
-        else:
+        if encode is None or not whole:
             through_zarr.append((arr, rows, values))
+            continue
+        store = arr.store_path.store
+        root = local_root(store) if LOCAL_FILES else None
+        records_end = (committed or {}).get(arr.path)
+        for first, key, parts in _chunk_sets(arr, rows, values, encode):
+            if root is None:
+                direct.append((store, key, parts))
+            else:
+                fresh = records_end is not None and first >= records_end
+                files.setdefault(root, []).append(ChunkFile(key, parts, in_place=fresh))
+    for root, chunk_files in files.items():
+        write_files(root, chunk_files)
+    if not direct and not through_zarr:
+        return
     buffer = default_buffer_prototype().buffer
 
     async def assign_all() -> None:
         await asyncio.gather(
-            *(store.set(key, buffer.from_bytes(data)) for store, key, data in direct),
+            *(store.set(key, buffer.from_bytes(b"".join(parts))) for store, key, parts in direct),
             *((getattr(arr, "async_array", None) or arr._async_array).setitem(rows, values)
               for arr, rows, values in through_zarr),
         )

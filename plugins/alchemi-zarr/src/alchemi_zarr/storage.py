@@ -3,10 +3,11 @@ whole records at a time and read by row ranges.
 
 An append writes, in this order: the header (only into an empty store), any array growth
 (metadata), the data rows and the pointers past the committed end, and last the ``commit``
-array. Every store write replaces one object atomically, so a crash at any point leaves the old
-commit, whose records are untouched (rows sharing a chunk with new rows are rewritten with their
-old values, all or nothing); the uncommitted tail is ignored on reopening and overwritten by the
-next append.
+array. Every write of an object that holds committed data replaces it atomically, so a crash at
+any point leaves the old commit, whose records are untouched (rows sharing a chunk with new rows
+are rewritten with their old values, all or nothing); chunks wholly past the commit may be
+written in place (a local store's, :mod:`alchemi_zarr.local_files`). The uncommitted tail is
+ignored on reopening and overwritten by the next append.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -369,13 +370,15 @@ class AtomicStore:
         for name, first, counts in ((layout.ATOM_PTR, n0, records.num_atoms), (layout.EDGE_PTR, e0, records.num_edges)):
             writes.append((name, s0 + 1, first + np.cumsum(counts, dtype=np.int64)))
         pieces: list[tuple[Any, slice, np.ndarray]] = []
+        committed: dict[str, int] = {}  # rows of each array that hold records: chunks past them are fresh
         for name, lo, rows in writes:
             arr = self.array(name)
             chunk = arr.chunks[0]
             self._grow(name, ChunkTails.end(lo + len(rows), chunk))
+            committed[arr.path] = lo
             for first, values in self._tails.pieces(name, lo, rows, chunk, self._reader(arr)):
                 pieces.append((arr, slice(first, first + len(values)), values))
-        write_pieces(pieces)
+        write_pieces(pieces, committed)
         # The commit point, after every data write has returned: before it, a reader (or a
         # reopened writer) sees none of these records.
         self.array(layout.COMMIT)[:] = np.array([s0 + k, n0 + n, e0 + e], dtype=np.int64)

@@ -2,7 +2,9 @@
 store, and serialise writers of one store.
 
 Local paths and ``file://`` URLs become a ``zarr.storage.LocalStore``, whose writes replace each
-file atomically (zarr >= 3.1.3): a crash never leaves a half-written chunk or a torn metadata file.
+file atomically (zarr >= 3.1.3): a crash never leaves a half-written metadata file or chunk of
+records. (Appends write chunks past the commit, which hold no records yet, in place:
+:mod:`alchemi_zarr.local_files`.)
 Other URLs (``memory://``, ``s3://``, ...) go through fsspec; object stores put whole objects, which
 is atomic too.
 
