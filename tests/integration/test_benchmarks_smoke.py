@@ -478,3 +478,16 @@ def test_profile_calls_profiles_only_inside_checks_and_puts_check_back():
     # Three checks, each profiled once (the row of admission.py's check reads "3 ... (check)").
     assert any(line.split()[:1] == ["3"] and line.endswith("(check)") for line in text.splitlines())
     assert "(_core)" not in text  # the steps between checks are not profiled
+
+
+def test_store_append_times_each_way_in_alternating_rounds_and_restores_the_defaults(tmp_path) -> None:
+    from alchemi_zarr import chunks, local_files
+    from benchmarks import store_append
+
+    result = store_append.main(["--chunk-kib", "512", "--via", "zarr,files", "--file-threads", "1,2",
+                                "--rounds", "2", "--repeats", "1", "--json", str(tmp_path / "a.json")])
+    row = result["chunks"][512]
+    ways = ["append_ms_via_zarr", "append_ms_via_files_t1", "append_ms_via_files_t2"]
+    assert all(row[w] > 0 and len(row["rounds_ms"][w]) == 2 for w in ways)
+    assert row["plain_files_ms"] > 0
+    assert chunks.LOCAL_FILES is True and local_files.FILE_THREADS == 4

@@ -159,3 +159,20 @@ def test_local_chunks_past_the_records_are_written_in_place_and_the_others_repla
     assert not list((tmp_path / "g.zarr").rglob("*.partial"))
     write_pieces([(arr, slice(16, 24), values[:8])])  # no commit given: every chunk replaced
     assert chunk_file[2].stat().st_ino != after[2]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunk_files_are_all_written_before_an_error_in_one_is_raised(tmp_path, threads):
+    from alchemi_zarr.local_files import ChunkFile, write_files
+
+    files = [ChunkFile(f"x/c/{i}/0", [bytes([i]) * 10], in_place=i % 2 == 0) for i in range(7)]
+    files[3] = ChunkFile("x/c/3/0", [object()], in_place=False)  # not bytes: this write fails
+    with pytest.raises(TypeError):
+        write_files(tmp_path, files, threads=threads)
+    written = {i: f.read_bytes() for i in range(7) if (f := tmp_path / f"x/c/{i}/0").exists()}
+    # Thread k takes files k, k + threads, ...: the failing thread stops at file 3, and every
+    # other thread's files are written before the error reaches the caller.
+    failing = 3 % threads
+    expected = {i for i in range(7) if i % threads != failing or i < 3}
+    assert written == {i: bytes([i]) * 10 for i in expected}
+    assert not list(tmp_path.rglob("*.partial"))

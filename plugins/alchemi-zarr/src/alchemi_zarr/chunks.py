@@ -4,13 +4,14 @@ Appends write whole chunks only (:mod:`alchemi_zarr.aligned`), and every array a
 has one of two codec chains: ``bytes`` (little-endian, C order) then ``crc32c`` (the chunk's
 bytes followed by their CRC-32C, 4 bytes little-endian), or ``bytes``, ``blosc`` and
 ``crc32c`` (stores of an earlier version: ``bytes`` then ``zstd``). Encoding a whole chunk is
-then a byte copy and a checksum (and one blosc call), and storing it one ``set`` on the array's
-store. Going through zarr's array assignment instead costs per chunk several
-asyncio tasks, a selection, a merge and extra copies: on the W5 snapshot (10.6 MB in 21 chunks)
-about half the writer's time. Arrays with any other codec chain are written through zarr; the
-bytes written here are the ones zarr writes (tested), so any Zarr v3 reader reads them. The
-metadata is read by what it holds rather than by zarr's class names, which zarr 3.4 changed; an
-array of alchemi's that still cannot be read is said once, as a ``RuntimeWarning``.
+then a checksum (and one blosc call), and storing it one file written on a local store
+(:mod:`alchemi_zarr.local_files`) or one ``set`` on any other store. Going through zarr's array
+assignment instead costs per chunk several asyncio tasks, a selection, a merge and extra
+copies: on the W5 snapshot (10.6 MB in 21 chunks) about half the writer's time. Arrays with
+any other codec chain are written through zarr; the bytes written here are the ones zarr writes
+(tested), so any Zarr v3 reader reads them. The metadata is read by what it holds rather than by
+zarr's class names, which zarr 3.4 changed; an array of alchemi's that still cannot be read is
+said once, as a ``RuntimeWarning``.
 
 Example:
     >>> import numpy as np, zarr
