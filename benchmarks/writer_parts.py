@@ -7,11 +7,12 @@ times to a local store and times, around the functions that do them, the parts o
 * on the appending thread: reading the commit (``refresh``), growing the arrays, cutting the rows
   into whole chunks (``ChunkTails.pieces``: tails and zero padding), encoding them (a copy and a
   CRC-32C) and writing them (``write_pieces``); the rest is the lock and the commit;
-* writing the chunk files (a local store's whole chunks, :mod:`alchemi_zarr.local_files`, on the
-  appending thread): each file's whole write, and of it the folders, the file's creation and
-  the rename of a temporary file over a chunk that holds records.
+* writing the chunk files (a local store's whole chunks, :mod:`alchemi_zarr.local_files`, on a
+  few threads; summed over them): each file's whole write, and of it the folders, the file's
+  creation and the rename of a temporary file over a chunk that holds records.
 
-Python 3.12's profilers are process-wide, one at a time, so this times known functions instead.
+Thread sums can exceed the wall time of the writes when the threads overlap. Python 3.12's
+profilers are process-wide, one at a time, so this times known functions instead.
 
     python -m benchmarks.writer_parts --appends 50 --json writer_parts.json
 
