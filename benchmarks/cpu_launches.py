@@ -4,7 +4,8 @@ Each CPU launch of a Warp kernel is timed around Warp's call into the kernel and
 kernel over ``--steps`` steps, after ``--equilibrate``; kernels cut into ranges that run on
 several threads (the pair kernel, the neighbour search) are summed over their threads, so their
 totals can exceed their share of the step's wall time. ``--optimization-level`` and
-``--cpu-flags`` set Warp's CPU compiler options before anything is compiled.
+``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
+chooses how the pair kernel treats listed pairs past the cutoff.
 
     python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
 
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--equilibrate", type=int, default=300)
     parser.add_argument("--optimization-level", type=int, default=None, help="Warp's, for CPU kernels (default 2)")
     parser.add_argument("--cpu-flags", default=None, help="Warp's CPU compiler flags (default -march=native)")
+    parser.add_argument("--pair-masked", choices=("on", "off"), default=None,
+                        help="pairs past the cutoff masked or branched around (default: pair_potential.MASKED)")
     args = parser.parse_args(argv)
     import warp
 
@@ -61,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         warp.config.cpu_compiler_flags = args.cpu_flags
     import torch
 
+    if args.pair_masked is not None:
+        from alchemi_potentials import pair_potential
+
+        pair_potential.MASKED["cpu"] = args.pair_masked == "on"
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import replicated_crystal
 

@@ -72,6 +72,19 @@ def test_unrolled_neighbour_reads_give_the_reference(ref, rng, monkeypatch, mode
     check_against_reference(ref, structures, out, reference(ref))
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("masked", [False, True], ids=["branching", "masked"])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_pairs_past_the_cutoff_branched_around_or_masked_give_the_reference(ref, rng, monkeypatch, model, masked,
+                                                                            half):
+    """(A CPU masks, a GPU branches.) The skin of 1.5 Å puts many listed pairs past the cutoff."""
+    monkeypatch.setitem(pair_potential.MASKED, "cpu", masked)
+    make, reference = MODELS[model]
+    structures = systems(ref, rng)
+    out = make(BatchedNeighborList(RC, 1.5, half_list=half))(ref.batch(structures), compute_stress=True)
+    check_against_reference(ref, structures, out, reference(ref))
+
+
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
 def test_totals_folded_per_chunk_give_the_reference(ref, rng, monkeypatch, half):
     """Large systems sum per slot and fold chunk by chunk; here every system does (chunks of 4,
