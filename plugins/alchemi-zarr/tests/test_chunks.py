@@ -176,3 +176,20 @@ def test_chunk_files_are_all_written_before_an_error_in_one_is_raised(tmp_path, 
     expected = {i for i in range(7) if i % threads != failing or i < 3}
     assert written == {i: bytes([i]) * 10 for i in expected}
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_the_file_writers_are_made_once_and_grown_only_when_more_are_needed(tmp_path):
+    from alchemi_zarr import local_files
+    from alchemi_zarr.local_files import ChunkFile, write_files
+
+    def files(n, tag):
+        return [ChunkFile(f"{tag}/c/{i}/0", [b"x"], in_place=True) for i in range(n)]
+
+    write_files(tmp_path, files(4, "a"), threads=4)
+    pool = local_files._pool(1)
+    write_files(tmp_path, files(2, "b"), threads=4)  # two files, two threads: the same writers
+    write_files(tmp_path, files(3, "c"), threads=3)
+    assert local_files._pool(1) is pool
+    write_files(tmp_path, files(6, "d"), threads=6)  # more threads than ever: a larger pool
+    assert local_files._pool(1) is not pool
+    assert sum(p.is_file() for p in tmp_path.rglob("*")) == 4 + 2 + 3 + 6

@@ -104,10 +104,12 @@ def write_files(root: Path, files: Sequence[ChunkFile], threads: int | None = No
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """This process's file writers (a forked child makes its own: threads do not fork)."""
+    """This process's file writers, at least ``workers`` of them (a forked child makes its own:
+    threads do not fork). Made again only to grow, so appends of few chunks do not churn it."""
     global _executor, _executor_key
     with _executor_lock:
-        if _executor is None or _executor_key != (os.getpid(), workers):
+        pid, size = _executor_key
+        if _executor is None or pid != os.getpid() or size < workers:
             _executor = ThreadPoolExecutor(workers, thread_name_prefix="alchemi-zarr-files")
             _executor_key = (os.getpid(), workers)
         return _executor
