@@ -55,9 +55,9 @@ class PairOptions:
             adds into the systems' totals.
         unroll: Neighbours per iteration: 1, 2 or 4.
         masked: Compute every listed pair and multiply those past the cutoff by zero, instead
-            of branching around them. About a sixth of a list's pairs lie in its skin, in no
-            pattern a CPU's branch predictor learns: there the mispredicted branches cost more
-            than the arithmetic they skip.
+            of branching around them. About a sixth of a list's pairs lie in its skin, and a
+            CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
+            (``benchmarks.cpu_launches --pair-masked``).
     """
 
     kind: int = LENNARD_JONES
