@@ -144,7 +144,7 @@ def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]], committed: Mapping
     """Assign every ``array[rows] = values``, returning when all are done.
 
     Pieces of whole chunks of arrays with alchemi's codecs are encoded here; a local store's are
-    written as files by this thread (:mod:`alchemi_zarr.local_files`), any other store's stored
+    written as files by a few threads (:mod:`alchemi_zarr.local_files`), any other store's stored
     with one ``set`` each on zarr's event loop (their I/O overlaps), as are the pieces zarr
     encodes.
 
