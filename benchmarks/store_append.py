@@ -50,7 +50,8 @@ def _plain_files(folder: Path, arrays: list[Any], chunk_bytes: int) -> None:
 
 
 def _ways(via: str, file_threads: str) -> list[tuple[str, int | None]]:
-    """``(label, threads)`` of each way to write: None for zarr's store."""
+    """``(label, threads)`` of each way to write: None for zarr's store, 0 for files at the default
+    thread count (``local_files.FILE_THREADS``)."""
     ways: list[tuple[str, int | None]] = []
     for name in (v.strip() for v in via.split(",")):
         if name == "zarr":
