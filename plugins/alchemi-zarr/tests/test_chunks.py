@@ -193,3 +193,23 @@ def test_the_file_writers_are_made_once_and_grown_only_when_more_are_needed(tmp_
     write_files(tmp_path, files(6, "d"), threads=6)  # more threads than ever: a larger pool
     assert local_files._pool(1) is not pool
     assert sum(p.is_file() for p in tmp_path.rglob("*")) == 4 + 2 + 3 + 6
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+def test_a_local_chunk_read_here_is_what_zarr_reads(chain, tmp_path):
+    from alchemi_zarr.chunks import read_local_chunk
+
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    arr = group.create_array("x", shape=(24, 3), dtype="int64", chunks=(8, 3), compressors=CHAINS[chain], fill_value=7)
+    arr[:16] = _values("int64", 16)
+    for index in range(3):  # the third chunk was never written: its fill value
+        np.testing.assert_array_equal(read_local_chunk(arr, index), arr[8 * index : 8 * index + 8])
+    chunk = tmp_path / "g.zarr" / "x" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="c/1/0"):
+        read_local_chunk(arr, 1)
+    memory = zarr.open_group("memory://chunk-read", mode="w", zarr_format=3)
+    elsewhere = memory.create_array("x", shape=(8,), dtype="int64", chunks=(8,), compressors=CHAINS[chain])
+    assert read_local_chunk(elsewhere, 0) is None  # not a local store: zarr reads it

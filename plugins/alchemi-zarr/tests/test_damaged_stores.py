@@ -30,6 +30,10 @@ def _commit_past_pointers(root: Path) -> None:
     zarr.open_group(str(root), mode="a")["commit"][:] = np.array([50, 10**6, 0])
 
 
+def _garble_commit_chunk(root: Path) -> None:
+    (root / "commit" / "c" / "0").write_bytes(b"not a zstd frame")
+
+
 def _lose_commit(root: Path) -> None:
     shutil.rmtree(root / "commit")
 
@@ -55,6 +59,7 @@ DAMAGE = {
     "garbled array metadata": (lambda r: _garble(r / "atoms" / "positions" / "zarr.json"), "atoms/positions"),
     "commit past the pointers": (_commit_past_pointers, "atom_ptr"),
     "commit lost": (_lose_commit, "commit"),
+    "commit chunk garbled": (_garble_commit_chunk, "commit"),
     "field array lost": (_lose_field, "systems/energy"),
     "pointers that fall": (_pointers_fall, "atom_ptr"),
     "wrong row shape": (_wrong_row_shape, "atoms/positions"),

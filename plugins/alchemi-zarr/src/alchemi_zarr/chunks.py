@@ -38,8 +38,9 @@ from alchemi_zarr.local_files import ChunkFile, local_root, write_files
 Parts = list[Any]
 Encoder = Callable[[np.ndarray], Parts]
 
-#: Write a local store's whole chunks as files here (:mod:`alchemi_zarr.local_files`), or through
-#: zarr's store like any other store's (False: for measurements, ``benchmarks.store_append --via``).
+#: Write a local store's whole chunks as files here (:mod:`alchemi_zarr.local_files`) and read its
+#: commit directly, or go through zarr's store like any other store's (False: for measurements,
+#: ``benchmarks.store_append --via``).
 LOCAL_FILES = True
 
 
@@ -110,6 +111,49 @@ def _warn_once(why: str) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def read_local_chunk(arr: Any, index: int) -> np.ndarray | None:
+    """Whole chunk ``index`` (along rows) of a local store's array with one of alchemi's codec
+    chains, read and decoded here (a missing chunk is its fill value); None when zarr must read
+    it (another store or codec chain). Reading a three-value array through zarr costs about a
+    millisecond of event-loop round trips; the commit is read so at every append.
+
+    Raises:
+        ValueError: The chunk fails its checksum or does not decode to a whole chunk.
+    """
+    root = local_root(arr.store_path.store) if LOCAL_FILES else None
+    if root is None or encoder(arr) is None:
+        return None
+    rest = tuple(arr.metadata.codecs)[1:]
+    names = [type(c).__name__ for c in rest]
+    if names not in (["Crc32cCodec"], ["ZstdCodec"], ["BloscCodec", "Crc32cCodec"]):
+        return None
+    prefix = f"{arr.store_path.path}/" if arr.store_path.path else ""
+    key = arr.metadata.encode_chunk_key((index, *(0,) * (arr.ndim - 1)))
+    shape = (arr.chunks[0], *arr.shape[1:])
+    try:
+        with open(root / (prefix + key), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return np.full(shape, arr.fill_value, dtype=arr.dtype)
+    if names[-1] == "Crc32cCodec":
+        import google_crc32c
+
+        if len(raw) < 4 or int(google_crc32c.value(raw[:-4])).to_bytes(4, "little") != raw[-4:]:
+            raise ValueError(f"chunk {key} fails its CRC-32C checksum")
+        raw = raw[:-4]
+    if names[0] in ("ZstdCodec", "BloscCodec"):
+        from numcodecs import Blosc, Zstd
+
+        try:
+            raw = bytes((Zstd() if names[0] == "ZstdCodec" else Blosc()).decode(raw))
+        except RuntimeError as exc:  # numcodecs' word for input that does not decode
+            raise ValueError(f"chunk {key} does not decode: {exc}") from None
+    values = np.frombuffer(raw, dtype=np.dtype(arr.dtype).newbyteorder("<"))
+    if values.size != int(np.prod(shape)):
+        raise ValueError(f"chunk {key} holds {values.size} values, not a whole chunk of {shape}")
+    return values.reshape(shape).astype(arr.dtype, copy=False)
 
 
 def _blosc(codec: Any, dtype: np.dtype) -> Any:

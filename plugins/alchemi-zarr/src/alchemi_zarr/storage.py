@@ -31,7 +31,7 @@ from alchemi_core.data.fields import INDEX_FIELDS, Level
 from alchemi_core.errors import InvalidDataError
 from alchemi_zarr import layout
 from alchemi_zarr.aligned import ChunkTails
-from alchemi_zarr.chunks import write_pieces
+from alchemi_zarr.chunks import read_local_chunk, write_pieces
 from alchemi_zarr.layout import FieldSpec, Header
 from alchemi_zarr.records import HostRecords, to_batch_indices, to_tensor
 from alchemi_zarr.stores import resolve_store, writer_lock
@@ -56,6 +56,17 @@ def _compressors(dtype: np.dtype | None = None) -> Any:
 #: Every chunk is stored, even one equal to the fill value: zarr would otherwise compare each
 #: chunk with it, a pass over all the data, to save space only for all-zero chunks.
 _ARRAY_CONFIG: Any = {"write_empty_chunks": True}
+
+
+def _raised_by_a_codec(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a codec's decoding: numcodecs' compiled codecs raise plain
+    RuntimeErrors for input that does not decompress (a garbled zstd or blosc chunk)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "numcodecs" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 class AtomicStore:
@@ -166,7 +177,8 @@ class AtomicStore:
         try:
             return np.asarray(arr[start:stop])
         except Exception as exc:  # a chunk failing its CRC-32C, or one that will not decode
-            if not (type(exc).__module__.split(".")[0] in ("zarr", "numcodecs") or isinstance(exc, ValueError)):
+            if not (type(exc).__module__.split(".")[0] in ("zarr", "numcodecs") or isinstance(exc, ValueError)
+                    or _raised_by_a_codec(exc)):
                 raise
             raise self._damaged(key, f"has chunks that fail to decode ({type(exc).__name__}: {exc})") from None
 
@@ -213,10 +225,21 @@ class AtomicStore:
             if layout.COMMIT not in self._group:
                 return (0, 0, 0)
             arr = self._arrays[layout.COMMIT] = self._open_array(layout.COMMIT)
-        values = self._read_checked(layout.COMMIT, arr, 0, 3).astype(np.int64)
+        values = self._read_commit_chunk(arr)
         if values.shape != (3,) or np.any(values < 0):
             raise self._damaged(layout.COMMIT, f"holds {values.tolist()}, not three counts >= 0")
         return int(values[0]), int(values[1]), int(values[2])
+
+    def _read_commit_chunk(self, arr: Any) -> np.ndarray:
+        """The commit's three values: read directly on a local store (every append reads it),
+        through zarr elsewhere."""
+        try:
+            direct = read_local_chunk(arr, 0) if arr.shape == (3,) and arr.chunks == (3,) else None
+        except ValueError as exc:  # a damaged commit chunk, as zarr's read reports one
+            raise self._damaged(layout.COMMIT, f"has chunks that fail to decode (ValueError: {exc})") from None
+        if direct is not None:
+            return direct.astype(np.int64)
+        return self._read_checked(layout.COMMIT, arr, 0, 3).astype(np.int64)
 
     def refresh(self) -> bool:
         """Pick up records another writer committed since; True when there were any."""
@@ -380,8 +403,10 @@ class AtomicStore:
                 pieces.append((arr, slice(first, first + len(values)), values))
         write_pieces(pieces, committed)
         # The commit point, after every data write has returned: before it, a reader (or a
-        # reopened writer) sees none of these records.
-        self.array(layout.COMMIT)[:] = np.array([s0 + k, n0 + n, e0 + e], dtype=np.int64)
+        # reopened writer) sees none of these records. Its one chunk holds records, so it is
+        # replaced whole (a local store's through a temporary file; no zarr round trips).
+        commit = self.array(layout.COMMIT)
+        write_pieces([(commit, slice(0, 3), np.array([s0 + k, n0 + n, e0 + e], dtype=np.int64))])
         self.counts = (s0 + k, n0 + n, e0 + e)
 
     @staticmethod
