@@ -44,21 +44,27 @@ Encoder = Callable[[np.ndarray], Parts]
 LOCAL_FILES = True
 
 
-def _crc32c(chunk: np.ndarray) -> Parts:
+def _crc_bytes(data: Any) -> bytes:
+    """The CRC-32C of ``data``, as zarr's ``crc32c`` codec stores it (4 bytes, little-endian)."""
     import google_crc32c
 
+    return int(google_crc32c.value(data)).to_bytes(4, "little")
+
+
+def _crc32c(chunk: np.ndarray) -> Parts:
     data = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
-    return [data.data, int(google_crc32c.value(data)).to_bytes(4, "little")]
+    return [data.data, _crc_bytes(data)]
 
 
-def encoder(arr: Any) -> Encoder | None:
-    """How to encode a whole chunk of ``arr`` here, or None when zarr must (other codecs, a
-    big-endian or irregular layout).
+def _chain(arr: Any) -> str | None:
+    """Which of alchemi's codec chains ``arr`` has (``"crc32c"``, ``"zstd"`` or
+    ``"blosc+crc32c"``, each after little-endian ``bytes``, on a regular grid of whole rows), or
+    None (zarr must encode and decode its chunks).
 
     The metadata is read by what it holds, not by its classes: zarr 3.4 (Python 3.12 and later)
     renamed the regular chunk grid's class and made a codec's endianness a string, and a check
     against the old names sent every chunk through zarr (about 1.5x slower appends) without a
-    word. Anything else unexpected is warned about once, then zarr writes."""
+    word. Anything else unexpected is warned about once, then zarr does the work."""
     try:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
@@ -77,18 +83,32 @@ def encoder(arr: Any) -> Encoder | None:
             return None
         rest = codecs[1:]
         if len(rest) == 1 and isinstance(rest[0], Crc32cCodec):
-            return _crc32c
+            return "crc32c"
         if len(rest) == 1 and isinstance(rest[0], ZstdCodec):  # stores written before blosc
-            from numcodecs import Zstd
-
-            zstd = Zstd(level=rest[0].level, checksum=rest[0].checksum)
-            return lambda chunk: [zstd.encode(np.ascontiguousarray(chunk))]
+            return "zstd"
         if len(rest) == 2 and isinstance(rest[0], BloscCodec) and isinstance(rest[1], Crc32cCodec):
-            blosc = _blosc(rest[0], dtype)
-            if blosc is not None:
-                return lambda chunk: _crc32c(np.frombuffer(blosc.encode(np.ascontiguousarray(chunk)), np.uint8))
-    except Exception as exc:  # noqa: BLE001 - anything unexpected: zarr writes, and says so once
+            return "blosc+crc32c"
+    except Exception as exc:  # noqa: BLE001 - anything unexpected: zarr does the work, and says so once
         _warn_once(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def encoder(arr: Any) -> Encoder | None:
+    """How to encode a whole chunk of ``arr`` here, or None when zarr must (another codec chain,
+    a big-endian or irregular layout: see :func:`_chain`)."""
+    chain = _chain(arr)
+    if chain == "crc32c":
+        return _crc32c
+    if chain == "zstd":
+        from numcodecs import Zstd
+
+        codec = arr.metadata.codecs[1]
+        zstd = Zstd(level=codec.level, checksum=codec.checksum)
+        return lambda chunk: [zstd.encode(np.ascontiguousarray(chunk))]
+    if chain == "blosc+crc32c":
+        blosc = _blosc(arr.metadata.codecs[1], np.dtype(arr.dtype))
+        if blosc is not None:
+            return lambda chunk: _crc32c(np.frombuffer(blosc.encode(np.ascontiguousarray(chunk)), np.uint8))
     return None
 
 
@@ -123,31 +143,25 @@ def read_local_chunk(arr: Any, index: int) -> np.ndarray | None:
         ValueError: The chunk fails its checksum or does not decode to a whole chunk.
     """
     root = local_root(arr.store_path.store) if LOCAL_FILES else None
-    if root is None or encoder(arr) is None:
+    chain = _chain(arr) if root is not None else None
+    if root is None or chain is None:
         return None
-    rest = tuple(arr.metadata.codecs)[1:]
-    names = [type(c).__name__ for c in rest]
-    if names not in (["Crc32cCodec"], ["ZstdCodec"], ["BloscCodec", "Crc32cCodec"]):
-        return None
-    prefix = f"{arr.store_path.path}/" if arr.store_path.path else ""
-    key = arr.metadata.encode_chunk_key((index, *(0,) * (arr.ndim - 1)))
+    key = _chunk_key(arr, index)
     shape = (arr.chunks[0], *arr.shape[1:])
     try:
-        with open(root / (prefix + key), "rb") as f:
+        with open(root / key, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         return np.full(shape, arr.fill_value, dtype=arr.dtype)
-    if names[-1] == "Crc32cCodec":
-        import google_crc32c
-
-        if len(raw) < 4 or int(google_crc32c.value(raw[:-4])).to_bytes(4, "little") != raw[-4:]:
+    if chain.endswith("crc32c"):
+        if len(raw) < 4 or _crc_bytes(raw[:-4]) != raw[-4:]:
             raise ValueError(f"chunk {key} fails its CRC-32C checksum")
         raw = raw[:-4]
-    if names[0] in ("ZstdCodec", "BloscCodec"):
+    if chain != "crc32c":
         from numcodecs import Blosc, Zstd
 
         try:
-            raw = bytes((Zstd() if names[0] == "ZstdCodec" else Blosc()).decode(raw))
+            raw = bytes((Zstd() if chain == "zstd" else Blosc()).decode(raw))
         except RuntimeError as exc:  # numcodecs' word for input that does not decode
             raise ValueError(f"chunk {key} does not decode: {exc}") from None
     values = np.frombuffer(raw, dtype=np.dtype(arr.dtype).newbyteorder("<"))
@@ -169,19 +183,19 @@ def _blosc(codec: Any, dtype: np.dtype) -> Any:
                  blocksize=codec.blocksize)
 
 
+def _chunk_key(arr: Any, index: int) -> str:
+    """The store key of ``arr``'s chunk ``index`` along its rows (its whole row width)."""
+    prefix = f"{arr.store_path.path}/" if arr.store_path.path else ""
+    return prefix + arr.metadata.encode_chunk_key((index, *(0,) * (arr.ndim - 1)))
+
+
 def _chunk_sets(arr: Any, rows: slice, values: np.ndarray, encode: Encoder) -> list[tuple[int, str, Parts]]:
     """``(first row, key, encoded parts)`` of each whole chunk that ``values`` fill from ``rows.start``."""
     chunk = arr.chunks[0]
     assert rows.start % chunk == 0 and len(values) % chunk == 0, "whole chunks only"
-    store_path = arr.store_path
-    prefix = f"{store_path.path}/" if store_path.path else ""
     values = values.astype(arr.dtype, copy=False)
-    trailing = (0,) * (values.ndim - 1)
-    out = []
-    for at in range(0, len(values), chunk):
-        key = arr.metadata.encode_chunk_key(((rows.start + at) // chunk, *trailing))
-        out.append((rows.start + at, prefix + key, encode(values[at : at + chunk])))
-    return out
+    return [(rows.start + at, _chunk_key(arr, (rows.start + at) // chunk), encode(values[at : at + chunk]))
+            for at in range(0, len(values), chunk)]
 
 
 def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]], committed: Mapping[str, int] | None = None) -> None:

@@ -38,6 +38,8 @@ from typing import Any
 
 import attrs
 
+from alchemi_zarr.stores import local_folder
+
 #: Threads that write an append's chunk files (the appending thread is one of them). A write
 #: into the page cache is short, but on a disk under writeback it blocks; threads overlap that.
 FILE_THREADS = 4
@@ -67,7 +69,7 @@ def local_root(store: Any) -> Path | None:
     from zarr.storage import LocalStore
 
     if isinstance(store, LocalStore) and not store.read_only:
-        return Path(store.root)
+        return local_folder(store)
     return None
 
 

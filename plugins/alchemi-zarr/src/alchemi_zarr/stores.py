@@ -53,7 +53,7 @@ def resolve_store(
     from zarr.storage import FsspecStore, LocalStore, MemoryStore
 
     if isinstance(store, Store):
-        return store, repr(store), _local_root(store)
+        return store, repr(store), local_folder(store)
     if isinstance(store, dict):
         return MemoryStore(store, read_only=read_only), f"dict store {id(store):#x}", None
     if isinstance(store, os.PathLike):
@@ -78,7 +78,8 @@ def resolve_store(
     return fs_store, store, None
 
 
-def _local_root(store: Any) -> Path | None:
+def local_folder(store: Any) -> Path | None:
+    """The folder of a zarr ``LocalStore`` (its lock path, and where its chunk files lie), else None."""
     root = getattr(store, "root", None)
     return Path(root) if type(store).__name__ == "LocalStore" and root is not None else None
 
