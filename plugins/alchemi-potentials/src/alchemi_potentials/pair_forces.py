@@ -127,7 +127,10 @@ def pair_kernel(options: PairOptions) -> Any:
                 energy, g = switched(energy, g, r2, switch_on, cutoff)
             if wp.static(MASKED):
                 # Past the cutoff r2 is finite and positive, so the terms are too, and zero them.
-                inside = wp.where(r2 < cutoff_sq, type(r2)(1.0), type(r2)(0.0))
+                # (A conditional assignment, not wp.where, which Warp 1.5 lacks; compiled to a select.)
+                inside = type(r2)(0.0)
+                if r2 < cutoff_sq:
+                    inside = type(r2)(1.0)
                 energy = energy * inside
                 g = g * inside
             fij = g * d
