@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import warp as wp
 
+from alchemi_potentials import pair_lanes
 from alchemi_potentials.neighbors.entries import entry_image, entry_slot, image_bits_for
 from alchemi_potentials.neighbors.kernels import PairList
 from alchemi_potentials.neighbors.layout import COLUMNS_MULTIPLE_OF
@@ -58,6 +59,9 @@ class PairOptions:
             of branching around them. About a sixth of a list's pairs lie in its skin, and a
             CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
             (``benchmarks.cpu_launches --pair-masked``).
+        lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet
+            (:mod:`~alchemi_potentials.pair_lanes`), for the options it covers
+            (:func:`~alchemi_potentials.pair_lanes.covers`).
     """
 
     kind: int = LENNARD_JONES
@@ -68,14 +72,16 @@ class PairOptions:
     per_slot: bool = False
     unroll: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2, 4)))
     masked: bool = False
+    lanes: bool = False
 
     def __attrs_post_init__(self) -> None:
         assert COLUMNS_MULTIPLE_OF % self.unroll == 0
+        assert not self.lanes or pair_lanes.covers(self), self
 
     @property
     def tag(self) -> str:
         flags = "".join(str(int(v)) for v in (self.switching, self.virial, self.half, self.one_type, self.per_slot,
-                                              self.masked))
+                                              self.masked, self.lanes))
         return f"k{self.kind}_{flags}_u{self.unroll}"
 
 
@@ -84,6 +90,8 @@ def pair_kernel(options: PairOptions) -> Any:
     """The pair kernel for ``options``, with float32 and float64 instances declared."""
     KIND, SWITCHING, VIRIAL, HALF = options.kind, options.switching, options.virial, options.half
     ONE_TYPE, PER_SLOT, UNROLL, MASKED = options.one_type, options.per_slot, options.unroll, options.masked
+    LANES = options.lanes
+    lanes_row = pair_lanes.row_function(options) if LANES else None
 
     def add_pair(
         d: Any,
@@ -161,6 +169,15 @@ def pair_kernel(options: PairOptions) -> Any:
         start: int,
     ):
         t = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
+        if wp.static(LANES):
+            # One species: the slot's own row holds every pair's parameters (NaN for an unknown
+            # element, as below).
+            tl = type_of(type_lut, lists.slot_number[t], unknown)
+            p = tl * table_stride + tl
+            lanes_row(t, wrapped, image_cell, lists.entries, lists.count, lists.order, lists.system,
+                      lists.first_atom, lists.index_bits, params[p, 0], params[p, 1], params[p, 3], cutoff_sq,
+                      forces, energy, virial, slot_energy, slot_virial)
+            return
         s = lists.system[t]
         yi = wrapped[t]
         m = image_cell[s]

@@ -24,12 +24,13 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import attrs
 import numpy as np
 import torch
 
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
-from alchemi_potentials import _warp
+from alchemi_potentials import _warp, pair_lanes
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
@@ -50,6 +51,9 @@ UNROLL = {"cuda": 4, "cpu": 1}
 #: Pairs past the cutoff multiplied by zero rather than branched around, by device type
 #: (``PairOptions.masked``; measured on a CPU only).
 MASKED = {"cuda": False, "cpu": True}
+#: Whether the pair kernel takes a slot's neighbours in SIMD lanes (:mod:`pair_lanes`), by device
+#: type, for the variants it covers.
+LANES = {"cuda": False, "cpu": True}
 
 
 class _Outputs:
@@ -310,6 +314,8 @@ class PairPotential(BaseModel):
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
             masked=MASKED.get(pos.device.type, False),
         )
+        if LANES.get(pos.device.type, False) and pair_lanes.covers(options):
+            options = attrs.evolve(options, lanes=True)
         forces_of: dict[int | str, Sequence[Any]] | None = None
         if split_forces:
             chunk_forces = self._scratch("chunk_forces", (pieces, n_atoms, 3), pos)

@@ -1,0 +1,121 @@
+"""The CPU pair kernel with neighbours in SIMD lanes (``pair_lanes``) against the numpy reference
+and against the Warp kernel it replaces, for every variant it covers: half and full lists, with
+and without virials, totals added directly or per slot, float32 and float64, rows of every length
+(so last blocks of every fill), cut in ranges on one thread or two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from alchemi_core import warp_runtime
+from alchemi_potentials import LennardJones, pair_lanes, pair_potential
+from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.pair_forces import PairOptions, pair_kernel
+from alchemi_potentials.pair_kernels import MORSE
+
+RC = 7.0
+EPS, SIG = 0.0104, 3.405
+
+
+def systems(ref, rng):
+    """One species; triclinic, partly periodic, open, and a cell thinner than the cutoff (images
+    past the nearest): from a few neighbours per atom to about a hundred."""
+    return [
+        ref.atoms(rng, 18, ref.cell(rng, (10.0, 11.0, 10.5), 0.3), True, min_distance=2.5),
+        ref.atoms(rng, 13, ref.cell(rng, (9.0, 9.5, 12.0), 0.2), (True, False, True)),
+        ref.atoms(rng, 4, ref.cell(rng, (4.0, 4.5, 5.0), 0.2), True, min_distance=2.5),
+        ref.atoms(rng, 11, np.diag([9.0, 9.0, 9.0]), False),
+    ]
+
+
+def model(half: bool, skin: float = 0.5, shift: bool = False) -> LennardJones:
+    return LennardJones(EPS, SIG, RC, shift_energy=shift, neighbor_list=BatchedNeighborList(RC, skin, half_list=half))
+
+
+def evaluate(ref, structures, half, dtype=torch.float64, stress=True, lanes=True, shift=False, skin=0.5):
+    """The model's forward with the lanes on or off; checks which variant ran."""
+    made = []
+
+    def spy(options):
+        made.append(options)
+        return pair_kernel(options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(pair_potential.LANES, "cpu", lanes)
+        patch.setattr(pair_potential, "pair_kernel", spy)
+        out = model(half, skin, shift)(ref.batch(structures, dtype=dtype), compute_stress=stress)
+    assert [o.lanes for o in made] == [lanes]
+    return out
+
+
+def check_against_reference(ref, structures, out, shift, rtol, stress=True):
+    pair = ref.lennard_jones(lambda a, b: EPS, lambda a, b: SIG, RC, shift=shift)
+    ptr = np.concatenate(([0], np.cumsum([len(a) for a in structures])))
+    for s, atoms in enumerate(structures):
+        e, f, w = ref.pairs(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc, RC, pair)
+        assert abs(out["energy"][s, 0].item() - e) <= rtol * abs(e), f"system {s} energy"
+        ref.close(out["forces"][ptr[s] : ptr[s + 1]], f, rtol=rtol, what=f"system {s} forces")
+        if stress and atoms.pbc.all():
+            ref.close(out["stress"][s], w / abs(np.linalg.det(atoms.cell.array)), rtol=rtol,
+                      what=f"system {s} stress")
+
+
+@pytest.mark.parametrize("per_slot", [False, True], ids=["direct", "per-slot"])
+@pytest.mark.parametrize("stress", [False, True], ids=["energy-forces", "virial"])
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_lanes_give_the_reference_and_the_warp_kernel(ref, rng, monkeypatch, half, stress, per_slot):
+    """The 1.5 Å skin puts many listed pairs past the cutoff, where the lanes mask."""
+    if per_slot:
+        monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
+        monkeypatch.setattr(pair_potential, "FOLD_CHUNK", 4)
+    structures = systems(ref, rng)
+    lanes = evaluate(ref, structures, half, stress=stress, skin=1.5, shift=True)
+    check_against_reference(ref, structures, lanes, True, 1e-9, stress)
+    warp = evaluate(ref, structures, half, stress=stress, skin=1.5, shift=True, lanes=False)
+    for name in ("energy", "forces") + (("stress",) if stress else ()):
+        torch.testing.assert_close(lanes[name], warp[name], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_lanes_in_float32(ref, rng, half):
+    structures = systems(ref, rng)
+    out = evaluate(ref, structures, half, dtype=torch.float32)
+    assert out["forces"].dtype == torch.float32
+    check_against_reference(ref, structures, out, False, 2e-5)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+def test_lanes_cut_in_ranges_give_the_same_bits_on_one_thread_or_two(ref, rng, monkeypatch, half):
+    monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1)
+    structures = systems(ref, rng)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = evaluate(ref, structures, half)
+            check_against_reference(ref, structures, out, False, 1e-9)
+            outs.append(out)
+    finally:
+        torch.set_num_threads(before)
+    for name in ("energy", "forces", "stress"):
+        assert torch.equal(outs[0][name], outs[1][name]), name
+
+
+def test_lanes_cover_one_species_lennard_jones_unswitched_only():
+    assert pair_lanes.covers(PairOptions(half=True, virial=True, per_slot=True))
+    assert not pair_lanes.covers(PairOptions(kind=MORSE))
+    assert not pair_lanes.covers(PairOptions(one_type=False))
+    assert not pair_lanes.covers(PairOptions(switching=True))
+    with pytest.raises(AssertionError):
+        PairOptions(kind=MORSE, lanes=True)
+
+
+def test_several_species_keep_the_warp_kernel_with_the_lanes_on(ref, rng, monkeypatch):
+    made = []
+    monkeypatch.setattr(pair_potential, "pair_kernel", lambda options: made.append(options) or pair_kernel(options))
+    structures = [ref.atoms(rng, 12, np.diag([9.0, 9.0, 9.0]), True, species=(18, 36))]
+    LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC)(ref.batch(structures))
+    assert [o.lanes for o in made] == [False]
