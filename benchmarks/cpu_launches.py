@@ -6,8 +6,8 @@ several threads (the pair kernel, the neighbour search) are summed over their th
 totals can exceed their share of the step's wall time. ``--optimization-level`` and
 ``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
-neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--langevin-backend`` the Langevin
-step's backend.
+neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
+neighbour list (``pair_potential.LANES_FULL_LIST``), ``--langevin-backend`` the Langevin step's backend.
 
     python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
 
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pairs past the cutoff masked or branched around (default: pair_potential.MASKED)")
     parser.add_argument("--pair-lanes", choices=("on", "off"), default=None,
                         help="neighbours in SIMD lanes or one at a time (default: pair_potential.LANES)")
+    parser.add_argument("--list", choices=("half", "full"), default=None,
+                        help="the neighbour list the model makes (default: pair_potential.LANES_FULL_LIST)")
     parser.add_argument("--langevin-backend", choices=("torch", "warp"), default=None,
                         help="the Langevin step's backend on a CPU (default: Langevin.cpu_backend)")
     args = parser.parse_args(argv)
@@ -75,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import replicated_crystal
 
-    defaults = pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], Langevin.cpu_backend
+    defaults = pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], pair_potential.LANES_FULL_LIST, \
+        Langevin.cpu_backend
+    if args.list is not None:
+        pair_potential.LANES_FULL_LIST = args.list == "full"
     if args.pair_masked is not None:
         pair_potential.MASKED["cpu"] = args.pair_masked == "on"
     if args.pair_lanes is not None:
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         step_ms = 1e3 * (time.perf_counter() - start) / args.steps
     finally:
         timer.restore()
-        pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], Langevin.cpu_backend = defaults
+        pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], pair_potential.LANES_FULL_LIST, \
+            Langevin.cpu_backend = defaults
     print(json.dumps({"atoms": args.atoms, "systems": args.systems, "threads": torch.get_num_threads(),
                       "step_ms": step_ms, "launches_per_step": timer.per_step(args.steps)}, indent=1))
     return 0

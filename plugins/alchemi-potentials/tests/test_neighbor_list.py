@@ -297,8 +297,9 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
 
     loose, dense = (bulk("Ar", "fcc", a=a, cubic=True).repeat(3) for a in (5.26, 4.4))
     most = {}
+    half = LennardJones(0.0104, 3.405, 8.5125).neighbor_list.half_list  # the kind of list the model makes
     for name, atoms in (("loose", loose), ("dense", dense)):
-        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=half)
         b = Batch.from_atoms([atoms])
         nl.update(b)
         most[name] = int(nl.most_neighbors(b).max())

@@ -119,3 +119,15 @@ def test_several_species_keep_the_warp_kernel_with_the_lanes_on(ref, rng, monkey
     structures = [ref.atoms(rng, 12, np.diag([9.0, 9.0, 9.0]), True, species=(18, 36))]
     LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC)(ref.batch(structures))
     assert [o.lanes for o in made] == [False]
+
+
+def test_a_model_the_lanes_cover_lists_both_ends_on_a_cpu_and_others_keep_the_device_default():
+    """With the lanes a full list costs a CPU no more than a half one and spares the neighbours'
+    force updates (benchmarks.cpu_launches --list); Morse and several species keep half lists
+    there (their Warp kernel does half the pairs' work on a half list)."""
+    from alchemi_potentials import Morse
+
+    assert LennardJones(EPS, SIG, RC).neighbor_list.half_list is False
+    assert LennardJones(EPS, SIG, RC, switch_onset=6.0).neighbor_list.half_list is None
+    assert LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC).neighbor_list.half_list is None
+    assert Morse(D=0.2, alpha=1.4, r0=3.6, cutoff=RC).neighbor_list.half_list is None

@@ -54,6 +54,11 @@ MASKED = {"cuda": False, "cpu": True}
 #: Whether the pair kernel takes a slot's neighbours in SIMD lanes (:mod:`pair_lanes`), by device
 #: type, for the variants it covers.
 LANES = {"cuda": False, "cpu": True}
+#: Whether a model the lanes cover makes itself a full neighbour list (on a CPU the lanes cost the
+#: same per atom on a full list as on a half one, and a full list spares the neighbours' force
+#: updates and the per-range force buffers: ``benchmarks.cpu_launches --list``); else the device
+#: decides (``layout.HALF_LIST``).
+LANES_FULL_LIST = True
 
 
 class _Outputs:
@@ -138,7 +143,11 @@ class PairPotential(BaseModel):
                     f"{self.name}: switch_onset must lie in [0, cutoff) = [0, {cutoff}), got {switch_onset}"
                 )
         if neighbor_list is None:
-            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors)
+            # A full list where the lanes run (LANES_FULL_LIST); a GPU lists both ends anyway.
+            full = LANES_FULL_LIST and LANES.get("cpu", False) and pair_lanes.covers(
+                PairOptions(kind=self.kind, switching=switch_onset is not None, one_type=table.num_types == 1))
+            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors,
+                                                half_list=False if full else None)
         elif skin is not None or max_neighbors is not None:
             raise ConfigurationError(
                 f"{self.name}: skin and max_neighbors belong to the neighbour list you passed; "

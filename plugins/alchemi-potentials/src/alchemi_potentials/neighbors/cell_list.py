@@ -45,7 +45,7 @@ import torch
 
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
-from alchemi_potentials.neighbors.layout import ERROR_FIELDS, Layout, NeighborMatrix, listed_threads
+from alchemi_potentials.neighbors.layout import ERROR_FIELDS, HALF_LIST, Layout, NeighborMatrix, listed_threads
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -67,9 +67,7 @@ class BatchedNeighborList:
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.
         half_list: List each pair once (from one of its atoms) instead of from both ends.
-            None (default): half on a CPU, where a kernel's threads run one after another and
-            Newton's third law halves the work; full on a GPU, where each thread writes only
-            its own atom (no atomics on forces) and reads stay coalesced.
+            None (default): by device type (``layout.HALF_LIST``).
         join_fraction: In ``(0, 1]``. When some system of the batch rebuilds, every system with
             an atom that moved more than ``join_fraction * skin / 2`` rebuilds with it, so that
             rebuilds come in cohorts and fewer steps pay for a search. 1 rebuilds each system only
@@ -178,7 +176,8 @@ class BatchedNeighborList:
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
             _warp.require_device(positions.device)
-            half = positions.device.type != "cuda" if self._half_list is None else bool(self._half_list)
+            half = (HALF_LIST.get(positions.device.type, True) if self._half_list is None
+                    else bool(self._half_list))
             self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type))
             self._key = key
             self._batch = weakref.ref(batch)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 #: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
+#: Whether a list made with ``half_list=None`` lists each pair once, by device type: half on a
+#: CPU, where a kernel's threads run one after another and Newton's third law halves the work;
+#: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
+HALF_LIST = {"cuda": False, "cpu": True}
 #: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
 #: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
 #: for a CPU, where one thread walks one slot's neighbours).
