@@ -7,7 +7,8 @@ totals can exceed their share of the step's wall time. ``--optimization-level`` 
 ``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
 neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
-neighbour list (``pair_potential.LANES_FULL_LIST``), ``--langevin-backend`` the Langevin step's backend.
+neighbour list (``pair_potential.LANES_FULL_LIST``), ``--search-trim`` whether the search skips
+bins beyond the list radius (``layout.SEARCH_TRIM``), ``--langevin-backend`` the Langevin step's backend.
 
     python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
 
@@ -19,8 +20,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from benchmarks import spec
 from benchmarks.timing import CallTimer
@@ -47,6 +51,28 @@ class LaunchTimer:
         return {k: {"launches": calls[k] / steps, "ms": 1e3 * seconds[k] / steps} for k in rows}
 
 
+@contextlib.contextmanager
+def _chosen(choices: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set each ``(owner, key, value)`` (a dict's item or an object's attribute) for the run, and
+    put every old value back afterwards."""
+    old: list[tuple[Any, str, Any]] = []
+    try:
+        for owner, key, value in choices:
+            old.append((owner, key, owner[key] if isinstance(owner, dict) else getattr(owner, key)))
+            _put(owner, key, value)
+        yield
+    finally:
+        for owner, key, value in reversed(old):
+            _put(owner, key, value)
+
+
+def _put(owner: Any, key: str, value: Any) -> None:
+    if isinstance(owner, dict):
+        owner[key] = value
+    else:
+        setattr(owner, key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_launches", description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", type=int, default=108, help="atoms per system")
@@ -61,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="neighbours in SIMD lanes or one at a time (default: pair_potential.LANES)")
     parser.add_argument("--list", choices=("half", "full"), default=None,
                         help="the neighbour list the model makes (default: pair_potential.LANES_FULL_LIST)")
+    parser.add_argument("--search-trim", choices=("on", "off"), default=None,
+                        help="the search skips bins beyond the list radius or walks the whole box "
+                             "(default: layout.SEARCH_TRIM)")
     parser.add_argument("--langevin-backend", choices=("torch", "warp"), default=None,
                         help="the Langevin step's backend on a CPU (default: Langevin.cpu_backend)")
     args = parser.parse_args(argv)
@@ -74,31 +103,28 @@ def main(argv: list[str] | None = None) -> int:
 
     from alchemi_integrators.langevin import Langevin
     from alchemi_potentials import pair_potential
+    from alchemi_potentials.neighbors import layout
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import replicated_crystal
 
-    defaults = pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], pair_potential.LANES_FULL_LIST, \
-        Langevin.cpu_backend
-    if args.list is not None:
-        pair_potential.LANES_FULL_LIST = args.list == "full"
-    if args.pair_masked is not None:
-        pair_potential.MASKED["cpu"] = args.pair_masked == "on"
-    if args.pair_lanes is not None:
-        pair_potential.LANES["cpu"] = args.pair_lanes == "on"
-    if args.langevin_backend is not None:
-        Langevin.cpu_backend = args.langevin_backend
+    given = (
+        (pair_potential.MASKED, "cpu", args.pair_masked and args.pair_masked == "on"),
+        (pair_potential.LANES, "cpu", args.pair_lanes and args.pair_lanes == "on"),
+        (pair_potential, "LANES_FULL_LIST", args.list and args.list == "full"),
+        (layout.SEARCH_TRIM, "cpu", args.search_trim and args.search_trim == "on"),
+        (Langevin, "cpu_backend", args.langevin_backend),
+    )
     timer = LaunchTimer()
-    try:
-        sim = Alchemi().md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0), "cpu")
-        sim.run(args.equilibrate)
-        timer.install()
-        start = time.perf_counter()
-        sim.run(args.steps)
-        step_ms = 1e3 * (time.perf_counter() - start) / args.steps
-    finally:
-        timer.restore()
-        pair_potential.MASKED["cpu"], pair_potential.LANES["cpu"], pair_potential.LANES_FULL_LIST, \
-            Langevin.cpu_backend = defaults
+    with _chosen([(owner, key, value) for owner, key, value in given if value is not None]):
+        try:
+            sim = Alchemi().md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0), "cpu")
+            sim.run(args.equilibrate)
+            timer.install()
+            start = time.perf_counter()
+            sim.run(args.steps)
+            step_ms = 1e3 * (time.perf_counter() - start) / args.steps
+        finally:
+            timer.restore()
     print(json.dumps({"atoms": args.atoms, "systems": args.systems, "threads": torch.get_num_threads(),
                       "step_ms": step_ms, "launches_per_step": timer.per_step(args.steps)}, indent=1))
     return 0

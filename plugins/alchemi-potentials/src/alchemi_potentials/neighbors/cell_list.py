@@ -45,7 +45,14 @@ import torch
 
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
-from alchemi_potentials.neighbors.layout import ERROR_FIELDS, HALF_LIST, Layout, NeighborMatrix, listed_threads
+from alchemi_potentials.neighbors.layout import (
+    ERROR_FIELDS,
+    HALF_LIST,
+    SEARCH_TRIM,
+    Layout,
+    NeighborMatrix,
+    listed_threads,
+)
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -230,6 +237,7 @@ class BatchedNeighborList:
 
     def _run(self, layout: Layout, batch: Batch) -> None:
         from alchemi_potentials.neighbors import kernels as k
+        from alchemi_potentials.neighbors import search as searches
 
         pos, cell, pbc = self._inputs(layout, batch)
         self.last_cell = cell
@@ -256,17 +264,18 @@ class BatchedNeighborList:
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
                       _warp.view(layout.found_in_part), int(m.half)]
             passes = (0, 1) if parts > 1 else (1,)  # in parts: count, then write at the counted offsets
+            search_kernel = searches.search_kernel(SEARCH_TRIM.get(pos.device.type, False))
             work_slot = _warp.view(layout.work_slot)
             if layout.listed:
                 after.add(k.list_work, na, [g, a, work_slot])
                 threads = listed_threads(pos.device, parts * na)
                 for write in passes:
-                    after.add(k.search_neighbors, threads, [*search, write, na, 0, work_slot, ns - 1, threads])
+                    after.add(search_kernel, threads, [*search, write, na, 0, work_slot, ns - 1, threads])
             elif parts > 1:
                 for write in passes:
-                    after.add(k.search_neighbors, parts * na, [*search, write, na, 0, work_slot, ns - 1, 0])
+                    after.add(search_kernel, parts * na, [*search, write, na, 0, work_slot, ns - 1, 0])
             else:
-                after.add_chunked(k.search_neighbors, na, [*search, 1, na, 0, work_slot, ns - 1, 0])
+                after.add_chunked(search_kernel, na, [*search, 1, na, 0, work_slot, ns - 1, 0])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs

@@ -18,7 +18,7 @@ read the same bins and neighbours. Every forward launches, on every system:
 4. (a ``torch.cumsum`` over the bin counts gives every bin's end)
 5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
    position and wrapped position; bin counts reset for the next build.
-6. ``search_neighbors`` (slots): the bins around the slot's bin, over periodic images, into a
+6. ``search_neighbors`` (slots; :mod:`.search`): the bins around the slot's bin, over periodic images, into a
    dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a small
    batch of many systems, the search runs in parts of each slot's bin columns instead (a count
    pass, then a write pass; see ``layout.search_parts``): same entries, same order. On a GPU it
@@ -40,7 +40,6 @@ from typing import Any
 
 import warp as wp
 
-from alchemi_potentials.neighbors.entries import encode_entry, image_bits_for, image_limit
 from alchemi_potentials.neighbors.geometry import (
     HASHED_REACH,
     binning_basis,
@@ -49,12 +48,10 @@ from alchemi_potentials.neighbors.geometry import (
     grid_dims,
     hashed_cell,
     mat33d_of,
-    neighbor_bin,
     periodic_reach,
     periodic_rows,
     plane_spacings,
     row_changed,
-    search_span,
     vec3d_of,
 )
 
@@ -377,172 +374,6 @@ def owns_pair(t: int, u: int, mx: int, my: int, mz: int):
     return t > u
 
 
-@wp.func
-def scan_columns(
-    wrapped: wp.array(dtype=Any),
-    g: SystemState,
-    a: AtomState,
-    radius_sq: wp.float64,
-    entries: wp.array2d(dtype=wp.int32),
-    half: int,
-    t: int,
-    s: int,
-    first: int,
-    last: int,
-    write_at: int,
-    write: int,
-):
-    """Slot t's neighbours in the bin columns ``first <= qx * span_y + qy < last`` of its search
-    box (every qz), in the order of a whole search; with ``write`` they go to ``entries`` from
-    column ``write_at`` on (as far as it has columns). Returns how many there are."""
-    columns = entries.shape[0]
-    yi = vec3d_of(wrapped[t])
-    m = g.lattice[s]
-    p = g.pbc[s]
-    n = g.dims[s]
-    k = g.reach[s]
-    start = g.bin_start[s]
-    first_slot = g.first_atom[s]
-    bits = g.index_bits[s]
-    ibits = image_bits_for(bits)
-    limit = image_limit(ibits)
-    local = a.slot_bin[t] - start
-    offset = slot_offset(g, a, s)
-    cz = local % n[2]
-    cy = (local / n[2]) % n[1]
-    cx = local / (n[1] * n[2])
-    span_y = search_span(k[1], n[1], p[1])
-    span_z = search_span(k[2], n[2], p[2])
-    found = int(0)
-    for f in range(first, last):
-        bx, mx = neighbor_bin(cx, f / span_y - k[0], n[0], p[0])
-        by, my = neighbor_bin(cy, f % span_y - k[1], n[1], p[1])
-        for qz in range(span_z):
-            bz, mz = neighbor_bin(cz, qz - k[2], n[2], p[2])
-            b = start + (bx * n[1] + by) * n[2] + bz
-            lo = int(0)
-            if b > 0:
-                lo = a.bin_end[b - 1]
-            image = wp.float64(mx) * m[0] + wp.float64(my) * m[1] + wp.float64(mz) * m[2]
-            for u in range(lo + offset, a.bin_end[b] + offset):
-                if u == t and mx == 0 and my == 0 and mz == 0:
-                    continue
-                if half != 0 and not owns_pair(t, u, mx, my, mz):
-                    continue
-                d = vec3d_of(wrapped[u]) - yi + image
-                if wp.dot(d, d) < radius_sq:
-                    if wp.max(wp.max(wp.abs(mx), wp.abs(my)), wp.abs(mz)) > limit:
-                        g.image_out_of_range[s] = 1
-                    else:
-                        if write != 0 and write_at + found < columns:
-                            entries[write_at + found, t] = encode_entry(u - first_slot, mx, my, mz, bits, ibits)
-                        found += 1
-    return found
-
-
-@wp.func
-def column_count(g: SystemState, s: int):
-    """Bin columns (qx, qy) of system s's search box."""
-    return search_span(g.reach[s][0], g.dims[s][0], g.pbc[s][0]) * search_span(g.reach[s][1], g.dims[s][1], g.pbc[s][1])
-
-
-@wp.func
-def finish_row(g: SystemState, count: wp.array(dtype=wp.int32), t: int, s: int, found: int, columns: int):
-    count[t] = wp.min(found, columns)
-    if found > columns:
-        # On a CPU, chunks of one system may run at once and this max is a plain one there: the
-        # flag is always set, but the count it reports may be another chunk's (smaller) count.
-        wp.atomic_max(g.overflow, s, found)
-
-
-@wp.func
-def part_range(g: SystemState, s: int, j: int, parts: int):
-    """Part j of ``parts`` of system s's bin columns: [lo, hi) (contiguous, so that the parts
-    concatenated keep the order of a whole search)."""
-    total = column_count(g, s)
-    each = (total + parts - 1) / parts
-    lo = wp.min(j * each, total)
-    return lo, wp.min(lo + each, total)
-
-
-@wp.func
-def search_slot(
-    wrapped: wp.array(dtype=Any),
-    g: SystemState,
-    a: AtomState,
-    radius_sq: wp.float64,
-    entries: wp.array2d(dtype=wp.int32),
-    count: wp.array(dtype=wp.int32),
-    found_in_part: wp.array2d(dtype=wp.int16),
-    half: int,
-    write: int,
-    t: int,
-    j: int,
-):
-    """Part j of slot t's search (see :func:`search_neighbors`), if its system rebuilds."""
-    parts = found_in_part.shape[0]
-    s = a.system[t]
-    rebuild = g.rebuild[s]
-    if rebuild == 2:
-        if write != 0 and j == 0:
-            count[t] = 0  # no images without a cell; verify() reports it
-    elif rebuild != 0:
-        lo, hi = part_range(g, s, j, parts)
-        if write == 0:
-            found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, 0, 0)
-            # Clamped to int16 (2 bytes per slot and part): a count this large overflows the row anyway.
-            found_in_part[j, t] = wp.int16(wp.min(found, 32767))
-        else:
-            before = int(0)
-            for q in range(j):
-                before += int(found_in_part[q, t])
-            found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, before, 1)
-            if j == parts - 1:
-                finish_row(g, count, t, s, before + found, entries.shape[0])
-
-
-@wp.kernel
-def search_neighbors(
-    wrapped: wp.array(dtype=Any),
-    g: SystemState,
-    a: AtomState,
-    radius_sq: wp.float64,
-    entries: wp.array2d(dtype=wp.int32),
-    count: wp.array(dtype=wp.int32),
-    found_in_part: wp.array2d(dtype=wp.int16),
-    half: int,
-    write: int,
-    slots: int,
-    start: int,
-    work_slot: wp.array(dtype=wp.int32),
-    last_system: int,
-    threads: int,
-):
-    """Each slot's neighbours, by ``parts = found_in_part.shape[0]`` threads per slot (thread
-    ``j * slots + t`` is part j of slot t; one part needs no ``found_in_part`` but its shape).
-
-    A CPU uses one part, one pass (``write`` 1). A GPU uses several in a small batch, launched
-    twice: a step rebuilds a few systems at a time, so one thread per slot would leave most of
-    the GPU idle while each walks ~125 bins; in parts, each walks a ninth or less. Pass one (``write`` 0)
-    counts each part's neighbours; pass two writes them after those of the parts before it.
-    The last part sets the slot's count (and the overflow flag).
-
-    With ``threads`` > 0 (a GPU) only the rebuilding slots are searched: ``work_slot`` lists them
-    (:func:`list_work`; ``g.work_end[last_system]`` of them) and the launch's ``threads`` threads
-    stride over (part, listed slot) pairs, so no thread is launched for a slot that keeps its list.
-    """
-    tid = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
-    if threads == 0:
-        search_slot(wrapped, g, a, radius_sq, entries, count, found_in_part, half, write, tid % slots, tid / slots)
-    else:
-        total = g.work_end[last_system]
-        w = tid
-        while w < found_in_part.shape[0] * total:
-            search_slot(wrapped, g, a, radius_sq, entries, count, found_in_part, half, write,
-                        work_slot[w % total], w / total)
-            w += threads
-
-
 @wp.kernel
 def list_work(g: SystemState, a: AtomState, work_slot: wp.array(dtype=wp.int32)):
     """The slots of the systems that rebuild, in slot order: ``work_slot[r]`` is the r-th."""
@@ -562,4 +393,3 @@ for _vec, _mat in ((wp.vec3f, wp.mat33f), (wp.vec3d, wp.mat33d)):
     wp.overload(begin_build, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})
     wp.overload(bin_atoms, {"positions": _arr})
     wp.overload(sort_into_bins, {"positions": _arr, "reference": _arr, "wrapped": _arr})
-    wp.overload(search_neighbors, {"wrapped": _arr})

@@ -27,6 +27,10 @@ ATOMS_PER_BIN = 2
 #: CPU, where a kernel's threads run one after another and Newton's third law halves the work;
 #: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
 HALF_LIST = {"cuda": False, "cpu": True}
+#: Whether the search skips the bins of a slot's box that lie wholly beyond the list radius from
+#: its atom (:mod:`.search`), by device type. The same entries in the same order; measured on a
+#: CPU only so far (``benchmarks.cpu_launches --search-trim``).
+SEARCH_TRIM = {"cuda": False, "cpu": True}
 #: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
 #: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
 #: for a CPU, where one thread walks one slot's neighbours).
@@ -300,7 +304,7 @@ class Layout:
             a["system"][:v] = batch.batch_idx.to(torch.int32)
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
-        # A GPU searches each slot's box in parts (kernels.search_neighbors), counting first.
+        # A GPU searches each slot's box in parts (search.search_neighbors), counting first.
         # The list's join_fraction: check_moved's threshold and the search's shape follow it.
         self.join_fraction = join_fraction
         self.search_parts = search_parts(dev.type, counts, join_fraction)
