@@ -159,11 +159,12 @@ def _threads(dim: int | Sequence[int]) -> int:
     return math.prod(dim) if isinstance(dim, Sequence) else int(dim)
 
 
-def chunks_for(device: Any, dim: int) -> int:
+def chunks_for(device: Any, dim: int, min_dim: int | None = None) -> int:
     """Into how many ranges :meth:`LaunchSequence.add_chunked` cuts a kernel of ``dim`` threads
-    on ``device`` (a Warp or torch device): :data:`CPU_CHUNKS` for long CPU kernels, else 1."""
+    on ``device`` (a Warp or torch device): :data:`CPU_CHUNKS` for CPU kernels of at least
+    ``min_dim`` threads (default :data:`MIN_CHUNKED_DIM`), else 1."""
     on_cpu = str(device).startswith("cpu")
-    return CPU_CHUNKS if on_cpu and dim >= MIN_CHUNKED_DIM else 1
+    return CPU_CHUNKS if on_cpu and dim >= (MIN_CHUNKED_DIM if min_dim is None else min_dim) else 1
 
 
 def cpu_workers() -> int:
@@ -246,7 +247,7 @@ class LaunchSequence:
         self.names.append(kernel.key)
 
     def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int | str = "start",
-                    per_chunk: dict[int | str, Sequence[Any]] | None = None) -> None:
+                    per_chunk: dict[int | str, Sequence[Any]] | None = None, min_dim: int | None = None) -> None:
         """Record a kernel whose thread ``t`` does item ``start + t``, cut into
         :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
         one launch with ``start = 0``.
@@ -259,12 +260,14 @@ class LaunchSequence:
             per_chunk: Arguments that differ by chunk (name or position -> one value per
                 chunk), such as a buffer each chunk adds into alone; a chunk's writes must not
                 meet another's.
+            min_dim: Cut only from this many threads on (default :data:`MIN_CHUNKED_DIM`); a
+                kernel of a few threads that each do much (a strided walk) is cut from fewer.
         """
         if dim <= 0:
             return
         start = _argument_index(kernel, start_at)
         chunked = {_argument_index(kernel, k): v for k, v in (per_chunk or {}).items()}
-        n = chunks_for(self.device, dim)
+        n = chunks_for(self.device, dim, min_dim)
         bounds = [dim * c // n for c in range(n + 1)]
         commands = []
         for c in range(n):

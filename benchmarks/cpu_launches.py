@@ -8,7 +8,8 @@ totals can exceed their share of the step's wall time. ``--optimization-level`` 
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
 neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
 neighbour list (``pair_potential.LANES_FULL_LIST``), ``--search-trim`` whether the search skips
-bins beyond the list radius (``layout.SEARCH_TRIM``), ``--langevin-backend`` the Langevin step's backend.
+bins beyond the list radius (``layout.SEARCH_TRIM``), ``--search-listed`` whether it walks a list
+of the rebuilding slots (``layout.SEARCH_LISTED``), ``--langevin-backend`` the Langevin step's backend.
 
     python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
 
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search-trim", choices=("on", "off"), default=None,
                         help="the search skips bins beyond the list radius or walks the whole box "
                              "(default: layout.SEARCH_TRIM)")
+    parser.add_argument("--search-listed", choices=("on", "off"), default=None,
+                        help="the search walks a list of the rebuilding slots or every slot "
+                             "(default: layout.SEARCH_LISTED)")
     parser.add_argument("--langevin-backend", choices=("torch", "warp"), default=None,
                         help="the Langevin step's backend on a CPU (default: Langevin.cpu_backend)")
     args = parser.parse_args(argv)
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         (pair_potential.LANES, "cpu", args.pair_lanes and args.pair_lanes == "on"),
         (pair_potential, "LANES_FULL_LIST", args.list and args.list == "full"),
         (layout.SEARCH_TRIM, "cpu", args.search_trim and args.search_trim == "on"),
+        (layout.SEARCH_LISTED, "cpu", args.search_listed and args.search_listed == "on"),
         (Langevin, "cpu_backend", args.langevin_backend),
     )
     timer = LaunchTimer()

@@ -56,6 +56,25 @@ def test_the_ranges_of_a_cpu_kernel_cover_every_item_once_and_run_on_several_thr
     assert warp_runtime.chunks_for("cuda:0", 10**7) == 1  # a GPU launch is never cut
 
 
+def test_a_short_cpu_kernel_is_cut_in_ranges_when_asked():
+    """``min_dim``: a few threads that each stride over much work (a listed search) are cut too."""
+    wp = pytest.importorskip("warp")
+    from alchemi_core import warp_runtime
+
+    warp_runtime.warp()
+    if not wp.is_cpu_available():
+        pytest.skip("this warp-lang build has no CPU compiler")
+    assert warp_runtime.chunks_for("cpu", 64) == 1
+    assert warp_runtime.chunks_for("cpu", 64, min_dim=1) == warp_runtime.CPU_CHUNKS
+    assert warp_runtime.chunks_for("cuda:0", 64, min_dim=1) == 1
+    counts = torch.zeros(64, dtype=torch.int32)
+    seq = warp_runtime.LaunchSequence(warp_runtime.warp_device(torch.device("cpu")))
+    seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0], min_dim=1)
+    assert len(seq._commands[0]) == warp_runtime.CPU_CHUNKS
+    seq.run()
+    assert torch.equal(counts, torch.ones_like(counts))
+
+
 def test_the_ranges_run_on_as_many_threads_as_torch_uses():
     from alchemi_core import warp_runtime
 

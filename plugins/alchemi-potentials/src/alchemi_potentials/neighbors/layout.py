@@ -66,16 +66,20 @@ FORCED_PARTS: int | None = None
 #: about as much as the search itself (W1 256x1024 on the H200: 5, 9, 13 and 25 parts took 180,
 #: 180, 199 and 275 us a step). Listed, a fixed number of threads, as many as the GPU holds at
 #: once, walks only the rebuilding slots, found on the device (a sum over systems, a kernel over
-#: slots): nothing is read back and the launch stays the same size, so it is captured too. A CPU
-#: runs its threads one after another, and an idle slot there costs two loads: no list.
-SEARCH_LISTED = {"cuda": True, "cpu": False}
+#: slots): nothing is read back and the launch stays the same size, so it is captured too. On a
+#: CPU an idle slot of the search kernel is not free either (about 70 ns: Warp's generated
+#: function sets up all of the kernel's locals for each thread), and the listed slots, strided
+#: over threads in 8 ranges, share the rebuilding systems' work evenly between the cores: W6's
+#: step 2.83-2.96 -> 2.56-2.62 ms (``benchmarks.cpu_launches --search-listed``).
+SEARCH_LISTED = {"cuda": True, "cpu": True}
 #: Listed or not whatever the device, instead of SEARCH_LISTED (None): for measurements
 #: (``skin_sweep --search-listed``) and tests.
 FORCED_LISTED: bool | None = None
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
-#: Threads of a listed search on a CPU (a few, so that each walks the list in strides).
-LISTED_THREADS_CPU = 7
+#: Threads of a listed search on a CPU: 8 for each of the launch's ranges (``CPU_CHUNKS``), each
+#: walking the list in strides, so that every range gets its share of the rebuilding slots.
+LISTED_THREADS_CPU = 64
 #: ``BatchedNeighborList``'s default ``join_fraction`` by device type. When some system of a
 #: batch rebuilds, every system with an atom past this fraction of skin/2 rebuilds with it, so
 #: that rebuilds come in cohorts. W1's 256 systems of 256 atoms at 50 K (``python -m
@@ -125,7 +129,7 @@ def search_listed(device_type: str) -> bool:
 
     Example:
         >>> search_listed("cuda"), search_listed("cpu")
-        (True, False)
+        (True, True)
     """
     return FORCED_LISTED if FORCED_LISTED is not None else SEARCH_LISTED.get(device_type, False)
 
@@ -136,7 +140,7 @@ def listed_threads(device: torch.device, work: int) -> int:
 
     Example:
         >>> listed_threads(torch.device("cpu"), 1000), listed_threads(torch.device("cpu"), 3)
-        (7, 3)
+        (64, 3)
     """
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
