@@ -270,7 +270,7 @@ class BatchedNeighborList:
                 after.add(k.list_work, na, [g, a, work_slot])
                 threads = listed_threads(pos.device, parts * na)
                 for write in passes:
-                    # In ranges on a CPU's threads (one launch on a GPU), each striding the list.
+                    # In ranges on a CPU's threads (one launch on a GPU), each thread striding the list.
                     after.add_chunked(search_kernel, threads, [*search, write, na, 0, work_slot, ns - 1, threads],
                                       min_dim=1)
             elif parts > 1:
