@@ -74,6 +74,25 @@ def test_canonical_temperature_and_kinetic_energy_fluctuations(backend: str, fix
         assert center_of_mass_velocity(batch).abs().max().item() < 1e-12
 
 
+def test_the_centre_of_mass_stays_at_rest_in_systems_of_different_sizes_and_masses() -> None:
+    """The torch step sums each system's noise momentum over a view when systems are of one size,
+    and per component by index otherwise: here they differ (1, 3, 5 and 2 atoms of mixed
+    elements), and each system's centre of mass must stay at rest while its atoms move."""
+    rng = np.random.default_rng(3)
+    systems = []
+    for n in (1, 3, 5, 2):
+        numbers = torch.tensor(rng.choice([1, 8, 18, 54], size=n))
+        systems.append(AtomicData(atomic_numbers=numbers, positions=torch.tensor(rng.normal(size=(n, 3)) * 3.0)))
+    batch = Batch.from_data_list(systems)
+    start = batch.positions.clone()
+    Langevin(FreeAtoms(), n_steps=50, dt=2.0, temperature=300.0, friction=0.05, random_seed=1, fix_com=True,
+             backend="torch").run(batch)
+    assert center_of_mass_velocity(batch).abs().max().item() < 1e-12
+    moved = (batch.positions - start).norm(dim=1)
+    assert moved[1:].min().item() > 1e-3  # atoms of the systems of several atoms did move
+    assert moved[0].item() < 1e-12  # a lone atom is its own centre of mass
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ornstein_uhlenbeck_step_is_exact(backend: str) -> None:
     """Free atoms starting at velocity u: after k steps each component has mean u c1^k and
