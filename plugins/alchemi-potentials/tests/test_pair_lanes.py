@@ -11,7 +11,7 @@ import torch
 
 from alchemi_core import warp_runtime
 from alchemi_potentials import LennardJones, pair_lanes, pair_potential
-from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.neighbors import BatchedNeighborList, layout
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.pair_kernels import MORSE
 
@@ -78,8 +78,12 @@ def test_lanes_give_the_reference_and_the_warp_kernel(ref, rng, monkeypatch, hal
         torch.testing.assert_close(lanes[name], warp[name], rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("order", ["rows", "columns"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_lanes_in_float32(ref, rng, half):
+def test_lanes_in_float32_from_either_matrix_order(ref, rng, monkeypatch, half, order):
+    """(A CPU's matrix holds each slot's entries contiguously, "rows": whole blocks load as one;
+    "columns", a GPU's order, is read entry by entry.)"""
+    monkeypatch.setitem(layout.MATRIX_ORDER, "cpu", order)
     structures = systems(ref, rng)
     out = evaluate(ref, structures, half, dtype=torch.float32)
     assert out["forces"].dtype == torch.float32

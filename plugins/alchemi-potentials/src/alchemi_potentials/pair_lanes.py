@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 LANES = 8
 
 # One slot's row. Entries past ``n`` in the last block repeat entry ``n - 1`` (always valid) and
-# are masked, like pairs past the cutoff. Arrays are read through their byte strides.
+# are masked, like pairs past the cutoff. Arrays are read through their byte strides (the entries
+# through their int stride, which the whole blocks of a contiguous row take as 1).
 _ROW = r"""
 using T = decltype(cutoff_sq);
 constexpr int L = LANES_;
@@ -59,12 +60,17 @@ for (int l = 0; l < L; ++l) { se[l] = T(0); sx[l] = T(0); sy[l] = T(0); sz[l] = 
 T lw[9][L];
 for (int q = 0; q < 9; ++q) for (int l = 0; l < L; ++l) lw[q][l] = T(0);
 #endif
-for (int k0 = 0; k0 < n; k0 += L) {
+// One block of L entries from k0; entries from ``limit`` on repeat entry limit - 1 and are masked.
+// Whole blocks of a row stored contiguously (a CPU's [slots, columns] matrix) are called with
+// limit = k0 + L and a unit stride, which the compiler folds into plain vector loads, no masks.
+const int* col = (const int*)column;
+const long long es = row_stride / (long long)sizeof(int);
+auto block = [&](const int k0, const int limit, const long long stride) {
     int u[L];
     T dx[L], dy[L], dz[L], g[L], en[L];
     for (int l = 0; l < L; ++l) {
-        const int k = k0 + l < n ? k0 + l : n - 1;
-        const int c = *(const int*)(column + k * row_stride);
+        const int k = k0 + l < limit ? k0 + l : limit - 1;
+        const int c = col[k * stride];
         const int h = c >> bits;
         const T mx = T((h & image_mask) - bias);
         const T my = T(((h >> ib) & image_mask) - bias);
@@ -77,7 +83,7 @@ for (int k0 = 0; k0 < n; k0 += L) {
     }
     for (int l = 0; l < L; ++l) {
         const T r2 = dx[l] * dx[l] + dy[l] * dy[l] + dz[l] * dz[l];
-        const T inside = (r2 < cutoff_sq && k0 + l < n) ? T(1) : T(0);
+        const T inside = (r2 < cutoff_sq && k0 + l < limit) ? T(1) : T(0);
         const T inv = T(1) / r2;
         const T s2 = b * inv;
         const T s6 = s2 * s2 * s2;
@@ -107,7 +113,12 @@ for (int k0 = 0; k0 < n; k0 += L) {
         fj[2] -= g[l] * dz[l];
     }
 #endif
+};
+int k0 = 0;
+if (es == 1) {
+    for (; k0 + L <= n; k0 += L) block(k0, k0 + L, 1);
 }
+for (; k0 < n; k0 += L) block(k0, n, es);
 T e = T(0), fx = T(0), fy = T(0), fz = T(0);
 for (int l = 0; l < L; ++l) { e += se[l]; fx += sx[l]; fy += sy[l]; fz += sz[l]; }
 #if VIRIAL_
