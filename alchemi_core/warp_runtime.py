@@ -247,7 +247,8 @@ class LaunchSequence:
         self.names.append(kernel.key)
 
     def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int | str = "start",
-                    per_chunk: dict[int | str, Sequence[Any]] | None = None, min_dim: int | None = None) -> None:
+                    per_chunk: dict[int | str, Sequence[Any]] | None = None, min_dim: int | None = None,
+                    bounds: Sequence[int] | None = None) -> None:
         """Record a kernel whose thread ``t`` does item ``start + t``, cut into
         :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
         one launch with ``start = 0``.
@@ -262,13 +263,20 @@ class LaunchSequence:
                 meet another's.
             min_dim: Cut only from this many threads on (default :data:`MIN_CHUNKED_DIM`); a
                 kernel of a few threads that each do much (a strided walk) is cut from fewer.
+            bounds: Where a CPU cuts (``0 = bounds[0] < ... < bounds[-1] = dim``) instead of
+                :func:`chunks_for` even ranges, such as at system boundaries so that ranges
+                never write the same items; a GPU still launches once.
         """
         if dim <= 0:
             return
         start = _argument_index(kernel, start_at)
         chunked = {_argument_index(kernel, k): v for k, v in (per_chunk or {}).items()}
         n = chunks_for(self.device, dim, min_dim)
-        bounds = [dim * c // n for c in range(n + 1)]
+        if bounds is not None and n > 1:
+            n = len(bounds) - 1
+            assert bounds[0] == 0 and bounds[-1] == dim and all(a < b for a, b in zip(bounds, bounds[1:])), bounds
+        else:
+            bounds = [dim * c // n for c in range(n + 1)]
         commands = []
         for c in range(n):
             args = list(inputs)

@@ -7,7 +7,7 @@ totals can exceed their share of the step's wall time. ``--optimization-level`` 
 ``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
 neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
-neighbour list (``pair_potential.LANES_FULL_LIST``), ``--search-trim`` whether the search skips
+neighbour list (``layout.HALF_LIST``), ``--search-trim`` whether the search skips
 bins beyond the list radius (``layout.SEARCH_TRIM``), ``--search-listed`` whether it walks a list
 of the rebuilding slots (``layout.SEARCH_LISTED``), ``--langevin-backend`` the Langevin step's backend.
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair-lanes", choices=("on", "off"), default=None,
                         help="neighbours in SIMD lanes or one at a time (default: pair_potential.LANES)")
     parser.add_argument("--list", choices=("half", "full"), default=None,
-                        help="the neighbour list the model makes (default: pair_potential.LANES_FULL_LIST)")
+                        help="the neighbour list a CPU makes (default: layout.HALF_LIST)")
     parser.add_argument("--search-trim", choices=("on", "off"), default=None,
                         help="the search skips bins beyond the list radius or walks the whole box "
                              "(default: layout.SEARCH_TRIM)")
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     given = (
         (pair_potential.MASKED, "cpu", args.pair_masked and args.pair_masked == "on"),
         (pair_potential.LANES, "cpu", args.pair_lanes and args.pair_lanes == "on"),
-        (pair_potential, "LANES_FULL_LIST", args.list and args.list == "full"),
+        (layout.HALF_LIST, "cpu", args.list and args.list == "half"),
         (layout.SEARCH_TRIM, "cpu", args.search_trim and args.search_trim == "on"),
         (layout.SEARCH_LISTED, "cpu", args.search_listed and args.search_listed == "on"),
         (Langevin, "cpu_backend", args.langevin_backend),

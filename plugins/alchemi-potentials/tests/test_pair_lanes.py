@@ -42,11 +42,13 @@ def evaluate(ref, structures, half, dtype=torch.float64, stress=True, lanes=True
         made.append(options)
         return pair_kernel(options)
 
+    m = model(half, skin, shift)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(pair_potential.LANES, "cpu", lanes)
         patch.setattr(pair_potential, "pair_kernel", spy)
-        out = model(half, skin, shift)(ref.batch(structures, dtype=dtype), compute_stress=stress)
+        out = m(ref.batch(structures, dtype=dtype), compute_stress=stress)
     assert [o.lanes for o in made] == [lanes]
+    out["model"] = m
     return out
 
 
@@ -90,17 +92,28 @@ def test_lanes_in_float32_from_either_matrix_order(ref, rng, monkeypatch, half, 
     check_against_reference(ref, structures, out, False, 2e-5)
 
 
+@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "warp"])
+@pytest.mark.parametrize("sizes", ["uneven", "even"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_lanes_cut_in_ranges_give_the_same_bits_on_one_thread_or_two(ref, rng, monkeypatch, half):
+def test_kernels_cut_in_ranges_give_the_same_bits_on_one_thread_or_two(ref, rng, monkeypatch, half, sizes, lanes):
+    """Systems of uneven sizes cannot be cut at their boundaries into even ranges: a half list's
+    ranges then add into buffers of their own; eight systems of one size are cut at their
+    boundaries, and each range adds its neighbours' forces straight into the forces."""
     monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1)
-    structures = systems(ref, rng)
+    if sizes == "uneven":
+        structures = systems(ref, rng)
+    else:
+        structures = [ref.atoms(rng, 12, ref.cell(rng, (9.0, 9.5, 10.0), 0.2), True, min_distance=2.5)
+                      for _ in range(8)]
     before = torch.get_num_threads()
     outs = []
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            out = evaluate(ref, structures, half)
+            out = evaluate(ref, structures, half, lanes=lanes)
             check_against_reference(ref, structures, out, False, 1e-9)
+            buffers = "chunk_forces" in out["model"]._scratch_buffers
+            assert buffers == (half and sizes == "uneven"), buffers
             outs.append(out)
     finally:
         torch.set_num_threads(before)
@@ -123,15 +136,3 @@ def test_several_species_keep_the_warp_kernel_with_the_lanes_on(ref, rng, monkey
     structures = [ref.atoms(rng, 12, np.diag([9.0, 9.0, 9.0]), True, species=(18, 36))]
     LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC)(ref.batch(structures))
     assert [o.lanes for o in made] == [False]
-
-
-def test_a_model_the_lanes_cover_lists_both_ends_on_a_cpu_and_others_keep_the_device_default():
-    """With the lanes a full list costs a CPU no more than a half one and spares the neighbours'
-    force updates (benchmarks.cpu_launches --list); Morse and several species keep half lists
-    there (their Warp kernel does half the pairs' work on a half list)."""
-    from alchemi_potentials import Morse
-
-    assert LennardJones(EPS, SIG, RC).neighbor_list.half_list is False
-    assert LennardJones(EPS, SIG, RC, switch_onset=6.0).neighbor_list.half_list is None
-    assert LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC).neighbor_list.half_list is None
-    assert Morse(D=0.2, alpha=1.4, r0=3.6, cutoff=RC).neighbor_list.half_list is None

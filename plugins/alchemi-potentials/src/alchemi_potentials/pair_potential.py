@@ -54,11 +54,6 @@ MASKED = {"cuda": False, "cpu": True}
 #: Whether the pair kernel takes a slot's neighbours in SIMD lanes (:mod:`pair_lanes`), by device
 #: type, for the variants it covers.
 LANES = {"cuda": False, "cpu": True}
-#: Whether a model the lanes cover makes itself a full neighbour list (on a CPU the lanes cost the
-#: same per atom on a full list as on a half one, and a full list spares the neighbours' force
-#: updates and the per-range force buffers: ``benchmarks.cpu_launches --list``); else the device
-#: decides (``layout.HALF_LIST``).
-LANES_FULL_LIST = True
 
 
 class _Outputs:
@@ -143,11 +138,7 @@ class PairPotential(BaseModel):
                     f"{self.name}: switch_onset must lie in [0, cutoff) = [0, {cutoff}), got {switch_onset}"
                 )
         if neighbor_list is None:
-            # A full list where the lanes run (LANES_FULL_LIST); a GPU lists both ends anyway.
-            full = LANES_FULL_LIST and LANES.get("cpu", False) and pair_lanes.covers(
-                PairOptions(kind=self.kind, switching=switch_onset is not None, one_type=table.num_types == 1))
-            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors,
-                                                half_list=False if full else None)
+            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors)
         elif skin is not None or max_neighbors is not None:
             raise ConfigurationError(
                 f"{self.name}: skin and max_neighbors belong to the neighbour list you passed; "
@@ -311,7 +302,11 @@ class PairPotential(BaseModel):
         slot_energy = self._scratch("slot_energy", (slots,), pos)
         slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
         SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
-        split_forces = matrix.half and pieces > 1
+        # With a half list a range also adds forces into its neighbours' atoms: ranges cut at
+        # system boundaries never meet (a system's neighbours are its own), so they add into the
+        # forces directly; where no such cut exists (one large system) each range has a buffer.
+        bounds = _system_bounds(batch.num_nodes_per_system, pieces) if matrix.half and pieces > 1 else None
+        split_forces = matrix.half and pieces > 1 and bounds is None
         seq = _warp.LaunchSequence(F.device)
         seq.add(k.zero_totals, n_sys, [E, W])
         if matrix.half and not split_forces:
@@ -333,7 +328,7 @@ class PairPotential(BaseModel):
             matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
             self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
             F, E, W, SE, SW, 0,
-        ], per_chunk=forces_of)
+        ], per_chunk=forces_of, bounds=bounds)
         if split_forces:
             seq.add_chunked(k.sum_chunk_forces, n_atoms, [_warp.view(chunk_forces, vec), F, 0])
         held = []
@@ -402,6 +397,30 @@ class PairPotential(BaseModel):
         elif self.switch_onset is not None:
             treatment = f"switched from {self.switch_onset}"
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
+
+
+def _system_bounds(atoms_per_system: np.ndarray, pieces: int) -> list[int] | None:
+    """Cuts of the slots into at most ``pieces`` ranges at system boundaries, each near an even
+    cut, or None where some range would exceed twice an even share (a system too large).
+
+    Example:
+        >>> _system_bounds(np.array([108] * 64), 8)
+        [0, 864, 1728, 2592, 3456, 4320, 5184, 6048, 6912]
+        >>> _system_bounds(np.array([10, 1000, 10]), 8) is None
+        True
+    """
+    ends = np.cumsum(np.asarray(atoms_per_system, dtype=np.int64))
+    total = int(ends[-1]) if len(ends) else 0
+    if total == 0:
+        return None
+    targets = np.arange(1, pieces) * total / pieces
+    nearest = np.clip(np.searchsorted(ends, targets), 0, len(ends) - 1)
+    below = np.clip(nearest - 1, 0, len(ends) - 1)
+    chosen = np.where(np.abs(ends[below] - targets) <= np.abs(ends[nearest] - targets), ends[below], ends[nearest])
+    bounds = sorted({0, total, *(int(c) for c in chosen if 0 < c < total)})
+    if max(b - a for a, b in zip(bounds, bounds[1:])) > 2 * total / pieces:
+        return None
+    return bounds
 
 
 def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device, always: bool = False) -> torch.Tensor | None:
