@@ -67,10 +67,10 @@ FORCED_PARTS: int | None = None
 #: 180, 199 and 275 us a step). Listed, a fixed number of threads, as many as the GPU holds at
 #: once, walks only the rebuilding slots, found on the device (a sum over systems, a kernel over
 #: slots): nothing is read back and the launch stays the same size, so it is captured too. On a
-#: CPU an idle slot of the search kernel is not free either (about 70 ns: Warp's generated
-#: function sets up all of the kernel's locals for each thread), and the listed slots, strided
-#: over threads in 8 ranges, share the rebuilding systems' work evenly between the cores: W6's
-#: step 2.83-2.96 -> 2.56-2.62 ms (``benchmarks.cpu_launches --search-listed``).
+#: CPU an idle slot of the search kernel is not free either (about 70 ns in a one-off timing,
+#: presumably Warp's per-thread setup of the kernel's arguments and locals), and the listed
+#: slots, strided over threads in 8 ranges, share the rebuilding systems' work evenly between the
+#: cores: W6's step 2.83-2.96 -> 2.56-2.62 ms (``benchmarks.cpu_launches --search-listed``).
 SEARCH_LISTED = {"cuda": True, "cpu": True}
 #: Listed or not whatever the device, instead of SEARCH_LISTED (None): for measurements
 #: (``skin_sweep --search-listed``) and tests.
