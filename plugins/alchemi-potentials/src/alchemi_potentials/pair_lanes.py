@@ -2,17 +2,18 @@
 
 Warp's CPU code walks one neighbour at a time: every pair decodes its entry, gathers a position,
 forms ``d`` and the Lennard-Jones terms in scalar registers (about 14 ns per pair on W6's CPU).
-With ``lanes`` the kernel hands each slot to a native C++ snippet (compiled by Warp's clang with
-``-march=native``) that takes :data:`LANES` neighbours at a time in plain fixed-length loops, which
-the compiler turns into vector instructions: the decoding, the distances, the terms and the masks
-run eight pairs per instruction, and only the Newton's-third-law updates of the neighbours' forces
-stay one pair at a time.
+With ``lanes`` the kernel hands each slot to a native C++ snippet (compiled by Warp's own clang for
+the host CPU; warp-lang 1.19 asks for ``-march=native``) that takes :data:`LANES` neighbours at a
+time in plain fixed-length loops, which the compiler turns into vector instructions: the
+decoding, the distances, the terms and the masks run eight pairs per instruction, whole blocks of
+a contiguous row load their entries as one, and only the Newton's-third-law updates of the
+neighbours' forces stay one pair at a time.
 
 It computes what the kernel computes without ``lanes`` for the same options, for the options it
 covers (:func:`covers`): Lennard-Jones, one species, no switching; with or without virials, half
-or full lists, per-slot or direct totals. Sums run in a different order (lane by
-lane, then across lanes), so results agree to rounding, not bit for bit, with the Warp kernel; one
-thread and several give the same bits, as there.
+or full lists, per-slot or direct totals. Sums run in a different order (lane by lane, then
+across lanes), so results agree to rounding, not bit for bit, with the Warp kernel; one thread
+and several give the same bits, as there.
 
 Example:
     >>> from alchemi_potentials.pair_forces import PairOptions, pair_kernel

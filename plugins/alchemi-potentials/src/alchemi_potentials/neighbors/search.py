@@ -56,8 +56,8 @@ def trim_frame(y: wp.vec3d, g: SystemState, s: int, home: wp.vec3i, spans: wp.ve
     k = g.reach[s]
     p = g.pbc[s]
     f = y * inv
-    phi = wp.vec3d(0.0, 0.0, 0.0)
-    thickness = wp.vec3d(0.0, 0.0, 0.0)
+    phi = wp.vec3d()
+    thickness = wp.vec3d()
     spacing = plane_spacings(inv)
     for ax in range(3):
         u = f[ax] * w[ax]
@@ -70,7 +70,7 @@ def trim_frame(y: wp.vec3d, g: SystemState, s: int, home: wp.vec3i, spans: wp.ve
     c0 = wp.vec3d(inv[0, 0], inv[1, 0], inv[2, 0])
     c1 = wp.vec3d(inv[0, 1], inv[1, 1], inv[2, 1])
     c2 = wp.vec3d(inv[0, 2], inv[1, 2], inv[2, 2])
-    tol = wp.float64(1e-9)
+    tol = wp.float64(1.0) / wp.float64(1073741824.0)  # 2^-30 (Warp 1.5 keeps literals in float32)
     ortho = int(0)
     if (wp.abs(wp.dot(c0, c1)) <= tol * wp.length(c0) * wp.length(c1)
             and wp.abs(wp.dot(c0, c2)) <= tol * wp.length(c0) * wp.length(c2)
@@ -191,7 +191,9 @@ def search_kernel(trim: bool) -> Any:
         if wp.static(TRIM):
             radius = wp.sqrt(radius_sq)
             # Slack for rounding: a stored (float32) position may lie a hair outside its bin's planes.
-            slack = wp.float64(1e-5) * (radius + wp.length(m[0]) + wp.length(m[1]) + wp.length(m[2])) + wp.float64(1e-6)
+            # 2^-17 of the lengths involved, and 2^-20 Å (literals float32 holds exactly: Warp 1.5).
+            reach_all = radius + wp.length(m[0]) + wp.length(m[1]) + wp.length(m[2])
+            slack = (reach_all / wp.float64(131072.0)) + wp.float64(1.0) / wp.float64(1048576.0)
             spans = wp.vec3i(search_span(k[0], n[0], p[0]), span_y, span_z)
             phi, thick, ortho = trim_frame(yi, g, s, wp.vec3i(cx, cy, cz), spans)
         for f in range(first, last):
