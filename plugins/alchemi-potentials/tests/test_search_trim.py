@@ -2,7 +2,8 @@
 (``layout.SEARCH_TRIM``) writes the same entries, in the same order, as the search of the whole
 box: orthogonal cells (gaps added as squares) and triclinic ones (each gap alone), partly
 periodic and open systems (hashed axes), cells thinner than the cutoff (the box wraps the grid),
-atoms on bin planes, half and full lists, float32 and float64."""
+atoms on bin planes, half and full lists, float32 and float64, on the CPU and a GPU (whose
+default is the whole box)."""
 
 from __future__ import annotations
 
@@ -42,11 +43,13 @@ def rows(nl, batch):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
 @pytest.mark.parametrize("skin", [0.0, 0.5])
-def test_trimmed_search_writes_the_entries_of_the_whole_box(ref, rng, monkeypatch, half, dtype, skin):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_trimmed_search_writes_the_entries_of_the_whole_box(ref, rng, monkeypatch, half, dtype, skin, device):
     structures = systems(ref, rng)
     found = {}
     for trim in (True, False):
-        monkeypatch.setitem(layout.SEARCH_TRIM, "cpu", trim)
-        found[trim] = rows(BatchedNeighborList(RC, skin, half_list=half), ref.batch(structures, dtype=dtype))
+        monkeypatch.setitem(layout.SEARCH_TRIM, device, trim)
+        found[trim] = rows(BatchedNeighborList(RC, skin, half_list=half),
+                           ref.batch(structures, dtype=dtype, device=device))
     assert sum(len(r) for r in found[False][0]) > 1000
     assert found[True] == found[False]
