@@ -21,13 +21,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
 
 from benchmarks import spec
+from benchmarks.choices import chosen
 from benchmarks.timing import CallTimer
 
 
@@ -50,28 +48,6 @@ class LaunchTimer:
         seconds, calls = self._calls.seconds, self._calls.calls
         rows = sorted(seconds, key=lambda k: -seconds[k])
         return {k: {"launches": calls[k] / steps, "ms": 1e3 * seconds[k] / steps} for k in rows}
-
-
-@contextlib.contextmanager
-def _chosen(choices: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Set each ``(owner, key, value)`` (a dict's item or an object's attribute) for the run, and
-    put every old value back afterwards."""
-    old: list[tuple[Any, str, Any]] = []
-    try:
-        for owner, key, value in choices:
-            old.append((owner, key, owner[key] if isinstance(owner, dict) else getattr(owner, key)))
-            _put(owner, key, value)
-        yield
-    finally:
-        for owner, key, value in reversed(old):
-            _put(owner, key, value)
-
-
-def _put(owner: Any, key: str, value: Any) -> None:
-    if isinstance(owner, dict):
-        owner[key] = value
-    else:
-        setattr(owner, key, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         (Langevin, "cpu_backend", args.langevin_backend),
     )
     timer = LaunchTimer()
-    with _chosen([(owner, key, value) for owner, key, value in given if value is not None]):
+    with chosen([(owner, key, value) for owner, key, value in given if value is not None]):
         try:
             sim = Alchemi().md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0), "cpu")
             sim.run(args.equilibrate)

@@ -12,6 +12,7 @@ neighbour-matrix width, the peak memory per atom and the final temperature.
     python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --lists full,half --profile 40
     python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --joins 1.0,0.9,0.8,0.7
     python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --search-trim off,on --profile 40
+    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --variants ";pair_potential:UNROLL[cuda]=2"
 
 Example:
     >>> from benchmarks.skin_sweep import parse_shapes
@@ -32,6 +33,7 @@ import torch
 from alchemi_core.dynamics import DynamicsStage, Hook
 from benchmarks import spec
 from benchmarks.adapters.alchemi import to_batch
+from benchmarks.choices import chosen, parse_variant
 from benchmarks.structures import replicated_crystal
 from benchmarks.timing import DeviceMemory, median, synchronize
 
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search-trim", default=None,
                    help="comma-separated on/off: whether the search skips bins beyond the list radius "
                         "(layout.SEARCH_TRIM; default: the device's)")
+    p.add_argument("--variants", default=None,
+                   help="';'-separated variants of the code's per-device choices, each a ','-separated list of "
+                        "module:NAME[key]=value (benchmarks.choices); an empty variant is the defaults")
     p.add_argument("--joins", default=None,
                    help="comma-separated join fractions of the neighbour list to compare (default: the device's)")
     p.add_argument("--headroom", type=float, default=1.3, help="neighbour columns over the expected count")
@@ -192,21 +197,24 @@ def main(argv: list[str] | None = None) -> int:
             {"on": True, "off": False}[x.strip()] for x in args.search_trim.split(",")]
         joins = [None] if args.joins is None else [float(x) for x in args.joins.split(",")]
         default_trim = layout.SEARCH_TRIM[args.device]
-        for skin, kind, parts, listed, trim, join in (
-                (float(s), k, n, li, tr, j) for s in args.skins.split(",") for k in args.lists.split(",")
-                for n in parts_list for li in listed_list for tr in trims for j in joins):
+        variants = [""] if args.variants is None else [v.strip() for v in args.variants.split(";")]
+        for skin, kind, parts, listed, trim, join, variant in (
+                (float(s), k, n, li, tr, j, v) for s in args.skins.split(",") for k in args.lists.split(",")
+                for n in parts_list for li in listed_list for tr in trims for j in joins for v in variants):
             half = {"default": None, "full": False, "half": True}[kind]
             layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
             layout.FORCED_LISTED = listed  # None: the device's default
             layout.SEARCH_TRIM[args.device] = default_trim if trim is None else trim
-            row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
-                          args.headroom, args.profile, half, join)
-            row["search_trim"] = layout.SEARCH_TRIM[args.device]
+            with chosen(parse_variant(variant)):
+                row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
+                              args.headroom, args.profile, half, join)
+                row["search_trim"] = layout.SEARCH_TRIM[args.device]
+            row["variant"] = variant
             rows.append(row)
             print(
                 f"{atoms}x{systems} skin {skin:.2f} {row['list']} list, search in {row['search_parts']}"
                 f"{' listed' if row['search_listed'] else ''}{' trimmed' if row['search_trim'] else ''}, "
-                f"join {row['join_fraction']}: "
+                f"join {row['join_fraction']}{', ' + variant if variant else ''}: "
                 f"{row['ms_per_step']:.3f} ms/step "
                 f"({row['atom_steps_per_s']:.3g} atom-steps/s), builds/system/step "
                 f"{row['builds_per_system_step']:.2e}, steps with a build {row['steps_with_a_build']}, "

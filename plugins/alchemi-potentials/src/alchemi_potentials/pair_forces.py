@@ -59,6 +59,8 @@ class PairOptions:
             of branching around them. About a sixth of a list's pairs lie in its skin, and a
             CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
             (``benchmarks.cpu_launches --pair-masked``).
+        fast_math: Compile with CUDA's fast math (approximate float32 division, square root and
+            exponential; no effect on float64), ``pair_potential.FAST_MATH`` by device.
         lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet
             (:mod:`~alchemi_potentials.pair_lanes`), for the options it covers
             (:func:`~alchemi_potentials.pair_lanes.covers`).
@@ -73,6 +75,7 @@ class PairOptions:
     unroll: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2, 4)))
     masked: bool = False
     lanes: bool = False
+    fast_math: bool = False
 
     def __attrs_post_init__(self) -> None:
         assert COLUMNS_MULTIPLE_OF % self.unroll == 0
@@ -81,7 +84,7 @@ class PairOptions:
     @property
     def tag(self) -> str:
         flags = "".join(str(int(v)) for v in (self.switching, self.virial, self.half, self.one_type, self.per_slot,
-                                              self.masked, self.lanes))
+                                              self.masked, self.lanes, self.fast_math))
         return f"k{self.kind}_{flags}_u{self.unroll}"
 
 
@@ -249,6 +252,8 @@ def pair_kernel(options: PairOptions) -> Any:
     add_pair.__module__ = pair_forces.__module__ = f"{__name__}.{options.tag}"
     add_pair = wp.func(add_pair)  # the kernel finds it through its closure, at code generation
     kernel = wp.kernel(pair_forces, enable_backward=False)
+    if options.fast_math:
+        kernel.module.options["fast_math"] = True
     for scalar, vec, mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
         wp.overload(kernel, {
             "wrapped": wp.array(dtype=vec), "image_cell": wp.array(dtype=mat), "params": wp.array2d(dtype=scalar),

@@ -54,6 +54,8 @@ MASKED = {"cuda": False, "cpu": True}
 #: Whether the pair kernel takes a slot's neighbours in SIMD lanes (:mod:`pair_lanes`), by device
 #: type, for the variants it covers.
 LANES = {"cuda": False, "cpu": True}
+#: Whether the pair kernel is compiled with fast math (``PairOptions.fast_math``), by device type.
+FAST_MATH = {"cuda": False, "cpu": False}
 
 
 class _Outputs:
@@ -316,7 +318,7 @@ class PairPotential(BaseModel):
         options = PairOptions(
             kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
-            masked=MASKED.get(pos.device.type, False),
+            masked=MASKED.get(pos.device.type, False), fast_math=FAST_MATH.get(pos.device.type, False),
         )
         if LANES.get(pos.device.type, False) and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
