@@ -67,23 +67,3 @@ def test_trimmed_search_writes_the_entries_of_the_whole_box(ref, rng, monkeypatc
     assert sum(len(r) for r in found[False][0]) > 1000 if device == "cpu" else len(found[False]) > 1000
     assert found[True] == found[False]
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-@pytest.mark.parametrize("group, trim", [(8, False), (4, True), (16, False)])
-def test_a_gpu_search_in_groups_of_lanes_lists_the_pairs_of_one_thread_per_slot(ref, rng, monkeypatch, half, dtype,
-                                                                                 group, trim):
-    """The listed search with a group of lanes per slot (layout.SEARCH_GROUP) against one thread
-    per slot: the same pairs, on the same batch, in cohorts (one part)."""
-    structures = systems(ref, rng)
-    batch = ref.batch(structures, dtype=dtype, device="cuda")
-    found = {}
-    for lanes in (group, 1):
-        monkeypatch.setattr(layout, "FORCED_GROUP", lanes)
-        monkeypatch.setitem(layout.SEARCH_TRIM, "cuda", trim and lanes > 1)
-        nl = BatchedNeighborList(RC, 0.5, half_list=half, join_fraction=0.8)
-        found[lanes] = pair_set(nl, batch)
-        assert nl._layout.search_group == lanes
-    assert len(found[1]) > 1000
-    assert found[group] == found[1]

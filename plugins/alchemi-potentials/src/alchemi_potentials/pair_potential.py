@@ -55,9 +55,10 @@ MASKED = {"cuda": False, "cpu": True}
 #: type, for the variants it covers.
 LANES = {"cuda": False, "cpu": True}
 #: Whether the pair kernel is compiled with fast math (``PairOptions.fast_math``), by device type.
-#: On a GPU its float32 divisions were the costliest part of its arithmetic: W1 256x1024 on the
-#: H200 (``skin_sweep --variants ";pair_potential:FAST_MATH[cuda]=True"``) 0.333 -> 0.296 ms per
-#: step. float64 is unaffected; a CPU's kernel is the lanes' snippet.
+#: On a GPU its float32 divisions (two per pair, IEEE-rounded without it) weigh most among the
+#: instructions a pair needs beyond its loads: W1 256x1024 on the H200 (``skin_sweep --variants
+#: ";pair_potential:FAST_MATH[cuda]=True"``) 0.333 -> 0.296 ms per step. float64 is unaffected; a
+#: CPU's kernel is the lanes' snippet (:mod:`pair_lanes`).
 FAST_MATH = {"cuda": True, "cpu": False}
 
 

@@ -264,13 +264,11 @@ class BatchedNeighborList:
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
                       _warp.view(layout.found_in_part), int(m.half)]
             passes = (0, 1) if parts > 1 else (1,)  # in parts: count, then write at the counted offsets
-            group = layout.search_group
-            search_kernel = searches.search_kernel(SEARCH_TRIM.get(pos.device.type, False), group)
+            search_kernel = searches.search_kernel(SEARCH_TRIM.get(pos.device.type, False))
             work_slot = _warp.view(layout.work_slot)
             if layout.listed:
                 after.add(k.list_work, na, [g, a, work_slot])
-                threads = listed_threads(pos.device, parts * na * group)
-                threads -= threads % group  # whole groups (a group's lanes share one warp)
+                threads = listed_threads(pos.device, parts * na)
                 for write in passes:
                     # In ranges on a CPU's threads (one launch on a GPU), each thread striding the list.
                     after.add_chunked(search_kernel, threads, [*search, write, na, 0, work_slot, ns - 1, threads],

@@ -28,8 +28,10 @@ ATOMS_PER_BIN = 2
 #: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
 HALF_LIST = {"cuda": False, "cpu": True}
 #: Whether the search skips the bins of a slot's box that lie wholly beyond the list radius from
-#: its atom (:mod:`.search`), by device type. The same entries in the same order; measured on a
-#: CPU only so far (``benchmarks.cpu_launches --search-trim``).
+#: its atom (:mod:`.search`), by device type. The same entries in the same order. On a CPU the
+#: search costs what it walks (``benchmarks.cpu_launches --search-trim``); on the H200 the trimmed
+#: walk is slower (``skin_sweep --search-trim off,on``: W1 256x1024 0.336 against 0.369 ms per
+#: step, search 78 against 111 us; one system of 2^20 atoms 0.876 against 1.014 ms).
 SEARCH_TRIM = {"cuda": False, "cpu": True}
 #: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
 #: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
@@ -75,13 +77,6 @@ SEARCH_LISTED = {"cuda": True, "cpu": True}
 #: Listed or not whatever the device, instead of SEARCH_LISTED (None): for measurements
 #: (``skin_sweep --search-listed``) and tests.
 FORCED_LISTED: bool | None = None
-#: Lanes per slot of a GPU's listed search in one pass (:func:`search_group`): a group of a warp's
-#: threads walks one slot's box together, each testing every ``group``-th candidate of a run of
-#: bins, and writes what the group found in candidate order (:mod:`.group_lanes`). Measured
-#: against one thread per slot with ``skin_sweep --variants`` (see :func:`search_group`).
-SEARCH_GROUP = {"cuda": 8, "cpu": 1}
-#: Lanes per slot of every listed search in one part (None: the rule): for measurements and tests.
-FORCED_GROUP: int | None = None
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
 #: Threads of a listed search on a CPU: 8 for each of the launch's ranges (``CPU_CHUNKS``), each
@@ -129,27 +124,6 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: 
     if total <= PARTS_MAX_ATOMS and int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * total:
         return parts
     return 1
-
-
-def search_group(device_type: str, atoms_per_system: np.ndarray, parts: int, listed: bool) -> int:
-    """Lanes per slot of a listed search in one part: ``SEARCH_GROUP`` where a step rebuilds a
-    fraction of a batch's systems (none holds more than PARTS_LARGEST_SHARE of its atoms), else 1
-    (one large system rebuilds whole and fills the GPU with one thread per slot).
-
-    Example:
-        >>> search_group("cuda", np.full(1024, 256), 1, True), search_group("cuda", np.array([2**20]), 1, True)
-        (8, 1)
-        >>> search_group("cpu", np.full(1024, 256), 1, True), search_group("cuda", np.full(1024, 256), 9, True)
-        (1, 1)
-    """
-    if parts > 1 or not listed:
-        return 1
-    if FORCED_GROUP is not None:
-        return FORCED_GROUP
-    group = SEARCH_GROUP.get(device_type, 1)
-    if group == 1 or not len(atoms_per_system):
-        return 1
-    return group if int(atoms_per_system.max()) <= PARTS_LARGEST_SHARE * int(atoms_per_system.sum()) else 1
 
 
 def search_listed(device_type: str, atoms: int) -> bool:
@@ -356,8 +330,6 @@ class Layout:
         # it (work_end: the running sum of the systems' rebuilding atoms, SystemState.work).
         self.listed = search_listed(dev.type, self.num_atoms)
         self.work_slot = torch.zeros(v_cap if self.listed else 1, dtype=torch.int32, device=dev)
-        # Lanes per listed slot (search.search_kernel's group).
-        self.search_group = search_group(dev.type, counts, parts, self.listed)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
 

@@ -12,7 +12,8 @@ It comes in two variants (:func:`search_kernel`), the same entries in the same o
   The bins left in a column that share a periodic image are contiguous, so their atoms are one
   run of slots, walked as one range of candidates instead of bin by bin. On a CPU a search costs
   what it walks: W6's search took 1.51-1.55 ms of thread time per step against 1.98-2.00 for the
-  whole box (``benchmarks.cpu_launches --search-trim``).
+  whole box (``benchmarks.cpu_launches --search-trim``). A GPU's is slower trimmed (see
+  ``layout.SEARCH_TRIM``).
 
 Example:
     >>> search_kernel(False) is search_neighbors
@@ -28,7 +29,6 @@ import warp as wp
 
 from alchemi_potentials.neighbors.entries import encode_entry, image_bits_for, image_limit
 from alchemi_potentials.neighbors.geometry import neighbor_bin, plane_spacings, search_span, vec3d_of
-from alchemi_potentials.neighbors.group_lanes import group_ballot, popcount
 from alchemi_potentials.neighbors.kernels import AtomState, SystemState, owns_pair, slot_offset
 
 wp.set_module_options({"enable_backward": False})
@@ -149,66 +149,11 @@ def scan_slots(
     return found
 
 
-@wp.func
-def scan_group(
-    wrapped: wp.array(dtype=Any),
-    g: SystemState,
-    radius_sq: wp.float64,
-    entries: wp.array2d(dtype=wp.int32),
-    half: int,
-    t: int,
-    s: int,
-    yi: wp.vec3d,
-    image: wp.vec3d,
-    mx: int,
-    my: int,
-    mz: int,
-    lo: int,
-    hi: int,
-    first_slot: int,
-    bits: int,
-    limit: int,
-    write_at: int,
-    found: int,
-    lane: int,
-    size: int,
-):
-    """:func:`scan_slots` by a group of ``size`` lanes (:mod:`.group_lanes`): each round tests
-    ``size`` consecutive candidates, one per lane, and the lanes that found one write it at the
-    next entries in candidate order, so the row is what one thread would write. Every lane returns
-    the same count."""
-    columns = entries.shape[0]
-    ibits = image_bits_for(bits)
-    base = lo
-    while base < hi:
-        u = base + lane
-        hit = int(0)
-        if u < hi and (u != t or mx != 0 or my != 0 or mz != 0):
-            if half == 0 or owns_pair(t, u, mx, my, mz):
-                d = vec3d_of(wrapped[u]) - yi + image
-                if wp.dot(d, d) < radius_sq:
-                    if wp.max(wp.max(wp.abs(mx), wp.abs(my)), wp.abs(mz)) > limit:
-                        g.image_out_of_range[s] = 1
-                    else:
-                        hit = 1
-        mask = group_ballot(hit, size)
-        if hit != 0:
-            at = write_at + found + popcount(mask & ((1 << lane) - 1))
-            if at < columns:
-                entries[at, t] = encode_entry(u - first_slot, mx, my, mz, bits, ibits)
-        found += popcount(mask)
-        base += size
-    return found
-
-
 @functools.cache
-def search_kernel(trim: bool, group: int = 1) -> Any:
+def search_kernel(trim: bool) -> Any:
     """The search kernel, trimmed (in runs) or over the whole box bin by bin, with float32 and
-    float64 instances; with ``group`` > 1 (a GPU's) each listed slot is searched by that many lanes
-    (:func:`scan_group`) walking its box's columns in runs."""
+    float64 instances."""
     TRIM = trim
-    GROUP = group
-    RUNS = trim or group > 1
 
     def scan_columns(
         wrapped: wp.array(dtype=Any),
@@ -223,12 +168,10 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
         last: int,
         write_at: int,
         write: int,
-        lane: int,
     ):
         """Slot t's neighbours in the bin columns ``first <= qx * span_y + qy < last`` of its search
         box (every qz), in the order of a whole search; with ``write`` they go to ``entries`` from
-        column ``write_at`` on (as far as it has columns). Returns how many there are. ``lane``: the
-        caller's lane of its group (with ``GROUP`` > 1; every lane returns the same count)."""
+        column ``write_at`` on (as far as it has columns). Returns how many there are."""
         yi = vec3d_of(wrapped[t])
         m = g.lattice[s]
         p = g.pbc[s]
@@ -257,9 +200,9 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
         for f in range(first, last):
             ox = f / span_y - k[0]
             oy = f % span_y - k[1]
-            z_first = int(0)
-            z_last = span_z
             if wp.static(TRIM):
+                z_first = int(0)
+                z_last = span_z
                 gx = wp.max(bin_gap(ox, phi[0], thick[0]) - slack, wp.float64(0.0))
                 gy = wp.max(bin_gap(oy, phi[1], thick[1]) - slack, wp.float64(0.0))
                 # Orthogonal bins: the gaps add as squares; otherwise each alone bounds the distance.
@@ -278,7 +221,7 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
                     z_last = wp.min(z_last, int(wp.ceil(phi[2] + reach_z)) + k[2])
             bx, mx = neighbor_bin(cx, ox, n[0], p[0])
             by, my = neighbor_bin(cy, oy, n[1], p[1])
-            if wp.static(RUNS):
+            if wp.static(TRIM):
                 # The bins from qz to the grid's end along z share one image and hold one
                 # contiguous run of slots: one range of candidates per run, not per bin.
                 qz = z_first
@@ -290,13 +233,9 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
                     if b > 0:
                         lo = a.bin_end[b - 1]
                     image = wp.float64(mx) * m[0] + wp.float64(my) * m[1] + wp.float64(mz) * m[2]
-                    hi = a.bin_end[b + length - 1] + offset
-                    if wp.static(GROUP > 1):
-                        found = scan_group(wrapped, g, radius_sq, entries, half, t, s, yi, image, mx, my, mz,
-                                           lo + offset, hi, first_slot, bits, limit, write_at, found, lane, GROUP)
-                    else:
-                        found = scan_slots(wrapped, g, radius_sq, entries, half, t, s, yi, image, mx, my, mz,
-                                           lo + offset, hi, first_slot, bits, limit, write_at, write, found)
+                    found = scan_slots(wrapped, g, radius_sq, entries, half, t, s, yi, image, mx, my, mz,
+                                       lo + offset, a.bin_end[b + length - 1] + offset, first_slot, bits, limit,
+                                       write_at, write, found)
                     qz += length
             else:
                 for qz in range(span_z):
@@ -335,14 +274,14 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
         elif rebuild != 0:
             lo, hi = part_range(g, s, j, parts)
             if write == 0:
-                found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, 0, 0, 0)
+                found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, 0, 0)
                 # Clamped to int16 (2 bytes per slot and part): a count this large overflows the row anyway.
                 found_in_part[j, t] = wp.int16(wp.min(found, 32767))
             else:
                 before = int(0)
                 for q in range(j):
                     before += int(found_in_part[q, t])
-                found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, before, 1, 0)
+                found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, lo, hi, before, 1)
                 if j == parts - 1:
                     finish_row(g, count, t, s, before + found, entries.shape[0])
 
@@ -389,51 +328,12 @@ def search_kernel(trim: bool, group: int = 1) -> Any:
 
 
 
-    def search_grouped(
-        wrapped: wp.array(dtype=Any),
-        g: SystemState,
-        a: AtomState,
-        radius_sq: wp.float64,
-        entries: wp.array2d(dtype=wp.int32),
-        count: wp.array(dtype=wp.int32),
-        found_in_part: wp.array2d(dtype=wp.int16),
-        half: int,
-        write: int,
-        slots: int,
-        start: int,
-        work_slot: wp.array(dtype=wp.int32),
-        last_system: int,
-        threads: int,
-    ):
-        """The listed search (``search_neighbors``' arguments; one part, one pass) with a group of
-        ``GROUP`` lanes per listed slot: lane ``tid % GROUP`` of the group ``tid / GROUP``, the groups
-        striding the list. A step of W1 rebuilds a few thousand slots, one thread each leaves
-        most of a GPU idle; in groups, eight times the threads share the walk."""
-        tid = wp.tid() + start
-        lane = tid % GROUP
-        total = g.work_end[last_system]
-        w = tid / GROUP
-        while w < total:
-            t = work_slot[w]
-            s = a.system[t]
-            rebuild = g.rebuild[s]
-            if rebuild == 2:
-                if lane == 0:
-                    count[t] = 0  # no images without a cell; verify() reports it
-            elif rebuild != 0:
-                found = scan_columns(wrapped, g, a, radius_sq, entries, half, t, s, 0, column_count(g, s), 0, 1,
-                                     lane)
-                if lane == 0:
-                    finish_row(g, count, t, s, found, entries.shape[0])
-            w += threads / GROUP
-
     # Each variant in a Warp module of its own (Warp groups functions by their Python module).
-    name = f"{'trimmed' if TRIM else 'whole'}{f'_group{GROUP}' if GROUP > 1 else ''}"
-    for func in (scan_columns, search_slot, search_neighbors, search_grouped):
-        func.__module__ = f"{__name__}.{name}"
+    for func in (scan_columns, search_slot, search_neighbors):
+        func.__module__ = f"{__name__}.{'trimmed' if TRIM else 'whole'}"
     scan_columns = wp.func(scan_columns)  # found through the closures at code generation
     search_slot = wp.func(search_slot)
-    kernel = wp.kernel(search_grouped if GROUP > 1 else search_neighbors, enable_backward=False)
+    kernel = wp.kernel(search_neighbors, enable_backward=False)
     for vec in (wp.vec3f, wp.vec3d):
         wp.overload(kernel, {"wrapped": wp.array(dtype=vec)})
     return kernel
