@@ -340,19 +340,37 @@ class RecordedLaunches:
         self.vector_args = vector_args
         self._recorded: dict[str, tuple[int, tuple[Any, ...], Any]] = {}
 
-    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device) -> None:
-        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``."""
+    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device,
+               start_at: str | None = None) -> None:
+        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``.
+
+        With ``start_at``, the name of the kernel's argument that is the first item's index (its
+        thread ``t`` doing item ``start + t``; pass 0 for it), a CPU runs the launch in
+        :func:`chunks_for` ranges on its worker threads, as :meth:`LaunchSequence.add_chunked`
+        does; the items' writes must not meet. A GPU launches once.
+        """
         if dim == 0:
             return
         stream = stream_for(device)
         hit = self._recorded.get(name)
         if hit is not None and hit[0] == dim and _same_args(hit[1], args):
-            hit[2].launch(stream=stream)
+            _replay(hit[2], stream)
             return
         labels = [arg.label for arg in kernel.adj.args]
         inputs = [self._to_warp(label, a) for label, a in zip(labels, args)]
-        cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=warp_device(device), stream=stream, record_cmd=True)
-        cmd.launch(stream=stream)
+        target = warp_device(device)
+        n = chunks_for(target, dim) if start_at is not None else 1
+        if n > 1:
+            at = _argument_index(kernel, start_at)  # type: ignore[arg-type]
+            cmds = []
+            for c in range(n):
+                lo, hi = dim * c // n, dim * (c + 1) // n
+                inputs[at] = lo
+                cmds.append(warp().launch(kernel, dim=hi - lo, inputs=list(inputs), device=target, record_cmd=True))
+            cmd: Any = tuple(cmds)
+        else:
+            cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=target, stream=stream, record_cmd=True)
+        _replay(cmd, stream)
         self._recorded[name] = (dim, tuple(args), cmd)
 
     def _to_warp(self, label: str, value: Any) -> Any:
@@ -367,6 +385,14 @@ class RecordedLaunches:
 
     def clear(self) -> None:
         self._recorded.clear()
+
+
+def _replay(cmd: Any, stream: Any) -> None:
+    """A recorded launch on ``stream``, or a CPU kernel's recorded ranges on the worker threads."""
+    if type(cmd) is tuple:
+        _run_chunks(cmd)
+    else:
+        cmd.launch(stream=stream)
 
 
 def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:

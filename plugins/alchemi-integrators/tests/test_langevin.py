@@ -182,3 +182,27 @@ def test_resume_from_checkpoint_gives_the_same_trajectory(backend: str) -> None:
     fresh().run(unrestored)
     differs = (unrestored.positions - batch.positions).abs().max().item() > 1e-6
     assert differs == (backend == "torch")
+
+
+@pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
+@pytest.mark.parametrize("fix_com", [True, False])
+def test_warp_backend_in_ranges_on_a_cpu_gives_the_one_launch_trajectory(monkeypatch, fix_com: bool) -> None:
+    """On a CPU the Warp backend's per-atom kernels run in ranges on the worker threads
+    (``RecordedLaunches.launch(start_at=)``); each atom draws its noise from its own counter, so
+    the trajectory is bit for bit the one of a single launch. A range that ignored its start (every
+    range updating the first atoms) or skipped one fails this."""
+    from alchemi_core import warp_runtime
+
+    finals = {}
+    for cut in (False, True):
+        # Ranges from any size (uneven ones: 5 systems of 32 atoms in 8 ranges), on 2 threads.
+        monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1 if cut else 10**9)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+        batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(5)])
+        start = batch.positions.clone()
+        Langevin(ReferenceLJ(), n_steps=15, dt=5.0, temperature=80.0, friction=0.05, random_seed=3,
+                 fix_com=fix_com, backend="warp").run(batch)
+        finals[cut] = (batch.positions.clone(), batch.velocities.clone())
+        assert (batch.positions - start).abs().amin(dim=1).gt(0).all()  # every atom moved
+    for a, b in zip(finals[False], finals[True]):
+        assert torch.equal(a, b)

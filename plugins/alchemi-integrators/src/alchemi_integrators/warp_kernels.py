@@ -122,12 +122,14 @@ def _langevin_baoa(
     seed: wp.int32,
     fix_com: wp.int32,
     kicks: wp.array(dtype=Any),
+    start: int,
 ):
     # B, A, O and (without fix_com) the second A of BAOAB. With fix_com each atom's noise
     # momentum goes to kicks[i] (summed per system by system_sums, not by an atomic add per atom
     # onto one address) and the second A waits for _langevin_remove_com_drift. Idle atoms leave
-    # their kick unwritten: it only adds to their own (idle, unread) system's total.
-    i = wp.tid()
+    # their kick unwritten: it only adds to their own (idle, unread) system's total. A CPU runs
+    # ranges of the atoms on its threads (start: the range's first); every atom writes its own.
+    i = wp.tid() + start
     b = system[i]
     if _idle(active, b):
         return
@@ -157,9 +159,10 @@ def _langevin_remove_com_drift(
     total_mass: wp.array(dtype=Any),
     dt: wp.array(dtype=Any),
     active: wp.array(dtype=Any),
+    start: int,
 ):
-    # Take the noise's COM velocity out, then the second A of BAOAB.
-    i = wp.tid()
+    # Take the noise's COM velocity out, then the second A of BAOAB (atoms start + tid).
+    i = wp.tid() + start
     b = system[i]
     if _idle(active, b):
         return
@@ -178,10 +181,11 @@ def _langevin_kick_count(
     noise_step: wp.array(dtype=wp.int32),
     dt: wp.array(dtype=Any),
     active: wp.array(dtype=Any),
+    start: int,
 ):
     # The last B of BAOAB; each system's first atom also advances the system's noise counter
-    # (read by _langevin_baoa in an earlier launch, so there is no race).
-    i = wp.tid()
+    # (read by _langevin_baoa in an earlier launch, so there is no race; atoms start + tid).
+    i = wp.tid() + start
     b = system[i]
     if _idle(active, b):
         return
@@ -592,22 +596,24 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     args = (
         x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
         dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, _typed(KB, batch), seed,
-        int(dyn.fix_com), kicks,
+        int(dyn.fix_com), kicks, 0,
     )
-    launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
+    # In ranges on a CPU's threads (one launch on a GPU): each atom's noise is drawn from its own
+    # counter, so the ranges change no result.
+    launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device, start_at="start")
     if dyn.fix_com:
         momentum.zero_()
         system_sums(launches, dyn.work, "momentum", kicks, sys, momentum, _largest_system(dyn, batch))
         launches.launch(
-            "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
-            batch.device,
+            "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act, 0),
+            batch.device, start_at="start",
         )
 
 
 def langevin_post(dyn: Any, batch: Batch) -> None:
     _, v, f, im, sys, dt, act = _common(dyn, batch)
-    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act)
-    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
+    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act, 0)
+    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device, start_at="start")
 
 
 def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:
