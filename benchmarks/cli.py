@@ -26,6 +26,7 @@ from benchmarks import spec, w1_nvt, w2_relax, w3_inflight, w4_report, w5_snapsh
 from benchmarks.adapters import FRAMEWORKS, load
 from benchmarks.harness import Context
 from benchmarks.report import render, write_json
+from benchmarks.structures import repeat_for
 from benchmarks.timing import Budget
 
 #: Most important first (BENCHMARKS.md targets): what runs when --workloads is not given.
@@ -57,6 +58,10 @@ def expand(tokens: list[str]) -> list[str]:
                     atoms, systems = (int(x) for x in shape.lower().split("x"))
                 except ValueError:
                     raise SystemExit(f"--workloads: {token!r}: a shape is ATOMSxSYSTEMS, e.g. W1:108x1") from None
+                try:  # checked before anything runs, not when the shape's turn comes
+                    repeat_for(atoms)
+                except ValueError as e:
+                    raise SystemExit(f"--workloads: {token!r}: {e}") from None
                 out.append(f"{name}:{atoms}x{systems}")
             else:
                 out.extend(f"{name}:{a}x{s}" for a, s in _shapes(name))

@@ -491,3 +491,11 @@ def test_store_append_times_each_way_in_alternating_rounds_and_restores_the_defa
     assert all(row[w] > 0 and len(row["rounds_ms"][w]) == 2 for w in ways)
     assert row["plain_files_ms"] > 0
     assert chunks.LOCAL_FILES is True and local_files.FILE_THREADS == 4
+
+
+def test_a_shape_argon_cannot_fill_is_refused_before_anything_runs() -> None:
+    """``--workloads`` lists are checked whole before the first case: a W1 shape that is not an FCC
+    argon cell (4 n^3 atoms) is named in the error, also after good shapes."""
+    assert cli.expand(["W1:256x4", "W1:4000000x1"]) == ["W1:256x4", "W1:4000000x1"]
+    with pytest.raises(SystemExit, match="W1:4194304x1.*4 n\\^3"):
+        cli.expand(["W1:256x1024", "W1:4194304x1"])
