@@ -338,7 +338,7 @@ class RecordedLaunches:
 
     def __init__(self, vector_args: frozenset[str] = frozenset()) -> None:
         self.vector_args = vector_args
-        self._recorded: dict[str, tuple[int, tuple[Any, ...], Any]] = {}
+        self._recorded: dict[str, tuple[int, tuple[Any, ...], LaunchSequence]] = {}
 
     def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device,
                start_at: str | None = None) -> None:
@@ -354,24 +354,17 @@ class RecordedLaunches:
         stream = stream_for(device)
         hit = self._recorded.get(name)
         if hit is not None and hit[0] == dim and _same_args(hit[1], args):
-            _replay(hit[2], stream)
+            hit[2].run(stream)
             return
         labels = [arg.label for arg in kernel.adj.args]
         inputs = [self._to_warp(label, a) for label, a in zip(labels, args)]
-        target = warp_device(device)
-        n = chunks_for(target, dim) if start_at is not None else 1
-        if n > 1:
-            at = _argument_index(kernel, start_at)  # type: ignore[arg-type]
-            cmds = []
-            for c in range(n):
-                lo, hi = dim * c // n, dim * (c + 1) // n
-                inputs[at] = lo
-                cmds.append(warp().launch(kernel, dim=hi - lo, inputs=list(inputs), device=target, record_cmd=True))
-            cmd: Any = tuple(cmds)
+        seq = LaunchSequence(warp_device(device))
+        if start_at is None:
+            seq.add(kernel, dim, inputs)
         else:
-            cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=target, stream=stream, record_cmd=True)
-        _replay(cmd, stream)
-        self._recorded[name] = (dim, tuple(args), cmd)
+            seq.add_chunked(kernel, dim, inputs, start_at=start_at)
+        seq.run(stream)
+        self._recorded[name] = (dim, tuple(args), seq)
 
     def _to_warp(self, label: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -385,14 +378,6 @@ class RecordedLaunches:
 
     def clear(self) -> None:
         self._recorded.clear()
-
-
-def _replay(cmd: Any, stream: Any) -> None:
-    """A recorded launch on ``stream``, or a CPU kernel's recorded ranges on the worker threads."""
-    if type(cmd) is tuple:
-        _run_chunks(cmd)
-    else:
-        cmd.launch(stream=stream)
 
 
 def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
