@@ -196,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         trims = [None] if args.search_trim is None else [
             {"on": True, "off": False}[x.strip()] for x in args.search_trim.split(",")]
         joins = [None] if args.joins is None else [float(x) for x in args.joins.split(",")]
-        default_trim = layout.SEARCH_TRIM[args.device]
         variants = [""] if args.variants is None else [v.strip() for v in args.variants.split(";")]
         for skin, kind, parts, listed, trim, join, variant in (
                 (float(s), k, n, li, tr, j, v) for s in args.skins.split(",") for k in args.lists.split(",")
@@ -204,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             half = {"default": None, "full": False, "half": True}[kind]
             layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
             layout.FORCED_LISTED = listed  # None: the device's default
-            layout.SEARCH_TRIM[args.device] = default_trim if trim is None else trim
-            with chosen(parse_variant(variant)):
+            # The trim and the variant's settings hold for this row only.
+            trimmed = [] if trim is None else [(layout.SEARCH_TRIM, args.device, trim)]
+            with chosen(trimmed + parse_variant(variant)):
                 row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
                               args.headroom, args.profile, half, join)
                 row["search_trim"] = layout.SEARCH_TRIM[args.device]
