@@ -38,7 +38,7 @@ try:
         SizeAwareSampler,
     )
     from alchemi_integrators import FIRE, Langevin, VelocityVerlet
-    from alchemi_potentials import LennardJones
+    from alchemi_potentials import BatchedNeighborList, LennardJones
     from benchmarks.alchemi_parts import CellDataset, ConvergedCount, IdTallySink
 except ImportError as exc:  # pragma: no cover - the harness ships with alchemi
     raise Unavailable(
@@ -164,22 +164,27 @@ class Alchemi(Framework):
     def __init__(self) -> None:
         self.version = metadata.version("alchemi-core")
         self.notes = (
-            "LennardJones(skin=0.5, fixed max_neighbors) + Langevin/FIRE; BaseDynamics.run and "
+            "LennardJones(skin by device: 0.5 Å on a GPU, 1.0 on a CPU; fixed max_neighbors) + Langevin/FIRE; BaseDynamics.run and "
             "FusedStage + SizeAwareSampler (W3: its cells built by 4 worker processes); compile() + "
             "`with stage:` (CUDA graph on GPUs)"
         )
 
-    def model(self) -> LennardJones:
+    def model(self, device: str = "cuda") -> LennardJones:
+        """W1's Lennard-Jones at alchemi's own skin for ``device`` (what a user gets without
+        choosing one: ``layout.SKIN``), with columns fixed for it (no read-back, for graphs)."""
+        skin_on = getattr(BatchedNeighborList(spec.CUTOFF, spec.SKIN), "skin_on", None)
+        # An alchemi from before skins by device (a comparison's base) had 0.5 Å everywhere.
+        skin = spec.SKIN if skin_on is None else BatchedNeighborList(spec.CUTOFF).skin_on(torch.device(device).type)
         return LennardJones(
             spec.EPSILON,
             spec.SIGMA,
             spec.CUTOFF,
-            skin=spec.SKIN,
-            max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN),
+            skin=skin,
+            max_neighbors=spec.neighbor_columns(spec.CUTOFF + skin),
         )
 
     def md(self, systems: Systems, device: str, snapshots: Path | None = None, every: int = 0) -> MDRun:
-        model = self.model()
+        model = self.model(device)
         batch = to_batch(systems, device)
         hooks, sink, path = [], None, None
         if snapshots is not None:
@@ -212,7 +217,7 @@ class Alchemi(Framework):
         f = spec.FIRE
         batch = to_batch(systems, device)
         fire = FIRE(
-            self.model(),
+            self.model(device),
             n_steps=max_steps,
             dt=f.dt_fs,
             dt_max=f.dt_max_fs,
@@ -243,7 +248,7 @@ class Alchemi(Framework):
         """W3's fused relax-then-MD stage; ``compile_step=False`` steps eagerly and ``check_every``
         sets the steps between checks (diagnoses: ``benchmarks.phases w3``)."""
         f, p = spec.FIRE, spec.LANGEVIN
-        model = self.model()
+        model = self.model(device)
         sampler = SizeAwareSampler(CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32, **_workers())
         converged, tally = ConvergedCount(), IdTallySink()
         relax = FIRE(

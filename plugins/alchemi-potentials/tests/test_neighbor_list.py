@@ -118,6 +118,33 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
+def test_a_list_without_a_skin_takes_its_devices(ref, rng, monkeypatch):
+    """skin=None reads ``layout.SKIN`` for the batch's device: pairs out to cutoff + that skin
+    (ASE's), a rebuild past half of it, and ``radius`` that of the device of the last build."""
+    from alchemi_potentials.neighbors import layout
+
+    systems = some_systems(ref, rng)[:2]
+    batch = ref.batch(systems)
+    device = batch.positions.device.type
+    monkeypatch.setitem(layout.SKIN, device, 0.7)
+    nl = BatchedNeighborList(cutoff=RC, half_list=False)
+    assert nl.skin is None and nl.skin_on(device) == 0.7 and "skin=by device" in repr(nl)
+    assert nl.radius == RC + max(layout.SKIN.values())  # no build yet: the largest any device uses
+    nl.update(batch)
+    assert nl.radius == nl.radius_on(device) == RC + 0.7
+    i, j, shifts = neighbor_list("ijS", systems[0], RC + 0.7)
+    assert listed_pairs(nl, batch, 0, len(systems[0])) == pair_set(i, j, shifts)
+    atom = int(batch.batch_ptr[1]) + 1
+    start = batch.positions[atom].clone()
+    for distance, expected in [(0.34, [1, 1]), (0.36, [1, 2])]:
+        batch.positions[atom] = start + torch.tensor([distance, 0.0, 0.0], dtype=start.dtype)
+        nl.update(batch)
+        assert nl.builds(batch).tolist() == expected, distance
+    assert BatchedNeighborList(RC, 0.2).skin_on(device) == 0.2  # a given skin holds everywhere
+    with pytest.raises(ConfigurationError, match="skin >= 0"):
+        BatchedNeighborList(RC, -0.1)
+
+
 @pytest.mark.parametrize(("join", "expected"), [(0.8, [2, 2, 1]), (1.0, [1, 2, 1])])
 def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected):
     """skin/2 = 0.5: with join_fraction 0.8 a system whose atom moved 0.45 rebuilds only when
@@ -309,7 +336,7 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
         d.system_id = torch.tensor([i])
     sampler = SizeAwareSampler(ListDataset(data), max_atoms=108, max_batch_size=1, bin_width=1)
     sink = HostMemory(capacity=None)
-    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=most["loose"])
+    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=most["loose"])
     stage = DemoDynamics(model=model, n_steps=2, dt=0.5, sampler=sampler, sinks=[sink], refill_frequency=1)
     with pytest.raises(CapacityError, match=r"systems \[2\] had up to \d+ neighbours.*pass max_neighbors="):
         stage.run()

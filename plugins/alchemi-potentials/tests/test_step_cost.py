@@ -44,7 +44,7 @@ def test_steps_make_only_views_and_the_bin_sum(monkeypatch, fold):
         monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
     batch = w1_batch(4)
     batch.set_field("pbc", batch.pbc.to(torch.int32), "system")  # a non-bool pbc is copied, not cast anew
-    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=100)
+    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=100)
     model(batch, compute_stress=True)
     step = torch.full_like(batch.positions, 0.2)  # beyond skin/2: every other step rebuilds
     builds = model.neighbor_list.builds(batch).clone()

@@ -33,7 +33,8 @@ class Morse(PairPotential):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff; None for none.
-        skin: Verlet skin in Å (default 0.5).
+        skin: Verlet skin in Å (default: by device, 0.5 on a GPU and 1.0 on a CPU;
+            ``BatchedNeighborList``).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_D, pair_alpha, pair_r0: ``{(Z1, Z2): value}`` overriding mixed values of chosen pairs.
         mixing: ``"lorentz-berthelot"`` (D geometric; alpha and r0 arithmetic mean) or

@@ -38,8 +38,6 @@ from alchemi_potentials.parameters import PairTable
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: Verlet skin (Å) of a neighbour list a model makes for itself.
-DEFAULT_SKIN = 0.5
 #: Systems larger than this (atoms) sum energies and virials per slot, then chunk by chunk
 #: (``fold_totals``), instead of one atomic add per atom into the system's total.
 DIRECT_TOTALS_UP_TO = 1024
@@ -101,7 +99,8 @@ class PairPotential(BaseModel):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
-        skin: Verlet skin in Å of the model's own neighbour list (default 0.5).
+        skin: Verlet skin in Å of the model's own neighbour list (default: by device, 0.5 on a
+            GPU and 1.0 on a CPU; ``BatchedNeighborList``).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
         neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);
@@ -144,7 +143,7 @@ class PairPotential(BaseModel):
                     f"{self.name}: switch_onset must lie in [0, cutoff) = [0, {cutoff}), got {switch_onset}"
                 )
         if neighbor_list is None:
-            neighbor_list = BatchedNeighborList(cutoff, DEFAULT_SKIN if skin is None else skin, max_neighbors)
+            neighbor_list = BatchedNeighborList(cutoff, skin, max_neighbors)
         elif skin is not None or max_neighbors is not None:
             raise ConfigurationError(
                 f"{self.name}: skin and max_neighbors belong to the neighbour list you passed; "
@@ -375,7 +374,7 @@ class PairPotential(BaseModel):
             super().check_batch(batch)  # species against card.species
         except InvalidDataError as exc:
             raise InvalidDataError(f"{exc}; add them to the model's per-element tables") from None
-        check_cells(batch, self.name, radius=self.neighbor_list.radius)
+        check_cells(batch, self.name, radius=self.neighbor_list.radius_on(batch.device.type))
         self._mark_checked(batch)
 
     def memory_bytes(self) -> int:

@@ -70,6 +70,7 @@ class BatchedNeighborList:
         cutoff: Interaction range in Å; pairs closer than this are always in the list.
         skin: Extra range in Å; a system rebuilds once one of its atoms moved more than
             ``skin / 2`` since its last build. Larger skins rebuild less often but hold more pairs.
+            None (default): by device type (``layout.SKIN``: 0.5 on a GPU, 1.0 on a CPU).
         max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.
@@ -86,12 +87,12 @@ class BatchedNeighborList:
             join_fraction outside ``(0, 1]``.
     """
 
-    def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None,
+    def __init__(self, cutoff: float, skin: float | None = None, max_neighbors: int | None = None,
                  half_list: bool | None = None, join_fraction: float | None = None) -> None:
         if not (cutoff > 0 and math.isfinite(cutoff)):
             raise ConfigurationError(f"BatchedNeighborList needs a positive, finite cutoff in Å, got {cutoff!r}")
-        if not (skin >= 0 and math.isfinite(skin)):
-            raise ConfigurationError(f"BatchedNeighborList needs a skin >= 0 Å, got {skin!r}")
+        if skin is not None and not (skin >= 0 and math.isfinite(skin)):
+            raise ConfigurationError(f"BatchedNeighborList needs a skin >= 0 Å (or None: by device), got {skin!r}")
         if max_neighbors is not None and int(max_neighbors) < 1:
             raise ConfigurationError(f"max_neighbors must be a positive integer or None, got {max_neighbors!r}")
         if join_fraction is not None and not 0 < join_fraction <= 1:
@@ -99,7 +100,7 @@ class BatchedNeighborList:
                 f"BatchedNeighborList needs a join_fraction in (0, 1] (1: no early rebuilds), got {join_fraction!r}")
         self._join_fraction = join_fraction
         self._cutoff = float(cutoff)
-        self._skin = float(skin)
+        self._skin = None if skin is None else float(skin)
         self._fixed_columns = None if max_neighbors is None else int(max_neighbors)
         self._columns = self._fixed_columns or 32
         self._half_list = half_list
@@ -127,8 +128,24 @@ class BatchedNeighborList:
         return self._cutoff
 
     @property
-    def skin(self) -> float:
+    def skin(self) -> float | None:
+        """The skin in Å given, or None: by device type (:meth:`skin_on`)."""
         return self._skin
+
+    def skin_on(self, device_type: str) -> float:
+        """The skin in Å in force on a device of this type (``"cuda"``, ``"cpu"``).
+
+        Example:
+            >>> BatchedNeighborList(cutoff=5.0).skin_on("cpu"), BatchedNeighborList(5.0, 0.3).skin_on("cpu")
+            (1.0, 0.3)
+        """
+        from alchemi_potentials.neighbors.layout import SKIN
+
+        return self._skin if self._skin is not None else SKIN.get(device_type, max(SKIN.values()))
+
+    def radius_on(self, device_type: str) -> float:
+        """``cutoff + skin`` on a device of this type: the range of the stored pairs there."""
+        return self._cutoff + self.skin_on(device_type)
 
     def join_fraction_on(self, device_type: str) -> float:
         """The ``join_fraction`` in force on a device of this type (``"cuda"``, ``"cpu"``)."""
@@ -138,8 +155,15 @@ class BatchedNeighborList:
 
     @property
     def radius(self) -> float:
-        """``cutoff + skin``: the range of the stored pairs."""
-        return self._cutoff + self._skin
+        """``cutoff + skin``: the range of the stored pairs. With the skin by device, the range on
+        the device of the last build, or before one the largest any device type uses."""
+        from alchemi_potentials.neighbors.layout import SKIN
+
+        if self._skin is not None:
+            return self._cutoff + self._skin
+        if self._key is not None:
+            return self.radius_on(self._key[3].type)
+        return self._cutoff + max(SKIN.values())
 
     @property
     def half_list(self) -> bool | None:
@@ -159,7 +183,8 @@ class BatchedNeighborList:
     def __repr__(self) -> str:
         mode = "auto" if self._fixed_columns is None else "fixed"
         half = {None: "by device", True: "half", False: "full"}[self._half_list]
-        return (f"BatchedNeighborList(cutoff={self._cutoff}, skin={self._skin}, "
+        skin = "by device" if self._skin is None else self._skin
+        return (f"BatchedNeighborList(cutoff={self._cutoff}, skin={skin}, "
                 f"max_neighbors={self._columns} ({mode}), list={half})")
 
     # ------------------------------------------------------------------ the step
@@ -249,9 +274,10 @@ class BatchedNeighborList:
             positions, cells, periodic = _warp.view(pos, vec), _warp.view(cell, mat), _warp.view(pbc)
             g, a, m = layout.systems, layout.atoms, layout.matrix
             ref, wrapped = layout.warp_reference, layout.warp_wrapped
-            ns, na, r = layout.num_systems, layout.num_atoms, self.radius
+            skin = self.skin_on(pos.device.type)
+            ns, na, r = layout.num_systems, layout.num_atoms, self._cutoff + skin
             before = _warp.LaunchSequence(positions.device)
-            before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(self._skin),
+            before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(skin),
                                            layout.warp_image_cell])
             join = layout.join_fraction
             before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join)])
@@ -380,7 +406,7 @@ class BatchedNeighborList:
             need = max(int(flags["overflow"].max()), self._exact_need(batch))
             raise CapacityError(
                 f"neighbour list overflow: atoms of systems {which('overflow')} had up to {need} "
-                f"neighbours within cutoff + skin = {self.radius:g} Å, but max_neighbors is {layout.columns}, "
+                f"neighbours within cutoff + skin = {self.radius_on(batch.device.type):g} Å, but max_neighbors is {layout.columns}, "
                 "so pairs were dropped and these forces are wrong; pass max_neighbors="
                 f"{int(math.ceil(need * HEADROOM))} (or None, to size it from the structures)"
             )

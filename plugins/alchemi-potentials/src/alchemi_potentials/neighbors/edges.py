@@ -154,6 +154,7 @@ class EdgeList:
                 f"padding_length must be finite and at least the cutoff ({cutoff} Å), got {padding_length!r}"
             )
         self._cutoff = float(cutoff)
+        self._skin = float(skin)
         self._fixed_capacity = None if max_edges is None else int(max_edges)
         self.padding_length = length
         self._buffers: _Buffers | None = None
@@ -169,7 +170,7 @@ class EdgeList:
 
     @property
     def skin(self) -> float:
-        return self.neighbor_list.skin
+        return self._skin
 
     @property
     def capacity(self) -> int | None:

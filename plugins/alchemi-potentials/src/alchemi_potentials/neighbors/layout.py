@@ -23,6 +23,15 @@ if TYPE_CHECKING:
 #: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
+#: ``BatchedNeighborList``'s skin (Å) where none is given, by device type. A larger skin lists
+#: more pairs per step and rebuilds less often; where a search costs what it walks (a CPU) the
+#: rebuilds saved pay for the pairs. W1's argon at 50 K, 0.5 / 1.0 / 1.25 / 1.5 / 2.0 Å
+#: (``benchmarks.skin_sweep --device cpu``, this workplace's 2-core CPU, half lists, ms per step):
+#: 64 x 108 2.64 / 2.07 / 2.08 / 2.27 / 2.16, 1 x 864 0.662 / 0.583 / 0.589 / 0.617 / 0.608. On a
+#: GPU a search of a cohort of systems is latency-bound and cheap beside its pairs (see
+#: JOIN_FRACTION). The figure is the usual one of MD codes (about 0.3 sigma of a Lennard-Jones
+#: liquid); pass ``skin=`` where atoms move much faster or much slower than argon's at 50 K.
+SKIN = {"cuda": 0.5, "cpu": 1.0}
 #: Whether a list made with ``half_list=None`` lists each pair once, by device type: half on a
 #: CPU, where a kernel's threads run one after another and Newton's third law halves the work;
 #: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
