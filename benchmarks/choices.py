@@ -3,7 +3,8 @@ dicts (``pair_potential.UNROLL``, ``layout.SEARCH_TRIM``, ...) or attributes, so
 compare variants row by row.
 
 A variant is written ``module:NAME[key]=value`` (or ``module:NAME.attr=value``), with ``module``
-under ``alchemi_potentials`` unless it is dotted from a package root, and ``value`` a Python literal;
+under ``alchemi_potentials`` unless it is dotted from a package root (``alchemi_core``,
+``alchemi_integrators``, ``benchmarks``), and ``value`` a Python literal;
 several settings of one variant are joined by ``,``.
 
 Example:
@@ -26,6 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 Choice = tuple[Any, str, Any]
+#: Packages a variant's module may be named from; any other module is under alchemi_potentials.
+_ROOTS = ("alchemi_potentials", "alchemi_integrators", "alchemi_core", "benchmarks")
 
 _SETTING = re.compile(r"^\s*(?P<module>[\w.]+):(?P<name>\w+)(?:\[(?P<key>[^\]]+)\]|\.(?P<attr>\w+))?\s*=\s*(?P<value>.+?)\s*$")
 
@@ -54,8 +57,7 @@ def parse_variant(text: str) -> list[Choice]:
         if m is None:
             raise ValueError(f"variant setting {setting!r}: write module:NAME[key]=value or module:NAME.attr=value")
         name = m["module"]
-        module = importlib.import_module(name if name.split(".")[0] in ("alchemi_potentials", "alchemi_integrators",
-                                                                        "alchemi_core") else f"alchemi_potentials.{name}")
+        module = importlib.import_module(name if name.split(".")[0] in _ROOTS else f"alchemi_potentials.{name}")
         owner = getattr(module, m["name"])
         value = ast.literal_eval(m["value"])
         if m["key"] is not None:

@@ -5,6 +5,7 @@
     python -m benchmarks --workloads W1:108x1,W2 --budget-s 120
     python -m benchmarks --quick --device cpu                     # tiny sizes, seconds
     python -m benchmarks --w4-json w4.json --w4-json w3.json      # report W4 (two-rank pipeline)
+    python -m benchmarks --workloads W1:256x1024 --variant "neighbors.layout:SKIN[cuda]=1.0"
 
 The JSON is rewritten after every case, so a run stopped by its time limit keeps what it did.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import spec, w1_nvt, w2_relax, w3_inflight, w4_report, w5_snapshots
+from benchmarks import choices, spec, w1_nvt, w2_relax, w3_inflight, w4_report, w5_snapshots
 from benchmarks.adapters import FRAMEWORKS, load
 from benchmarks.harness import Context
 from benchmarks.report import render, write_json
@@ -94,7 +95,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset of " + ", ".join(FRAMEWORKS)
     )
+    p.add_argument(
+        "--variant", default="",
+        help="settings of alchemi's per-device choices for the whole run, module:NAME[key]=value,... "
+        "(benchmarks.choices; alchemi only, recorded in the JSON)",
+    )
     args = p.parse_args(argv)
+    try:
+        args.choices = choices.parse_variant(args.variant)
+    except (ValueError, ImportError, AttributeError) as e:
+        p.error(f"--variant: {e}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
     unknown = set(args.frameworks.split(",")) - set(FRAMEWORKS)
@@ -132,7 +142,7 @@ def meta(args: argparse.Namespace, frameworks: dict[str, Any]) -> dict[str, Any]
             n: ({"version": f.version, "how": f.notes} if not isinstance(f, str) else {"unavailable": f})
             for n, f in frameworks.items()
         },
-        "args": vars(args),
+        "args": {k: v for k, v in vars(args).items() if k != "choices"},  # (choices: parsed --variant)
     }
 
 
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<10} {fw if isinstance(fw, str) else fw.version}", file=sys.stderr)
     info = meta(args, frameworks)
     cases: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="alchemi-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="alchemi-bench-") as scratch, choices.chosen(args.choices):
         ctx = Context(
             args.device,
             args.quick,

@@ -113,10 +113,20 @@ W3_SAMPLER_WORKERS = 4
 W5_SHAPE, W5_EVERY = (108, 2048), 100
 
 
-def neighbor_columns(radius: float, headroom: float = 1.3) -> int:
+#: Neighbour-matrix columns over the expected count of neighbours (:func:`neighbor_columns`).
+COLUMNS_HEADROOM = 1.3
+
+
+def neighbor_columns(radius: float, headroom: float | None = None) -> int:
     """Neighbour-matrix columns for FCC argon within ``radius`` Å: the expected count in the
-    sphere times ``headroom``, rounded up to a multiple of 8 (fixed, so a step can be captured
-    as a CUDA graph)."""
+    sphere times ``headroom`` (None: COLUMNS_HEADROOM), rounded up to a multiple of 8 (fixed, so
+    a step can be captured as a CUDA graph).
+
+    Example:
+        >>> neighbor_columns(CUTOFF + 0.5), neighbor_columns(CUTOFF + 1.0, headroom=1.1)
+        (112, 112)
+    """
+    headroom = COLUMNS_HEADROOM if headroom is None else headroom
     density = 4.0 / LATTICE**3
     expected = density * 4.0 / 3.0 * math.pi * radius**3
     return int(math.ceil(expected * headroom / 8.0) * 8)

@@ -225,6 +225,29 @@ def test_workload_names_expand_and_reject_typos() -> None:
         cli.expand(["W1:108"])
 
 
+def test_a_variant_holds_for_the_whole_run_and_is_put_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from alchemi_potentials.neighbors import layout
+
+    seen: list[tuple[float, float, int]] = []
+
+    def fake_run_one(ctx: Context, item: str, args: object) -> dict:
+        seen.append((layout.SKIN["cpu"], spec.COLUMNS_HEADROOM, spec.neighbor_columns(spec.CUTOFF + 1.0)))
+        return {"id": "W6", "case": item, "title": item, "params": {}, "metric": "ms_per_step", "results": {},
+                "ratios": {}}
+
+    monkeypatch.setattr(cli, "run_one", fake_run_one)
+    skin, headroom = layout.SKIN["cpu"], spec.COLUMNS_HEADROOM
+    out = tmp_path / "v.json"
+    variant = "neighbors.layout:SKIN[cpu]=0.7,benchmarks.spec:COLUMNS_HEADROOM=1.1"
+    argv = ["--device", "cpu", "--frameworks", "alchemi", "--workloads", "W6:108x4,W6:864x1", "--json", str(out)]
+    assert cli.main([*argv, "--variant", variant]) == 0
+    assert seen == [(0.7, 1.1, 112)] * 2  # both cases; 136 columns at the default headroom
+    assert (layout.SKIN["cpu"], spec.COLUMNS_HEADROOM) == (skin, headroom)
+    assert json.loads(out.read_text())["meta"]["args"]["variant"] == variant
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--variant", "neighbors.layout:NO_SUCH_NAME=1"])
+
+
 def test_w4_json_is_reported_with_its_speedup(tmp_path: Path) -> None:
     from alchemi_core.errors import InvalidDataError
     from benchmarks import w4_report
