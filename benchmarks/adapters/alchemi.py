@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 #: (``python -m benchmarks.phases w3 --check-every 5,10``, one process, timers synchronised).
 CHECK_EVERY_RELAX = 1
 CHECK_EVERY_INFLIGHT = 10
+#: W3 hands on finished systems and refills their slots at every this many checks. Each refill
+#: changes the set of systems (a new layout, a recapture); cells that converged a check apart
+#: leave a check apart, so with a refill at every check the refills multiply over a long run.
+REFILL_EVERY_CHECKS = 1
 #: Steps between deadline checks (a host clock read).
 DEADLINE_EVERY = 10
 
@@ -259,7 +263,7 @@ class Alchemi(Framework):
             maxstep=f.maxstep,
             maxstep_scope="system",
             sampler=sampler,
-            refill_frequency=check_every,
+            refill_frequency=check_every * REFILL_EVERY_CHECKS,
             hooks=[converged],
             convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=check_every),
         )
@@ -271,7 +275,7 @@ class Alchemi(Framework):
             friction=p.friction_per_fs,
             random_seed=0,
             sinks=[tally],
-            refill_frequency=check_every,
+            refill_frequency=check_every * REFILL_EVERY_CHECKS,
         )
         fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)])
         if compile_step:
