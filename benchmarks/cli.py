@@ -5,7 +5,7 @@
     python -m benchmarks --workloads W1:108x1,W2 --budget-s 120
     python -m benchmarks --quick --device cpu                     # tiny sizes, seconds
     python -m benchmarks --w4-json w4.json --w4-json w3.json      # report W4 (two-rank pipeline)
-    python -m benchmarks --workloads W1:256x1024 --variant "neighbors.layout:SKIN[cuda]=1.0"
+    python -m benchmarks --workloads W1:256x1024 --variant "neighbors.layout:SKIN[cuda]=0.5"
 
 The JSON is rewritten after every case, so a run stopped by its time limit keeps what it did.
 """

@@ -26,7 +26,8 @@ CUTOFF = 2.5 * SIGMA
 LATTICE = 5.26
 ARGON_MASS = 39.948
 ARGON_Z = 18
-#: Verlet skin (Å) for the frameworks whose neighbour lists have one (alchemi, nvalchemi).
+#: Verlet skin (Å) for nvalchemi's neighbour list, and for alchemi's where the installed alchemi
+#: has no skin by device (a comparison's base); alchemi's own: ``neighbors.layout.SKIN``.
 SKIN = 0.5
 
 #: The time unit of eV, Å and amu, sqrt(amu Å² / eV), in fs (10.18 fs): nvalchemi's kernels and
@@ -113,8 +114,13 @@ W3_SAMPLER_WORKERS = 4
 W5_SHAPE, W5_EVERY = (108, 2048), 100
 
 
-#: Neighbour-matrix columns over the expected count of neighbours (:func:`neighbor_columns`).
-COLUMNS_HEADROOM = 1.3
+#: Neighbour-matrix columns over the expected count of neighbours (:func:`neighbor_columns`) for
+#: W1, W2, W3 and W5. The most neighbours any atom of W1 256x1024 had at 50 K (``skin_sweep``'s
+#: ``most_neighbors``, H100): 86 within 9.01 Å (a 0.5 Å skin), 100 within 9.51 Å (1.0 Å); 1.1
+#: gives 96 and 112 columns, about 12 % more. An atom past them makes the run raise (the list's
+#: ``verify``), never drop pairs. At 1.3 a 1.0 Å skin would take 136 columns and 740 bytes per
+#: atom against 685 (W1 256x1024 on the H100), over the 700 of BENCHMARKS.md.
+COLUMNS_HEADROOM = 1.1
 
 
 def neighbor_columns(radius: float, headroom: float | None = None) -> int:
@@ -123,10 +129,10 @@ def neighbor_columns(radius: float, headroom: float | None = None) -> int:
     a step can be captured as a CUDA graph).
 
     Example:
-        >>> neighbor_columns(CUTOFF + 0.5), neighbor_columns(CUTOFF + 1.0, headroom=1.1)
+        >>> neighbor_columns(CUTOFF + 1.0), neighbor_columns(CUTOFF + 0.5, headroom=1.3)
         (112, 112)
     """
-    headroom = COLUMNS_HEADROOM if headroom is None else headroom
+    headroom = COLUMNS_HEADROOM if headroom is None else headroom  # read at the call: --variant
     density = 4.0 / LATTICE**3
     expected = density * 4.0 / 3.0 * math.pi * radius**3
     return int(math.ceil(expected * headroom / 8.0) * 8)

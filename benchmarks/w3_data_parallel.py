@@ -49,7 +49,7 @@ def make_stages(dataset: Any, device: torch.device, md_steps: int, relax_steps: 
 
     f, p = spec.FIRE, spec.LANGEVIN
     model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, skin=spec.SKIN,
-                         max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN))
+                         max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN, headroom=1.3))
     sampler = SizeAwareSampler(dataset, max_atoms=max_atoms, bin_width=32)
     converged = ConvergedCount()
     relax = FIRE(model, n_steps=relax_steps, dt=f.dt_fs, dt_max=f.dt_max_fs, maxstep=f.maxstep,

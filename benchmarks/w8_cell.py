@@ -65,7 +65,7 @@ def _alchemi_model() -> Any:
     from alchemi_potentials import LennardJones
 
     return LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, skin=spec.SKIN,
-                        max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN))
+                        max_neighbors=spec.neighbor_columns(spec.CUTOFF + spec.SKIN, headroom=1.3))
 
 
 def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:

@@ -238,10 +238,10 @@ def test_a_variant_holds_for_the_whole_run_and_is_put_back(tmp_path: Path, monke
     monkeypatch.setattr(cli, "run_one", fake_run_one)
     skin, headroom = layout.SKIN["cpu"], spec.COLUMNS_HEADROOM
     out = tmp_path / "v.json"
-    variant = "neighbors.layout:SKIN[cpu]=0.7,benchmarks.spec:COLUMNS_HEADROOM=1.1"
+    variant = "neighbors.layout:SKIN[cpu]=0.7,benchmarks.spec:COLUMNS_HEADROOM=1.3"
     argv = ["--device", "cpu", "--frameworks", "alchemi", "--workloads", "W6:108x4,W6:864x1", "--json", str(out)]
     assert cli.main([*argv, "--variant", variant]) == 0
-    assert seen == [(0.7, 1.1, 112)] * 2  # both cases; 136 columns at the default headroom
+    assert seen == [(0.7, 1.3, 136)] * 2  # both cases; 112 columns at the default headroom
     assert (layout.SKIN["cpu"], spec.COLUMNS_HEADROOM) == (skin, headroom)
     assert json.loads(out.read_text())["meta"]["args"]["variant"] == variant
     with pytest.raises(SystemExit):

@@ -33,7 +33,7 @@ class LennardJones(PairPotential):
         shift_energy: Shift each pair energy to zero at the cutoff (as ASE's ``LennardJones``).
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff (energy and forces
             continuous); None for none.
-        skin: Verlet skin in Å (default: by device, 0.5 on a GPU and 1.0 on a CPU;
+        skin: Verlet skin in Å (default: by device type, ``layout.SKIN``, 1.0 on GPUs and CPUs;
             ``BatchedNeighborList``).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_epsilon: ``{(Z1, Z2): value}`` overriding the mixed epsilon of chosen pairs.

@@ -33,7 +33,7 @@ class Morse(PairPotential):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff; None for none.
-        skin: Verlet skin in Å (default: by device, 0.5 on a GPU and 1.0 on a CPU;
+        skin: Verlet skin in Å (default: by device type, ``layout.SKIN``, 1.0 on GPUs and CPUs;
             ``BatchedNeighborList``).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_D, pair_alpha, pair_r0: ``{(Z1, Z2): value}`` overriding mixed values of chosen pairs.

@@ -99,8 +99,8 @@ class PairPotential(BaseModel):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
-        skin: Verlet skin in Å of the model's own neighbour list (default: by device, 0.5 on a
-            GPU and 1.0 on a CPU; ``BatchedNeighborList``).
+        skin: Verlet skin in Å of the model's own neighbour list (default: by device type,
+            ``layout.SKIN``, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
         neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);

@@ -70,7 +70,7 @@ class BatchedNeighborList:
         cutoff: Interaction range in Å; pairs closer than this are always in the list.
         skin: Extra range in Å; a system rebuilds once one of its atoms moved more than
             ``skin / 2`` since its last build. Larger skins rebuild less often but hold more pairs.
-            None (default): by device type (``layout.SKIN``: 0.5 on a GPU, 1.0 on a CPU).
+            None (default): by device type (``layout.SKIN``: 1.0 on GPUs and CPUs).
         max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.

@@ -24,14 +24,17 @@ if TYPE_CHECKING:
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
 #: ``BatchedNeighborList``'s skin (Å) where none is given, by device type. A larger skin lists
-#: more pairs per step and rebuilds less often; where a search costs what it walks (a CPU) the
-#: rebuilds saved pay for the pairs. W1's argon at 50 K, 0.5 / 1.0 / 1.25 / 1.5 / 2.0 Å
-#: (``benchmarks.skin_sweep --device cpu``, this workplace's 2-core CPU, half lists, ms per step):
-#: 64 x 108 2.64 / 2.07 / 2.08 / 2.27 / 2.16, 1 x 864 0.662 / 0.583 / 0.589 / 0.617 / 0.608. On a
-#: GPU a search of a cohort of systems is latency-bound and cheap beside its pairs (see
-#: JOIN_FRACTION). The figure is the usual one of MD codes (about 0.3 sigma of a Lennard-Jones
-#: liquid); pass ``skin=`` where atoms move much faster or much slower than argon's at 50 K.
-SKIN = {"cuda": 0.5, "cpu": 1.0}
+#: more pairs per step and rebuilds less often. W1's argon at 50 K, ms per step at 0.5 / 1.0 /
+#: 1.25 / 1.5 / 2.0 Å: on this workplace's 2-core CPU (``benchmarks.skin_sweep --device cpu``,
+#: half lists) 64 x 108 2.64 / 2.07 / 2.08 / 2.27 / 2.16, 1 x 864 0.662 / 0.583 / 0.589 / 0.617
+#: / 0.608; on an H100 (``skin_sweep``, full lists, joined at 0.8) 256 x 1024 0.304 / 0.273 /
+#: 0.279 / 0.294 / 0.271, one system of 2^20 atoms 0.844 / 0.749 / - / 0.847. The benchmark
+#: itself on the H100 (``--variant``, the same 112 columns at both skins), 0.5 against 1.0 Å:
+#: 256 x 1024 0.295 / 0.264, 108 x 2048 0.262 / 0.232, 256 x 4096 0.898 / 0.788, 256 x 16384
+#: 3.29 / 2.85, 2^20 atoms 0.830 / 0.735; W3 4.10 / 3.87 s; W2 the same within its noise. The
+#: rebuilds saved pay for the pairs on both kinds of device. Pass ``skin=`` where atoms move much
+#: faster or much slower than argon's at 50 K.
+SKIN = {"cuda": 1.0, "cpu": 1.0}
 #: Whether a list made with ``half_list=None`` lists each pair once, by device type: half on a
 #: CPU, where a kernel's threads run one after another and Newton's third law halves the work;
 #: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
@@ -105,6 +108,7 @@ LISTED_THREADS_CPU = 64
 #: it searches, so there the extra builds are a cost (W6's 108x64 on a 2-core CPU,
 #: ``benchmarks.cpu_launches`` alternating: the search's thread time 2.02-2.06 ms per step at
 #: 1.0, 2.63-2.77 at 0.8; steps 5.0-5.5 against 5.8-6.0 ms).
+#: At a 1.0 Å skin, 256x1024 on an H100 at 0.7 / 0.8 / 0.9: 0.280 / **0.264** / 0.288.
 JOIN_FRACTION = {"cuda": 0.8, "cpu": 1.0}
 
 
