@@ -57,8 +57,11 @@ CHECK_EVERY_RELAX = 1
 CHECK_EVERY_INFLIGHT = 10
 #: W3 hands on finished systems and refills their slots at every this many checks. Each refill
 #: changes the set of systems (a new layout, a recapture); cells that converged a check apart
-#: leave a check apart, so with a refill at every check the refills multiply over a long run.
-REFILL_EVERY_CHECKS = 1
+#: leave a check apart, so with a refill at every check the refills multiply over a long run
+#: (a replay of W3's checks on a CPU: 3.8 / 4.5 / 6.7 changes per 1,000 cells at 10k / 30k /
+#: 100k cells; 1.3 at every 5 checks). On an H100 (``--variant``), at every 1 / 3 / 5 checks:
+#: 10,000 cells 4.19 and 4.38 / 4.13 / 4.17 and 4.13 s; 100,000 cells 47.1 / - / 37.6 s.
+REFILL_EVERY_CHECKS = 5
 #: Steps between deadline checks (a host clock read).
 DEADLINE_EVERY = 10
 
@@ -168,9 +171,10 @@ class Alchemi(Framework):
     def __init__(self) -> None:
         self.version = metadata.version("alchemi-core")
         self.notes = (
-            "LennardJones(skin by device: 0.5 Å on a GPU, 1.0 on a CPU; fixed max_neighbors) + Langevin/FIRE; BaseDynamics.run and "
-            "FusedStage + SizeAwareSampler (W3: its cells built by 4 worker processes); compile() + "
-            "`with stage:` (CUDA graph on GPUs)"
+            "LennardJones(alchemi's skin for the device, neighbors.layout.SKIN; max_neighbors fixed at "
+            "spec.COLUMNS_HEADROOM x the expected count) + Langevin/FIRE; BaseDynamics.run and "
+            "FusedStage + SizeAwareSampler (W3: its cells built by 4 worker processes, refills at every "
+            "REFILL_EVERY_CHECKS-th check); compile() + `with stage:` (CUDA graph on GPUs)"
         )
 
     def model(self, device: str = "cuda") -> LennardJones:
