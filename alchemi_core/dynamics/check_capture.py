@@ -19,8 +19,9 @@ A measurement is captured only where it holds no read-back and every address it 
 A key is captured the second time in a row that a check sees it, so a check right after a refill,
 whose key is new and may be the last of its kind, pays no capture. Models' error flags stay out of
 the graph (they belong to the models' own buffers): the engine writes them into the last flag
-after the replay. A capture that fails (some operation read back after all) turns capture off for the run,
-and the check is measured eagerly.
+after the replay. A capture that fails (some operation read back after all) turns capture off for the run
+with a ``RuntimeWarning`` that names the error, and the check is measured eagerly: the same results,
+at the eager checks' host cost.
 
 Example:
     >>> capture = CheckCapture()
@@ -30,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -102,12 +104,20 @@ class CheckCapture:
         self._spent = None
         try:
             graph, captured = capture_graph(measure, self._stream(), replaces=old)
-        except Exception:
+        except Exception as exc:
             # Something read back inside the measurement (a model or a field this module cannot
             # see), or the measurement raises (then it raises again, eagerly): measure eagerly
-            # from now on.
+            # from now on, and say so: the run stays right but its checks cost more host time.
             self.enabled = False
             self._seen = None
+            warnings.warn(
+                f"a check's device work could not be captured as a CUDA graph ({exc!r}); this run's "
+                "checks are measured eagerly from now on (same results, more host time per check). "
+                "An operation that reads values back to the host inside a convergence criterion, "
+                "a model's check or a batch field's update is the usual cause.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return measure()
         self._graph, self._key, self._out = graph, key, captured
         self.captures += 1

@@ -82,7 +82,8 @@ def test_a_measurement_that_reads_back_is_measured_eagerly() -> None:
 
     engine.active_mask = reading_back.__get__(engine)
     ran = engine.prepare(batch)
-    engine.run(300)
+    with pytest.warns(RuntimeWarning, match="measured eagerly"):
+        engine.run(300)
     assert not engine._check_capture.enabled and engine._check_capture.captures == 0
     assert ran.status.tolist() == eager_batch.status.tolist() == [1] * 6
     torch.testing.assert_close(ran.positions, eager_batch.positions, rtol=0, atol=1e-10)
