@@ -3,7 +3,7 @@ dicts (``pair_potential.UNROLL``, ``layout.SEARCH_TRIM``, ...) or attributes, so
 compare variants row by row.
 
 A variant is written ``module:NAME[key]=value`` (or ``module:NAME.attr=value``), with ``module``
-under ``alchemi_potentials`` unless it is dotted from a package root (``alchemi_core``,
+under ``alchemi_potentials`` unless it is dotted from a package root (``alchemi_core``, ``alchemi_zarr``,
 ``alchemi_integrators``, ``benchmarks``), and ``value`` a Python literal;
 several settings of one variant are joined by ``,``.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 Choice = tuple[Any, str, Any]
 #: Packages a variant's module may be named from; any other module is under alchemi_potentials.
-_ROOTS = ("alchemi_potentials", "alchemi_integrators", "alchemi_core", "benchmarks")
+_ROOTS = ("alchemi_potentials", "alchemi_integrators", "alchemi_core", "alchemi_zarr", "benchmarks")
 
 _SETTING = re.compile(r"^\s*(?P<module>[\w.]+):(?P<name>\w+)(?:\[(?P<key>[^\]]+)\]|\.(?P<attr>\w+))?\s*=\s*(?P<value>.+?)\s*$")
 

@@ -79,6 +79,30 @@ def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path):
         torch.testing.assert_close(got.positions, (start + step).cpu())
 
 
+def test_a_background_snapshot_leaves_the_current_stream_only_the_device_copies():
+    """With ``COPY_STREAM`` the host copies of a snapshot for a background writer wait on a
+    stream of their own: work queued after it on the current stream does not wait for them."""
+    from alchemi_core.data.staging import HostStaging
+    from alchemi_zarr import records
+
+    batch = make_batch([30] * 64, edges=True, extras=True).to("cuda")
+    side = records._side_stream(batch.device)
+    slot = HostStaging(1).acquire()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(int(2e8))  # the side stream busy for ~0.1-0.2 s before the copies
+    snap = records.snapshot(batch, copy=True, slot=slot)
+    batch.positions.add_(1.0)  # the next step: after the device copies, not after the host's
+    after = torch.cuda.Event()
+    after.record()
+    start = time.perf_counter()
+    after.synchronize()
+    waited = time.perf_counter() - start
+    copies_pending = not snap.event.query()
+    snap.wait()
+    assert copies_pending and waited < 0.05, (copies_pending, waited)
+    torch.testing.assert_close(snap.tensors["positions"], batch.positions.cpu() - 1.0)
+
+
 def test_dataset_puts_structures_on_the_gpu(tmp_path):
     path = str(tmp_path / "dataset.zarr")
     ZarrData(path).write(batch_for(list(range(20))).to("cuda"))

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -27,6 +29,12 @@ from alchemi_core.data.staging import StagingSlot
 from alchemi_zarr.layout import FieldSpec
 
 T = TypeVar("T")
+
+#: Whether a GPU snapshot taken for a background writer (``copy=True``) copies to the host on a
+#: stream of its own, by device type. The fields are first copied on the device, on the current
+#: stream (microseconds), so the steps queued after the snapshot wait only for those copies, not
+#: for the copy engine to move the bytes over PCIe (10.6 MB per W5 snapshot, ~0.2 ms).
+COPY_STREAM = {"cuda": True}
 
 
 @attrs.define
@@ -75,12 +83,37 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
     reused buffers, and ``release`` (called by :meth:`Snapshot.release`) gives it back once the
     host data is consumed; without one, GPU fields go to new pinned tensors and CPU fields are
     cloned when ``copy`` is True (so the caller may go on changing the batch while a background
-    thread writes the snapshot). GPU copies are non-blocking, on the current stream (no host
-    synchronisation; :meth:`Snapshot.wait` waits).
+    thread writes the snapshot). GPU copies are non-blocking (no host synchronisation;
+    :meth:`Snapshot.wait` waits): on the current stream, or with ``copy`` and
+    :data:`COPY_STREAM`, from device copies on a side stream.
     """
     tensors: dict[str, torch.Tensor] = {}
     on_gpu = batch.device.type == "cuda"
     sources = {name: getattr(batch, name).detach() for name in batch.keys()}
+    side = _side_stream(batch.device) if on_gpu and copy and COPY_STREAM.get("cuda", False) else None
+    if side is not None:
+        sources = {name: t.clone() for name, t in sources.items()}  # the steps may now go on
+        side.wait_stream(torch.cuda.current_stream(batch.device))
+        for t in sources.values():
+            t.record_stream(side)  # the allocator keeps them until the side stream's copies end
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        event = _copy_to_host(sources, tensors, on_gpu, copy, slot)
+    return Snapshot(
+        tensors=tensors,
+        levels=batch.levels,
+        num_atoms=batch.num_nodes_per_system.copy(),
+        num_edges=batch.num_edges_per_system.copy(),
+        system_ids=tensors.get("system_id"),
+        event=event,
+        on_release=release,
+        slot=slot,
+    )
+
+
+def _copy_to_host(sources: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], on_gpu: bool, copy: bool,
+                  slot: StagingSlot | None) -> torch.cuda.Event | None:
+    """Fill ``tensors`` with host copies of ``sources`` (GPU ones on the current stream), and
+    return the event recorded after them (None on a CPU)."""
     if slot is not None:
         slot.reserve(sum(t.numel() * t.element_size() for t in sources.values()), pinned=on_gpu)
     for name, t in sources.items():
@@ -93,20 +126,17 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
         else:
             host = t.clone() if copy else t
         tensors[name] = host
-    event = None
-    if on_gpu:
-        event = torch.cuda.Event()
-        event.record()
-    return Snapshot(
-        tensors=tensors,
-        levels=batch.levels,
-        num_atoms=batch.num_nodes_per_system.copy(),
-        num_edges=batch.num_edges_per_system.copy(),
-        system_ids=tensors.get("system_id"),
-        event=event,
-        on_release=release,
-        slot=slot,
-    )
+    if not on_gpu:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream a device's snapshots copy to the host on (one per device, made once)."""
+    return torch.cuda.Stream(device)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
