@@ -128,7 +128,9 @@ def test_a_step_makes_no_host_sync_and_allocates_nothing(ref):
     batch = with_outputs(ref.batch([atoms] * 16, dtype=torch.float32, device="cuda"))
     models = [LennardJones(EPS, SIG, RC, max_neighbors=110),
               LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5, max_neighbors=60, half_list=True))]
-    step = torch.full_like(batch.positions, 0.2)  # > skin / 2 every other step: rebuilds included
+    # Every atom moves 0.6 skins every step, past half the largest skin: rebuilds included.
+    skin = max(model.neighbor_list.skin_on("cuda") for model in models)
+    step = torch.full_like(batch.positions, 0.6 * skin / 3**0.5)
     for model in models:
         model.check_batch(batch)
         model(batch, compute_stress=True)
