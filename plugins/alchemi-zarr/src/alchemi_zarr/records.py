@@ -32,8 +32,9 @@ T = TypeVar("T")
 
 #: Whether a GPU snapshot taken for a background writer (``copy=True``) copies to the host on a
 #: stream of its own, by device type. The fields are first copied on the device, on the current
-#: stream (microseconds), so the steps queued after the snapshot wait only for those copies, not
-#: for the copy engine to move the bytes over PCIe (10.6 MB per W5 snapshot, ~0.2 ms).
+#: stream (microseconds), so that the steps queued after the snapshot need wait only for those
+#: copies, not for the bytes to cross PCIe (10.6 MB per W5 snapshot, ~0.2 ms). W5 measured better
+#: with it; a GPU test of the overlap itself has not passed yet (``docs/performance.md``).
 COPY_STREAM = {"cuda": True}
 
 
