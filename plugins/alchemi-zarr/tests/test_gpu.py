@@ -58,8 +58,13 @@ def test_asynchronous_write_does_not_wait_for_the_gpu(tmp_path):
     assert len(AtomicDataZarrReader(str(tmp_path / "overlap.zarr"))) == 128
 
 
-def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path):
-    """The device batch changes right after each write; every stored copy is the one written."""
+@pytest.mark.parametrize("copy_stream", [False, True], ids=["current-stream", "copy-stream"])
+def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path, monkeypatch, copy_stream):
+    """The device batch changes right after each write; every stored copy is the one written, with
+    the host copies on the current stream or on a stream of their own (``COPY_STREAM``)."""
+    from alchemi_zarr import records
+
+    monkeypatch.setitem(records.COPY_STREAM, "cuda", copy_stream)
     path = str(tmp_path / "moments.zarr")
     sink = ZarrData(path, asynchronous=True, max_pending=4)
     batch = batch_for(list(range(32))).to("cuda")
@@ -77,37 +82,6 @@ def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path):
     for step in range(1, 21):
         got = stored.index_select(list(range(32 * (step - 1), 32 * step)))
         torch.testing.assert_close(got.positions, (start + step).cpu())
-
-
-@pytest.mark.parametrize("side_stream", [True, False], ids=["copy-stream", "current-stream"])
-def test_a_background_snapshot_leaves_the_current_stream_only_the_device_copies(monkeypatch, side_stream):
-    """With ``COPY_STREAM`` the host copies of a snapshot for a background writer run on a stream
-    of their own: work queued after it on the current stream waits only for device copies, not for
-    320 MB to cross PCIe (several ms); without it, that work comes after the host copies."""
-    from alchemi_core.data.staging import HostStaging
-    from alchemi_zarr import records
-
-    monkeypatch.setitem(records.COPY_STREAM, "cuda", side_stream)
-    batch = make_batch([4_000_000] * 4).to("cuda")
-    slot = HostStaging(1).acquire()
-    # Page-locked buffers and device blocks exist before the measured snapshot, as in a run after
-    # its first one (allocating them would serialise the streams: CUDA's implicit synchronisation).
-    records.snapshot(batch, copy=True, slot=slot).wait()
-    torch.cuda.synchronize()
-    # Steps run on a stream of the dynamics' own (``with dynamics:``), not the legacy default
-    # stream; on that one, this test (with the copy stream) found the next work waiting for the
-    # host copies, on an H100.
-    with torch.cuda.stream(torch.cuda.Stream()):
-        snap = records.snapshot(batch, copy=True, slot=slot)
-        batch.positions.add_(1.0)  # the next step
-        after = torch.cuda.Event()
-        after.record()
-    after.synchronize()
-    copies_pending = not snap.event.query()
-    snap.wait()
-    torch.cuda.synchronize()
-    assert copies_pending == side_stream
-    torch.testing.assert_close(snap.tensors["positions"], batch.positions.cpu() - 1.0)
 
 
 def test_dataset_puts_structures_on_the_gpu(tmp_path):

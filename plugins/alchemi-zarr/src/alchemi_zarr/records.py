@@ -31,11 +31,14 @@ from alchemi_zarr.layout import FieldSpec
 T = TypeVar("T")
 
 #: Whether a GPU snapshot taken for a background writer (``copy=True``) copies to the host on a
-#: stream of its own, by device type. The fields are first copied on the device, on the current
-#: stream (microseconds), so that the steps queued after the snapshot need wait only for those
-#: copies, not for the bytes to cross PCIe (10.6 MB per W5 snapshot, ~0.2 ms). W5 measured better
-#: with it; a GPU test of the overlap itself has not passed yet (``docs/performance.md``).
-COPY_STREAM = {"cuda": True}
+#: stream of its own, by device type. The fields are then first copied on the device, on the
+#: current stream (microseconds), so that the steps queued after the snapshot would need wait only
+#: for those copies, not for the bytes to cross PCIe. Off: on an H100 the next kernel still
+#: completed only after the host copies, three times out of three (a GPU test, on the legacy
+#: default stream and on a stream of the caller's own), and W5's gain with it (+1.68 and +1.90 %
+#: against +2.43 %) was smaller than the copy time it was meant to hide. ``python -m
+#: benchmarks.snapshot_overlap`` measures the overlap (``docs/performance.md``).
+COPY_STREAM = {"cuda": False}
 
 
 @attrs.define
