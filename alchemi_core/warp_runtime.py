@@ -12,7 +12,8 @@ replay rules:
   torch stream (wrapping costs more than a launch).
 * :class:`LaunchSequence`: launches recorded for fixed arrays and sizes and replayed in order
   (a model's forward); on a CPU a long kernel can be cut into :data:`CPU_CHUNKS` ranges that run
-  on as many threads as torch uses (:meth:`LaunchSequence.add_chunked`).
+  on as many threads as torch uses (:meth:`LaunchSequence.add_chunked`). A kernel recorded
+  before is recorded again from that recording (:mod:`alchemi_core.warp_recordings`).
 * :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
   objects (an integrator's updates).
 * :func:`launch_args` (and :func:`launch_tensors`): one kernel on torch tensors and scalars, its
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from alchemi_core import warp_recordings
 from alchemi_core.errors import AlchemiError, MissingDependencyError
 
 _lock = threading.Lock()
@@ -228,7 +230,7 @@ class LaunchSequence:
     """
 
     def __init__(self, device: Any, who: str = "alchemi") -> None:
-        self.device = device
+        self.device = warp().get_device(device)
         self.who = who
         #: A recorded launch, or a tuple of them: the chunks of one kernel (CPU only).
         self._commands: list[Any] = []
@@ -289,7 +291,7 @@ class LaunchSequence:
         self.names.append(kernel.key)
 
     def _record(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> Any:
-        cmd = warp().launch(kernel, dim=dim, inputs=list(inputs), device=self.device, record_cmd=True)
+        cmd = warp_recordings.record(warp(), kernel, dim, inputs, self.device)
         if cmd is None:
             raise KernelLaunchError(
                 f"{self.who}: Warp could not prepare kernel {kernel.key!r} for device {self.device}: "

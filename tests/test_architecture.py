@@ -83,11 +83,16 @@ def test_plugins_read_no_private_attribute_of_the_engine():
     assert not hits, "plugins read private attributes of core objects (use the StepContext): " + ", ".join(hits)
 
 
+#: The one Warp runtime: its launches, streams and recordings.
+RUNTIME = ("warp_runtime.py", "warp_recordings.py")
+
+
 def test_warp_launches_go_through_the_one_runtime():
-    """Stream wrappers and recorded launches exist once, in ``alchemi_core.warp_runtime``."""
+    """Stream wrappers and recorded launches exist once, in ``alchemi_core.warp_runtime`` (and the
+    recordings it makes from earlier ones, ``alchemi_core.warp_recordings``)."""
     owners = []
     for path in sorted([*ROOT.glob("plugins/*/src/**/*.py"), *ROOT.glob("alchemi_core/**/*.py")]):
         text = path.read_text(encoding="utf-8")
-        if path.name != "warp_runtime.py" and ("stream_from_torch" in text or "record_cmd=True" in text):
+        if path.name not in RUNTIME and ("stream_from_torch" in text or "record_cmd=True" in text):
             owners.append(str(path.relative_to(ROOT)))
     assert not owners, f"Warp stream caches or launch recording outside alchemi_core.warp_runtime: {owners}"

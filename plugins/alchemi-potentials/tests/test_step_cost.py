@@ -74,9 +74,13 @@ def test_a_launch_warp_cannot_prepare_raises_instead_of_recording_none(monkeypat
     Warp without its CPU compiler): the sequence must say so, not replay None later."""
     from alchemi_potentials.pair_kernels import zero_forces
 
+    from alchemi_core import warp_recordings
+
     wp = _warp.warp()
     forces = wp.zeros(3, dtype=wp.vec3f, device="cpu")
     monkeypatch.setattr(wp, "launch", lambda *args, **kwargs: None)
+    # As in a process where the kernel never launched (else its earlier recording is copied).
+    monkeypatch.setattr(warp_recordings, "_recordings", {})
     seq = _warp.LaunchSequence(forces.device)
     with pytest.raises(_warp.KernelLaunchError, match="could not prepare kernel .*zero_forces.* building or loading"):
         seq.add(zero_forces, 3, [forces])

@@ -1,0 +1,97 @@
+"""Recorded Warp launches made from an earlier recording of the same kernel, re-pointed.
+
+``wp.launch(..., record_cmd=True)`` resolves a generic kernel's overload from its arguments,
+loads its module and packs every argument: on this workplace's 2-core CPU about 120 µs a launch,
+30 of them (3.6 ms) each time a FIRE run of 256 cells prepares its neighbour list, forces and
+steps, all again for the next run or the next set of systems. A launch of a kernel overload
+that was recorded before only needs its arguments packed: :func:`record` copies that earlier
+recording (its module, kernel hooks and launch settings) and sets each argument and the launch
+size in the copy. Every argument is packed with Warp's own checks (``set_param_at_index``), so
+a wrong type still raises.
+
+Which device types do this is :data:`REUSE`; elsewhere :func:`record` is ``wp.launch``.
+
+Example:
+    >>> from alchemi_core import warp_recordings
+    >>> warp_recordings.REUSE["cpu"]
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+#: Whether a launch is recorded from an earlier recording of the same kernel overload, by Warp
+#: device type. On for CPUs (every CPU test runs through it). Off for CUDA until a GPU test shows
+#: copied recordings launch the same kernels as fresh ones (their ``params_addr`` is what a GPU
+#: reads): ``--variant "alchemi_core.warp_recordings:REUSE[cuda]=True"`` measures it.
+REUSE = {"cpu": True, "cuda": False}
+
+#: (kernel, device, argument types) -> an earlier recording with no arguments of its own kept.
+_recordings: dict[tuple[Any, ...], Any] = {}
+#: Recordings kept at most (all are dropped past it): a process launches a few dozen overloads;
+#: more means kernels made anew for every launch, whose recordings would only pile up.
+MAX_KEPT = 1024
+
+
+def record(wp: Any, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any], device: Any) -> Any:
+    """A recorded launch of ``kernel`` over ``dim`` threads with ``inputs`` on Warp ``device``
+    (None where Warp could not prepare the kernel, as ``wp.launch`` returns)."""
+    key = None
+    if REUSE.get("cpu" if device.is_cpu else "cuda", False):
+        key = (kernel, device.alias, *(_kind(a) for a in inputs))
+        earlier = _recordings.get(key)
+        if earlier is not None:
+            return _repointed(earlier, inputs, dim)
+    cmd = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True)
+    if key is not None and type(cmd) is wp.Launch:  # not a subclass with state of its own
+        if len(_recordings) >= MAX_KEPT:
+            _recordings.clear()
+        _recordings[key] = _without_arguments(cmd)
+    return cmd
+
+
+def forget() -> None:
+    """Drop every kept recording (the next launch of each kernel is recorded by Warp again)."""
+    _recordings.clear()
+
+
+def _kind(value: Any) -> Any:
+    """What selects a generic kernel's overload: an array's type, dtype and dimensions, a Warp
+    struct's definition (Warp 1.5 makes a class for every struct instance), or a value's type."""
+    struct = getattr(value, "_cls", None)
+    if struct is not None:
+        return struct
+    dtype = getattr(value, "dtype", None)
+    ndim = getattr(value, "ndim", None)
+    if dtype is not None and ndim is not None:
+        return (type(value), dtype, ndim)
+    return type(value)
+
+
+def _without_arguments(cmd: Any) -> Any:
+    """A copy of ``cmd`` that keeps its kernel, module and settings but no reference to its
+    arrays (Warp 1.19 keeps the arguments themselves for CPU graph capture)."""
+    kept = copy.copy(cmd)
+    kept.params = list(cmd.params)
+    if getattr(kept, "fwd_args", None) is not None:
+        kept.fwd_args = []
+    return kept
+
+
+def _repointed(earlier: Any, inputs: Sequence[Any], dim: int | Sequence[int]) -> Any:
+    """A new launch like ``earlier`` with ``inputs`` and ``dim``: each parameter slot gets a new
+    packed value, so nothing is shared with ``earlier`` or the launches made from it."""
+    cmd = copy.copy(earlier)
+    cmd.params = list(earlier.params)
+    if earlier.params_addr is not None:  # CUDA: the kernel reads its parameters through these
+        cmd.params_addr = (ctypes.c_void_p * len(earlier.params_addr))()
+    if getattr(earlier, "fwd_args", None) is not None:
+        cmd.fwd_args = list(inputs)
+    for index, value in enumerate(inputs):
+        cmd.set_param_at_index(index, value)
+    cmd.set_dim(dim)
+    return cmd
