@@ -325,8 +325,8 @@ class MDIntegrator(Integrator):
 
 def _copy_into(old: Any, new: Any) -> bool:
     """Copy ``new`` into ``old`` in place where they have one layout: tensors of one shape, dtype
-    and device, or tuples of such tensors and equal numbers. False, with nothing copied, where
-    they differ."""
+    and device, or tuples of such tensors, equal numbers and Nones. False, with nothing copied,
+    where they differ."""
     if not _same_layout(old, new):
         return False
     for a, b in zip(old, new) if isinstance(old, tuple) else ((old, new),):
@@ -344,4 +344,4 @@ def _same_layout(old: Any, new: Any) -> bool:
         )
     if isinstance(old, (int, float)) and isinstance(new, (int, float)):
         return bool(old == new)
-    return False
+    return old is None and new is None  # a part a value has only in some layouts (absent in both)

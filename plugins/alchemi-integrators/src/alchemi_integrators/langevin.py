@@ -149,6 +149,7 @@ class Langevin(MDIntegrator):
         if size:  # systems of one size: a sum over a view
             torch.sum(weighted.view(batch.num_graphs, size, 3), dim=1, out=momentum)
         else:  # one index per component: index_add_ of whole rows of 3 is twice as slow on a CPU
+            assert flat_index is not None
             momentum.view(-1).zero_().index_add_(0, flat_index, weighted.view(-1))
         momentum.div_(total)
         return self.to_atoms(batch, momentum, "com_velocity")
@@ -172,13 +173,16 @@ def _per_component(values: torch.Tensor) -> torch.Tensor:
     return values.expand(-1, 3).contiguous()
 
 
-def _com_sums(batch: Batch, inv_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """What :meth:`Langevin._com_velocity` sums with: masses ``[V, 3]``, totals ``[B, 1]``, each
-    atom's component's index into ``[B * 3]``, and the systems' common size (0 if they differ)."""
+def _com_sums(batch: Batch, inv_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """What :meth:`Langevin._com_velocity` sums with: masses ``[V, 3]``, totals ``[B, 1]``, the
+    systems' common size (0 if they differ) and, only where they differ, each atom's component's
+    index into ``[B * 3]``."""
     mass, total = masses_and_totals(batch, inv_mass)
     sizes = batch.num_nodes_per_system
     size = int(sizes[0]) if len(sizes) and (sizes == sizes[0]).all() else 0
-    flat_index = (batch.batch_idx[:, None] * 3 + torch.arange(3, device=mass.device)).reshape(-1)
+    flat_index = None
+    if not size:
+        flat_index = (batch.batch_idx[:, None] * 3 + torch.arange(3, device=mass.device)).reshape(-1)
     return _per_component(mass), total, flat_index, size
 
 

@@ -94,7 +94,10 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
     tensors: dict[str, torch.Tensor] = {}
     on_gpu = batch.device.type == "cuda"
     sources = {name: getattr(batch, name).detach() for name in batch.keys()}
-    side = _side_stream(batch.device) if on_gpu and copy and COPY_STREAM.get("cuda", False) else None
+    side = None
+    if on_gpu and copy and COPY_STREAM.get("cuda", False):
+        index = batch.device.index
+        side = _side_stream(torch.cuda.current_device() if index is None else index)
     if side is not None:
         sources = {name: t.clone() for name, t in sources.items()}  # the steps may now go on
         side.wait_stream(torch.cuda.current_stream(batch.device))
@@ -138,9 +141,9 @@ def _copy_to_host(sources: dict[str, torch.Tensor], tensors: dict[str, torch.Ten
 
 
 @functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream a device's snapshots copy to the host on (one per device, made once)."""
-    return torch.cuda.Stream(device)
+def _side_stream(index: int) -> torch.cuda.Stream:
+    """The stream GPU ``index``'s snapshots copy to the host on (one per GPU, made once)."""
+    return torch.cuda.Stream(torch.device("cuda", index))
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
