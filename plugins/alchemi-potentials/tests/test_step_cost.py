@@ -72,9 +72,8 @@ def test_launches_over_no_threads_are_dropped():
 def test_a_launch_warp_cannot_prepare_raises_instead_of_recording_none(monkeypatch):
     """Warp returns no launch when a kernel's module failed to build for the device (e.g. a
     Warp without its CPU compiler): the sequence must say so, not replay None later."""
-    from alchemi_potentials.pair_kernels import zero_forces
-
     from alchemi_core import warp_recordings
+    from alchemi_potentials.pair_kernels import zero_forces
 
     wp = _warp.warp()
     forces = wp.zeros(3, dtype=wp.vec3f, device="cpu")
