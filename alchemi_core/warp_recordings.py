@@ -33,8 +33,9 @@ REUSE = {"cpu": True, "cuda": False}
 #: (kernel, device, argument types) -> an earlier recording with no arguments of its own kept.
 _recordings: dict[tuple[Any, ...], Any] = {}
 #: Recordings kept at most (all are dropped past it): a process launches a few dozen overloads;
-#: more means kernels made anew for every launch, whose recordings would only pile up.
-MAX_KEPT = 1024
+#: more means kernels made anew for every launch, whose recordings would only pile up (each keeps
+#: the compiled module it was recorded from loaded).
+MAX_KEPT = 256
 
 
 def record(wp: Any, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any], device: Any) -> Any:
