@@ -92,6 +92,12 @@ def test_from_data_list_rejects_mismatched_structures():
         Batch.from_data_list([a, c])
     with pytest.raises(InvalidDataError, match="at least one"):
         Batch.from_data_list([])
+    for items, index in (([{"positions": []}, a], 0), ([a, "H2O"], 1)):
+        with pytest.raises(InvalidDataError, match=f"item {index} of data_list is a .*, not AtomicData"):
+            Batch.from_data_list(items)
+    # Fields in another order are the same fields.
+    swapped = AtomicData(positions=a.positions, atomic_numbers=a.atomic_numbers, cell=a.cell, pbc=a.pbc)
+    assert Batch.from_data_list([a, swapped]).num_graphs == 2
 
 
 def test_empty_put_defrag_zero_keep_memory_and_dtypes():

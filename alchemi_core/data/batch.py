@@ -97,22 +97,29 @@ class Batch:
         if len(data_list) == 0:
             raise InvalidDataError("Batch.from_data_list needs at least one AtomicData")
         first = data_list[0]
+        if not isinstance(first, AtomicData):
+            raise InvalidDataError(f"item 0 of data_list is a {type(first).__name__}, not AtomicData")
         keys = first.keys()
         levels = first.levels
+        # Checked once per structure against the first one's fields (a refill of a few hundred
+        # structures pays this per structure, so it compares dict views and dtypes only).
+        names = first._fields.keys()
+        dtypes = [(k, first._fields[k].dtype) for k in keys]
         for i, d in enumerate(data_list):
             if not isinstance(d, AtomicData):
                 raise InvalidDataError(f"item {i} of data_list is a {type(d).__name__}, not AtomicData")
-            if set(d.keys()) != set(keys):
-                missing = sorted(set(keys) ^ set(d.keys()))
+            fields = d._fields
+            if fields.keys() != names:
+                missing = sorted(set(keys) ^ set(fields))
                 raise InvalidDataError(
                     f"structure {i} differs from structure 0 in fields {missing}; every structure "
                     "in a batch needs the same fields"
                 )
-            for k in keys:
-                if d._fields[k].dtype != first._fields[k].dtype:
+            for k, dtype in dtypes:
+                if fields[k].dtype != dtype:
                     raise InvalidDataError(
-                        f"field {k!r} is {d._fields[k].dtype} in structure {i} but "
-                        f"{first._fields[k].dtype} in structure 0; convert them to one dtype"
+                        f"field {k!r} is {fields[k].dtype} in structure {i} but "
+                        f"{dtype} in structure 0; convert them to one dtype"
                     )
         dev = torch.device(device) if device is not None else first.device
         batch = cls(device=dev)
@@ -123,12 +130,15 @@ class Batch:
             parts = [d._fields[k] for d in data_list]
             if k in INDEX_FIELDS:
                 parts = [p + int(nptr[i]) for i, p in enumerate(parts)]
-            if all(p.device == parts[0].device for p in parts):
+            try:
                 # Concatenated where they are, then one copy per field (a refill of structures
                 # held on the host would otherwise pay one transfer per structure and field).
-                batch._store[k] = torch.cat(parts, dim=0).to(dev)
-            else:
-                batch._store[k] = torch.cat([p.to(dev) for p in parts], dim=0)
+                joined = torch.cat(parts, dim=0)
+            except RuntimeError:
+                if len({p.device for p in parts}) == 1:
+                    raise  # not a matter of devices: shapes that do not stack
+                joined = torch.cat([p.to(dev) for p in parts], dim=0)
+            batch._store[k] = joined.to(dev)
             batch._level[k] = levels[k]
         batch._set_counts(len(data_list), ncount, ecount, exact=True)
         return batch
