@@ -31,14 +31,13 @@ from alchemi_zarr.layout import FieldSpec
 T = TypeVar("T")
 
 #: Whether a GPU snapshot taken for a background writer (``copy=True``) copies to the host on a
-#: stream of its own, by device type. The fields are then first copied on the device, on the
-#: current stream (microseconds), so that the steps queued after the snapshot would need wait only
-#: for those copies, not for the bytes to cross PCIe. Off: on an H100 the next kernel still
-#: completed only after the host copies, three times out of three (a GPU test, on the legacy
-#: default stream and on a stream of the caller's own), and W5's gain with it (+1.68 and +1.90 %
-#: against +2.43 %) was smaller than the copy time it was meant to hide. ``python -m
-#: benchmarks.snapshot_overlap`` measures the overlap (``docs/performance.md``).
-COPY_STREAM = {"cuda": False}
+#: stream of its own, by device type. The fields are first copied on the device, on the current
+#: stream (microseconds), so that the steps queued after the snapshot wait only for those copies,
+#: not for the bytes to cross PCIe. On an H100 (``python -m benchmarks.snapshot_overlap``, 320 MB,
+#: a run's third and later snapshots): the next kernel done 0.39 ms after the snapshot began, with
+#: 6.1 ms of host copies still running, against 5.97 ms without. Not always: a GPU test of the same
+#: (under pytest) found the next kernel after the copies, cause unknown (``docs/performance.md``).
+COPY_STREAM = {"cuda": True}
 
 
 @attrs.define
