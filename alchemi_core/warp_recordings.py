@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Whether a launch is recorded from an earlier recording of the same kernel overload, by Warp
-#: device type. On for CPUs (every CPU test runs through it). Off for CUDA until a GPU test shows
-#: copied recordings launch the same kernels as fresh ones (their ``params_addr`` is what a GPU
-#: reads): ``--variant "alchemi_core.warp_recordings:REUSE[cuda]=True"`` measures it.
+#: device type. On for CPUs (every CPU test runs through it). Off for CUDA: its GPU tests pass on an
+#: H100, but W2 and W3 measured the same with it there (``docs/performance.md``) and the full GPU
+#: suite has not run with it on; ``--variant "alchemi_core.warp_recordings:REUSE[cuda]=True"``.
 REUSE = {"cpu": True, "cuda": False}
 
 #: (kernel, device, argument types) -> an earlier recording with no arguments of its own kept.
