@@ -3,10 +3,10 @@
 ``wp.launch(..., record_cmd=True)`` resolves a generic kernel's overload from its arguments,
 loads its module and packs every argument: on this workplace's 2-core CPU about 70 µs a launch
 with warp-lang 1.19, 30 of them (2.0-2.1 ms) each time a FIRE run of 256 cells prepares its
-neighbour list, forces and steps, all again for the next run or the next set of systems. A launch of a kernel overload
-that was recorded before only needs its arguments packed: :func:`record` copies that earlier
-recording (its module, kernel hooks and launch settings) and sets each argument and the launch
-size in the copy. Every argument is packed with Warp's own checks (``set_param_at_index``), so
+neighbour list, forces and steps, all again for the next run or the next set of systems. A
+launch of a kernel overload that was recorded before only needs its arguments packed:
+:func:`record` copies that earlier recording (its module, kernel hooks and launch settings) and
+sets each argument and the launch size in the copy. Every argument is packed with Warp's own checks (``set_param_at_index``), so
 a wrong type still raises.
 
 Which device types do this is :data:`REUSE`; elsewhere :func:`record` is ``wp.launch``.
@@ -73,25 +73,28 @@ def _kind(value: Any) -> Any:
     return type(value)
 
 
+def _copy(cmd: Any, fwd_args: list[Any]) -> Any:
+    """A copy of ``cmd`` with a parameter list of its own (its slots still ``cmd``'s values) and,
+    where Warp keeps the arguments themselves (1.19, for CPU graph capture), ``fwd_args``."""
+    out = copy.copy(cmd)
+    out.params = list(cmd.params)
+    if getattr(cmd, "fwd_args", None) is not None:
+        out.fwd_args = fwd_args
+    return out
+
+
 def _without_arguments(cmd: Any) -> Any:
     """A copy of ``cmd`` that keeps its kernel, module and settings but no reference to its
-    arrays (Warp 1.19 keeps the arguments themselves for CPU graph capture)."""
-    kept = copy.copy(cmd)
-    kept.params = list(cmd.params)
-    if getattr(kept, "fwd_args", None) is not None:
-        kept.fwd_args = []
-    return kept
+    arrays."""
+    return _copy(cmd, [])
 
 
 def _repointed(earlier: Any, inputs: Sequence[Any], dim: int | Sequence[int]) -> Any:
     """A new launch like ``earlier`` with ``inputs`` and ``dim``: each parameter slot gets a new
     packed value, so nothing is shared with ``earlier`` or the launches made from it."""
-    cmd = copy.copy(earlier)
-    cmd.params = list(earlier.params)
+    cmd = _copy(earlier, list(inputs))
     if earlier.params_addr is not None:  # CUDA: the kernel reads its parameters through these
         cmd.params_addr = (ctypes.c_void_p * len(earlier.params_addr))()
-    if getattr(earlier, "fwd_args", None) is not None:
-        cmd.fwd_args = list(inputs)
     for index, value in enumerate(inputs):
         cmd.set_param_at_index(index, value)
     cmd.set_dim(dim)
