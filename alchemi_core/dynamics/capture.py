@@ -49,6 +49,11 @@ def collector_held() -> Iterator[None]:
             gc.enable()
 
 
+def gpu_index(device: torch.device) -> int:
+    """The index of GPU ``device`` (``cuda`` without one: the current GPU)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def side_stream(held: torch.cuda.Stream | None, index: int) -> torch.cuda.Stream:
     """``held`` if it is a stream of GPU ``index``, else a new one there: the one side stream a
     capturer keeps (a new stream per capture would leave torch's allocator with blocks cached per

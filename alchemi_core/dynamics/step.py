@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core.dynamics.capture import capture_graph, side_stream
+from alchemi_core.dynamics.capture import capture_graph, gpu_index, side_stream
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -257,18 +257,14 @@ class StepLoop(Masks):
         """What a capture's warm-up depends on: the GPU, the stages' integrators and backends,
         the models' classes and whether stages step only their own systems."""
         assert self.batch is not None
-        device = self.batch.device
-        index = device.index if device.index is not None else torch.cuda.current_device()
         stages = tuple((type(s.dynamics), getattr(s.dynamics, "backend", None)) for s in self.subs)
-        return (index, stages, tuple(type(m) for m in self.models), self.masked)
+        return (gpu_index(self.batch.device), stages, tuple(type(m) for m in self.models), self.masked)
 
     @property
     def _capture_stream(self) -> Any:
         """The side stream the step is warmed up and captured on, one per engine (``side_stream``)."""
         assert self.batch is not None
-        device = self.batch.device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self._side_stream = side_stream(self._side_stream, index)
+        self._side_stream = side_stream(self._side_stream, gpu_index(self.batch.device))
         return self._side_stream
 
     def _mask_versions(self) -> tuple[int, ...]:

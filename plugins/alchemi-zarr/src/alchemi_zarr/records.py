@@ -26,6 +26,7 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
 from alchemi_core.data.staging import StagingSlot
+from alchemi_core.dynamics.capture import gpu_index
 from alchemi_zarr.layout import FieldSpec
 
 T = TypeVar("T")
@@ -95,8 +96,7 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
     sources = {name: getattr(batch, name).detach() for name in batch.keys()}
     side = None
     if on_gpu and copy and COPY_STREAM.get("cuda", False):
-        index = batch.device.index
-        side = _side_stream(torch.cuda.current_device() if index is None else index)
+        side = _side_stream(gpu_index(batch.device))
     if side is not None:
         sources = {name: t.clone() for name, t in sources.items()}  # the steps may now go on
         side.wait_stream(torch.cuda.current_stream(batch.device))
