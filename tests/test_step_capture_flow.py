@@ -11,6 +11,7 @@ the step happens exactly once. The GPU tests in
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +20,17 @@ import torch
 from alchemi_core.dynamics import DemoDynamics, step
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing import make_batch
+
+
+@contextlib.contextmanager
+def _put_back(batch: Any) -> Iterator[None]:
+    """Every field of ``batch`` as it was before the block, after it."""
+    held = {k: v.clone() for k, v in batch._store.items()}
+    try:
+        yield
+    finally:
+        for k, v in held.items():
+            batch._store[k].copy_(v)
 
 
 class _Graph:
@@ -60,15 +72,12 @@ class _StandIn:
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("operation not permitted when stream is capturing")
-        batch = self.engine.batch
-        held = {k: v.clone() for k, v in batch._store.items()}
         self._recording = True
         try:
-            record()  # a capture records without executing: the batch is put back below
+            with _put_back(self.engine.batch):
+                record()  # a capture records without executing
         finally:
             self._recording = False
-            for k, v in held.items():
-                batch._store[k].copy_(v)
 
         def replay() -> None:
             self._recording = True  # a replay is not an eager step
@@ -87,13 +96,10 @@ def _engine() -> Any:
 
 
 def _after_eager_steps(engine: Any, steps: int) -> torch.Tensor:
-    start = {k: v.clone() for k, v in engine.batch._store.items()}
-    for i in range(steps):
-        engine._core(engine.step_count + i, False)
-    out = engine.batch.positions.clone()
-    for k, v in start.items():
-        engine.batch._store[k].copy_(v)
-    return out
+    with _put_back(engine.batch):
+        for i in range(steps):
+            engine._core(engine.step_count + i, False)
+        return engine.batch.positions.clone()
 
 
 def _prepared(monkeypatch: pytest.MonkeyPatch, warm_up_every: bool, steps: int) -> tuple[Any, torch.Tensor, _StandIn]:

@@ -233,7 +233,7 @@ class StepLoop(Masks):
                 self._core(k, False)
             torch.cuda.current_stream().wait_stream(side)
             _release_cached_memory(self.batch.device)
-            graph, _ = capture_graph(lambda: self._core(k, False), self._capture_stream, replaces=old)
+            graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old)
             _captured_kinds.add(kind)
         else:
             graph.replay()  # step k itself
