@@ -43,6 +43,7 @@ def _measure(fw: Framework, cells: Systems, ctx: Context, repeats: int, cap: flo
         "warmup_s": warm.seconds,
         "ms_per_step": 1e3 * seconds / max(1, last.steps),
         "steps": last.steps,
+        **({"engine": last.engine} if last.engine else {}),
         "structures_per_hour": 3600.0 * cells.num_systems / seconds,
         "forces": force_check(fmax, spec.FIRE.fmax),
         # Structures out: the cells whose atoms all came back.

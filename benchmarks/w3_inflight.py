@@ -52,6 +52,7 @@ def _measure(
         "structures_per_hour": 3600.0 * n / out.seconds,
         "count": count_check(n, out.ids_out),
         "relaxed": {"converged": out.converged, "of": n, "passed": out.converged == n},
+        **({"engine": out.engine} if out.engine else {}),
     }
 
 

@@ -168,8 +168,6 @@ class EngineState:
             getattr(m, "cuda_graphs", True) for m in self.models
         )
         self.graph_captures = 0
-        #: Captures without an eager step first that failed and were made again after one.
-        self.direct_capture_failures = 0
         #: The checks' device work, captured too where it can be (``check_capture``).
         self._check_capture = CheckCapture()
         self._flags = FlagReadBack()

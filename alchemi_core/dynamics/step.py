@@ -206,11 +206,9 @@ class StepLoop(Masks):
     def _graph_step(self, k: int) -> None:
         """Replay the captured step; capture it first when the set of systems changed.
 
-        The first capture of a kind of step in this process runs step ``k`` eagerly first (on a
-        side stream): that warms up lazily initialised libraries and Warp modules, which may not
-        start inside a capture. A later capture records at once and replays for step ``k``
-        (:data:`WARM_UP_EVERY_CAPTURE`); if its recording fails, the step is warmed up and
-        captured as the first one was.
+        Capturing records without executing, so step ``k`` itself runs eagerly (on a side
+        stream, which also warms up lazily initialised libraries) and the capture of the same
+        sequence serves the following steps.
         """
         assert self.batch is not None
         key = self.batch.version
@@ -222,43 +220,17 @@ class StepLoop(Masks):
             # A large model's graph (a MACE step holds gigabytes): its memory goes back before the
             # eager step below needs its own, as one graph's pool cannot serve the other's.
             old = None
-        kind = self._step_kind()
-        graph = None
-        if not WARM_UP_EVERY_CAPTURE and kind in _captured_kinds:
-            graph = self._capture_at_once(k, old)
-        if graph is None:
-            side = self._capture_stream
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._core(k, False)
-            torch.cuda.current_stream().wait_stream(side)
-            _release_cached_memory(self.batch.device)
-            graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old)
-            _captured_kinds.add(kind)
-        else:
-            graph.replay()  # step k itself
+        side = self._capture_stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._core(k, False)
+        torch.cuda.current_stream().wait_stream(side)
+        _release_cached_memory(self.batch.device)
+        graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()
         self.graph_captures += 1
-
-    def _capture_at_once(self, k: int, old: Any) -> Any:
-        """The step captured without an eager step before it, or None where that failed (the
-        caches it filled are then made stale, so the eager step builds them again)."""
-        try:
-            graph, _ = capture_graph(lambda: self._core(k, False), self._capture_stream, replaces=old)
-        except Exception:  # noqa: BLE001 - whatever stopped the recording: capture as the first time
-            self.direct_capture_failures += 1
-            self._update_masks()  # new context versions: caches built during the capture are dropped
-            return None
-        return graph
-
-    def _step_kind(self) -> tuple[Any, ...]:
-        """What a capture's warm-up depends on: the GPU, the stages' integrators and backends,
-        the models' classes and whether stages step only their own systems."""
-        assert self.batch is not None
-        stages = tuple((type(s.dynamics), getattr(s.dynamics, "backend", None)) for s in self.subs)
-        return (gpu_index(self.batch.device), stages, tuple(type(m) for m in self.models), self.masked)
 
     @property
     def _capture_stream(self) -> Any:
@@ -289,15 +261,6 @@ class StepLoop(Masks):
             return True
         return False
 
-
-#: Whether every capture of the step runs it eagerly first. Off: only a process's first capture
-#: of a kind of step does (``StepLoop._graph_step``); a refill's capture then costs the host one
-#: recording of the step instead of an eager step and a recording. On until the GPU suite and
-#: W2/W3 have run with it off.
-WARM_UP_EVERY_CAPTURE = True
-
-#: Kinds of step (``StepLoop._step_kind``) this process has warmed up and captured.
-_captured_kinds: set[tuple[Any, ...]] = set()
 
 #: Unused cached device memory (as a fraction of the device's) above which a capture first hands
 #: it back to the driver.

@@ -101,6 +101,12 @@ class _Deadline(Hook):
         check_deadline(self.deadline)
 
 
+def _engine_counts(run: Any) -> dict[str, int]:
+    """How often the run just done captured its step: each capture costs an eager step and a
+    recording of host time that the GPU waits for."""
+    return {"graph_captures": int(run._engine.graph_captures)}
+
+
 def to_batch(systems: Systems, device: str, dtype: torch.dtype = torch.float32) -> Batch:
     """An alchemi batch of ``systems`` (float32 positions, velocities when given)."""
     b = systems.num_systems
@@ -241,7 +247,10 @@ class Alchemi(Framework):
 
         seconds = timed(go, device)
         return RelaxOutcome(
-            seconds=seconds, steps=fire.step_count, positions=batch.positions.detach().to("cpu", torch.float64)
+            seconds=seconds,
+            steps=fire.step_count,
+            positions=batch.positions.detach().to("cpu", torch.float64),
+            engine=_engine_counts(fire),
         )
 
     def inflight(
@@ -290,4 +299,4 @@ class Alchemi(Framework):
                 fused.run(sampler.build_initial_batch(device))
 
         seconds, completed = timed_until_deadline(go, device)
-        return InflightOutcome(seconds, tally.all_ids(), converged.count, completed)
+        return InflightOutcome(seconds, tally.all_ids(), converged.count, completed, _engine_counts(fused))

@@ -33,23 +33,27 @@ class Unavailable(Exception):
 @attrs.frozen
 class RelaxOutcome:
     """One W2 relaxation: wall time of the framework's run call (device synchronised), steps
-    taken, final positions."""
+    taken, final positions, and what the framework counts of its own work (``engine``: for
+    alchemi how often it captured its step; empty for peers)."""
 
     seconds: float
     steps: int
     positions: torch.Tensor  # [V, 3] host float64
+    engine: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
 class InflightOutcome:
     """One W3 drain: the ``system_id`` of every structure that came out, and how many left the
     relaxation converged (the others used its step budget); wall time of the drain, and whether
-    it finished before its deadline (when not, the figures are what was done until then)."""
+    it finished before its deadline (when not, the figures are what was done until then), and
+    ``engine`` as in :class:`RelaxOutcome`."""
 
     seconds: float
     ids_out: np.ndarray
     converged: int
     completed: bool = True
+    engine: dict[str, int] = attrs.field(factory=dict)
 
 
 class IdTally:

@@ -1,13 +1,8 @@
-"""On a GPU: a captured step outlives the checks that move systems between stages, and a step
-captured without an eager step before it ends where the eager run ends.
+"""On a GPU: a captured step outlives the checks that move systems between stages.
 
 Relaxations converge at different checks. Each such check rewrites the masks in place; the
 integrators refresh what they derived from them (``refresh_for_replay``), so the graph captured
 at the start keeps replaying, and the run ends exactly where the eager run ends.
-
-The first capture of a kind of step in a process runs that step eagerly first (lazy libraries,
-Warp modules); later captures record at once and replay for the step itself, and a recording that
-fails falls back to the warmed-up capture (``StepLoop._graph_step``).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from ase.build import bulk
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, FusedStage, step
+from alchemi_core.dynamics import ConvergenceHook, FusedStage
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -85,62 +80,3 @@ def test_fused_relax_then_md_keeps_its_graph_and_matches_eager() -> None:
     assert stage._engine.graph_captures == 1
     torch.testing.assert_close(graphed.velocities, eager.velocities, rtol=0, atol=1e-9)
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
-
-
-class _EagerCores:
-    """Counts the step's device sequence run outside a capture; optionally makes the first
-    recording inside one fail (as a read-back there would)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_first_recording: bool = False) -> None:
-        self.eager = 0
-        self._fail = fail_first_recording
-        original = step.StepLoop._core
-
-        def core(engine: Any, k: int, hooks: bool) -> None:
-            if torch.cuda.is_current_stream_capturing():
-                if self._fail:
-                    self._fail = False
-                    raise RuntimeError("a read-back inside the capture")
-            else:
-                self.eager += 1
-            original(engine, k, hooks)
-
-        monkeypatch.setattr(step.StepLoop, "_core", core)
-
-
-def test_a_later_capture_skips_the_eager_step_and_ends_where_the_eager_run_ends(monkeypatch) -> None:
-    monkeypatch.setattr(step, "_captured_kinds", set())
-    monkeypatch.setattr(step, "WARM_UP_EVERY_CAPTURE", False)
-    eager, _ = _relaxed(_fire("warp"), compiled=False)
-    cores = _EagerCores(monkeypatch)
-    _relaxed(_fire("warp"), compiled=True)
-    assert cores.eager == 1  # the process's first capture of this kind warms up
-    cores.eager = 0
-    graphed, stage = _relaxed(_fire("warp"), compiled=True)
-    assert cores.eager == 0 and stage._engine.graph_captures == 1
-    assert stage._engine.direct_capture_failures == 0
-    assert graphed.status.tolist() == eager.status.tolist() == [1] * 6
-    assert graphed.fire_steps.tolist() == eager.fire_steps.tolist()
-    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
-
-
-def test_a_failed_direct_capture_is_warmed_up_and_captured_again(monkeypatch) -> None:
-    monkeypatch.setattr(step, "_captured_kinds", set())
-    monkeypatch.setattr(step, "WARM_UP_EVERY_CAPTURE", False)
-    eager, _ = _relaxed(_fire("warp"), compiled=False)
-    _relaxed(_fire("warp"), compiled=True)  # warms this kind of step up
-    cores = _EagerCores(monkeypatch, fail_first_recording=True)
-    graphed, stage = _relaxed(_fire("warp"), compiled=True)
-    assert stage._engine.direct_capture_failures == 1
-    assert cores.eager == 1 and stage._engine.graph_captures == 1
-    assert graphed.fire_steps.tolist() == eager.fire_steps.tolist()
-    torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
-
-
-def test_every_capture_warms_up_when_asked(monkeypatch) -> None:
-    monkeypatch.setattr(step, "_captured_kinds", set())
-    monkeypatch.setattr(step, "WARM_UP_EVERY_CAPTURE", True)
-    _relaxed(_fire("warp"), compiled=True)
-    cores = _EagerCores(monkeypatch)
-    _relaxed(_fire("warp"), compiled=True)
-    assert cores.eager == 1
