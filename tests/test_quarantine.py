@@ -91,17 +91,19 @@ def test_atoms_flying_apart_are_quarantined():
     assert stage.quarantined[0].reason == "atoms flew apart"
 
 
+@pytest.mark.parametrize("largest", [6, 70])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("backend", ["torch", "warp"])
-def test_failure_codes_are_each_systems_own_bits(backend, dtype):
+def test_failure_codes_are_each_systems_own_bits(backend, dtype, largest):
     """The codes of a whole batch, computed at once (in torch or in Warp kernels), against each
-    system judged alone."""
+    system judged alone: systems smaller than a Warp thread's run of atoms (several per thread)
+    and larger (several threads per system)."""
     from alchemi_core.dynamics.quarantine import FAILED_ENERGY, FAILED_VELOCITIES, HealthCheck, warp_codes
 
     if backend == "warp":
         pytest.importorskip("warp")
     g = torch.Generator().manual_seed(3)
-    sizes = [int(x) for x in torch.randint(1, 7, (60,), generator=g)]
+    sizes = [int(x) for x in torch.randint(1, largest + 1, (60,), generator=g)]
     batch = make_batch(sizes, dtype=dtype)
     n = batch.num_nodes
     batch.set_field("velocities", torch.randn(n, 3, generator=g).to(dtype), "node")
@@ -154,6 +156,26 @@ def test_the_warp_codes_replayed_with_new_batches_and_bounds_match_torch():
         warp = HealthCheck(max_extent=bound).codes(batch, backend="warp").tolist()
         assert warp == HealthCheck(max_extent=bound).codes(batch, backend="torch").tolist()
         assert any(warp), trial
+
+
+@pytest.mark.parametrize("backend", ["torch", "warp"])
+def test_each_systems_box_is_its_own_when_systems_lie_far_apart(backend):
+    """Systems 100 Å apart, each a few Å wide, under a 50 Å bound: none is flagged, as no box
+    takes in a neighbour's atoms (a Warp thread's atoms span several systems); moving one atom
+    60 Å flags exactly its system."""
+    from alchemi_core.dynamics.quarantine import HealthCheck, warp_codes
+
+    if backend == "warp":
+        pytest.importorskip("warp")
+    sizes = [5, 17, 3, 40, 9, 2, 33, 11]
+    batch = make_batch(sizes, dtype=torch.float64)
+    batch.positions.add_(100.0 * batch.batch_idx.to(torch.float64)[:, None])
+    if backend == "warp":
+        assert warp_codes(batch, 50.0) is not None
+    assert HealthCheck(max_extent=50.0).codes(batch, backend=backend).tolist() == [0] * len(sizes)
+    batch.positions[sum(sizes[:3]) + 7, 1] += 60.0  # an atom of system 3
+    expected = [FAILED_EXTENT if s == 3 else 0 for s in range(len(sizes))]
+    assert HealthCheck(max_extent=50.0).codes(batch, backend=backend).tolist() == expected
 
 
 def test_a_warp_build_without_cpu_kernels_falls_back_to_torch(monkeypatch):

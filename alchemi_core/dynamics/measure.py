@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from alchemi_core.dynamics.check_capture import Measurement, field_addresses
+from alchemi_core.dynamics.force_max import system_force_max
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.step import StepLoop
 
@@ -30,8 +31,11 @@ class Measuring(StepLoop):
         raise NotImplementedError
 
     def _update_fmax(self) -> None:
+        """Each system's largest force norm, in a Warp kernel where it applies (``force_max``)."""
         b = self.batch
         assert b is not None
+        if system_force_max(b.forces, b.batch_idx, b.fmax):
+            return
         norms = torch.linalg.vector_norm(b.forces, dim=-1)
         b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)
 

@@ -108,7 +108,7 @@ class HealthCheck:
         """``[B]`` int64 failure code of every system (0: healthy), without reading back.
 
         Args:
-            backend: ``"warp"`` (three kernels, :mod:`~alchemi_core.dynamics.health_kernels`),
+            backend: ``"warp"`` (three kernels, :mod:`~alchemi_core.dynamics.check_kernels`),
                 ``"torch"`` (about thirty small operations), or ``"auto"``: Warp when warp-lang is
                 installed (faster on a GPU and on a CPU alike), torch otherwise. Both give the
                 same codes.
@@ -264,7 +264,7 @@ class PendingCodes:
 
 
 def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
-    """``[B]`` int64 failure codes from the kernels of :mod:`~alchemi_core.dynamics.health_kernels`,
+    """``[B]`` int64 failure codes from the kernels of :mod:`~alchemi_core.dynamics.check_kernels`,
     or None where that path does not apply (no warp-lang, a CPU batch and a Warp build that cannot
     compile CPU kernels, or fields of other dtypes or shapes) and torch must do it."""
     return WarpHealthCodes()(batch, max_extent)
@@ -303,7 +303,7 @@ class WarpHealthCodes:
             if not can_launch(pos.device):
                 return None  # no warp-lang, or a build without its CPU compiler (as on the GPU test host)
             wp = warp()
-            from alchemi_core.dynamics.health_kernels import kernels
+            from alchemi_core.dynamics.check_kernels import kernels
 
             reset, atoms, systems = kernels()
         except ImportError:

@@ -1,0 +1,74 @@
+"""Each system's largest atomic force norm (``fmax``), measured at a check.
+
+In torch this is a norm per atom and ``scatter_reduce_(..., reduce="amax")`` into the systems.
+On a GPU that scatter is an atomic maximum per atom, a compare-and-swap loop for floats, and the
+atoms of a system race on its one address: 53 us of an H200 per check on W2's 221,184 atoms, about
+a fifth of a FIRE step's GPU time, paid at every check. Here a Warp kernel gives each thread
+:data:`~alchemi_core.dynamics.check_kernels.WIDTH` consecutive atoms (a system's atoms are
+contiguous in a batch): it takes the largest norm of each run of one system among them and
+updates that system's value once, reading it first, so a system of ``n`` atoms sees at most
+``n / WIDTH`` atomic updates and usually far fewer.
+
+The norms are Warp's ``length`` and may differ from torch's ``vector_norm`` in the last bit. A
+system with a non-finite force gets ``inf`` (torch: NaN): it never converges, and the check's
+quarantine, which runs before convergence, has already failed it.
+
+Warp is not a dependency of alchemi-core: :func:`system_force_max` returns False where its path
+does not apply (no warp-lang, a CPU without Warp's CPU compiler, other dtypes or shapes, a device
+type :data:`ON` leaves to torch), and the caller uses torch.
+
+Example:
+    >>> import torch
+    >>> from alchemi_core.dynamics.force_max import system_force_max
+    >>> forces = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    >>> system = torch.tensor([0, 0, 1])
+    >>> out = torch.zeros(2)
+    >>> if not system_force_max(forces, system, out):  # no warp-lang: torch
+    ...     _ = out.scatter_reduce_(0, system, forces.norm(dim=-1), reduce="amax", include_self=False)
+    >>> out.tolist()
+    [5.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Device types that measure with the kernel. On for CPUs: W2's check on 2,048 cells of 108 atoms,
+#: 1.26-1.28 against 1.40-1.43 ms in torch on this workplace's 2 cores. Off for CUDA until a run
+#: shows what it does to W2 and W3 end to end: the kernel took 20 us of an H200 per W2 check where
+#: torch's scatter took 53 us, but the one visit that ran both trees had W2 spread over 26-43 ms
+#: and W3 3.78 s with torch against 4.27 s with the kernel (one run each; that tree also ran the
+#: quarantine's kernel in runs, since taken out);
+#: ``--variant "alchemi_core.dynamics.force_max:ON[cuda]=True"``.
+ON = {"cpu": True, "cuda": False}
+
+
+def system_force_max(forces: torch.Tensor, system: torch.Tensor, out: torch.Tensor) -> bool:
+    """Write each system's largest force norm into ``out`` ``[B]`` (``forces`` ``[V, 3]``,
+    ``system`` ``[V]`` each atom's system, contiguous runs); False, with nothing written, where the
+    Warp path does not apply and torch must do it. No host synchronisation: a check's graph
+    captures it."""
+    dtype = forces.dtype
+    if not ON.get(forces.device.type, False):
+        return False
+    if (dtype not in (torch.float32, torch.float64) or out.dtype != dtype or forces.dim() != 2
+            or forces.shape[1] != 3 or out.dim() != 1 or system.dtype != torch.int64
+            or forces.shape[0] == 0 or not out.is_contiguous()):
+        return False
+    try:
+        from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
+
+        if not can_launch(forces.device):
+            return False
+        wp = warp()
+        from alchemi_core.dynamics.check_kernels import WIDTH, force_max_kernel
+
+        kernel = force_max_kernel()
+    except ImportError:
+        return False
+    count = forces.shape[0]
+    vec = wp.vec3d if dtype == torch.float64 else wp.vec3f
+    out.zero_()
+    launch_args(kernel, -(-count // WIDTH), (Typed(forces.contiguous(), vec), system.contiguous(), count, out),
+                forces.device)
+    return True

@@ -1,0 +1,69 @@
+"""On a GPU: each system's largest force norm from the Warp kernel of ``dynamics.force_max``,
+against torch, alone and inside a captured check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from ase.build import bulk
+
+from alchemi_core import registry
+from alchemi_core.data import Batch
+from alchemi_core.dynamics import ConvergenceHook, force_max
+from alchemi_core.dynamics.force_max import system_force_max
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel is off for CUDA by default (``force_max.ON``) until measured end to end."""
+    monkeypatch.setitem(force_max.ON, "cuda", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_each_systems_largest_norm_on_the_gpu_is_torchs(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(11)
+    sizes = torch.randint(1, 300, (500,), generator=g)
+    system = torch.repeat_interleave(torch.arange(500), sizes).to(CUDA)
+    forces = torch.randn(int(sizes.sum()), 3, generator=g, dtype=dtype).to(CUDA)
+    out = torch.full((500,), -1.0, dtype=dtype, device=CUDA)
+    assert system_force_max(forces, system, out)
+    norms = torch.linalg.vector_norm(forces, dim=-1)
+    expected = torch.zeros_like(out).scatter_reduce_(0, system, norms, reduce="amax", include_self=False)
+    torch.testing.assert_close(out, expected, rtol=4 * torch.finfo(dtype).eps, atol=0)
+
+
+def _relaxed(kernel: bool) -> tuple[Batch, Any]:
+    force_max.ON["cuda"] = kernel  # the fixture puts it back
+    cells = []
+    for seed in range(8):
+        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2 + seed % 2, 2, 2))
+        atoms.rattle(0.05 + 0.02 * seed, seed=seed)  # different starts: different checks
+        cells.append(atoms)
+    batch = Batch.from_atoms(cells, dtype=torch.float32).to(CUDA)
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
+    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0, backend="warp",
+                          convergence_hook=ConvergenceHook.from_fmax(0.05, frequency=1)).compile()
+    with fire:
+        fire.run(batch)
+    torch.cuda.synchronize()
+    return batch, fire
+
+
+def test_a_captured_relaxation_converges_where_torchs_measure_says() -> None:
+    """FIRE with its step and checks captured: the kernel's fmax and torch's stop the same
+    systems after the same steps, at the same positions (to the rounding of FIRE's per-system
+    sums, whose atomic adds come in no fixed order on a GPU: 1.5e-8 Å seen), below the threshold."""
+    reference, _ = _relaxed(kernel=False)
+    batch, fire = _relaxed(kernel=True)
+    assert fire._engine.graph_captures == 1
+    assert batch.status.tolist() == reference.status.tolist() == [1] * 8
+    assert len(set(batch.fire_steps.tolist())) >= 3
+    assert batch.fire_steps.tolist() == reference.fire_steps.tolist()
+    torch.testing.assert_close(batch.positions, reference.positions, rtol=0, atol=1e-6)
+    assert bool((batch.fmax <= 0.05).all())
