@@ -84,7 +84,15 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
         fire.run(batch)
         return batch
 
+    measured: list[bool] = []
+
+    def counted(*args: object) -> bool:
+        measured.append(system_force_max(*args))
+        return measured[-1]
+
+    monkeypatch.setattr(measure, "system_force_max", counted)
     kernel = relaxed()
+    assert measured and all(measured)  # every check measured with the kernel
     monkeypatch.setattr(measure, "system_force_max", lambda *args: False)
     reference = relaxed()
     assert kernel.status.tolist() == reference.status.tolist() == [1] * 5

@@ -11,7 +11,7 @@ from ase.build import bulk
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, force_max
+from alchemi_core.dynamics import ConvergenceHook, force_max, measure
 from alchemi_core.dynamics.force_max import system_force_max
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -55,12 +55,22 @@ def _relaxed(kernel: bool) -> tuple[Batch, Any]:
     return batch, fire
 
 
-def test_a_captured_relaxation_converges_where_torchs_measure_says() -> None:
+def test_a_captured_relaxation_converges_where_torchs_measure_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """FIRE with its step and checks captured: the kernel's fmax and torch's stop the same
     systems after the same steps, at the same positions (to the rounding of FIRE's per-system
     sums, whose atomic adds come in no fixed order on a GPU: 1.5e-8 Å seen), below the threshold."""
+    measured: list[bool] = []
+
+    def counted(*args: Any) -> bool:
+        measured.append(system_force_max(*args))
+        return measured[-1]
+
+    monkeypatch.setattr(measure, "system_force_max", counted)
     reference, _ = _relaxed(kernel=False)
+    assert measured and not any(measured)  # torch measured every check
+    measured.clear()
     batch, fire = _relaxed(kernel=True)
+    assert measured and all(measured)  # the kernel did (captured: later checks replay it)
     assert fire._engine.graph_captures == 1
     assert batch.status.tolist() == reference.status.tolist() == [1] * 8
     assert len(set(batch.fire_steps.tolist())) >= 3
