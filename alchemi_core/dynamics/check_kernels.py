@@ -33,8 +33,8 @@ WIDTH = 16
 
 
 @functools.cache
-def kernels() -> Any:
-    """Build the kernels on first use (importing this module does not import Warp)."""
+def _finite3() -> Any:
+    """A Warp function: whether all three components of a vector are finite (both kernels)."""
     from alchemi_core.warp_runtime import warp
 
     wp = warp()
@@ -42,6 +42,17 @@ def kernels() -> Any:
     @wp.func
     def finite3(v: Any):
         return wp.isfinite(v[0]) and wp.isfinite(v[1]) and wp.isfinite(v[2])
+
+    return finite3
+
+
+@functools.cache
+def kernels() -> Any:
+    """Build the kernels on first use (importing this module does not import Warp)."""
+    from alchemi_core.warp_runtime import warp
+
+    wp = warp()
+    finite3 = _finite3()
 
     @wp.kernel
     def reset(bad: wp.array2d(dtype=wp.int32), lo: wp.array2d(dtype=wp.float64),
@@ -113,6 +124,7 @@ def force_max_kernel() -> Any:
 
     wp = warp()
     _WIDTH = wp.constant(WIDTH)
+    finite3 = _finite3()
 
     @wp.func
     def raise_to(out: wp.array(dtype=Any), s: int, m: Any):
@@ -135,7 +147,7 @@ def force_max_kernel() -> Any:
                     m = out.dtype(0.0)
                 f = forces[t]
                 n = wp.length(f)
-                if not (wp.isfinite(f[0]) and wp.isfinite(f[1]) and wp.isfinite(f[2])):
+                if not finite3(f):
                     n = out.dtype(wp.inf)
                 m = wp.max(m, n)
         raise_to(out, s, m)
