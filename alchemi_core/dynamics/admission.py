@@ -122,7 +122,8 @@ class Admission(Measuring):
         if any_moved:  # checks may read back; integrators' resets are not free
             _rest_after_optimisers(batch, self.subs, moved, before)
             batch.stage_steps.masked_fill_(moved, 0)
-            self._init_entering(moved)
+            if self._moves_enter_stages:
+                self._init_entering(moved)
             # A captured step stays: the masks are rewritten in place below, and before its next
             # replay each stage refreshes what it derived from them (or it is captured anew:
             # StepLoop._graph_sees_current_masks).

@@ -116,6 +116,11 @@ class EngineState:
         for i, (code, dyn) in enumerate(stages):
             nxt = codes[i + 1] if i + 1 < len(codes) else self.exit_status
             self.subs.append(SubStage(code, dyn, nxt))
+        #: Whether a check's moves can bring a system into a stage (a fused stage's next one); where
+        #: every move leaves the engine (a plain relaxation), a check need not ask the stages to
+        #: set up newcomers: on W2 that was ten device operations at each check where some
+        #: system converged, about half of them.
+        self._moves_enter_stages = any(s.target in codes for s in self.subs)
         check_status_flow(codes, self.entry_status, self.exit_status,
                           [(s.code, s.source, s.target, s.dynamics.name) for s in self.subs if s.conv is not None])
         self.sinks = list(sinks)

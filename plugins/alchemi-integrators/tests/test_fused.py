@@ -85,7 +85,7 @@ def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backe
     ref_nvt, ref_fused = stages()
     ref_fused.step(start([1, 0]))
     assert set(ref_nvt._cache) <= set(held)
-    for name, (_, expected, _) in ref_nvt._cache.items():
+    for name, (_, expected, *_) in ref_nvt._cache.items():
         now = nvt._cache[name][1]
         for got, want, was in zip(_flat(now), _flat(expected), _flat(held[name])):
             if isinstance(got, torch.Tensor):
@@ -98,3 +98,59 @@ def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backe
 
 def _flat(value: object) -> tuple:
     return value if isinstance(value, tuple) else (value,)
+
+
+def test_values_that_do_not_read_the_masks_outlive_a_mask_rewrite_but_not_a_change_of_systems() -> None:
+    """``cached(masks=False)`` (parameter broadcasts, masses) is rebuilt when the batch's systems
+    change, not when the engine rewrites the masks; a value that reads the masks is rebuilt then."""
+    batch = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(3)])
+    fire = FIRE(ReferenceLJ(), n_steps=10, dt=5.0)
+    builds: list[str] = []
+
+    def value(name: str, masks: bool) -> torch.Tensor:
+        def build() -> torch.Tensor:
+            builds.append(name)
+            return torch.full((batch.num_graphs,), 1.0)
+
+        return fire.cached(name, batch, build, reads_fields=False, masks=masks)
+
+    fire.context.version = 1
+    first = value("systems", False), value("masks", True)
+    fire.context.version = 2  # the masks were rewritten
+    again = value("systems", False), value("masks", True)
+    assert builds == ["systems", "masks", "masks"]
+    assert again[0] is first[0] and again[1] is first[1]  # refreshed in place where rebuilt
+    assert fire.refresh_for_replay(batch) and len(builds) == 3  # nothing stale to refresh
+    batch.defrag(torch.tensor([True, False, False]))  # a system left: the systems changed
+    assert value("systems", False).shape == (2,)
+    assert builds[-1] == "systems"
+
+
+def test_a_check_sets_up_stages_only_for_systems_that_enter_one() -> None:
+    """A relaxation's converged systems leave the engine: its checks never ask FIRE to set up
+    newcomers (only the run's start does). Relaxed systems that enter MD in a fused stage get
+    Langevin's set-up at the check that moves them."""
+    calls = {"FIRE": 0}
+    entered = torch.zeros(4, dtype=torch.bool)
+
+    class CountingFIRE(FIRE):
+        def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+            calls["FIRE"] += 1
+            super().init_state(batch, entering)
+
+    class CountingLangevin(Langevin):
+        def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+            entered.logical_or_(entering)
+            super().init_state(batch, entering)
+
+    def relax() -> FIRE:
+        return CountingFIRE(ReferenceLJ(), n_steps=500, dt=5.0, dt_max=50.0,
+                            convergence_hook=ConvergenceHook.from_fmax(0.05))
+
+    out = relax().run(Batch.from_data_list([argon(2, rattle=0.1, seed=s) for s in range(4)]))
+    assert out.status.tolist() == [1, 1, 1, 1] and calls["FIRE"] == 1
+    md = CountingLangevin(ReferenceLJ(), n_steps=5, dt=5.0, temperature=40.0, friction=0.01, random_seed=1)
+    calls["FIRE"] = 0
+    out = (relax() + md).run(Batch.from_data_list([argon(2, rattle=0.1, seed=s) for s in range(4)]))
+    assert out.status.tolist() == [2, 2, 2, 2]
+    assert entered.all()  # each system got its MD set-up on the way in

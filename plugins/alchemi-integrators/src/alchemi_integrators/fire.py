@@ -273,7 +273,7 @@ class _FireBase(Integrator):
             mean = total / batch.node_counts.to(m.dtype).clamp(min=1)
             return (ACCELERATION / mean).to(batch.positions.dtype).view(-1, 1, 1)
 
-        return self.cached("cell_inv_mass", batch, build, reads_fields=False)
+        return self.cached("cell_inv_mass", batch, build, reads_fields=False, masks=False)
 
     def _cell_step(self, batch: Batch) -> None:
         assert self.cell_filter is not None

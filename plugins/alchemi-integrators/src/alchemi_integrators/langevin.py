@@ -142,7 +142,7 @@ class Langevin(MDIntegrator):
     def _com_velocity(self, batch: Batch, dv: torch.Tensor) -> torch.Tensor:
         """``[V, 3]``: each atom's system's mass-weighted mean of ``dv``."""
         mass, total, flat_index, size = self.cached("mass", batch, lambda: _com_sums(batch, self.inv_mass),
-                                                    reads_fields=False)
+                                                    reads_fields=False, masks=False)
         momentum = self.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), dv.dtype, dv.device)
         weighted = torch.mul(dv, mass, out=self.work.get("weighted", batch.num_nodes, batch.node_capacity, (3,),
                                                          dv.dtype, dv.device))

@@ -536,7 +536,7 @@ def _common(dyn: Integrator, batch: Batch) -> tuple[Any, ...]:
         batch.positions,
         batch.velocities,
         batch.forces,
-        dyn.cached("warp_inv_mass", batch, lambda: dyn.inv_mass.view(-1), reads_fields=False),
+        dyn.cached("warp_inv_mass", batch, lambda: dyn.inv_mass.view(-1), reads_fields=False, masks=False),
         batch.batch_idx,
         dyn.per_system("dt", batch),
         _active(dyn, batch),
@@ -550,7 +550,7 @@ def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
     dtype = batch.positions.dtype
     return dyn.cached(
         "warp_all_active", batch, lambda: torch.ones(batch.num_graphs, dtype=dtype, device=batch.device),
-        reads_fields=False,
+        reads_fields=False, masks=False,
     )
 
 
@@ -569,7 +569,7 @@ def _typed(value: float, batch: Batch) -> tuple[float, torch.dtype]:
 def _largest_system(dyn: Any, batch: Batch) -> int:
     """The most atoms of one system of ``batch`` (host data, kept while its systems last)."""
     return dyn.cached("largest_system", batch, lambda: int(batch.num_nodes_per_system.max(initial=0)),
-                      reads_fields=False)
+                      reads_fields=False, masks=False)
 
 
 def verlet_pre(dyn: Integrator, batch: Batch) -> None:
@@ -585,7 +585,8 @@ def verlet_post(dyn: Integrator, batch: Batch) -> None:
 def langevin_pre(dyn: Any, batch: Batch) -> None:
     x, v, f, im, sys, dt, act = _common(dyn, batch)
     mass, total = dyn.cached(
-        "warp_mass", batch, lambda: tuple(t.view(-1) for t in masses_and_totals(batch, dyn.inv_mass)), reads_fields=False
+        "warp_mass", batch, lambda: tuple(t.view(-1) for t in masses_and_totals(batch, dyn.inv_mass)),
+        reads_fields=False, masks=False,
     )
     momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     launches = _launches(dyn)
@@ -635,7 +636,7 @@ def chain_half_step(
     """
     dtype = batch.positions.dtype
     w = dyn.cached(f"{name}_weights", batch, lambda: torch.tensor(weights, dtype=dtype, device=batch.device),
-                   reads_fields=False)
+                   reads_fields=False, masks=False)
     scale = dyn.work.get(f"{name}_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
     args = (
         ke, xi, vxi, dyn.per_system("temperature", batch), tau, nf, dyn.per_system("dt", batch), _active(dyn, batch),
