@@ -210,6 +210,9 @@ class BatchedNeighborList:
             _warp.require_device(positions.device)
             half = (HALF_LIST.get(positions.device.type, True) if self._half_list is None
                     else bool(self._half_list))
+            # The old buffers go first: their memory then serves the new ones (a run of the same
+            # shape allocates nothing from the device), and two sets are never held at once.
+            self._layout = None
             self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type))
             self._key = key
             self._batch = weakref.ref(batch)
