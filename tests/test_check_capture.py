@@ -40,7 +40,9 @@ def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> list[_Graph]:
         return graph, record()
 
     monkeypatch.setattr(check_capture, "capture_graph", capture_graph)
-    monkeypatch.setattr(CheckCapture, "_stream", lambda self: None)
+    monkeypatch.setattr(check_capture, "capture_stream", lambda index: None)
+    monkeypatch.setattr(check_capture, "retire_graph", lambda graph, index: None)
+    monkeypatch.setattr(check_capture.torch.cuda, "current_device", lambda: 0)
     return _Graph.made
 
 
@@ -90,6 +92,22 @@ def test_a_capture_that_fails_turns_capture_off_and_measures_eagerly(fake_cuda_g
 
 def _address(batch: Any, name: str) -> int:
     return {n: a for n, a, _ in field_addresses(batch)}[name]
+
+
+def test_release_hands_the_graphs_to_the_next_runs_captures(
+    fake_cuda_graphs: list[_Graph], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ended run's measurement graph (and a replaced one not yet taken over) are never replayed
+    # again: their memory pools go to capture.retire_graph, not to waste.
+    retired: list[Any] = []
+    monkeypatch.setattr(check_capture, "retire_graph", lambda graph, index: retired.append((graph, index)))
+    capture = CheckCapture()
+    for key in ("a", "a", "b"):  # "a" captured; "b" seen once: "a"'s graph is kept for its pool
+        capture.measure(key, _measurement)
+    capture.release()
+    assert retired == [(fake_cuda_graphs[0], 0)]
+    capture.release()  # nothing left
+    assert len(retired) == 1
 
 
 def test_field_addresses_hold_for_in_place_updates_and_change_when_a_field_moves() -> None:

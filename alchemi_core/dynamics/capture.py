@@ -5,10 +5,19 @@ device (``torch.cuda.synchronize``) and hands torch's cached memory back to the 
 (``empty_cache``), and each graph draws from a memory pool of its own. An inflight run captures
 again whenever the set of systems changes (W3 at 100,000 cells: about a thousand captures, at
 about 11 ms each for that preparation alone on the H200 under a host profiler, and the next
-allocations then go back to ``cudaMalloc``). :func:`capture_graph` captures without either: on a side stream the engine keeps,
-into the pool of the graph it replaces. That graph is never replayed again, so its temporaries'
+allocations then go back to ``cudaMalloc``). :func:`capture_graph` captures without either: on
+the thread's side stream for that GPU (:func:`capture_stream`), into the pool of the graph it
+replaces. That graph is never replayed again, so its temporaries'
 memory can serve the new one (the sharing PyTorch documents as safe for graphs replayed in the
 order they were captured), and the run's graph memory stays that of one graph.
+
+A run's last graphs are never replayed either once it ends. Dropped, their pools' memory would stay
+reserved by torch for those pools alone (freed to the driver only when an allocation fails), and the
+next run's captures would ask the driver again: W2 (a relaxation of 2,048 cells, run again and
+again in one process) took 14 new device allocations and 176 MB more reserved memory per run on an
+H100. :func:`retire_graph` keeps a few such graphs per GPU (:data:`SPARE_GRAPHS`) and the next
+capture with nothing to replace draws from a spare's pool. Where torch already holds much of the
+GPU's memory (a large model's step), no graph is kept: its memory goes back when the pool is freed.
 
 Example:
     >>> with collector_held():
@@ -19,10 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+
+from alchemi_core.dynamics.streams import thread_stream
 
 T = TypeVar("T")
 
@@ -54,17 +66,61 @@ def gpu_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def side_stream(held: torch.cuda.Stream | None, index: int) -> torch.cuda.Stream:
-    """``held`` if it is a stream of GPU ``index``, else a new one there: the one side stream a
-    capturer keeps (a new stream per capture would leave torch's allocator with blocks cached per
-    stream)."""
-    if held is None or held.device.index != index:
-        return torch.cuda.Stream(device=index)
-    return held
+def capture_stream(index: int) -> torch.cuda.Stream:
+    """The side stream this thread warms up and captures on, on GPU ``index``: one per thread and
+    GPU, shared by every engine and run. torch's allocator caches blocks per stream, and a graph's
+    pool serves only captures on the stream its blocks were made on: with a stream per engine,
+    each ended run's graph memory (and its eager warm-up's cached blocks) would be of no use to the
+    next run's."""
+    return thread_stream("capture", index)
+
+
+#: Graphs of ended runs kept per GPU for their memory pools (see the module docstring).
+SPARE_GRAPHS = 2
+#: Unused cached device memory (as a fraction of the device's) above which a capture first hands
+#: it back to the driver, and above which torch holds too much for ended runs' graphs to be kept.
+CACHED_FRACTION_RELEASED = 0.1
+_spares: dict[int, list[torch.cuda.CUDAGraph]] = {}
+_spares_lock = threading.Lock()
+
+
+def retire_graph(graph: torch.cuda.CUDAGraph | None, index: int) -> None:
+    """``graph`` will never be replayed again (its run ended): keep it as a spare of GPU ``index``
+    whose memory pool the next capture there draws from, or drop it (spares enough, or torch
+    holds much of the GPU's memory)."""
+    if graph is None or holds_much_memory(torch.device("cuda", index)):
+        return
+    with _spares_lock:
+        kept = _spares.setdefault(index, [])
+        if len(kept) < SPARE_GRAPHS:
+            kept.append(graph)
+
+
+def _take_spare(index: int) -> torch.cuda.CUDAGraph | None:
+    with _spares_lock:
+        kept = _spares.get(index)
+        return kept.pop() if kept else None
+
+
+def drop_spares() -> None:
+    """Forget every spare graph (their pools' memory is freed when torch next releases cached
+    memory, as ``torch.cuda.empty_cache()`` does)."""
+    with _spares_lock:
+        _spares.clear()
+
+
+def holds_much_memory(device: torch.device) -> bool:
+    """Whether torch holds more than :data:`CACHED_FRACTION_RELEASED` of the device's memory."""
+    return torch.cuda.memory_reserved(device) > CACHED_FRACTION_RELEASED * total_memory(device)
+
+
+def total_memory(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).total_memory)
 
 
 def capture_graph(
-    record: Callable[[], T], stream: torch.cuda.Stream, replaces: torch.cuda.CUDAGraph | None = None
+    record: Callable[[], T], stream: torch.cuda.Stream, replaces: torch.cuda.CUDAGraph | None = None,
+    spare: bool = True,
 ) -> tuple[torch.cuda.CUDAGraph, T]:
     """Capture what ``record`` launches as a CUDA graph; returns the graph and ``record``'s value.
 
@@ -74,12 +130,16 @@ def capture_graph(
             It first waits for the current stream, and the current stream for it after.
         replaces: The graph this one replaces: the caller never replays it again, and the new
             graph allocates from its memory pool. Drop it after the capture.
+        spare: Without ``replaces``, draw from the pool of an ended run's graph on this GPU, if
+            one was kept (:func:`retire_graph`).
 
     Nothing waits for the device and no cached memory is released (see the module docstring);
     a caller that needs the memory (a large model's eager step before the capture) empties the
     cache itself. If ``record`` raises, the capture is ended and the exception passes on.
     """
     graph = torch.cuda.CUDAGraph()
+    if replaces is None and spare:
+        replaces = _take_spare(stream.device.index)
     pool: Any = replaces.pool() if replaces is not None else None
     current = torch.cuda.current_stream()
     stream.wait_stream(current)

@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 import torch
 
-from alchemi_core.dynamics.capture import capture_graph, side_stream
+from alchemi_core.dynamics.capture import capture_graph, capture_stream, retire_graph
 
 
 @attrs.define
@@ -76,11 +76,16 @@ class CheckCapture:
         self._out: Measurement | None = None
         #: A replaced graph, kept until the next capture takes over its memory pool.
         self._spent: Any = None
-        self._side: Any = None
+        #: The GPU the graphs were captured on.
+        self._gpu = 0
 
     def release(self) -> None:
-        """Drop the captured measurement (its memory goes back to torch's pool); the next
-        check measures eagerly, and a repeat of its key captures again."""
+        """Drop the captured measurement (its memory pool serves the next captures on this GPU,
+        ``capture.retire_graph``); the next check measures eagerly, and a repeat of its key
+        captures again."""
+        for graph in (self._graph, self._spent):
+            if graph is not None:
+                retire_graph(graph, self._gpu)
         self._graph = self._out = self._spent = None
         self._key = self._seen = None
 
@@ -103,7 +108,8 @@ class CheckCapture:
         old = old if old is not None else self._spent
         self._spent = None
         try:
-            graph, captured = capture_graph(measure, self._stream(), replaces=old)
+            self._gpu = torch.cuda.current_device()
+            graph, captured = capture_graph(measure, capture_stream(self._gpu), replaces=old)
         except Exception as exc:
             # Something read back inside the measurement (a model or a field this module cannot
             # see), or the measurement raises (then it raises again, eagerly): measure eagerly
@@ -123,11 +129,6 @@ class CheckCapture:
         self.captures += 1
         graph.replay()
         return captured
-
-    def _stream(self) -> torch.cuda.Stream:
-        """The side stream of the captures (one, as for the step's)."""
-        self._side = side_stream(self._side, torch.cuda.current_device())
-        return self._side
 
 
 def field_addresses(batch: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:

@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from alchemi_core.dynamics.capture import gpu_index, retire_graph
 from alchemi_core.dynamics.check_capture import CheckCapture
 from alchemi_core.dynamics.context import RunView, StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
@@ -187,8 +188,6 @@ class EngineState:
         self.owner_context.run = self.run_view
         self._graph: Any = None
         self._graph_key = -1
-        #: The side stream the step is warmed up and captured on (``StepLoop._capture_stream``).
-        self._side_stream: Any = None
         #: The contexts' mask versions the captured graph's stages were last refreshed for.
         self._graph_masks: tuple[int, ...] = ()
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.
@@ -219,10 +218,14 @@ class EngineState:
         return self.subs[0].context.version
 
     def release_graphs(self) -> None:
-        """Drop the captured step and check graphs (the run has ended); their memory goes back
-        to torch's pool at once. A later step on this engine captures again."""
-        self._graph = None
+        """Drop the captured step and check graphs (the run has ended): their memory pools serve
+        the next captures on this GPU (``capture.retire_graph``). A later step on this engine
+        captures again."""
+        graph, self._graph = self._graph, None
         self._graph_key = -1
+        if graph is not None:
+            assert self.batch is not None
+            retire_graph(graph, gpu_index(self.batch.device))
         self._check_capture.release()
 
     def _all_hooks(self) -> list[Any]:

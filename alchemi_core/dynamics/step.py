@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from alchemi_core.dynamics.capture import capture_graph, gpu_index, side_stream
+from alchemi_core.dynamics.capture import (
+    CACHED_FRACTION_RELEASED,
+    capture_graph,
+    capture_stream,
+    gpu_index,
+    holds_much_memory,
+    total_memory,
+)
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -37,7 +44,6 @@ class StepLoop(Masks):
 
     #: Every distinct context of this run; each step writes its index into them.
     _contexts: tuple[Any, ...] = ()
-    _side_stream: Any = None
 
     def check(self, k: int) -> None:
         """The checks after step ``k`` (``admission.Admission`` implements them)."""
@@ -216,28 +222,22 @@ class StepLoop(Masks):
             self._graph.replay()
             return
         old, self._graph = self._graph, None
-        if old is not None and _holds_much_memory(self.batch.device):
+        much = holds_much_memory(self.batch.device)
+        if old is not None and much:
             # A large model's graph (a MACE step holds gigabytes): its memory goes back before the
             # eager step below needs its own, as one graph's pool cannot serve the other's.
             old = None
-        side = self._capture_stream
+        side = capture_stream(gpu_index(self.batch.device))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._core(k, False)
         torch.cuda.current_stream().wait_stream(side)
         _release_cached_memory(self.batch.device)
-        graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old)
+        graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old, spare=not much)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()
         self.graph_captures += 1
-
-    @property
-    def _capture_stream(self) -> Any:
-        """The side stream the step is warmed up and captured on, one per engine (``side_stream``)."""
-        assert self.batch is not None
-        self._side_stream = side_stream(self._side_stream, gpu_index(self.batch.device))
-        return self._side_stream
 
     def _mask_versions(self) -> tuple[int, ...]:
         return (*(s.context.version for s in self.subs), self.owner_context.version)
@@ -262,20 +262,6 @@ class StepLoop(Masks):
         return False
 
 
-#: Unused cached device memory (as a fraction of the device's) above which a capture first hands
-#: it back to the driver.
-CACHED_FRACTION_RELEASED = 0.1
-
-
-def _holds_much_memory(device: torch.device) -> bool:
-    """Whether torch holds more than :data:`CACHED_FRACTION_RELEASED` of the device's memory."""
-    return torch.cuda.memory_reserved(device) > CACHED_FRACTION_RELEASED * _total_memory(device)
-
-
-def _total_memory(device: torch.device) -> int:
-    return int(torch.cuda.get_device_properties(device).total_memory)
-
-
 def _release_cached_memory(device: torch.device) -> None:
     """Return the caching allocator's unused blocks to the driver when they are many.
 
@@ -285,7 +271,7 @@ def _release_cached_memory(device: torch.device) -> None:
     synchronises, and their blocks are worth keeping).
     """
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if unused > CACHED_FRACTION_RELEASED * _total_memory(device):
+    if unused > CACHED_FRACTION_RELEASED * total_memory(device):
         torch.cuda.empty_cache()
 
 
