@@ -34,8 +34,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from alchemi_core.dynamics.streams import thread_stream
-
 T = TypeVar("T")
 
 
@@ -72,7 +70,13 @@ def capture_stream(index: int) -> torch.cuda.Stream:
     pool serves only captures on the stream its blocks were made on: with a stream per engine,
     each ended run's graph memory (and its eager warm-up's cached blocks) would be of no use to the
     next run's."""
-    return thread_stream("capture", index)
+    held: dict[int, torch.cuda.Stream] | None = getattr(_streams, "by_gpu", None)
+    if held is None:
+        held = _streams.by_gpu = {}
+    stream = held.get(index)
+    if stream is None:
+        stream = held[index] = torch.cuda.Stream(device=index)
+    return stream
 
 
 #: Graphs of ended runs kept per GPU for their memory pools (see the module docstring).
@@ -82,6 +86,7 @@ SPARE_GRAPHS = 2
 CACHED_FRACTION_RELEASED = 0.1
 _spares: dict[int, list[torch.cuda.CUDAGraph]] = {}
 _spares_lock = threading.Lock()
+_streams = threading.local()
 
 
 def retire_graph(graph: torch.cuda.CUDAGraph | None, index: int) -> None:
