@@ -341,6 +341,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "rebuild_criteria",
         "sampler_workers",
         "cpu_launches",
+        "check_ops",
         "writer_parts",
         "adapters",
         "adapters.base",
@@ -409,6 +410,18 @@ def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
     kernels = out["launches_per_step"]
     assert out["step_ms"] > 0 and any(k.startswith("pair_kernel") for k in kernels)
     assert all(v["launches"] > 0 and v["ms"] >= 0 for v in kernels.values())
+
+
+def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
+    from benchmarks.check_ops import count
+
+    report = count(8, "cpu")
+    parts, converged = report["parts"], report["converged_checks"]
+    assert converged >= 1 and parts["total"]["ops"] > 0
+    assert parts["rest_after_optimisers"]["calls"] == converged  # once per check where one converged
+    assert parts["init_entering"]["calls"] == 1  # the run's start only: converged systems leave
+    # Only the values read from the masks are rebuilt (and copied into place) after a convergence.
+    assert parts["integrator_cache_copy"]["calls"] <= converged
 
 
 def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
