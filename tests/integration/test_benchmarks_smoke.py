@@ -342,6 +342,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "sampler_workers",
         "cpu_launches",
         "check_ops",
+        "repeat_memory",
         "writer_parts",
         "adapters",
         "adapters.base",
@@ -422,6 +423,16 @@ def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
     assert parts["init_entering"]["calls"] == 1  # the run's start only: converged systems leave
     # Only the values read from the masks are rebuilt (and copied into place) after a convergence.
     assert parts["integrator_cache_copy"]["calls"] <= converged
+
+
+def test_repeat_memory_reports_every_run(tmp_path: Path) -> None:
+    from benchmarks import repeat_memory
+
+    out = tmp_path / "runs.json"
+    repeat_memory.main(["--cells", "4", "--runs", "2", "--device", "cpu", "--json", str(out)])
+    rows = json.loads(out.read_text())["runs"]
+    assert [r["gc_first"] for r in rows] == [False, True]
+    assert all(r["steps"] > 0 and r["seconds"] > 0 and r["device_allocs"] is None for r in rows)
 
 
 def test_an_inflight_drain_past_its_deadline_reports_what_it_did() -> None:
