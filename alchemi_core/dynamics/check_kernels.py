@@ -32,6 +32,18 @@ from typing import Any
 WIDTH = 16
 
 
+def warp_for(device: Any) -> Any:
+    """Warp, where this module's kernels can run on ``device`` (a torch device); None where they
+    cannot (no warp-lang, or a build without its CPU compiler, as on the GPU test host) and the
+    caller must use torch."""
+    try:
+        from alchemi_core.warp_runtime import can_launch, warp
+
+        return warp() if can_launch(device) else None
+    except ImportError:
+        return None
+
+
 @functools.cache
 def _finite3() -> Any:
     """A Warp function: whether all three components of a vector are finite (both kernels)."""

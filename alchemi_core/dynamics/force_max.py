@@ -53,17 +53,13 @@ def system_force_max(forces: torch.Tensor, system: torch.Tensor, out: torch.Tens
             or forces.shape[1] != 3 or out.dim() != 1 or system.dtype != torch.int64
             or forces.shape[0] == 0 or not out.is_contiguous()):
         return False
-    try:
-        from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
+    from alchemi_core.dynamics.check_kernels import WIDTH, force_max_kernel, warp_for
+    from alchemi_core.warp_runtime import Typed, launch_args
 
-        if not can_launch(forces.device):
-            return False
-        wp = warp()
-        from alchemi_core.dynamics.check_kernels import WIDTH, force_max_kernel
-
-        kernel = force_max_kernel()
-    except ImportError:
+    wp = warp_for(forces.device)
+    if wp is None:
         return False
+    kernel = force_max_kernel()
     count = forces.shape[0]
     vec = wp.vec3d if dtype == torch.float64 else wp.vec3f
     out.zero_()

@@ -297,17 +297,13 @@ class WarpHealthCodes:
         energy = batch.energy if "energy" in batch else None
         if energy is not None and (energy.dtype != pos.dtype or energy.numel() != n):
             return None
-        try:
-            from alchemi_core.warp_runtime import Typed, can_launch, launch_args, warp
+        from alchemi_core.dynamics.check_kernels import kernels, warp_for
+        from alchemi_core.warp_runtime import Typed, launch_args
 
-            if not can_launch(pos.device):
-                return None  # no warp-lang, or a build without its CPU compiler (as on the GPU test host)
-            wp = warp()
-            from alchemi_core.dynamics.check_kernels import kernels
-
-            reset, atoms, systems = kernels()
-        except ImportError:
+        wp = warp_for(pos.device)
+        if wp is None:
             return None
+        reset, atoms, systems = kernels()
         vec = wp.vec3d if pos.dtype == torch.float64 else wp.vec3f
         dev = pos.device
         bad, lo, hi, out = self._accumulators(n, dev)
