@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from alchemi_core.dynamics.capture import (
-    CACHED_FRACTION_RELEASED,
     capture_graph,
     capture_stream,
     gpu_index,
     holds_much_memory,
-    total_memory,
+    release_cached_memory,
 )
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
@@ -232,7 +231,7 @@ class StepLoop(Masks):
         with torch.cuda.stream(side):
             self._core(k, False)
         torch.cuda.current_stream().wait_stream(side)
-        _release_cached_memory(self.batch.device)
+        release_cached_memory(self.batch.device)
         graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old, spare=not much)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
@@ -260,19 +259,6 @@ class StepLoop(Masks):
             self._graph_masks = versions
             return True
         return False
-
-
-def _release_cached_memory(device: torch.device) -> None:
-    """Return the caching allocator's unused blocks to the driver when they are many.
-
-    The eager step before a capture leaves its temporaries in torch's shared pool, which the
-    graph's private pool cannot draw from; for a large model (a MACE step takes gigabytes) the
-    captured step would otherwise need its memory twice over. Small runs skip this (it
-    synchronises, and their blocks are worth keeping).
-    """
-    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if unused > CACHED_FRACTION_RELEASED * total_memory(device):
-        torch.cuda.empty_cache()
 
 
 def _hold_frozen(batch: Any) -> None:
