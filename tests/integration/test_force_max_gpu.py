@@ -21,7 +21,7 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(autouse=True)
 def _kernel_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel is off for CUDA by default (``force_max.ON``) until measured end to end."""
+    """The kernel on for CUDA (the default, ``force_max.ON``); tests that switch it get it back."""
     monkeypatch.setitem(force_max.ON, "cuda", True)
 
 
