@@ -6,6 +6,7 @@ Marked ``gpu``: they run on the GPU machine (``pytest -m gpu``) and skip elsewhe
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -95,6 +96,17 @@ def test_context_manager_runs_on_its_own_stream():
         own = dyn._stream
     assert own is not None and all(s == own for s in seen)
     assert seen[0] != torch.cuda.default_stream()
+    # The thread's stream for runs, whichever stage: torch caches freed blocks per stream.
+    other = DemoDynamics(model=DemoModelWrapper(), n_steps=3, dt=0.5)
+    with other:
+        assert other._stream == own
+    from alchemi_core.dynamics.streams import thread_stream
+
+    elsewhere: list[torch.cuda.Stream] = []
+    worker = threading.Thread(target=lambda: elsewhere.append(thread_stream("run", torch.cuda.current_device())))
+    worker.start()
+    worker.join()
+    assert elsewhere[0] != own  # another thread runs on a stream of its own
 
 
 
@@ -223,7 +235,8 @@ def test_runs_one_after_another_draw_their_graphs_memory_from_the_ended_runs_gra
         gc.collect()  # an ended run's engine is freed now, not whenever the collector runs
         stage = DemoDynamics(model=DemoModelWrapper(), n_steps=12, dt=0.5,
                              convergence_hook=never_converging(frequency=1)).compile()
-        stage.run(start.clone())
+        with stage:  # on the thread's run stream: the run before's cached blocks serve this one
+            stage.run(start.clone())
         assert stage._engine is not None and stage._engine.graph_captures == 1
         torch.cuda.synchronize()
         stats = torch.cuda.memory_stats()

@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from alchemi_core.dynamics.streams import thread_stream
+
 T = TypeVar("T")
 
 
@@ -73,13 +75,7 @@ def capture_stream(index: int) -> torch.cuda.Stream:
     pool serves only captures on the stream its blocks were made on: with a stream per engine,
     each ended run's graph memory (and its eager warm-up's cached blocks) would be of no use to the
     next run's."""
-    held: dict[int, torch.cuda.Stream] | None = getattr(_streams, "by_gpu", None)
-    if held is None:
-        held = _streams.by_gpu = {}
-    stream = held.get(index)
-    if stream is None:
-        stream = held[index] = torch.cuda.Stream(device=index)
-    return stream
+    return thread_stream("capture", index)
 
 
 #: Graphs of ended runs kept per GPU for their memory pools (see the module docstring).
@@ -89,7 +85,6 @@ SPARE_GRAPHS = 2
 CACHED_FRACTION_RELEASED = 0.1
 _spares: dict[int, list[torch.cuda.CUDAGraph]] = {}
 _spares_lock = threading.Lock()
-_streams = threading.local()
 
 
 def retire_graph(graph: torch.cuda.CUDAGraph | None, index: int) -> None:
