@@ -19,6 +19,7 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.data.elements import masses_for
+from alchemi_core.dynamics.capture import gpu_index, retire_graph
 from alchemi_core.dynamics.columns import flatten_system_columns
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.measure import MODEL_FLAG, ON_CONVERGE, Measuring
@@ -164,11 +165,19 @@ class Admission(Measuring):
         self._start_masking()
 
     def _start_masking(self) -> None:
-        if not self.masked:
-            self.masked = True  # from now on each stage steps only its own systems
-            for s in self.subs:
-                s.buffers_version = -1  # masks allocated at the next update
-        self._graph = None
+        """From now on each stage steps only its own systems (a failed system must not step). A
+        step captured unmasked steps every system: it is retired (its memory pool serves the next
+        capture, ``capture.retire_graph``), and the next step captures anew. A step captured
+        masked stays: it reads the masks, which the next update rewrites in place."""
+        if self.masked:
+            return
+        self.masked = True
+        for s in self.subs:
+            s.buffers_version = -1  # masks allocated at the next update
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            assert self.batch is not None
+            retire_graph(graph, gpu_index(self.batch.device))
 
     def _quarantine(self, k: int) -> bool:
         """Give structures that went bad their failure status (``quarantine``); True if any."""

@@ -80,3 +80,44 @@ def test_fused_relax_then_md_keeps_its_graph_and_matches_eager() -> None:
     assert stage._engine.graph_captures == 1
     torch.testing.assert_close(graphed.velocities, eager.velocities, rtol=0, atol=1e-9)
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
+
+
+def test_a_structure_that_fails_leaves_a_masked_captured_step_in_place() -> None:
+    """System 2's forces are NaN from the start: quarantined at the first check, the step captured
+    before it keeps replaying (it reads the rewritten masks, so system 2 no longer steps), and the
+    others relax as in the eager run."""
+    from alchemi_core.testing.exploding import ExplodingModel
+
+    def fire() -> Any:
+        return registry.build("integrator:fire", model=ExplodingModel(_model(), explode=[2]), n_steps=400,
+                              dt=5.0, dt_max=50.0, backend="warp",
+                              convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
+
+    eager, eager_stage = _relaxed(fire(), compiled=False)
+    graphed, stage = _relaxed(fire(), compiled=True)
+    assert stage._engine.graph_captures == 1
+    assert [(q.system_id, q.step) for q in stage.quarantined] == \
+        [(q.system_id, q.step) for q in eager_stage.quarantined] == [(2, 0)]
+    assert graphed.status.tolist() == eager.status.tolist()
+    assert graphed.status[2].item() < 0 and graphed.status.tolist().count(1) == 5
+    others = graphed.batch_idx != 2
+    torch.testing.assert_close(graphed.positions[others], eager.positions[others], rtol=0, atol=1e-9)
+
+
+def test_a_structure_that_fails_in_unmasked_md_has_the_step_captured_again_masked() -> None:
+    """Langevin MD steps every system unmasked until a health check finds system 1's NaN: the look
+    at step 99 is read at the next one (199, the GPU's queue does not drain for it), which retires
+    the unmasked graph; step 200 is captured again with masks, and the others run on."""
+    from alchemi_core.testing.exploding import ExplodingModel
+
+    batch = _cells(3)
+    stage = registry.build("integrator:langevin", model=ExplodingModel(_model(), explode=[1]), n_steps=250,
+                           dt=2.0, temperature=50.0, friction=0.01, random_seed=0).compile()
+    with stage:
+        stage.run(batch)
+    torch.cuda.synchronize()
+    assert [(q.system_id, q.step) for q in stage.quarantined] == [(1, 99)]
+    assert stage._engine.graph_captures == 2
+    assert batch.status.tolist()[0] == 0 and batch.status.tolist()[2] == 0 and batch.status.tolist()[1] < 0
+    others = batch.batch_idx != 1
+    assert bool(torch.isfinite(batch.positions[others]).all())
