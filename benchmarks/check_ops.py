@@ -6,7 +6,9 @@ after the read-back (systems that converged leave FIRE at rest, masks rewritten,
 for newcomers) and what FIRE rebuilds from the new masks before the next step run eagerly.
 This counts those operations with torch's dispatcher over one relaxation (``--cells`` cells of
 108 argon atoms rattled as W2's, FIRE to 0.05 eV/Å, a check every step) and prints each part's
-operations per check at which some system converged. Counts, not times: the same on any device.
+operations per check at which some system converged. Counts, not times: the host-written flow's,
+which CPUs run; on a GPU a compiled relaxation's step rewrites the masks itself
+(``masks.MASKS_IN_STEP``), so the mask and cache parts there are inside the step's graph.
 
     python -m benchmarks.check_ops --cells 64
 

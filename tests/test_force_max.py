@@ -65,18 +65,13 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
     """FIRE to 0.05 eV/Å (float32, checks every step) with the kernel and with torch's measure:
     the same systems converge after the same steps, to the same positions, below the threshold."""
     pytest.importorskip("alchemi_potentials")
-    from ase.build import bulk
-
     from alchemi_core import registry
     from alchemi_core.data import Batch
     from alchemi_core.dynamics import ConvergenceHook, measure
+    from alchemi_core.testing import rattled_argon
 
     def relaxed() -> Batch:
-        cells = []
-        for seed in range(5):
-            atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2 + seed % 2, 2, 2))
-            atoms.rattle(0.05 + 0.02 * seed, seed=seed)  # different starts: different steps
-            cells.append(atoms)
+        cells = rattled_argon(5, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))  # different starts: different steps
         batch = Batch.from_atoms(cells, dtype=torch.float32)
         model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
         fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0,

@@ -133,11 +133,14 @@ def test_an_inflight_run_with_prefetch_gives_the_run_without(monkeypatch: pytest
     (as if the GPU were always busy), the run's results are the same."""
     from alchemi_core.dynamics import readback
 
-    def read_with_idle_work(self: Any, flags: torch.Tensor, idle: Any = None) -> list[Any]:
+    def read_with_idle_work(self: Any, flags: torch.Tensor, idle: Any = None, meanwhile: Any = None) -> list[Any]:
+        out = flags.tolist()
+        if meanwhile is not None:
+            meanwhile()
         if idle is not None:
             while idle():
                 pass
-        return flags.tolist()
+        return out
 
     def run(prefetch: int) -> tuple[Any, SizeAwareSampler]:
         sampler = SizeAwareSampler(BuiltOnRequest(SIZES), max_atoms=12, bin_width=2, prefetch=prefetch)

@@ -89,11 +89,14 @@ def test_a_structure_a_worker_fails_to_build_raises_where_it_is_requested() -> N
 def test_an_inflight_run_with_workers_gives_the_run_without(monkeypatch: pytest.MonkeyPatch) -> None:
     from alchemi_core.dynamics import readback
 
-    def read_with_idle_work(self: Any, flags: torch.Tensor, idle: Any = None) -> list[Any]:
+    def read_with_idle_work(self: Any, flags: torch.Tensor, idle: Any = None, meanwhile: Any = None) -> list[Any]:
+        out = flags.tolist()
+        if meanwhile is not None:
+            meanwhile()
         if idle is not None:  # as if the GPU were always busy: prefetch at every check
             while idle():
                 pass
-        return flags.tolist()
+        return out
 
     def run(workers: int) -> Any:
         sampler = SizeAwareSampler(MadeOnRequest(SIZES), max_atoms=16, bin_width=2, workers=workers)

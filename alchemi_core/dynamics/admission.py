@@ -106,7 +106,10 @@ class Admission(Measuring):
         # has every system graduated, did any go bad, and has a model an error to raise?
         # The wait for it is the GPU finishing the steps queued since the last check: the sampler
         # builds the structures the next refills will likely take meanwhile.
-        read = self._flags.read(m.flags, self._idle_work)
+        # Where nothing done below changes what the next step computes, it is queued before the
+        # wait (step.StepLoop._step_ahead): the GPU works on it while the host acts on the flags.
+        ahead = self._steps_ahead_at(k)
+        read = self._flags.read(m.flags, self._idle_work, (lambda: self._step_ahead(k + 1)) if ahead else None)
         any_moved, any_changed, any_active, all_graduated, any_bad, any_error = read[:MODEL_FLAG + 1]
         codes, moved = m.codes, m.moved
         read_at = batch.version
@@ -118,7 +121,9 @@ class Admission(Measuring):
         for s, converged in zip(self.subs, read[MODEL_FLAG + 1:], strict=True):
             if converged:  # as in nvalchemi, ON_CONVERGE hooks run only when something converged
                 dispatch(s.hooks[ON_CONVERGE], batch, k)
-        if any_changed:
+        # The masks follow the statuses from the host unless the step ahead rewrote them already,
+        # or the run's steps rewrite them at their start (masks.MASKS_IN_STEP).
+        if any_changed and not (ahead or self._masks_in_step):
             self._masks_stale = True
         if any_moved:  # checks may read back; integrators' resets are not free
             _rest_after_optimisers(batch, self.subs, moved, before)

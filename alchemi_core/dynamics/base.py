@@ -198,6 +198,21 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """
         return False
 
+    #: Whether :meth:`rebuild_mask_values` may run inside a captured step (its builds only launch
+    #: device work: no read-back, no Python branch on a mask's contents).
+    mask_values_in_step = False
+
+    def rebuild_mask_values(self, batch: Batch) -> bool:
+        """Rebuild, in place, every value this stage derived from its masks; True if it did.
+
+        Where each stage says it can (``mask_values_in_step``), the engine captures the mask
+        rewrite at the start of the step (``masks.MASKS_IN_STEP``) and calls this right after it,
+        inside the capture: a check that moves systems then costs the host nothing before the next
+        replay. The default does nothing and returns False: the engine rewrites the masks on the
+        host after each check that moved systems and asks :meth:`refresh_for_replay`.
+        """
+        return False
+
     @property
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""

@@ -166,12 +166,21 @@ class Engine(Admission):
             # Before anything reaches a sink: a run killed before its first periodic checkpoint
             # then resumes from here and cuts the sinks back, instead of starting over on top.
             ckpt.save(self, checkpoint)
-        while not self.done:
-            if max_steps is not None and self.step_count >= max_steps:
-                break
-            self.step()
-            if every and self.step_count % every == 0:
-                ckpt.save(self, checkpoint)
+        # A checkpoint holds the state after its step: no step may be queued ahead of it.
+        self._ahead_on, self._ahead_until = not every and self._may_run_ahead(), max_steps
+        in_step = self._masks_in_step = self._may_write_masks_in_step()
+        try:
+            while not self.done:
+                if max_steps is not None and self.step_count >= max_steps:
+                    break
+                self.step()
+                if every and self.step_count % every == 0:
+                    ckpt.save(self, checkpoint)
+        finally:
+            self._ahead_on = self._masks_in_step = False
+            self._settle_ahead()
+        if in_step:
+            self._update_masks()  # the last check's moves, for whatever reads the masks next
         if self.health_every:
             if self.step_count % self.health_every != 0:
                 self.health_check(self.step_count - 1)

@@ -6,6 +6,13 @@ atoms of other stages and for atoms marked ``frozen``) and ``inv_mass * weight``
 them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version. The
 buffers are reallocated only when the batch's layout changes and rewritten in place otherwise,
 so a captured CUDA graph keeps seeing them.
+
+Where every stage can rebuild what it derives from the masks on the device alone
+(``BaseDynamics.mask_values_in_step``: FIRE), a run's step rewrites them itself, at its start
+(:meth:`Masks._write_masks`, captured with the step on a GPU): a check whose systems converged
+then leaves the masks to the next step, instead of rewriting them and the stages' values from the
+host before it (``MASKS_IN_STEP``, per device type; :meth:`Masks._may_write_masks_in_step` says
+when it applies).
 """
 
 from __future__ import annotations
@@ -13,12 +20,20 @@ from __future__ import annotations
 import torch
 
 from alchemi_core.dynamics.context import next_version
+from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.state import NEVER, EngineState, SubStage
 from alchemi_core.units import ACCELERATION
+
+#: Per device type: whether a run's step rewrites the masks itself where it may (the module
+#: docstring). A dict, so a benchmark's ``--variant`` or a test can switch it.
+MASKS_IN_STEP = {"cpu": False, "cuda": True}
 
 
 class Masks(EngineState):
     """The mask layer of the engine (see the module docstring)."""
+
+    #: This run's steps rewrite the masks at their start (:meth:`_may_write_masks_in_step`).
+    _masks_in_step = False
 
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force (Å/fs² per eV/Å) for every atom."""
@@ -54,11 +69,7 @@ class Masks(EngineState):
                 s.weighted_inv_mass = torch.empty_like(s.node_weight)
                 s.buffers_version = batch.version
             if s.sys_mask is not None:
-                torch.eq(batch.status, s.code, out=s.sys_mask)
-                if self.graduate_on_budget:
-                    s.sys_mask.logical_and_(batch.stage_steps < s.budget)
-                atoms = s.sys_mask.index_select(0, batch.batch_idx)
-                s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
+                self._write_stage_mask(s, frozen)
             else:
                 assert frozen is not None  # unmasked stages get buffers only for frozen atoms
                 s.node_weight.copy_((~frozen).unsqueeze(-1))
@@ -72,6 +83,46 @@ class Masks(EngineState):
         else:
             held.copy_(batch.status)
         self._masks_version, self._masks_stale = batch.version, False
+
+    def _write_stage_mask(self, s: SubStage, frozen: torch.Tensor | None) -> None:
+        """Stage ``s``'s system mask and atom weights from the statuses, in place."""
+        batch = self.batch
+        assert batch is not None and s.sys_mask is not None and s.node_weight is not None
+        torch.eq(batch.status, s.code, out=s.sys_mask)
+        if self.graduate_on_budget:
+            s.sys_mask.logical_and_(batch.stage_steps < s.budget)
+        atoms = s.sys_mask.index_select(0, batch.batch_idx)
+        s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
+
+    def _may_write_masks_in_step(self) -> bool:
+        """Whether this run's steps may rewrite the masks themselves: every stage can rebuild what
+        it derives from them on the device, the masks are per stage (``masked``) with buffers
+        written, and nothing reads them between a check and the next step's start (no hook before
+        or inside the step, no fused stage's own hooks, no ``frozen`` atoms re-read at checks,
+        no budget checks scheduled from them); on a GPU, a step captured as a graph."""
+        batch = self.batch
+        return (batch is not None and MASKS_IN_STEP.get(batch.device.type, False) and self.masked
+                and (batch.device.type != "cuda" or self.graph_requested)
+                and not self._schedule_budgets and not self.extra_hooks and not self._inner_hooks
+                and not self.table[int(DynamicsStage.BEFORE_STEP)] and "frozen" not in batch
+                and self._masks_status is not None
+                and all(s.sys_mask is not None and s.node_weight is not None and s.weighted_inv_mass is not None
+                        and s.dynamics.mask_values_in_step for s in self.subs))
+
+    def _write_masks(self) -> None:
+        """The start of a step that rewrites the masks itself: each stage's mask, atom weights and
+        weighted inverse masses from the statuses (same buffers and versions), the statuses they
+        were written for, and the stages' values derived from them (``rebuild_mask_values``)."""
+        batch = self.batch
+        assert batch is not None and self._masks_status is not None
+        inv_mass = self.inv_mass()
+        for s in self.subs:
+            assert s.weighted_inv_mass is not None and s.node_weight is not None
+            self._write_stage_mask(s, None)
+            torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
+        self._masks_status.copy_(batch.status)
+        for s in self.subs:
+            s.dynamics.rebuild_mask_values(batch)
 
     def _masks_out_of_date(self) -> bool:
         """Whether a status changed or systems came or went since the masks were written (atoms

@@ -30,12 +30,23 @@ class FlagReadBack:
         self._host: torch.Tensor | None = None
         self._event: Any = None
 
-    def read(self, flags: torch.Tensor, idle: Callable[[], bool] | None = None) -> list[Any]:
+    def read(self, flags: torch.Tensor, idle: Callable[[], bool] | None = None,
+             meanwhile: Callable[[], None] | None = None) -> list[Any]:
         """``flags`` as a list, calling ``idle()`` while they are on their way (it returns False
-        when it has nothing left to do). A CPU tensor is read at once."""
+        when it has nothing left to do). A CPU tensor is read at once.
+
+        ``meanwhile()`` runs once the copy is on its way and before the wait: device work queued
+        there (the engine's next step, run ahead) runs on the GPU while the host acts on the flags,
+        and the copy does not wait for it.
+        """
         if flags.device.type != "cuda":
-            return flags.tolist()
+            out = flags.tolist()
+            if meanwhile is not None:
+                meanwhile()
+            return out
         host, event = self.start(flags)
+        if meanwhile is not None:
+            meanwhile()
         if idle is not None:
             while not event.query() and idle():
                 pass

@@ -6,6 +6,24 @@ hooks; then the checks when one is due (``admission.Admission.check``). The part
 outer hook points is a fixed sequence of device operations on fixed buffers: on a GPU with
 ``compile()`` it is captured once as a CUDA graph and replayed, captured again only when the set
 of systems changes. Steps at which a hook inside the step fires run eagerly.
+
+*Running ahead.* A check reads a few flags back, and until they arrive the host cannot act on
+them; with checks every step (a relaxation) the GPU then idles while the host acts, and the host
+while the GPU works. Where nothing the host does after a check can change what the next step
+computes, the check queues the next step's device work before it waits for its flags
+(:meth:`StepLoop._step_ahead`): the masks are rewritten from the statuses the check just set (by
+the step itself where it rewrites them, ``masks.MASKS_IN_STEP``), so systems that converged or
+failed do not step, and the step is launched. That holds for a run (``run()``, no checkpoints) of
+stages that systems only leave (no fused stage's next stage, no sampler, no sinks), with no
+``ON_CONVERGE`` hook, no hook before or inside the next step, checks not scheduled by budgets and
+no ``energy_change`` criterion (:meth:`StepLoop._may_run_ahead`). The result is the one the run
+gives without running ahead, with two differences: the step after the last check is queued too
+and does nothing to any system (every mask is False; its forces are evaluated again at the same
+positions), and a run that raises at a check (a model's error) has taken the next step first.
+``RUN_AHEAD`` says where it is on, per device type: on a CPU the host does the device work itself
+and nothing overlaps. W2 on an H100 host with slow Python, in one process, alternating: 28.6 ms
+(median) with neither, 25.4 running ahead, 24.5 with the masks in the step as well
+(docs/performance.md, twenty-eighth session).
 """
 
 from __future__ import annotations
@@ -36,6 +54,11 @@ AFTER_COMPUTE = int(DynamicsStage.AFTER_COMPUTE)
 BEFORE_POST_UPDATE = int(DynamicsStage.BEFORE_POST_UPDATE)
 AFTER_POST_UPDATE = int(DynamicsStage.AFTER_POST_UPDATE)
 AFTER_STEP = int(DynamicsStage.AFTER_STEP)
+ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
+
+#: Per device type: whether checks queue the next step before their read-back (the module
+#: docstring). A dict, so a benchmark's ``--variant`` or a test can turn it on or off.
+RUN_AHEAD = {"cpu": False, "cuda": True}
 
 
 class StepLoop(Masks):
@@ -43,6 +66,14 @@ class StepLoop(Masks):
 
     #: Every distinct context of this run; each step writes its index into them.
     _contexts: tuple[Any, ...] = ()
+    #: Whether this run's checks may run the next step ahead (:meth:`_may_run_ahead`), and the
+    #: step count the run stops at (None: until done).
+    _ahead_on = False
+    _ahead_until: int | None = None
+    #: The step whose device work a check queued already (-1: none).
+    _ran_ahead = -1
+    #: How many steps checks ran ahead this run.
+    steps_run_ahead = 0
 
     def check(self, k: int) -> None:
         """The checks after step ``k`` (``admission.Admission`` implements them)."""
@@ -146,12 +177,12 @@ class StepLoop(Masks):
         assert batch is not None
         for ctx in self._contexts:
             ctx.step = k
-        if table[BEFORE_STEP]:
-            dispatch(table[BEFORE_STEP], batch, k)
-        if self.graph_requested and batch.device.type == "cuda" and not self._inner_hooks_fire(k):
-            self._graph_step(k)
+        if self._ran_ahead == k:
+            self._ran_ahead = -1  # queued by the last check, which found no hook due before it
         else:
-            self._core(k, self._inner_hooks)
+            if table[BEFORE_STEP]:
+                dispatch(table[BEFORE_STEP], batch, k)
+            self._advance(k)
         if table[AFTER_STEP]:
             dispatch(table[AFTER_STEP], batch, k)
         self.step_count = k + 1
@@ -159,6 +190,61 @@ class StepLoop(Masks):
             self.check(k)
         elif self.health_every and self.step_count % self.health_every == 0:
             self.health_check(k)
+
+    def _advance(self, k: int) -> None:
+        """Step ``k``'s device work: the captured graph where it applies, else the eager step."""
+        assert self.batch is not None
+        if self.graph_requested and self.batch.device.type == "cuda" and not self._inner_hooks_fire(k):
+            self._graph_step(k)
+        else:
+            if self._masks_in_step:
+                self._write_masks()
+            self._core(k, self._inner_hooks)
+
+    def _body(self, k: int) -> None:
+        """What a captured step holds: the masks rewritten where the run's steps do that
+        (``masks.MASKS_IN_STEP``), then the integrators and the model."""
+        if self._masks_in_step:
+            self._write_masks()
+        self._core(k, False)
+
+    # ------------------------------------------------------------------ running ahead
+    def _may_run_ahead(self) -> bool:
+        """Whether this run's checks may queue the next step before their read-back: nothing the
+        host does after one changes what that step computes (the module docstring)."""
+        batch = self.batch
+        return (batch is not None and RUN_AHEAD.get(batch.device.type, False) and self.masked
+                and not self._moves_enter_stages and self.sampler is None and not self.sinks
+                and self.graduate_to_sinks and not self._schedule_budgets and not self.track_energy_change
+                and not self.table[ON_CONVERGE])
+
+    def _steps_ahead_at(self, k: int) -> bool:
+        """Whether the check after step ``k`` queues step ``k + 1`` before its read-back."""
+        nxt = k + 1
+        return (self._ahead_on and (self._ahead_until is None or nxt < self._ahead_until)
+                and not any(nxt % f == 0 for f, _, _ in self.table[BEFORE_STEP])
+                and not self._inner_hooks_fire(nxt))
+
+    def _step_ahead(self, k: int) -> None:
+        """Queue step ``k``'s device work now (a check's, before it waits for its flags): masks
+        rewritten from the statuses the check set, then the step; ``step(k)`` then only runs its
+        ``AFTER_STEP`` hooks and checks."""
+        if not self._masks_in_step:  # (else the step rewrites them at its start)
+            self._update_masks()
+        for ctx in self._contexts:
+            ctx.step = k
+        self._advance(k)
+        self._ran_ahead = k
+        self.steps_run_ahead += 1
+
+    def _settle_ahead(self) -> None:
+        """The run ended with a step queued ahead that no check asked for (it moved no system):
+        wait for it, so the graphs it replays are not handed on while it runs."""
+        if self._ran_ahead < 0:
+            return
+        self._ran_ahead = -1
+        if self.batch is not None and self.batch.device.type == "cuda":
+            torch.cuda.current_stream(self.batch.device).synchronize()
 
     def _core(self, k: int, hooks: bool) -> None:
         """Integrator halves around the model forward: the part a CUDA graph can hold.
@@ -229,10 +315,10 @@ class StepLoop(Masks):
         side = capture_stream(gpu_index(self.batch.device))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._core(k, False)
+            self._body(k)
         torch.cuda.current_stream().wait_stream(side)
         release_cached_memory(self.batch.device)
-        graph, _ = capture_graph(lambda: self._core(k, False), side, replaces=old, spare=not much)
+        graph, _ = capture_graph(lambda: self._body(k), side, replaces=old, spare=not much)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()

@@ -14,7 +14,16 @@ Fixtures (``isolated_registry``, ``fake_plugins_path``) become available with
 
 from __future__ import annotations
 
-from alchemi_core.testing.factories import make_batch, make_structure, never_converging, random_structures
+from alchemi_core.testing.factories import (
+    make_batch,
+    make_structure,
+    never_converging,
+    random_structures,
+    rattled_argon,
+)
 from alchemi_core.testing.plugins import FAKE_DISTS, temporary_plugin
 
-__all__ = ["FAKE_DISTS", "make_batch", "make_structure", "never_converging", "random_structures", "temporary_plugin"]
+__all__ = [
+    "FAKE_DISTS", "make_batch", "make_structure", "never_converging", "random_structures", "rattled_argon",
+    "temporary_plugin",
+]

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -67,6 +68,26 @@ def make_batch(sizes: Sequence[int], system_ids: bool = True, **kwargs: object) 
     if system_ids:
         batch.set_field("system_id", torch.arange(batch.num_graphs), "system")
     return batch
+
+
+def rattled_argon(count: int, rattle: float, rattle_step: float,
+                  repeats: Sequence[tuple[int, int, int]] = ((2, 2, 2),)) -> list[Any]:
+    """``count`` cells of fcc argon (cubic, a = 5.26 Å) as ASE ``Atoms``, cell ``i`` repeated
+    ``repeats[i % len(repeats)]`` times and rattled by ``rattle + i * rattle_step`` Å (seed ``i``):
+    relaxations from them converge at different steps.
+
+    Example:
+        >>> [len(a) for a in rattled_argon(3, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))]
+        [32, 48, 32]
+    """
+    from ase.build import bulk
+
+    cells = []
+    for i in range(count):
+        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(repeats[i % len(repeats)])
+        atoms.rattle(rattle + rattle_step * i, seed=i)
+        cells.append(atoms)
+    return cells
 
 
 def _never(value: torch.Tensor) -> torch.Tensor:

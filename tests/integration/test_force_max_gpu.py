@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from ase.build import bulk
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, force_max, measure
 from alchemi_core.dynamics.force_max import system_force_max
+from alchemi_core.testing import rattled_argon
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -40,11 +40,7 @@ def test_each_systems_largest_norm_on_the_gpu_is_torchs(dtype: torch.dtype) -> N
 
 def _relaxed(kernel: bool) -> tuple[Batch, Any]:
     force_max.ON["cuda"] = kernel  # the fixture puts it back
-    cells = []
-    for seed in range(8):
-        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2 + seed % 2, 2, 2))
-        atoms.rattle(0.05 + 0.02 * seed, seed=seed)  # different starts: different checks
-        cells.append(atoms)
+    cells = rattled_argon(8, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))  # different starts: different checks
     batch = Batch.from_atoms(cells, dtype=torch.float32).to(CUDA)
     model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
     fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0, backend="warp",

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from ase.build import bulk
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, FusedStage
+from alchemi_core.testing import rattled_argon
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -23,11 +23,7 @@ CUDA = torch.device("cuda")
 
 
 def _cells(n: int = 6) -> Batch:
-    cells = []
-    for seed in range(n):
-        atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
-        atoms.rattle(0.02 + 0.03 * seed, seed=seed)  # different starts: they converge at different steps
-        cells.append(atoms)
+    cells = rattled_argon(n, 0.02, 0.03)  # different starts: they converge at different steps
     return Batch.from_atoms(cells, dtype=torch.float64).to(CUDA)
 
 

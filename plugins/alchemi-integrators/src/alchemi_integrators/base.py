@@ -253,6 +253,15 @@ class Integrator(BaseDynamics):
             self._cache[name] = (key, old, build, masks)
         return True
 
+    def rebuild_mask_values(self, batch: Batch) -> bool:
+        """Rebuild in place every cached value read from the masks, whatever its key says (see
+        ``BaseDynamics``): the engine calls it inside a captured step that rewrites the masks
+        itself. False, with nothing done, where this integrator does not say its builds can be
+        captured (``mask_values_in_step``) or a value changed its layout."""
+        if not self.mask_values_in_step:
+            return False
+        return all(_copy_into(old, build()) for _, old, build, masks in list(self._cache.values()) if masks)
+
     def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
         """Gather ``[B, k]`` per-system values to ``[V, k]`` per atom into a kept buffer."""
         tail = tuple(values.shape[1:])

@@ -185,6 +185,12 @@ class _FireBase(Integrator):
     _entry_positive_steps = 0
     #: FIRE's velocities are the minimiser's: systems leave it at rest (the engine zeroes them).
     velocities_are_physical = False
+    @property
+    def mask_values_in_step(self) -> bool:  # type: ignore[override]
+        """The one value FIRE derives from the masks (``active``) is built on the device alone, so
+        a captured step may rebuild it from masks it rewrote itself (``masks.MASKS_IN_STEP``); with
+        a cell filter, the engine keeps rewriting them on the host (not measured that way)."""
+        return self.cell_filter is None
 
     # ------------------------------------------------------------------ the step
     def powers(self, batch: Batch, forces: torch.Tensor | None = None) -> torch.Tensor:
