@@ -34,13 +34,11 @@ from __future__ import annotations
 import torch
 
 #: Device types that measure with the kernel. On for CPUs: W2's check on 2,048 cells of 108 atoms,
-#: 1.26-1.28 against 1.40-1.43 ms in torch on this workplace's 2 cores. Off for CUDA until a run
-#: shows what it does to W2 and W3 end to end: the kernel took 20 us of an H200 per W2 check where
-#: torch's scatter took 53 us, but the one visit that ran both trees had W2 spread over 26-43 ms
-#: and W3 3.78 s with torch against 4.27 s with the kernel (one run each; that tree also ran the
-#: quarantine's kernel in runs, since taken out);
-#: ``--variant "alchemi_core.dynamics.force_max:ON[cuda]=True"``.
-ON = {"cpu": True, "cuda": False}
+#: 1.26-1.28 against 1.40-1.43 ms in torch on this workplace's 2 cores. On for CUDA: the kernel
+#: takes 20 us of an H200 per W2 check where torch's scatter takes 53 us, and on an H100 in one
+#: visit, alternating (``--variant "alchemi_core.dynamics.force_max:ON[cuda]=False"``), W2 took
+#: 21.6-22.9 ms against 22.9-23.0 with torch and W3 3.23 against 3.31-3.34 s.
+ON = {"cpu": True, "cuda": True}
 
 
 def system_force_max(forces: torch.Tensor, system: torch.Tensor, out: torch.Tensor) -> bool:
