@@ -256,8 +256,9 @@ class Integrator(BaseDynamics):
     def rebuild_mask_values(self, batch: Batch) -> bool:
         """Rebuild in place every cached value read from the masks, whatever its key says (see
         ``BaseDynamics``): the engine calls it inside a captured step that rewrites the masks
-        itself. False, with nothing done, where this integrator does not say its builds can be
-        captured (``mask_values_in_step``) or a value changed its layout."""
+        itself. False where this integrator does not say its builds can be captured
+        (``mask_values_in_step``: nothing done) or a value changed its layout (which takes a
+        change of the batch's systems, after which the step is captured anew)."""
         if not self.mask_values_in_step:
             return False
         return all(_copy_into(old, build()) for _, old, build, masks in list(self._cache.values()) if masks)

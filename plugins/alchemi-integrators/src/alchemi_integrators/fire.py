@@ -185,6 +185,7 @@ class _FireBase(Integrator):
     _entry_positive_steps = 0
     #: FIRE's velocities are the minimiser's: systems leave it at rest (the engine zeroes them).
     velocities_are_physical = False
+
     @property
     def mask_values_in_step(self) -> bool:  # type: ignore[override]
         """The one value FIRE derives from the masks (``active``) is built on the device alone, so
