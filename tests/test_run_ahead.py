@@ -233,3 +233,23 @@ def test_inflight_relaxations_through_a_sampler_rewrite_their_masks_in_the_step_
     assert in_step.system_id.tolist() == host.system_id.tolist()
     assert set(in_step.status.tolist()) == {1}
     _same(in_step, host)
+
+
+def test_a_fused_relaxation_whose_systems_enter_a_second_fire_stage_rewrites_its_masks_in_the_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FIRE to a loose threshold, then FIRE 2.0 to a tight one: systems enter the second stage at
+    checks (set up from the host, ``init_state``), and the step's own mask rewrite moves them into
+    its mask; every field ends as in the run whose host rewrites the masks. (Nothing runs ahead:
+    systems enter a stage.)"""
+    def make() -> Any:
+        loose = registry.build("integrator:fire", model=_lj(), n_steps=300, dt=5.0, dt_max=50.0,
+                               convergence_hook=ConvergenceHook.from_fmax(0.05, frequency=1))
+        tight = registry.build("integrator:fire2", model=_lj(), n_steps=300, dt=5.0, dt_max=50.0,
+                               convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
+        return FusedStage([(0, loose), (1, tight)])
+
+    host, _ = _run(make, True, monkeypatch)
+    in_step, stage = _run(make, True, monkeypatch, in_step=True)
+    assert stage._engine.steps_run_ahead == 0
+    assert in_step.status.tolist() == [2] * 6
+    _same(in_step, host)
