@@ -19,7 +19,6 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.data.elements import masses_for
-from alchemi_core.dynamics.capture import gpu_index, retire_graph
 from alchemi_core.dynamics.columns import flatten_system_columns
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.measure import MODEL_FLAG, ON_CONVERGE, Measuring
@@ -179,10 +178,7 @@ class Admission(Measuring):
         self.masked = True
         for s in self.subs:
             s.buffers_version = -1  # masks allocated at the next update
-        graph, self._graph = self._graph, None
-        if graph is not None:
-            assert self.batch is not None
-            retire_graph(graph, gpu_index(self.batch.device))
+        self._retire_step_graph()
 
     def _quarantine(self, k: int) -> bool:
         """Give structures that went bad their failure status (``quarantine``); True if any."""

@@ -18,9 +18,10 @@ again in one process) took 14 new device allocations and 176 MB more reserved me
 H100. :func:`retire_graph` keeps a few such graphs per GPU (:data:`SPARE_GRAPHS`) and the next
 capture with nothing to replace draws from a spare's pool. Where torch already holds much of the
 GPU's memory (a large model's step), no graph is kept: its memory goes back when the pool is freed.
-(What a run allocates outside its graphs is cached for the stream ``with stage:`` made for it, one
-per stage object: W2's loop still took 9 allocations and 148 MB per run; docs/performance.md,
-twenty-seventh session.)
+What a run allocates outside its graphs is cached for the stream it runs on, which is likewise
+one per thread and GPU (``streams.thread_stream``): with a stream per stage object, W2's loop
+still took 9 allocations and 148 MB per run (docs/performance.md, twenty-seventh and
+twenty-eighth sessions).
 
 Example:
     >>> with collector_held():

@@ -221,12 +221,17 @@ class EngineState:
         """Drop the captured step and check graphs (the run has ended): their memory pools serve
         the next captures on this GPU (``capture.retire_graph``). A later step on this engine
         captures again."""
-        graph, self._graph = self._graph, None
+        self._retire_step_graph()
         self._graph_key = -1
+        self._check_capture.release()
+
+    def _retire_step_graph(self) -> None:
+        """Drop the captured step (the next step captures anew); its memory pool serves the next
+        capture on this GPU (``capture.retire_graph``)."""
+        graph, self._graph = self._graph, None
         if graph is not None:
             assert self.batch is not None
             retire_graph(graph, gpu_index(self.batch.device))
-        self._check_capture.release()
 
     def _all_hooks(self) -> list[Any]:
         out = list(self.extra_hooks)

@@ -197,16 +197,14 @@ class StepLoop(Masks):
         if self.graph_requested and self.batch.device.type == "cuda" and not self._inner_hooks_fire(k):
             self._graph_step(k)
         else:
-            if self._masks_in_step:
-                self._write_masks()
-            self._core(k, self._inner_hooks)
+            self._body(k, self._inner_hooks)
 
-    def _body(self, k: int) -> None:
-        """What a captured step holds: the masks rewritten where the run's steps do that
-        (``masks.MASKS_IN_STEP``), then the integrators and the model."""
+    def _body(self, k: int, hooks: bool) -> None:
+        """A step's device work, eager or captured: the masks rewritten where the run's steps do
+        that (``masks.MASKS_IN_STEP``), then the integrators and the model (:meth:`_core`)."""
         if self._masks_in_step:
             self._write_masks()
-        self._core(k, False)
+        self._core(k, hooks)
 
     # ------------------------------------------------------------------ running ahead
     def _may_run_ahead(self) -> bool:
@@ -315,10 +313,10 @@ class StepLoop(Masks):
         side = capture_stream(gpu_index(self.batch.device))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._body(k)
+            self._body(k, False)
         torch.cuda.current_stream().wait_stream(side)
         release_cached_memory(self.batch.device)
-        graph, _ = capture_graph(lambda: self._body(k), side, replaces=old, spare=not much)
+        graph, _ = capture_graph(lambda: self._body(k, False), side, replaces=old, spare=not much)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
         self._graph_masks = self._mask_versions()
