@@ -42,13 +42,22 @@ def _fire(model: Any = None, n_steps: int = 400, hooks: tuple[Any, ...] = (), **
 MODES = [(True, False), (False, True), (True, True)]
 
 
-def _run(make: Any, ahead: bool, monkeypatch: pytest.MonkeyPatch, in_step: bool = False,
-         **run: Any) -> tuple[Batch, Any]:
+#: The engine's own mask rewrite, which :func:`_switch` wraps to count its calls.
+_WRITE_MASKS = masks.Masks._write_masks
+
+
+def _switch(monkeypatch: pytest.MonkeyPatch, ahead: bool, in_step: bool) -> list[int]:
+    """Both settings for the CPU; the list that gets one entry per rewrite of the masks in a step."""
     monkeypatch.setitem(step.RUN_AHEAD, "cpu", ahead)
     monkeypatch.setitem(masks.MASKS_IN_STEP, "cpu", in_step)
-    writes = []
-    original = masks.Masks._write_masks
-    monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), original(self)))
+    writes: list[int] = []
+    monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), _WRITE_MASKS(self)))
+    return writes
+
+
+def _run(make: Any, ahead: bool, monkeypatch: pytest.MonkeyPatch, in_step: bool = False,
+         **run: Any) -> tuple[Batch, Any]:
+    writes = _switch(monkeypatch, ahead, in_step)
     stage = make()
     batch = _cells()
     stage.run(batch, **run)
@@ -212,18 +221,13 @@ def test_inflight_relaxations_through_a_sampler_rewrite_their_masks_in_the_step_
     structures = [AtomicData.from_atoms(atoms, dtype=torch.float64) for atoms in cells]
 
     def run(in_step: bool) -> tuple[Batch, int]:
-        monkeypatch.setitem(step.RUN_AHEAD, "cpu", True)
-        monkeypatch.setitem(masks.MASKS_IN_STEP, "cpu", in_step)
-        writes = []
-        original = masks.Masks._write_masks
-        monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), original(self)))
+        writes = _switch(monkeypatch, True, in_step)
         sampler = SizeAwareSampler(ListDataset(structures), max_atoms=130, max_batch_size=6, bin_width=32)
         sink = HostMemory(capacity=None)
         fire = registry.build("integrator:fire", model=_lj(), n_steps=300, dt=5.0, dt_max=50.0, sampler=sampler,
                               sinks=[sink], convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
         fire.run()
         assert fire._engine.steps_run_ahead == 0
-        monkeypatch.setattr(masks.Masks, "_write_masks", original)
         return sink.read(), len(writes)
 
     host, none = run(False)
