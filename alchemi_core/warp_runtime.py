@@ -106,10 +106,60 @@ def warp_device(device: torch.device) -> Any:
     return warp().device_from_torch(device)
 
 
+#: Warp devices by torch device: Warp's own lookup costs more than the rest of a view.
+_devices: dict[tuple[str, int | None], Any] = {}
+#: For each (torch dtype, Warp dtype or None) that ``from_torch`` accepted once: the Warp dtype,
+#: the bytes of its scalar and its inner shape (``(3,)`` for a vector, ``()`` for a scalar).
+_view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, int, tuple[int, ...]]] = {}
+
+
 def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
-    """A Warp array sharing ``tensor``'s memory (``dtype`` e.g. ``wp.vec3`` for ``[N, 3]``)."""
+    """A Warp array sharing ``tensor``'s memory (``dtype`` e.g. ``wp.vec3`` for ``[N, 3]``).
+
+    The view ``wp.from_torch`` makes (pointer, shape, strides, dtype, device), built from the
+    tensor's own at a quarter of its host time (a run makes a hundred views, a model's first forward fifty).
+    A pairing of dtypes is checked by ``from_torch`` the first time it is seen, and tensors that
+    need a gradient, 0-d tensors and trailing dimensions that do not fit ``dtype`` go through it
+    every time (it wraps the gradient, or raises its own error).
+
+    Example:
+        >>> import torch
+        >>> positions = torch.zeros(4, 3)
+        >>> a = view(positions, warp().vec3f)
+        >>> a.shape, a.ptr == positions.data_ptr()
+        ((4,), True)
+    """
     wp = warp()
-    return wp.from_torch(tensor, dtype=dtype) if dtype is not None else wp.from_torch(tensor)
+    kind = _view_kinds.get((tensor.dtype, dtype))
+    if kind is None or tensor.requires_grad or tensor.dim() == 0:
+        made = wp.from_torch(tensor, dtype=dtype) if dtype is not None else wp.from_torch(tensor)
+        _view_kinds.setdefault((tensor.dtype, dtype), (made.dtype, _scalar_bytes(made.dtype), _inner_shape(made.dtype)))
+        return made
+    wtype, size, inner = kind
+    shape, strides = tuple(tensor.shape), tensor.stride()
+    if inner:
+        k = len(inner)
+        contiguous = strides[-1] == 1 and (k == 1 or strides[-2] == inner[-1])
+        if len(shape) < k or shape[-k:] != inner or not contiguous:
+            return wp.from_torch(tensor, dtype=dtype)  # raises Warp's own error
+        shape, strides = shape[:-k] or (1,), strides[:-k] or (1,)
+    device = _devices.get((tensor.device.type, tensor.device.index))
+    if device is None:
+        device = _devices[(tensor.device.type, tensor.device.index)] = warp_device(tensor.device)
+    made = wp.array(ptr=tensor.data_ptr(), dtype=wtype, shape=shape, strides=tuple(s * size for s in strides),
+                    device=device, copy=False)
+    made._tensor = tensor  # as from_torch does: the memory lives as long as the view
+    return made
+
+
+def _scalar_bytes(dtype: Any) -> int:
+    import ctypes
+
+    return ctypes.sizeof(dtype._type_)
+
+
+def _inner_shape(dtype: Any) -> tuple[int, ...]:
+    return tuple(getattr(dtype, "_shape_", ()))
 
 
 def can_launch(device: torch.device) -> bool:
