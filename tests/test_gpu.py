@@ -284,3 +284,14 @@ def test_a_check_reads_back_from_the_device_once():
     syncs = check_syncs(engine, 1)
     assert len(syncs) == 1, syncs
     assert not engine.done
+
+
+def test_pool_bytes_are_what_torch_reports_reserved_and_allocated():
+    from alchemi_core.dynamics.capture import pool_bytes
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    held = torch.empty(3 << 20, dtype=torch.uint8, device=device)
+    assert pool_bytes(device) == (torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+    reserved, allocated = pool_bytes(device)
+    del held
+    assert pool_bytes(device) == (reserved, allocated - (3 << 20))  # freed blocks stay reserved
