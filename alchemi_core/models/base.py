@@ -86,7 +86,10 @@ class BaseModel(torch.nn.Module):
         species = self.card.species
         if species is None or batch.num_nodes == 0:
             return
-        present = set(torch.unique(batch.atomic_numbers).tolist())
+        numbers = batch.atomic_numbers
+        if bool(_known_species(tuple(species), numbers.device)[_table_index(numbers)].all()):
+            return
+        present = set(torch.unique(numbers).tolist())  # only to name the unknown ones
         unknown = sorted(present - set(species))
         if unknown:
             raise InvalidDataError(
@@ -110,3 +113,28 @@ def model_card(model: Any) -> ModelCard:
     """The card of any model (a default card for plain callables)."""
     card = getattr(model, "card", None)
     return card if isinstance(card, ModelCard) else ModelCard(name=type(model).__name__)
+
+
+#: The highest atomic number the species tables hold; numbers beyond it are never known.
+_TOP_NUMBER = 127
+_species_tables: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _known_species(species: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``[_TOP_NUMBER + 3]`` bool on ``device``: entry ``z + 1`` is True for a known atomic number
+    ``z``; the first and last entries (numbers below 0 and above the table) are False.
+
+    A lookup and one read-back per check: ``torch.unique`` over a batch's atoms sorts them all
+    (W2's 221,184 atoms: 3.3 against 1.1 ms on a 2-core CPU) and synchronises twice on a GPU.
+    """
+    key = (species, device)
+    table = _species_tables.get(key)
+    if table is None:
+        table = torch.zeros(_TOP_NUMBER + 3, dtype=torch.bool)
+        table[[z + 1 for z in species if 0 <= z <= _TOP_NUMBER]] = True
+        table = _species_tables[key] = table.to(device)
+    return table
+
+
+def _table_index(numbers: torch.Tensor) -> torch.Tensor:
+    return (numbers.long() + 1).clamp_(0, _TOP_NUMBER + 2)
