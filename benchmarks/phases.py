@@ -5,8 +5,9 @@ totals are larger than an untimed run's. ``python -m benchmarks.phases w2`` time
 (2048 cells of 108 atoms, FIRE, checks every step) by phase and writes a CUDA profile;
 ``python -m benchmarks.phases quarantine`` times the quarantine benchmark's clean and exploding
 runs by phase; ``python -m benchmarks.phases w3 [--cells N]`` times W3's inflight run by phase
-and profiles its host time (cProfile, whole run). All three need a GPU (``--device cpu`` runs
-them on the CPU, unsynchronised).
+and profiles its host time (cProfile, whole run); ``python -m benchmarks.phases prepare`` times
+W2's start (``Engine.prepare``) in parts, synchronised and not. All four are meant for a GPU
+(``--device cpu`` runs them on the CPU, unsynchronised).
 
 Example:
     >>> from benchmarks.phases import PhaseTimer
@@ -48,8 +49,10 @@ class PhaseTimer:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def wrap(self, cls: type, name: str, nested: bool = False) -> None:
-        """Time ``cls.name`` from now on (``nested``: also inside other timed calls)."""
+    def wrap(self, cls: type, name: str, nested: bool = False, inside_only: bool = False) -> None:
+        """Time ``cls.name`` from now on (``nested``: also inside other timed calls;
+        ``inside_only``: only there, as a part of them: a step's calls run under graph capture,
+        where synchronising fails)."""
         original = getattr(cls, name)
         # What the class itself defines (None: the method is inherited, restore() removes the wrap).
         self._originals.append((cls, name, cls.__dict__.get(name)))
@@ -59,7 +62,7 @@ class PhaseTimer:
 
         @functools.wraps(original)
         def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if timer._depth and outer:
+            if (timer._depth and outer) or (inside_only and not timer._depth):
                 return original(obj, *args, **kwargs)
             timer._depth += outer
             captures = getattr(obj, "graph_captures", 0)
@@ -145,6 +148,63 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
             run()
         report["cuda_table"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
         report["prepare_cuda_table"] = profile_calls(Engine, "prepare", run, torch_profiler=True)
+    return report
+
+
+#: The parts of a run's start that ``prepare`` times (class path, method), nested in ``prepare``.
+PREPARE_PARTS = (
+    ("alchemi_core.dynamics.engine:Engine", "_fill_defaults"),
+    ("alchemi_potentials.pair_potential:PairPotential", "check_batch"),
+    ("alchemi_integrators.base:Integrator", "setup"),
+    ("alchemi_core.dynamics.engine:Engine", "_init_entering"),
+    ("alchemi_core.dynamics.engine:Engine", "_update_masks"),
+    ("alchemi_core.dynamics.engine:Engine", "forward"),
+    ("alchemi_potentials.neighbors.cell_list:BatchedNeighborList", "update"),
+    ("alchemi_potentials.neighbors.layout:Layout", "__init__"),
+    ("alchemi_potentials.neighbors.cell_list:BatchedNeighborList", "_run"),
+    ("alchemi_core.dynamics.engine:Engine", "verify_models"),
+    ("alchemi_core.dynamics.engine:Engine", "_build_tables"),
+)
+
+
+def prepare(device: str, repeats: int, cells: int = 2048) -> dict[str, Any]:
+    """W2's start (``Engine.prepare``) in parts, after four untimed runs: each part's wall time
+    per run, the median of ``repeats`` runs, with the device synchronised around every part
+    (``synchronised``) and without (``host``), each part's calls in a run, and the runs' own
+    times with each timer. Parts nest (``update`` holds the layout's ``__init__``) and count only
+    inside ``prepare``."""
+    import importlib
+    import statistics
+
+    from alchemi_core.dynamics.engine import Engine
+    from benchmarks.adapters.alchemi import Alchemi
+    from benchmarks.structures import ArgonCells
+
+    systems = ArgonCells([3] * cells).systems()
+    framework = Alchemi()
+    for _ in range(4):
+        framework.relax(systems, device, 2000, None)
+    report: dict[str, Any] = {"cells": cells}
+    for label, timing_device in (("synchronised", device), ("host", "cpu")):
+        timer = PhaseTimer(timing_device)
+        timer.wrap(Engine, "prepare")
+        for where, name in PREPARE_PARTS:
+            module, cls = where.split(":")
+            timer.wrap(getattr(importlib.import_module(module), cls), name, nested=True, inside_only=True)
+        parts: dict[str, list[float]] = {}
+        runs, calls = [], {}
+        try:
+            for _ in range(repeats):
+                timer.clear()
+                runs.append(round(framework.relax(systems, device, 2000, None).seconds * 1e3, 3))
+                for key, (count, ms) in timer.totals().items():
+                    parts.setdefault(key, []).append(ms)
+                    calls[key] = count
+        finally:
+            timer.restore()
+        report[label] = {key: round(statistics.median(v), 3) for key, v in parts.items()}
+        report[f"{label}_calls"] = calls  # per run (the last)
+        report[f"{label}_run_ms"] = runs
     return report
 
 
@@ -295,11 +355,11 @@ def _profiled_inflight(framework: Any, cells: Any, device: str) -> dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["w2", "quarantine", "w3"])
+    parser.add_argument("run", choices=["w2", "prepare", "quarantine", "w3"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--cells", type=int, default=spec.W3_CELLS, help="w3: structures")
+    parser.add_argument("--cells", type=int, default=None, help="w3, prepare: structures (default: the workload's)")
     parser.add_argument("--profile-only", action="store_true",
                         help="w3: after a small warm-up, only the run under cProfile")
     parser.add_argument("--split", action="store_true",
@@ -307,13 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-every", default=None,
                         help="w3: comma-separated steps between checks to compare (default: the benchmark's)")
     args = parser.parse_args(argv)
+    if args.run == "prepare":
+        return print_report(prepare(args.device, args.repeats, args.cells or 2048), args.json)
     if args.run == "w3":
         from benchmarks.adapters.alchemi import CHECK_EVERY_INFLIGHT
 
         every = str(CHECK_EVERY_INFLIGHT) if args.check_every is None else args.check_every
         if args.split:
-            return print_report(w3_split(args.device, args.cells), args.json)
-        report = w3(args.device, args.repeats, args.cells, tuple(int(v) for v in every.split(",")), args.profile_only)
+            return print_report(w3_split(args.device, args.cells or spec.W3_CELLS), args.json)
+        cells = args.cells or spec.W3_CELLS
+        report = w3(args.device, args.repeats, cells, tuple(int(v) for v in every.split(",")), args.profile_only)
     else:
         report = (w2 if args.run == "w2" else quarantine)(args.device, args.repeats)
     return print_report(report, args.json)

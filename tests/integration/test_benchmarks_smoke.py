@@ -546,3 +546,21 @@ def test_a_shape_argon_cannot_fill_is_refused_before_anything_runs() -> None:
     assert cli.expand(["W1:256x4", "W1:4000000x1"]) == ["W1:256x4", "W1:4000000x1"]
     with pytest.raises(SystemExit, match="W1:4194304x1.*4 n\\^3"):
         cli.expand(["W1:256x1024", "W1:4194304x1"])
+
+
+def test_prepare_times_its_parts_only_inside_the_start_and_puts_the_methods_back():
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_potentials.neighbors.layout import Layout
+    from benchmarks.phases import PREPARE_PARTS, prepare
+
+    before = (Engine.__dict__.get("prepare"), Engine.__dict__.get("forward"), Layout.__dict__["__init__"])
+    report = prepare("cpu", repeats=2, cells=4)
+    for label in ("synchronised", "host"):
+        parts = report[label]
+        # Every part runs once per start; forward also runs at every eager step, untimed there.
+        assert set(parts) == {"prepare", *(name for _, name in PREPARE_PARTS)}
+        assert parts["update"] >= parts["__init__"] and parts["forward"] >= parts["update"]
+        assert parts["prepare"] >= parts["forward"] + parts["check_batch"]
+        assert len(report[f"{label}_run_ms"]) == 2
+        assert report[f"{label}_calls"]["forward"] == 1 and report[f"{label}_calls"]["prepare"] == 1
+    assert (Engine.__dict__.get("prepare"), Engine.__dict__.get("forward"), Layout.__dict__["__init__"]) == before
