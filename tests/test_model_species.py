@@ -11,12 +11,9 @@ import torch
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models import BaseModel, ModelCard
 from alchemi_core.testing import make_batch
+from alchemi_core.testing.fixtures import CPU_AND_GPU
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-]
+DEVICES = CPU_AND_GPU
 
 
 class _Knows(BaseModel):

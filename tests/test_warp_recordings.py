@@ -12,14 +12,11 @@ import pytest
 import torch
 
 from alchemi_core import warp_recordings, warp_runtime
+from alchemi_core.testing.fixtures import CPU_AND_GPU
 
 wp = pytest.importorskip("warp")  # kernels below are defined in functions: their annotations read it here
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-]
+DEVICES = CPU_AND_GPU
 
 
 @pytest.fixture(autouse=True)

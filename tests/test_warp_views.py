@@ -10,14 +10,11 @@ import pytest
 import torch
 
 from alchemi_core import warp_runtime
+from alchemi_core.testing.fixtures import CPU_AND_GPU
 
 wp = pytest.importorskip("warp")  # the kernel below reads it in its annotations
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-]
+DEVICES = CPU_AND_GPU
 
 
 @wp.kernel

@@ -9,10 +9,19 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from alchemi_core import registry
 from alchemi_core.plugin.manager import PluginManager
 from alchemi_core.testing.plugins import FAKE_DISTS, isolated_manager
+
+#: For ``@pytest.mark.parametrize("device", CPU_AND_GPU)``: the test runs on the CPU and, marked
+#: ``gpu`` and skipped where there is none, on a CUDA GPU.
+CPU_AND_GPU = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+]
 
 
 @pytest.fixture
