@@ -112,14 +112,19 @@ def _engine_timer(device: str, parts: tuple[tuple[str, str], ...]) -> PhaseTimer
     return timer
 
 
-def w2(device: str, repeats: int) -> dict[str, Any]:
-    """W2's run by phase (after four untimed runs), then one run under torch.profiler."""
+def _warm_w2(device: str, cells: int) -> tuple[Any, Any, list[float]]:
+    """W2's systems (``cells`` cells), the framework, and the seconds of four untimed runs."""
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import ArgonCells
 
-    systems = ArgonCells([3] * 2048).systems()
+    systems = ArgonCells([3] * cells).systems()
     framework = Alchemi()
-    plain = [framework.relax(systems, device, 2000, None).seconds for _ in range(4)]
+    return systems, framework, [framework.relax(systems, device, 2000, None).seconds for _ in range(4)]
+
+
+def w2(device: str, repeats: int) -> dict[str, Any]:
+    """W2's run by phase (after four untimed runs), then one run under torch.profiler."""
+    systems, framework, plain = _warm_w2(device, 2048)
     timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
                                    ("Admission", "_update_masks")))
     runs = []
@@ -151,20 +156,18 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
     return report
 
 
-#: The parts of a run's start that ``prepare`` times (class path, method), nested in ``prepare``.
-PREPARE_PARTS = (
-    ("alchemi_core.dynamics.engine:Engine", "_fill_defaults"),
-    ("alchemi_potentials.pair_potential:PairPotential", "check_batch"),
-    ("alchemi_integrators.base:Integrator", "setup"),
-    ("alchemi_core.dynamics.engine:Engine", "_init_entering"),
-    ("alchemi_core.dynamics.engine:Engine", "_update_masks"),
-    ("alchemi_core.dynamics.engine:Engine", "forward"),
-    ("alchemi_potentials.neighbors.cell_list:BatchedNeighborList", "update"),
-    ("alchemi_potentials.neighbors.layout:Layout", "__init__"),
-    ("alchemi_potentials.neighbors.cell_list:BatchedNeighborList", "_run"),
-    ("alchemi_core.dynamics.engine:Engine", "verify_models"),
-    ("alchemi_core.dynamics.engine:Engine", "_build_tables"),
-)
+def prepare_parts() -> list[tuple[type, str]]:
+    """The parts of a run's start that :func:`prepare` times, nested in ``Engine.prepare``."""
+    from alchemi_core.dynamics.engine import Engine
+    from alchemi_integrators.base import Integrator
+    from alchemi_potentials.neighbors.cell_list import BatchedNeighborList
+    from alchemi_potentials.neighbors.layout import Layout
+    from alchemi_potentials.pair_potential import PairPotential
+
+    return [(Engine, "_fill_defaults"), (PairPotential, "check_batch"), (Integrator, "setup"),
+            (Engine, "_init_entering"), (Engine, "_update_masks"), (Engine, "forward"),
+            (BatchedNeighborList, "update"), (Layout, "__init__"), (BatchedNeighborList, "_run"),
+            (Engine, "verify_models"), (Engine, "_build_tables")]
 
 
 def prepare(device: str, repeats: int, cells: int = 2048) -> dict[str, Any]:
@@ -173,24 +176,17 @@ def prepare(device: str, repeats: int, cells: int = 2048) -> dict[str, Any]:
     (``synchronised``) and without (``host``), each part's calls in a run, and the runs' own
     times with each timer. Parts nest (``update`` holds the layout's ``__init__``) and count only
     inside ``prepare``."""
-    import importlib
     import statistics
 
     from alchemi_core.dynamics.engine import Engine
-    from benchmarks.adapters.alchemi import Alchemi
-    from benchmarks.structures import ArgonCells
 
-    systems = ArgonCells([3] * cells).systems()
-    framework = Alchemi()
-    for _ in range(4):
-        framework.relax(systems, device, 2000, None)
+    systems, framework, _untimed = _warm_w2(device, cells)
     report: dict[str, Any] = {"cells": cells}
     for label, timing_device in (("synchronised", device), ("host", "cpu")):
         timer = PhaseTimer(timing_device)
         timer.wrap(Engine, "prepare")
-        for where, name in PREPARE_PARTS:
-            module, cls = where.split(":")
-            timer.wrap(getattr(importlib.import_module(module), cls), name, nested=True, inside_only=True)
+        for cls, name in prepare_parts():
+            timer.wrap(cls, name, nested=True, inside_only=True)
         parts: dict[str, list[float]] = {}
         runs, calls = [], {}
         try:

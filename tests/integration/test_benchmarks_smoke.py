@@ -551,14 +551,14 @@ def test_a_shape_argon_cannot_fill_is_refused_before_anything_runs() -> None:
 def test_prepare_times_its_parts_only_inside_the_start_and_puts_the_methods_back():
     from alchemi_core.dynamics.engine import Engine
     from alchemi_potentials.neighbors.layout import Layout
-    from benchmarks.phases import PREPARE_PARTS, prepare
+    from benchmarks.phases import prepare, prepare_parts
 
     before = (Engine.__dict__.get("prepare"), Engine.__dict__.get("forward"), Layout.__dict__["__init__"])
     report = prepare("cpu", repeats=2, cells=4)
     for label in ("synchronised", "host"):
         parts = report[label]
         # Every part runs once per start; forward also runs at every eager step, untimed there.
-        assert set(parts) == {"prepare", *(name for _, name in PREPARE_PARTS)}
+        assert set(parts) == {"prepare", *(name for _, name in prepare_parts())}
         assert parts["update"] >= parts["__init__"] and parts["forward"] >= parts["update"]
         assert parts["prepare"] >= parts["forward"] + parts["check_batch"]
         assert len(report[f"{label}_run_ms"]) == 2
