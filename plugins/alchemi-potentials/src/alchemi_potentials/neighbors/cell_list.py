@@ -476,17 +476,16 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
     """
     if "pbc" not in batch or batch.num_graphs == 0:
         return
-    pbc = batch.pbc.detach().to("cpu", torch.bool).numpy()
+    cells, pbc = _read_cells_and_pbc(batch)
     periodic = pbc.any(axis=1)
     if not periodic.any():
         return
-    if "cell" not in batch:
+    if cells is None:
         ids = _system_ids(batch)  # read back only to name the systems in an error
         raise InvalidDataError(
             f"{who}: systems {ids[periodic][:10].tolist()} are periodic (pbc) but the batch has no cell; "
             "give every periodic structure a cell"
         )
-    cells = batch.cell.detach().to("cpu", torch.float64).numpy()
     size, scale, widths = _periodic_measures(cells, pbc)
     with np.errstate(invalid="ignore"):
         # NaN compares false, so a non-finite periodic row counts as degenerate.
@@ -502,6 +501,28 @@ def check_cells(batch: Batch, who: str, radius: float | None = None) -> None:
         )
     if radius is not None:
         _check_thickness(batch, who, radius, pbc, widths)
+
+
+def _read_cells_and_pbc(batch: Batch) -> tuple[np.ndarray | None, np.ndarray]:
+    """The cells (float64, [n, 3, 3]; None without a cell) and pbc flags ([n, 3] bool) on the
+    host, in one read-back: on a GPU each read-back waits for the stream, and a run's start
+    pays for every one.
+
+    Example:
+        >>> from alchemi_core.data import AtomicData, Batch
+        >>> data = AtomicData(positions=torch.zeros(1, 3), atomic_numbers=torch.tensor([18]),
+        ...                   cell=2.0 * torch.eye(3)[None], pbc=torch.tensor([[True, False, True]]))
+        >>> cells, pbc = _read_cells_and_pbc(Batch.from_data_list([data]))
+        >>> cells[0].diagonal().tolist(), pbc.tolist()
+        ([2.0, 2.0, 2.0], [[True, False, True]])
+    """
+    n = batch.num_graphs
+    pbc = batch.pbc.detach().reshape(n, 3)
+    if "cell" not in batch:
+        return None, pbc.to("cpu", torch.bool).numpy()
+    both = torch.cat([batch.cell.detach().reshape(n, 9).to(torch.float64), pbc.to(torch.float64)], dim=1)
+    host = both.cpu().numpy()
+    return host[:, :9].reshape(n, 3, 3), host[:, 9:] != 0.0
 
 
 def _periodic_measures(cells: np.ndarray, pbc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
