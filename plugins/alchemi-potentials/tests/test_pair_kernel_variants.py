@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from alchemi_core.testing.fixtures import CPU_AND_GPU
 from alchemi_potentials import LennardJones, Morse, pair_potential
 from alchemi_potentials.neighbors import BatchedNeighborList, layout
 
@@ -136,3 +137,43 @@ def test_cpu_kernels_cut_in_ranges_give_the_reference_whatever_the_thread_count(
         outs.append(out)
     for name in ("energy", "forces", "stress"):
         assert torch.equal(outs[0][name], outs[1][name]), name
+
+
+def _registers(module_tag: str) -> list[int]:
+    """Registers per thread of the compiled CUDA pair kernels whose Warp module ends in ``module_tag``
+    (read from the driver: Warp reports no resource usage)."""
+    import ctypes
+
+    from warp._src import context
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    found = []
+    for name, module in context.user_modules.items():
+        if name.startswith("alchemi_potentials.pair_forces.") and name.endswith(module_tag):
+            for executable in module.execs.values():
+                for hooks in executable.kernel_hooks.values():
+                    registers = ctypes.c_int()
+                    cuda.cuFuncGetAttribute(ctypes.byref(registers), 4, ctypes.c_void_p(hooks.forward))  # NUM_REGS
+                    found.append(registers.value)
+    return found
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_large_systems_kernel_held_to_four_blocks_per_multiprocessor_gives_the_reference(ref, rng, monkeypatch,
+                                                                                           device):
+    """Large systems' variant (per-slot totals) is compiled with launch bounds on a GPU
+    (``MIN_BLOCKS_LARGE``); here every system takes it. Its registers then fit four blocks of 256
+    threads on a multiprocessor: at most 64 of its 65,536."""
+    import inspect
+
+    import warp as wp
+
+    monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
+    monkeypatch.setitem(pair_potential.MIN_BLOCKS_LARGE, device, 4)
+    structures = systems(ref, rng)
+    model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5))
+    out = model(ref.batch(structures, device=device), compute_stress=True)
+    check_against_reference(ref, structures, {k: v.cpu() for k, v in out.items()}, lennard_jones_reference(ref))
+    if device == "cuda" and "launch_bounds" in inspect.signature(wp.kernel).parameters:
+        registers = _registers("_b4")
+        assert registers and max(registers) <= 64, registers

@@ -64,6 +64,9 @@ class PairOptions:
         lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet
             (:mod:`~alchemi_potentials.pair_lanes`), for the options it covers
             (:func:`~alchemi_potentials.pair_lanes.covers`).
+        min_blocks: On a GPU, blocks of 256 threads that must fit on one multiprocessor at once
+            (CUDA's ``__launch_bounds__``): the compiler then keeps each thread within
+            65,536 / (256 x min_blocks) registers, spilling if it must. 0 leaves it its choice.
     """
 
     kind: int = LENNARD_JONES
@@ -76,6 +79,7 @@ class PairOptions:
     masked: bool = False
     lanes: bool = False
     fast_math: bool = False
+    min_blocks: int = 0
 
     def __attrs_post_init__(self) -> None:
         assert COLUMNS_MULTIPLE_OF % self.unroll == 0
@@ -85,7 +89,8 @@ class PairOptions:
     def tag(self) -> str:
         flags = "".join(str(int(v)) for v in (self.switching, self.virial, self.half, self.one_type, self.per_slot,
                                               self.masked, self.lanes, self.fast_math))
-        return f"k{self.kind}_{flags}_u{self.unroll}"
+        blocks = f"_b{self.min_blocks}" if self.min_blocks else ""
+        return f"k{self.kind}_{flags}_u{self.unroll}{blocks}"
 
 
 @functools.cache
@@ -254,6 +259,10 @@ def pair_kernel(options: PairOptions) -> Any:
     kernel = wp.kernel(pair_forces, enable_backward=False)
     if options.fast_math:
         kernel.module.options["fast_math"] = True
+    if options.min_blocks:
+        # Read at code generation (module options, then the kernel's); a Warp without launch
+        # bounds ignores it. The launch's blocks are Warp's default 256 threads.
+        kernel.options["launch_bounds"] = (256, options.min_blocks)
     for scalar, vec, mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
         wp.overload(kernel, {
             "wrapped": wp.array(dtype=vec), "image_cell": wp.array(dtype=mat), "params": wp.array2d(dtype=scalar),

@@ -58,6 +58,14 @@ LANES = {"cuda": False, "cpu": True}
 #: ";pair_potential:FAST_MATH[cuda]=True"``) 0.333 -> 0.296 ms per step. float64 is unaffected; a
 #: CPU's kernel is the lanes' snippet (:mod:`pair_lanes`).
 FAST_MATH = {"cuda": True, "cpu": False}
+#: Blocks of 256 pair-kernel threads that must fit on one multiprocessor, by device type, in the
+#: variant for large systems (per-slot totals; ``PairOptions.min_blocks``, 0: the compiler's choice
+#: of registers). One system of 2^20 atoms on an H100 with warp-lang 1.19 (``skin_sweep --variants``,
+#: three 1,000-step runs each): 0.760 ms per step by the compiler's choice, 0.727 at 4 blocks,
+#: 0.728 at 3. The small systems' variant already fits 4 blocks (64 registers); held to 3 it was
+#: slower (W1 256x1024: 0.267 against 0.264-0.266 ms), so it keeps the compiler's choice.
+#: A warp-lang without launch bounds (1.5) ignores this.
+MIN_BLOCKS_LARGE = {"cuda": 4, "cpu": 0}
 
 
 class _Outputs:
@@ -322,6 +330,7 @@ class PairPotential(BaseModel):
             kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
             masked=MASKED.get(pos.device.type, False), fast_math=FAST_MATH.get(pos.device.type, False),
+            min_blocks=MIN_BLOCKS_LARGE.get(pos.device.type, 0) if per_slot else 0,
         )
         if LANES.get(pos.device.type, False) and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
