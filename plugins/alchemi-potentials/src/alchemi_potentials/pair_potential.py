@@ -59,11 +59,12 @@ LANES = {"cuda": False, "cpu": True}
 #: CPU's kernel is the lanes' snippet (:mod:`pair_lanes`).
 FAST_MATH = {"cuda": True, "cpu": False}
 #: Blocks of 256 pair-kernel threads that must fit on one multiprocessor, by device type, in the
-#: variant for large systems (per-slot totals; ``PairOptions.min_blocks``, 0: the compiler's choice
-#: of registers). One system of 2^20 atoms on an H100 with warp-lang 1.19 (``skin_sweep --variants``,
-#: three 1,000-step runs each): 0.760 ms per step by the compiler's choice, 0.727 at 4 blocks,
-#: 0.728 at 3. The small systems' variant already fits 4 blocks (64 registers); held to 3 it was
-#: slower (W1 256x1024: 0.267 against 0.264-0.266 ms), so it keeps the compiler's choice.
+#: variant for large systems (per-slot totals; ``PairOptions.min_blocks``, 0: the compiler's
+#: choice). On an H100 with warp-lang 1.19, W1 as one system: 2^20 atoms 0.7585 -> 0.7271 ms per
+#: step, 4,121,204 atoms 2.775 -> 2.663. The kernel had 63 registers without the bounds and 64
+#: with them, so what changed is the compiler's code under the bounds, not the blocks that fit.
+#: With every variant held to 4 blocks, W1 256x1024 went 0.2596-0.2599 -> 0.2645-0.2663 ms (held
+#: to 3: 0.267 against 0.264-0.266 in the sweep), so small systems keep the compiler's choice.
 #: A warp-lang without launch bounds (1.5) ignores this.
 MIN_BLOCKS_LARGE = {"cuda": 4, "cpu": 0}
 
