@@ -117,14 +117,14 @@ def _warm_w2(device: str, cells: int) -> tuple[Any, Any, list[float]]:
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import ArgonCells
 
-    systems = ArgonCells([3] * cells).systems()
+    systems = ArgonCells([spec.W2_REPEAT] * cells).systems()
     framework = Alchemi()
     return systems, framework, [framework.relax(systems, device, 2000, None).seconds for _ in range(4)]
 
 
 def w2(device: str, repeats: int) -> dict[str, Any]:
     """W2's run by phase (after four untimed runs), then one run under torch.profiler."""
-    systems, framework, plain = _warm_w2(device, 2048)
+    systems, framework, plain = _warm_w2(device, spec.W2_CELLS)
     timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
                                    ("Admission", "_update_masks")))
     runs = []
@@ -170,7 +170,7 @@ def prepare_parts() -> list[tuple[type, str]]:
             (Engine, "verify_models"), (Engine, "_build_tables")]
 
 
-def prepare(device: str, repeats: int, cells: int = 2048) -> dict[str, Any]:
+def prepare(device: str, repeats: int, cells: int = spec.W2_CELLS) -> dict[str, Any]:
     """W2's start (``Engine.prepare``) in parts, after four untimed runs: each part's wall time
     per run, the median of ``repeats`` runs, with the device synchronised around every part
     (``synchronised``) and without (``host``), each part's calls in a run, and the runs' own
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="w3: comma-separated steps between checks to compare (default: the benchmark's)")
     args = parser.parse_args(argv)
     if args.run == "prepare":
-        return print_report(prepare(args.device, args.repeats, args.cells or 2048), args.json)
+        return print_report(prepare(args.device, args.repeats, args.cells or spec.W2_CELLS), args.json)
     if args.run == "w3":
         from benchmarks.adapters.alchemi import CHECK_EVERY_INFLIGHT
 
