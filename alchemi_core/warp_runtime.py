@@ -390,18 +390,19 @@ class RecordedLaunches:
 
     def __init__(self, vector_args: frozenset[str] = frozenset()) -> None:
         self.vector_args = vector_args
-        self._recorded: dict[str, tuple[int, tuple[Any, ...], LaunchSequence]] = {}
+        self._recorded: dict[str, tuple[int | tuple[int, ...], tuple[Any, ...], LaunchSequence]] = {}
 
-    def launch(self, name: str, kernel: Any, dim: int, args: Sequence[Any], device: torch.device,
+    def launch(self, name: str, kernel: Any, dim: int | tuple[int, ...], args: Sequence[Any], device: torch.device,
                start_at: str | None = None) -> None:
-        """Launch ``kernel`` over ``dim`` threads on torch's current stream of ``device``.
+        """Launch ``kernel`` over ``dim`` threads (a grid with a tuple) on torch's current stream
+        of ``device``.
 
         With ``start_at``, the name of the kernel's argument that is the first item's index (its
         thread ``t`` doing item ``start + t``; pass 0 for it), a CPU runs the launch in
         :func:`chunks_for` ranges on its worker threads, as :meth:`LaunchSequence.add_chunked`
         does; the items' writes must not meet. A GPU launches once.
         """
-        if dim == 0:
+        if _threads(dim) == 0:
             return
         stream = stream_for(device)
         hit = self._recorded.get(name)
@@ -414,6 +415,7 @@ class RecordedLaunches:
         if start_at is None:
             seq.add(kernel, dim, inputs)
         else:
+            assert isinstance(dim, int), "a launch in ranges is one-dimensional"
             seq.add_chunked(kernel, dim, inputs, start_at=start_at)
         seq.run(stream)
         self._recorded[name] = (dim, tuple(args), seq)

@@ -29,6 +29,8 @@ import warp as wp
 
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
+from alchemi_integrators import langevin_blocks
+from alchemi_integrators.kernel_funcs import gaussian3, half_kick, idle
 from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
@@ -40,18 +42,6 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------------
-
-
-@wp.func
-def _half_kick(v: Any, f: Any, inv_mass: Any, dt: Any):
-    # v + dt/2 F/m (inv_mass = ACCELERATION / m turns eV/Å into Å/fs²).
-    return v + f * (type(dt)(0.5) * dt * inv_mass)
-
-
-@wp.func
-def _idle(active: wp.array(dtype=Any), b: Any):
-    # Systems of other stages (or graduated ones): the kernel leaves them untouched.
-    return active[b] == type(active[b])(0.0)
 
 
 @wp.kernel
@@ -67,9 +57,9 @@ def _kick_drift(
     # Velocity Verlet's first half: v += dt/2 F/m; x += dt v.
     i = wp.tid()
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
-    vi = _half_kick(v[i], f[i], inv_mass[i], dt[b])
+    vi = half_kick(v[i], f[i], inv_mass[i], dt[b])
     v[i] = vi
     x[i] = x[i] + vi * dt[b]
 
@@ -86,21 +76,9 @@ def _kick(
     # Velocity Verlet's second half: v += dt/2 F/m.
     i = wp.tid()
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
-    v[i] = _half_kick(v[i], f[i], inv_mass[i], dt[b])
-
-
-@wp.func
-def _gaussian3(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int32, like: Any):
-    # Three N(0, 1) numbers keyed by (seed, system, its step, atom within it): the same numbers
-    # for a system wherever it sits in the batch.
-    state = wp.rand_init(seed, wp.int32(system_id))
-    state = wp.rand_init(wp.int32(state), step)
-    state = wp.rand_init(wp.int32(state), local)
-    return type(like)(
-        type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state))
-    )
+    v[i] = half_kick(v[i], f[i], inv_mass[i], dt[b])
 
 
 @wp.kernel
@@ -131,16 +109,16 @@ def _langevin_baoa(
     # ranges of the atoms on its threads (start: the range's first); every atom writes its own.
     i = wp.tid() + start
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
     h = type(kb)(0.5) * dt[b]
     im = inv_mass[i]
-    vi = _half_kick(v[i], f[i], im, dt[b])
+    vi = half_kick(v[i], f[i], im, dt[b])
     xi = x[i] + vi * h
     c1 = wp.exp(-friction[b] * dt[b])
     sigma = wp.sqrt((type(kb)(1.0) - c1 * c1) * kb * temperature[b] * im)
     local = wp.int32(wp.int64(i) - first_atom[b])
-    noise = _gaussian3(seed, system_id[b], noise_step[b], local, vi) * sigma
+    noise = gaussian3(seed, system_id[b], noise_step[b], local, vi) * sigma
     vi = vi * c1 + noise
     v[i] = vi
     if fix_com != 0:
@@ -164,7 +142,7 @@ def _langevin_remove_com_drift(
     # Take the noise's COM velocity out, then the second A of BAOAB (atoms start + tid).
     i = wp.tid() + start
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
     vi = v[i] - momentum[b] / total_mass[b]
     v[i] = vi
@@ -187,9 +165,9 @@ def _langevin_kick_count(
     # (read by _langevin_baoa in an earlier launch, so there is no race; atoms start + tid).
     i = wp.tid() + start
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
-    v[i] = _half_kick(v[i], f[i], inv_mass[i], dt[b])
+    v[i] = half_kick(v[i], f[i], inv_mass[i], dt[b])
     if wp.int64(i) == first_atom[b]:
         noise_step[b] = noise_step[b] + 1
 
@@ -287,9 +265,9 @@ def _scale_kick_drift(
     # The thermostat's velocity scaling, then velocity Verlet's first half.
     i = wp.tid()
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
-    vi = _half_kick(v[i] * scale[b], f[i], inv_mass[i], dt[b])
+    vi = half_kick(v[i] * scale[b], f[i], inv_mass[i], dt[b])
     v[i] = vi
     x[i] = x[i] + vi * dt[b]
 
@@ -308,8 +286,8 @@ def _kick_kinetic_energy(
     i = wp.tid()
     b = system[i]
     vi = v[i]
-    if not _idle(active, b):
-        vi = _half_kick(vi, f[i], inv_mass[i], dt[b])
+    if not idle(active, b):
+        vi = half_kick(vi, f[i], inv_mass[i], dt[b])
         v[i] = vi
     wp.atomic_add(ke, wp.int32(b), type(inv_mass[i])(0.5) * wp.dot(vi, vi) / inv_mass[i])
 
@@ -436,7 +414,7 @@ def _fire_atoms(
     # displacement and sums its square per system for _fire_move.
     i = wp.tid()
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
     vo = v[i]
     fi = f[i]
@@ -465,7 +443,7 @@ def _fire_move(
     # Move by the stored displacement, scaled so the system's total is at most the cap (ASE).
     i = wp.tid()
     b = system[i]
-    if _idle(active, b):
+    if idle(active, b):
         return
     length = wp.sqrt(dx_sq[b])
     d = dx[i]
@@ -601,6 +579,13 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     )
     # In ranges on a CPU's threads (one launch on a GPU): each atom's noise is drawn from its own
     # counter, so the ranges change no result.
+    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
+        langevin_blocks.launch(launches, batch, (
+            x, v, f, im, mass, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
+            dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, total, _typed(KB, batch),
+            seed,
+        ))
+        return
     launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device, start_at="start")
     if dyn.fix_com:
         momentum.zero_()
