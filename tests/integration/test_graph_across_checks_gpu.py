@@ -146,7 +146,7 @@ def test_fused_relax_then_langevin_with_the_com_held_matches_eager(monkeypatch, 
     torch.testing.assert_close(graphed.velocities, eager.velocities, rtol=0, atol=1e-9)
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
     # Each system's centre of mass stays where FIRE's last velocities left it: the noise adds none.
-    mass = graphed.masses.unsqueeze(-1) if graphed.masses.dim() == 1 else graphed.masses
+    mass = graphed.atomic_masses.reshape(-1, 1)
     momentum = torch.zeros(6, 3, dtype=graphed.velocities.dtype, device=CUDA)
     momentum.index_add_(0, graphed.batch_idx, graphed.velocities * mass)
     assert momentum.abs().max().item() < 1e-9
