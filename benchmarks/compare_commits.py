@@ -36,7 +36,7 @@ from typing import Any
 PLUGINS = ("integrators", "potentials", "hooks", "warp", "zarr")
 WORKLOADS = "W1:256x1024,W2,W3"
 #: The figure compared per workload (lower is better for each).
-METRICS = {"W1": "ms_per_step", "W2": "seconds", "W3": "seconds"}
+METRICS = {"W1": "ms_per_step", "W2": "seconds", "W3": "seconds", "W6": "ms_per_step"}
 
 
 def export_base(commit: str, dest: Path) -> None:
