@@ -1,12 +1,41 @@
-"""Warp functions shared by the integrators' kernels (:mod:`~alchemi_integrators.warp_kernels`,
-:mod:`~alchemi_integrators.langevin_blocks`): the half-kick, the idle-system test and the
-per-atom Gaussian draws."""
+"""What the integrators' Warp kernels share (:mod:`~alchemi_integrators.warp_kernels`,
+:mod:`~alchemi_integrators.langevin_blocks`): the half-kick, the idle-system test, the per-atom
+Gaussian draws, and :func:`declare_overloads`, which types their generic arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import warp as wp
+
+#: Arguments that hold a vector per atom or system (``wp.vec3``), by name.
+VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers"})
+#: Arguments that hold rows of scalars per system (``wp.array2d``), by name.
+ARRAY2D_ARGS = frozenset({"xi", "vxi", "coeff"})
+
+
+def declare_overloads(kernels: Iterable[Any]) -> None:
+    """Declare each kernel for float32 and float64 together, so its module compiles once (and is
+    cached by Warp) instead of once per dtype met at run time: a generic scalar becomes the
+    precision, a generic array a vector array (:data:`VECTOR_ARGS`), a 2-D array
+    (:data:`ARRAY2D_ARGS`) or an array of the precision."""
+    kernels = list(kernels)
+    for scalar, vector in ((wp.float32, wp.vec3f), (wp.float64, wp.vec3d)):
+        for kernel in kernels:
+            types: dict[str, Any] = {}
+            for arg in kernel.adj.args:
+                if arg.type is not Any and getattr(arg.type, "dtype", None) is not Any:
+                    continue
+                if arg.type is Any:
+                    types[arg.label] = scalar
+                elif arg.label in VECTOR_ARGS:
+                    types[arg.label] = wp.array(dtype=vector)
+                elif arg.label in ARRAY2D_ARGS:
+                    types[arg.label] = wp.array2d(dtype=scalar)
+                else:
+                    types[arg.label] = wp.array(dtype=scalar)
+            wp.overload(kernel, types)
 
 
 @wp.func

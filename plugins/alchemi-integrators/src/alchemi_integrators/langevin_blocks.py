@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import warp as wp
 
-from alchemi_integrators.kernel_funcs import gaussian3, half_kick, idle
+from alchemi_integrators.kernel_funcs import declare_overloads, gaussian3, half_kick, idle
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -110,8 +110,4 @@ def launch(launches: RecordedLaunches, batch: Batch, args: tuple[Any, ...]) -> N
 
 
 if WARP_VERSION >= SINCE:  # an older Warp would fail to build the tiles
-    for _scalar, _vector in ((wp.float32, wp.vec3f), (wp.float64, wp.vec3d)):
-        _vectors = {name: wp.array(dtype=_vector) for name in ("x", "v", "f")}
-        _scalars = {name: wp.array(dtype=_scalar)
-                    for name in ("inv_mass", "mass", "dt", "friction", "temperature", "active", "total_mass")}
-        wp.overload(_langevin_baoa_block, {**_vectors, **_scalars, "kb": _scalar})
+    declare_overloads([_langevin_baoa_block])

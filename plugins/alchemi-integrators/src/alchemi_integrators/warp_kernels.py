@@ -11,8 +11,9 @@ Per step, the Python cost is a signature check and a replay of a recorded launch
 (recorded once, in ``alchemi_core.warp_runtime``): Warp arrays and launches are rebuilt only when a tensor's
 address or shape changes (systems entering or leaving), not every step.
 
-Kernels are generic over float32/float64; both overloads are declared here so the module compiles
-once (and is cached by Warp) instead of once per dtype met at run time. Only Warp APIs present in
+Kernels are generic over float32/float64; both overloads are declared at import
+(:func:`~alchemi_integrators.kernel_funcs.declare_overloads`) so the module compiles once (and is
+cached by Warp) instead of once per dtype met at run time. Only Warp APIs present in
 warp-lang 1.5 are used.
 
 Example:
@@ -30,7 +31,7 @@ import warp as wp
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
 from alchemi_integrators import langevin_blocks
-from alchemi_integrators.kernel_funcs import gaussian3, half_kick, idle
+from alchemi_integrators.kernel_funcs import VECTOR_ARGS, declare_overloads, gaussian3, half_kick, idle
 from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
@@ -456,35 +457,12 @@ def _fire_move(
 # overloads: both precisions compiled together, once
 # ---------------------------------------------------------------------------------------------
 
-_VECTOR_ARGS = {"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers"}
-_ARRAY2D_ARGS = {"xi", "vxi", "coeff"}
-
-
-def _declare_overloads() -> None:
-    kernels = [
-        _kick_drift, _kick, _langevin_baoa, _langevin_remove_com_drift, _langevin_kick_count, _kinetic_energy,
-        _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, _scale, _fire_powers, _fire_system,
-        _fire_atoms, _fire_move,
-    ]
-    for scalar, vector in ((wp.float32, wp.vec3f), (wp.float64, wp.vec3d)):
-        for kernel in kernels:
-            types: dict[str, Any] = {}
-            for arg in kernel.adj.args:
-                if arg.type is not Any and getattr(arg.type, "dtype", None) is not Any:
-                    continue
-                if arg.type is Any:
-                    types[arg.label] = scalar
-                elif arg.label in _VECTOR_ARGS:
-                    types[arg.label] = wp.array(dtype=vector)
-                elif arg.label in _ARRAY2D_ARGS:
-                    types[arg.label] = wp.array2d(dtype=scalar)
-                else:
-                    types[arg.label] = wp.array(dtype=scalar)
-            wp.overload(kernel, types)
-
-
 wp.init()
-_declare_overloads()
+declare_overloads([
+    _kick_drift, _kick, _langevin_baoa, _langevin_remove_com_drift, _langevin_kick_count, _kinetic_energy,
+    _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, _scale, _fire_powers, _fire_system, _fire_atoms,
+    _fire_move,
+])
 
 # ---------------------------------------------------------------------------------------------
 # launching
@@ -492,7 +470,7 @@ _declare_overloads()
 
 # Launches go through core's Warp runtime (torch's stream, recorded launches replayed while the
 # arguments stay the same objects); [N, 3] arguments of these names are vec3 arrays.
-_VECTORS = frozenset(_VECTOR_ARGS) | SUM_VECTOR_ARGS
+_VECTORS = VECTOR_ARGS | SUM_VECTOR_ARGS
 
 
 class WarpLaunches(RecordedLaunches):
