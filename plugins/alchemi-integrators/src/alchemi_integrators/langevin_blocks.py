@@ -96,7 +96,6 @@ def _langevin_baoa_block(
         i = i + wp.int64(stride)
 
 
-
 def fits(device: torch.device, largest: int) -> bool:
     """Whether a batch whose largest system has ``largest`` atoms takes the one-launch step on
     ``device``."""
