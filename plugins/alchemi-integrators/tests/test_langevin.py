@@ -231,6 +231,7 @@ def test_one_block_per_system_gives_the_general_paths_trajectory(monkeypatch, de
         dyn.run(batch)
         launched = {name for name in dyn._warp_launches._recorded}
         assert ("baoa_block" in launched) == blocks and ("baoa" in launched) != blocks
+        assert ("kicks" in dyn.work._buffers) != blocks  # the block path needs no per-atom buffer
         finals[blocks] = (batch.positions.cpu(), batch.velocities.cpu(), batch)
         assert (batch.positions - start).abs().amin(dim=1).gt(0).all()  # every atom moved
     for a, b in zip(finals[False][:2], finals[True][:2]):

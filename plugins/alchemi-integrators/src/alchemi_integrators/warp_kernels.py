@@ -544,26 +544,27 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
         "warp_mass", batch, lambda: tuple(t.view(-1) for t in masses_and_totals(batch, dyn.inv_mass)),
         reads_fields=False, masks=False,
     )
-    momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     launches = _launches(dyn)
+    seed = int(dyn.random_seed % (2**31 - 1))
+    friction, temperature = dyn.per_system("friction", batch), dyn.per_system("temperature", batch)
+    noise_step = getattr(batch, dyn.noise_field)
+    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
+        # One launch, the COM held in each block: neither the per-atom kicks nor the momentum sums.
+        langevin_blocks.launch(launches, batch, (
+            x, v, f, im, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
+            _typed(KB, batch), seed,
+        ))
+        return
+    momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     # Each atom's noise momentum, when the centre of mass is held (else never written).
     kicks = (dyn.work.get("kicks", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
              if dyn.fix_com else momentum)
-    seed = int(dyn.random_seed % (2**31 - 1))
     args = (
-        x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
-        dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, _typed(KB, batch), seed,
-        int(dyn.fix_com), kicks, 0,
+        x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act,
+        _typed(KB, batch), seed, int(dyn.fix_com), kicks, 0,
     )
     # In ranges on a CPU's threads (one launch on a GPU): each atom's noise is drawn from its own
     # counter, so the ranges change no result.
-    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
-        langevin_blocks.launch(launches, batch, (
-            x, v, f, im, mass, batch.batch_ptr, batch.system_id, getattr(batch, dyn.noise_field), dt,
-            dyn.per_system("friction", batch), dyn.per_system("temperature", batch), act, total, _typed(KB, batch),
-            seed,
-        ))
-        return
     launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device, start_at="start")
     if dyn.fix_com:
         momentum.zero_()
