@@ -97,8 +97,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--variant", default="",
-        help="settings of alchemi's per-device choices for the whole run, module:NAME[key]=value,... "
-        "(benchmarks.choices; alchemi only, recorded in the JSON)",
+        help="settings for the whole run, module:NAME[key]=value,...: alchemi's per-device choices, or "
+        "benchmarks.spec's values, which every framework reads (benchmarks.choices; recorded in the JSON)",
     )
     args = p.parse_args(argv)
     try:
