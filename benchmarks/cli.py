@@ -98,7 +98,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--variant", default="",
         help="settings for the whole run, module:NAME[key]=value,...: alchemi's per-device choices, or "
-        "benchmarks.spec's values, which every framework reads (benchmarks.choices; recorded in the JSON)",
+        "values of benchmarks.spec that the adapters read (benchmarks.choices; recorded in the JSON)",
     )
     args = p.parse_args(argv)
     try:
