@@ -1,8 +1,7 @@
 """nvalchemi-toolkit (NVIDIA), driven through its public API as its documentation shows:
 ``LennardJonesModelWrapper`` with a ``NeighborListHook`` at ``BEFORE_COMPUTE`` (skin 0.5 Å,
 ``spec.SKIN``; the hook's default is 0, a rebuild every step; alchemi's own default is 1.0 Å, and
-nvalchemi's times do not depend on it: 0.5, 0.75 and 1.0 Å gave W1 256x1024 3.414, 3.402 and
-3.381 ms per step and W2 0.140, 0.142 and 0.139 s on an H100, docs/performance.md), ``NVTLangevin`` /
+nvalchemi's times do not depend on it between 0.5 and 1.0 Å: docs/performance.md), ``NVTLangevin`` /
 ``NVE`` / ``FIRE`` and ``BaseDynamics.run``; W3 with ``FusedStage`` fed by its
 ``SizeAwareSampler``. Its kernels take times in sqrt(amu Å²/eV) (10.18 fs): FIRE's time steps
 are converted here (its MD integrators convert fs themselves), and its velocities are in Å per
@@ -187,8 +186,7 @@ class NvAlchemi(Framework):
         self.version = metadata.version("nvalchemi-toolkit")
         self.notes = (
             "LennardJonesModelWrapper + NeighborListHook(skin=spec.SKIN, 0.5 unless --variant sets it) at "
-            "BEFORE_COMPUTE; NVTLangevin/NVE/"
-            "FIRE via BaseDynamics.run; W3: FusedStage(sampler=SizeAwareSampler)"
+            "BEFORE_COMPUTE; NVTLangevin/NVE/FIRE via BaseDynamics.run; W3: FusedStage(sampler=SizeAwareSampler)"
         )
         if torch.cuda.is_available() and importlib.util.find_spec("triton") is None:
             # Its neighbour-list hook is torch.compile'd; without Triton inductor cannot build GPU
