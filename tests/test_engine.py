@@ -564,7 +564,8 @@ def test_a_model_without_an_error_flag_is_verified_at_every_check():
     model = DemoModelWrapper()
     calls = Counter()
     model.verify = lambda batch: calls.update(["verify"])  # type: ignore[method-assign]
-    engine = DemoDynamics(model=model, n_steps=50, dt=0.5, convergence_hook=never_converging(1))._make_engine()
+    stage = DemoDynamics(model=model, n_steps=50, dt=0.5, convergence_hook=never_converging(1))
+    engine = stage._make_engine()  # runs while its stage is alive (it holds the stage weakly)
     engine.prepare(make_batch([3, 4]))
     calls.clear()
     for k in (1, 2, 3):

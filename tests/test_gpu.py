@@ -249,6 +249,30 @@ def test_runs_one_after_another_draw_their_graphs_memory_from_the_ended_runs_gra
         assert run_once() == (allocs, reserved)
 
 
+def test_a_loop_of_dropped_compiled_runs_frees_each_run_without_the_collector():
+    """With Python's cycle collector off, each compiled run the caller drops gives its stage,
+    engine and batch back at once, and torch's allocated device memory stays flat across the loop
+    (alchemi_core.dynamics.weak; before, every run stayed alive until the collector ran)."""
+    from alchemi_core.testing import never_converging
+    from alchemi_core.testing.lifetime import collector_off, still_alive, watch
+
+    allocated = []
+    with collector_off():
+        for _ in range(4):
+            stage = DemoDynamics(model=DemoModelWrapper(), n_steps=12, dt=0.5,
+                                 convergence_hook=never_converging(frequency=1)).compile()
+            batch = make_batch([40] * 16, dtype=torch.float32).to("cuda")
+            with stage:
+                stage.run(batch)
+            assert stage._engine is not None and stage._engine.graph_captures == 1
+            refs = watch(stage, stage._engine, batch)
+            del stage, batch
+            torch.cuda.synchronize()
+            assert still_alive(refs) == []
+            allocated.append(torch.cuda.memory_allocated())
+    assert allocated[1:] == [allocated[1]] * 3, allocated
+
+
 def test_a_sampler_over_a_gpu_dataset_builds_batches_on_the_gpu_from_host_structures():
     from alchemi_core.data.datapipes import ListDataset
     from alchemi_core.dynamics import SizeAwareSampler

@@ -213,6 +213,12 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """
         return False
 
+    def release_run_state(self) -> None:
+        """Called once a run has ended (its CUDA graphs dropped): let go of what only that run
+        needed. The default holds nothing of the kind; an integrator that caches values built by
+        closures over itself drops them here, so that a stage the caller lets go of is freed at
+        once rather than by the cycle collector (``alchemi_core.dynamics.weak``)."""
+
     @property
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""

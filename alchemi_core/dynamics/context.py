@@ -38,7 +38,9 @@ Example:
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
+
+from alchemi_core.dynamics.weak import alive, ref_to
 
 if TYPE_CHECKING:
     import torch
@@ -150,10 +152,16 @@ class RunView:
         (4, 1, False)
     """
 
-    __slots__ = ("_engine",)
+    __slots__ = ("_run",)
 
     def __init__(self, engine: RunState) -> None:
-        self._engine = engine
+        # Weak: the engine holds its stages' contexts, which hold this view (see
+        # ``alchemi_core.dynamics.weak``); the stage that ran keeps the engine alive.
+        self._run = ref_to(engine)
+
+    @property
+    def _engine(self) -> RunState:
+        return cast("RunState", alive(self._run, "run"))
 
     @property
     def steps_done(self) -> int:

@@ -48,9 +48,9 @@ class Engine(Admission):
             owners.insert(0, (self.owner, self.extra_hooks))
         self.table = build_hook_table(owners)
         for s in self.subs:
-            s.hooks = tuple(tuple(e for e in point if e[2] is s.dynamics) for point in self.table)
+            s.hooks = tuple(tuple(e for e in point if e[2]() is s.dynamics) for point in self.table)
         self.owner_hooks = tuple(
-            tuple(e for e in point if self.extra_hooks and e[2] is self.owner) for point in self.table
+            tuple(e for e in point if self.extra_hooks and e[2]() is self.owner) for point in self.table
         )
         inner = [f for p in INNER_POINTS for f, _, _ in self.table[p]]
         self._inner_hooks = bool(inner)

@@ -10,7 +10,8 @@ their own ``stage`` and ``frequency`` that the engine schedules in its place, wh
 methods stay on the outer hook.
 
 Hooks are not pluggy calls: each run builds, per point, a tuple of ``(frequency, hook, stage)``
-once (:func:`build_hook_table`, indexed by :class:`DynamicsStage` members), so an empty point
+entries (the stage held weakly: it owns the engine that holds the table; see
+``alchemi_core.dynamics.weak``) once (:func:`build_hook_table`, indexed by :class:`DynamicsStage` members), so an empty point
 costs nothing and a full one a Python call per hook; :func:`dispatch` is the one place that calls
 them.
 
@@ -27,10 +28,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from alchemi_core.dynamics.stage import DynamicsStage
+from alchemi_core.dynamics.weak import alive, ref_to
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -104,19 +106,21 @@ def check_hook(hook: Any) -> None:
         raise ConfigurationError(f"{hook!r} has frequency {hook.frequency}; it must be >= 1")
 
 
-#: One hook point's entries: ``(frequency, hook, stage the hook belongs to)``.
-HookEntries = tuple[tuple[int, Any, Any], ...]
+#: One hook point's entries: ``(frequency, hook, reference to the stage the hook belongs to)``;
+#: calling the reference gives the stage.
+HookEntries = tuple[tuple[int, Any, Callable[[], Any]], ...]
 #: Per hook point (indexed by ``DynamicsStage`` members), its entries.
 HookTable = tuple[HookEntries, ...]
 
 
 def build_hook_table(owners: Iterable[tuple[Any, Iterable[Any]]]) -> HookTable:
-    """Per hook point, the ``(frequency, hook, stage)`` entries, in registration order."""
-    points: list[list[tuple[int, Any, Any]]] = [[] for _ in DynamicsStage]
+    """Per hook point, the ``(frequency, hook, stage reference)`` entries, in registration order."""
+    points: list[list[tuple[int, Any, Callable[[], Any]]]] = [[] for _ in DynamicsStage]
     for stage, hooks in owners:
+        ref = ref_to(stage)
         for hook in hooks:
             for part in hook_parts(hook):
-                points[int(part.stage)].append((int(part.frequency), part, stage))
+                points[int(part.stage)].append((int(part.frequency), part, ref))
     return tuple(tuple(p) for p in points)
 
 
@@ -136,4 +140,4 @@ def dispatch(entries: HookEntries, batch: Batch | None, step: int) -> None:
     """
     for freq, hook, stage in entries:
         if step % freq == 0:
-            hook(batch, stage)
+            hook(batch, alive(stage, "stage"))

@@ -127,10 +127,10 @@ def _execute(
     try:
         engine.run(max_steps, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     finally:
-        # A finished run's CUDA graphs go now, not when the collector next breaks the cycle
-        # between the stage and its engine: a loop of runs (or a larger batch next) would
-        # otherwise hold every earlier run's graph memory. The next run captures its own.
-        engine.release_graphs()
+        # A finished run's CUDA graphs (and the stages' per-run caches) go now: a loop of runs
+        # (or a larger batch next) would otherwise hold every earlier run's graph memory until the
+        # stage itself is freed. The next run captures its own.
+        engine.release_run()
         engine.end_hooks()
     if engine.batch is not None:
         restore_system_columns(engine.batch, engine.user_shapes)

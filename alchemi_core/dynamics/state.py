@@ -31,6 +31,7 @@ from alchemi_core.dynamics.identity import SystemIds
 from alchemi_core.dynamics.quarantine import HEALTH_INTERVAL, HealthCheck, PendingCodes, Quarantined
 from alchemi_core.dynamics.readback import FlagReadBack
 from alchemi_core.dynamics.status_flow import check_status_flow
+from alchemi_core.dynamics.weak import alive, ref_to
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -50,13 +51,14 @@ class SubStage:
     ``StepContext`` its integrator and hooks read."""
 
     __slots__ = (
-        "code", "dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight",
+        "code", "_dynamics", "budget", "target", "conv", "source", "sys_mask", "node_weight",
         "weighted_inv_mass", "buffers_version", "hooks", "context",
     )
 
     def __init__(self, code: int, dynamics: BaseDynamics, target: int) -> None:
         self.code = int(code)
-        self.dynamics = dynamics
+        # Weak: the stage owns its engine, not the other way round (``alchemi_core.dynamics.weak``).
+        self._dynamics = ref_to(dynamics)
         self.budget = int(dynamics.n_steps)
         self.target = int(target)
         self.conv: ConvergenceHook | None = dynamics.convergence_hook
@@ -73,6 +75,12 @@ class SubStage:
         #: Per hook point, this stage's ``(frequency, hook, stage)`` entries.
         self.hooks: HookTable = ()
         self.context = StepContext(self.code)
+
+    @property
+    def dynamics(self) -> BaseDynamics:
+        """The stage's dynamics (held by whoever runs the engine: the stage itself, a fused stage,
+        a pipeline)."""
+        return alive(self._dynamics, "stage")
 
 
 class EngineState:
@@ -128,7 +136,7 @@ class EngineState:
         self.sampler = sampler
         self.refill_frequency = max(1, int(refill_frequency))
         self.graduate_on_budget = bool(graduate_on_budget)
-        self.owner = owner
+        self._owner = None if owner is None else ref_to(owner)
         self.extra_hooks = list(hooks)
         self.models = list({id(s.dynamics.model): s.dynamics.model for s in self.subs}.values())
         self.masked = len(self.subs) > 1 or graduate_on_budget or any(s.conv is not None for s in self.subs)
@@ -213,6 +221,11 @@ class EngineState:
         self._health_pending: PendingCodes | None = None
 
     @property
+    def owner(self) -> Any:
+        """The object users called ``run`` on (held weakly: it owns this engine)."""
+        return None if self._owner is None else alive(self._owner, "owner")
+
+    @property
     def mask_version(self) -> int:
         """The version of the masks the stages' contexts hold now."""
         return self.subs[0].context.version
@@ -224,6 +237,13 @@ class EngineState:
         self._retire_step_graph()
         self._graph_key = -1
         self._check_capture.release()
+
+    def release_run(self) -> None:
+        """The run has ended: drop its graphs and let every stage release what only it needed
+        (``BaseDynamics.release_run_state``). A later ``step()`` on this engine rebuilds both."""
+        self.release_graphs()
+        for s in self.subs:
+            s.dynamics.release_run_state()
 
     def _retire_step_graph(self) -> None:
         """Drop the captured step (the next step captures anew); its memory pool serves the next

@@ -200,6 +200,20 @@ class IntegratorContract:
     #: False for stochastic integrators (whose noise depends on the batch layout).
     deterministic = True
 
+    def test_a_dropped_stage_is_freed_at_once(self) -> None:
+        """After ``run()``, dropping the stage and the batch frees them and the run's engine by
+        reference counting alone (on a GPU, the run's device memory): nothing of a run may form a
+        reference cycle back to the stage (see ``alchemi_core.dynamics.weak``)."""
+        from alchemi_core.testing.lifetime import collector_off, still_alive, watch
+
+        with collector_off():
+            stage = self.make_integrator(self.model(), 4, **self.integrator_kwargs)
+            batch = self.batch([3, 4])
+            out = stage.run(batch)
+            refs = watch(stage, stage._engine, batch)
+            del stage, batch, out
+            assert still_alive(refs) == []
+
     def test_graduated_systems_do_not_move(self) -> None:
         """In a fused stage, a system that finished this stage stops changing here."""
         b = self.batch([3, 3])

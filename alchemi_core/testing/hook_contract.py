@@ -9,7 +9,9 @@ is a fresh directory for hooks that write files). The inherited tests check that
   as they would be without it (a hook acts on its stage's ``context.system_mask`` only);
 * runs as a fused stage's own hook (its ``dynamics`` is then the fused stage);
 * can serve two runs in a row (state is reset in ``on_run_start``, files closed in
-  ``on_run_end``).
+  ``on_run_end``);
+* is freed, with its stage and the batch it last saw, as soon as the caller drops them (no
+  reference cycle through the hook: ``alchemi_core.dynamics.weak``).
 
 Set ``acts_only_on_its_stage = False`` for a hook whose documented job is to touch every system
 (none of the first-party hooks), and ``run_kwargs`` for stage arguments it needs.
@@ -35,6 +37,7 @@ from alchemi_core.dynamics.fused import FusedStage
 from alchemi_core.dynamics.hook import check_hook, hook_parts
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.testing.factories import make_batch
+from alchemi_core.testing.lifetime import collector_off, still_alive, watch
 
 
 class HookContract:
@@ -122,3 +125,15 @@ class HookContract:
         for _ in range(2):
             out = self.stage([hook]).run(self.batch())
             assert out is not None and bool(torch.isfinite(out.positions).all())
+
+    def test_a_dropped_hook_is_freed_at_once(self) -> None:
+        """A hook whose parts hold its own bound methods strongly, or that keeps the stage, forms
+        a cycle: the batch it last saw then stays alive until the cycle collector runs."""
+        with collector_off():
+            hook = self.make_hook()
+            stage = self.stage([hook])
+            batch = self.batch()
+            out = stage.run(batch)
+            refs = watch(hook, stage, batch)
+            del hook, stage, batch, out
+            assert still_alive(refs) == []

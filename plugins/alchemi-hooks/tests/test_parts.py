@@ -40,3 +40,25 @@ def test_a_malformed_part_is_rejected_at_construction():
     hook.parts = (object(),)
     with pytest.raises(ConfigurationError, match="not a hook"):
         DemoDynamics(model=DemoModelWrapper(), n_steps=1, hooks=[hook])
+
+
+class OwnMethod(Hook):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.parts = (HookPart(DynamicsStage.AFTER_COMPUTE, self.count),)
+
+    def count(self, batch, dynamics):
+        self.calls += 1
+
+
+def test_a_part_holds_its_hooks_method_weakly_and_says_when_the_hook_is_gone():
+    hook = OwnMethod()
+    part = hook.parts[0]
+    part(None, None)
+    assert hook.calls == 1
+    del hook  # no cycle through the part: freed at once
+    with pytest.raises(ReferenceError, match="hook was freed"):
+        part(None, None)
+    plain = HookPart(DynamicsStage.AFTER_COMPUTE, lambda b, d: None)
+    plain(None, None)  # a function is held strongly (nothing else may hold it)

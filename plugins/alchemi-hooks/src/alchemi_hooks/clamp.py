@@ -60,7 +60,7 @@ class MaxForceClampHook(Hook):
         self._seen: Any = None  # (batch, version, stage mask) whose forces are clamped
         self.parts = (
             HookPart(DynamicsStage.BEFORE_PRE_UPDATE, self._clamp_new),
-            HookPart(DynamicsStage.AFTER_COMPUTE, self, frequency=self.frequency),
+            HookPart(DynamicsStage.AFTER_COMPUTE, self.__call__, frequency=self.frequency),
         )
 
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:

@@ -1,7 +1,10 @@
 """``HookPart``: one hook point of a hook that acts at several (listed in the hook's ``parts``).
 
 The engine schedules each part at its own stage and frequency and calls it with the usual
-``(batch, dynamics)``; the outer hook keeps the state and the lifecycle methods.
+``(batch, dynamics)``; the outer hook keeps the state and the lifecycle methods. A part holds a
+bound method of its hook weakly: the hook holds its parts, and a strong reference back would
+make a cycle that keeps a dropped hook (and the batch it last saw) alive until Python's cycle
+collector runs.
 
 Example:
     >>> from alchemi_core.dynamics import DynamicsStage
@@ -13,8 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from alchemi_core.dynamics.stage import DynamicsStage
 
@@ -25,12 +30,20 @@ if TYPE_CHECKING:
 class HookPart:
     """Calls ``action(batch, dynamics)`` at ``stage`` every ``frequency`` steps."""
 
-    __slots__ = ("stage", "frequency", "action")
+    __slots__ = ("stage", "frequency", "_action")
 
     def __init__(self, stage: DynamicsStage, action: Callable[[Batch, Any], None], frequency: int = 1) -> None:
         self.stage = DynamicsStage(stage)
         self.frequency = int(frequency)
-        self.action = action
+        self._action: Callable[[], Any] = weakref.WeakMethod(action) if inspect.ismethod(action) else lambda: action
+
+    @property
+    def action(self) -> Callable[[Batch, Any], None]:
+        """What the part calls."""
+        action = self._action()
+        if action is None:
+            raise ReferenceError("this HookPart's hook was freed; keep the hook while its parts run")
+        return cast("Callable[[Batch, Any], None]", action)
 
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         self.action(batch, dynamics)

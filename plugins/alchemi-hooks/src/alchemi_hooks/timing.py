@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections import deque
 from typing import IO, TYPE_CHECKING, Any
 
@@ -103,8 +104,12 @@ class StageTimingHook(Hook):
 
     # ------------------------------------------------------------------ marks
     def _marker(self, point: DynamicsStage) -> Any:
+        hook = weakref.ref(self)  # the hook holds its parts: a strong reference would be a cycle
+
         def mark(batch: Batch, dynamics: Any) -> None:
-            self._mark(point, dynamics)
+            timing = hook()
+            if timing is not None:
+                timing._mark(point, dynamics)
 
         mark.__qualname__ = f"StageTimingHook.mark[{point.name}]"
         return mark

@@ -127,6 +127,11 @@ class Integrator(BaseDynamics):
         self._reads_user_fields = any(p.varies for p in self.parameters.values())
         self.create_state(batch)
 
+    def release_run_state(self) -> None:
+        """Empty the cache of mask-derived values at a run's end: its build functions close over
+        this integrator (a cycle), and the next run's ``setup`` would empty it anyway."""
+        self._cache.clear()
+
     #: The backend ``"auto"`` picks on a CPU when warp-lang is installed (see the module docstring).
     cpu_backend = "torch"
 

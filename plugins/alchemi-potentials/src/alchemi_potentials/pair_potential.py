@@ -179,25 +179,24 @@ class PairPotential(BaseModel):
         #: at every refill and graduation; the engine checks the systems that enter itself, and a
         #: second, whole-batch check there (cells read back, a probe neighbour search) cost
         #: W1 and W2 on the H200 more than the step (0.49 -> 0.84 ms/step at 256x1024).
-        self._checked: dict[int, weakref.ref[Any]] = {}
+        self._checked: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     def _was_checked(self, batch: Batch) -> bool:
-        ref = self._checked.get(id(batch))
-        return ref is not None and ref() is batch
+        return self._checked.get(id(batch)) is batch
 
     def _mark_checked(self, batch: Batch) -> None:
-        key, checked = id(batch), self._checked
-
-        def forget(_ref: weakref.ref[Any]) -> None:
-            checked.pop(key, None)
-
-        checked[key] = weakref.ref(batch, forget)
+        self._checked[id(batch)] = batch
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
         state = self.__dict__.copy()
-        state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={}, _checked={})
+        state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={})
+        del state["_checked"]  # weak references do not pickle; a copy has checked no batch yet
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._checked = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ parameters
     @property
