@@ -4,10 +4,12 @@ A user relaxing chunk after chunk (or a benchmark's repeats) runs many engines o
 in one process. Each run should find the memory of the run before in torch's cache; where it
 does not, every run asks the driver again (``cudaMalloc``, host time the GPU waits for) and torch's
 reserved memory grows. This runs W2's relaxation (``--cells`` cells of 108 argon atoms) once
-untimed and then ``--runs`` times, every other run after ``gc.collect()`` (an ended run's engine
-is then freed at once rather than when the collector next runs), and reports per run its wall
-time, the device allocations torch made (``num_device_alloc``) and the memory it reserves after.
-On a CPU the allocation columns are empty.
+untimed and then ``--runs`` times, every other run after ``gc.collect()``, and reports per run its
+wall time, the device allocations torch made (``num_device_alloc``), the memory it reserves after,
+and how many stages (``BaseDynamics``) are still alive after it, none of them in use: an ended
+run's stage that only Python's cycle collector would free shows there (before the engine held
+its stages weakly, a loop of FIRE runs kept up to 15 alive). On a CPU the allocation columns are
+empty.
 
     python -m benchmarks.repeat_memory --runs 8 --json out.json
 
@@ -34,6 +36,13 @@ def _device_stats(device: str) -> tuple[int | None, int | None]:
     return int(torch.cuda.memory_stats()["num_device_alloc"]), torch.cuda.memory_reserved() // 2**20
 
 
+def stages_alive() -> int:
+    """Stages Python still holds, reachable or not (the collector's list of every object)."""
+    from alchemi_core.dynamics.base import BaseDynamics
+
+    return sum(issubclass(type(o), BaseDynamics) for o in gc.get_objects())  # type(): no proxy asked
+
+
 def measure(cells: int, runs: int, device: str) -> list[dict[str, Any]]:
     """One row per run (after one untimed run): seconds, steps, allocations, reserved MiB."""
     from benchmarks.adapters.alchemi import Alchemi
@@ -53,6 +62,7 @@ def measure(cells: int, runs: int, device: str) -> list[dict[str, Any]]:
         rows.append({
             "gc_first": collect, "seconds": round(outcome.seconds, 5), "steps": outcome.steps,
             "device_allocs": None if before is None or after is None else after - before, "reserved_MiB": reserved,
+            "stages_alive": stages_alive(),
         })
     return rows
 
@@ -65,10 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows = measure(args.cells, args.runs, args.device)
-    print(f"{'run':>3}  {'gc first':>8}  {'seconds':>8}  {'steps':>5}  {'allocations':>11}  {'reserved MiB':>12}")
+    print(f"{'run':>3}  {'gc first':>8}  {'seconds':>8}  {'steps':>5}  {'allocations':>11}  {'reserved MiB':>12}  "
+          f"{'stages alive':>12}")
     for i, r in enumerate(rows):
         print(f"{i:>3}  {r['gc_first']!s:>8}  {r['seconds']:>8.4f}  {r['steps']:>5}  "
-              f"{r['device_allocs']!s:>11}  {r['reserved_MiB']!s:>12}")
+              f"{r['device_allocs']!s:>11}  {r['reserved_MiB']!s:>12}  {r['stages_alive']:>12}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cells": args.cells, "device": args.device, "runs": rows}, f, indent=1)
