@@ -62,3 +62,15 @@ def test_a_part_holds_its_hooks_method_weakly_and_says_when_the_hook_is_gone():
         part(None, None)
     plain = HookPart(DynamicsStage.AFTER_COMPUTE, lambda b, d: None)
     plain(None, None)  # a function is held strongly (nothing else may hold it)
+
+
+def test_a_method_of_an_object_that_is_not_a_hook_is_held_as_given():
+    class Helper:
+        calls = 0
+
+        def note(self, batch, dynamics):
+            Helper.calls += 1
+
+    part = HookPart(DynamicsStage.AFTER_COMPUTE, Helper().note)  # the part alone holds the helper
+    part(None, None)
+    assert Helper.calls == 1

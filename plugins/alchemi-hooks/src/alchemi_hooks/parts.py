@@ -2,9 +2,9 @@
 
 The engine schedules each part at its own stage and frequency and calls it with the usual
 ``(batch, dynamics)``; the outer hook keeps the state and the lifecycle methods. A part holds a
-bound method of its hook weakly: the hook holds its parts, and a strong reference back would
-make a cycle that keeps a dropped hook (and the batch it last saw) alive until Python's cycle
-collector runs.
+bound method of a hook (its own, in practice) weakly: the hook holds its parts, and a strong
+reference back would make a cycle that keeps a dropped hook (and the batch it last saw) alive
+until Python's cycle collector runs. Any other callable is held as given.
 
 Example:
     >>> from alchemi_core.dynamics import DynamicsStage
@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ class HookPart:
     def __init__(self, stage: DynamicsStage, action: Callable[[Batch, Any], None], frequency: int = 1) -> None:
         self.stage = DynamicsStage(stage)
         self.frequency = int(frequency)
-        self._action: Callable[[], Any] = weakref.WeakMethod(action) if inspect.ismethod(action) else lambda: action
+        own = inspect.ismethod(action) and isinstance(action.__self__, Hook)
+        self._action: Callable[[], Any] = weakref.WeakMethod(action) if own else lambda: action
 
     @property
     def action(self) -> Callable[[Batch, Any], None]:
