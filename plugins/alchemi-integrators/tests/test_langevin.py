@@ -33,6 +33,7 @@ class FreeAtoms:
         return {"energy": batch.energy.zero_(), "forces": batch.forces.zero_()}
 
 
+@pytest.mark.slow  # a long sampled trajectory (the oldest-Warp run leaves it out)
 @pytest.mark.parametrize(
     ("backend", "fix_com"),
     [("torch", True), pytest.param("warp", False, marks=needs_warp)],

@@ -15,6 +15,7 @@ from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, Y
 from alchemi_integrators.thermo import temperature
 
 
+@pytest.mark.slow  # a long sampled trajectory (the oldest-Warp run leaves it out)
 def test_conserved_energy_and_per_system_temperatures() -> None:
     """Four float32 argon cells (32 atoms) thermostatted to 40, 50, 50 and 60 K (a per-system
     tensor) for 4000 steps of 5 fs, tau = 250 fs, starting at 80 K, on the default backend

@@ -39,6 +39,7 @@ def _total_energy(batch: Batch, dynamics: VelocityVerlet) -> torch.Tensor:
     return total
 
 
+@pytest.mark.slow  # a long sampled trajectory (the oldest-Warp run leaves it out)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_energy_conserved_over_10000_steps(dtype: torch.dtype) -> None:
     batch = Batch.from_data_list([argon(2, dtype=dtype)])
