@@ -3,6 +3,8 @@ soon as the caller drops them, with Python's cycle collector off (``alchemi_core
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import (
     ConvergenceHook,
     DemoDynamics,
+    DistributedPipeline,
     DynamicsStage,
     FusedStage,
     Hook,
@@ -79,3 +82,26 @@ def test_an_engine_that_outlives_its_stage_says_so():
     del engine
     with pytest.raises(ConfigurationError, match="run was freed"):
         _ = context.run.steps_done
+
+
+def test_a_finished_pipeline_is_freed_when_dropped_and_its_ranks_stay_readable_until_then():
+    with collector_off():
+        first = DemoDynamics(model=DemoModelWrapper(), n_steps=3, dt=0.3)
+        last = DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.4)
+        pipeline = DistributedPipeline(stages={0: first, 1: last})
+        out = pipeline.run(make_batch([2, 3, 4]))
+        assert out is not None and out.num_graphs == 3
+        ranks = first.pipeline_rank, last.pipeline_rank
+        assert [r.left for r in ranks] == [3, 3] and ranks[0].stage is first
+        refs = watch(pipeline, first, last, *ranks, first._engine, last._engine)
+        del pipeline, first, last, out, ranks
+        assert still_alive(refs) == []
+
+
+def test_a_rank_whose_stage_was_freed_says_so():
+    ranks = DistributedPipeline(stages={0: DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.3),
+                                        1: DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.3)}
+                                ).in_process_ranks(make_batch([2]))
+    gc.collect()  # the stages' only owner was the pipeline, a temporary
+    with pytest.raises(ConfigurationError, match="stage was freed.*or to the pipeline"):
+        ranks[0].iterate()

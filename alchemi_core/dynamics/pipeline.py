@@ -248,7 +248,8 @@ class DistributedPipeline:
 
         For stepping through the protocol by hand (tests, debugging); ``run()`` uses it. Iterate
         the ranks in rank order, one phase sequence each per round, until every rank
-        ``ready_to_stop()``; then ``close()`` each.
+        ``ready_to_stop()``; then ``close()`` each. Keep the pipeline (or its stages) while you
+        do: a rank holds its stage weakly, and one whose stage was freed says so.
         """
         from alchemi_core.comm.inprocess import InProcessBackend
 

@@ -52,6 +52,7 @@ from alchemi_core.dynamics.pipeline_routing import (
     stage_comm_mode,
 )
 from alchemi_core.dynamics.pipeline_salvage import IdLedger, RankLostError, salvage
+from alchemi_core.dynamics.weak import alive, ref_to
 from alchemi_core.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class PipelineRank(RankRouting):
         device: torch.device | str = "cpu",
         queue_depth: int = 4,
     ) -> None:
-        self.stage = stage
+        # Weakly: the stage holds its rank (read after a run); see dynamics.weak.
+        self._stage = ref_to(stage)
         self.backend = backend
         self.rank = backend.rank
         self.world_size = world_size
@@ -128,6 +130,11 @@ class PipelineRank(RankRouting):
         stage._pipeline_rank = self
 
     # ------------------------------------------------------------------ views
+    @property
+    def stage(self) -> Any:
+        """The ``BaseDynamics`` or ``FusedStage`` this rank runs."""
+        return alive(self._stage, "stage", holder="pipeline rank")
+
     @property
     def active_batch(self) -> Batch | None:
         """The systems this rank integrates."""

@@ -1,11 +1,12 @@
-"""Weak references from an engine back to the stages that own it.
+"""Weak references from an engine, or a pipeline rank, back to the stages that own it.
 
 A stage holds its engine (``dynamics._engine``) so that ``step()``, ``step_count`` and
 ``quarantined`` work after ``run()``; the engine, its hook tables and its run view refer back to
 the stage and to themselves only weakly. Without that, every finished run formed a reference
 cycle (stage -> engine -> stage) that only Python's cycle collector frees: a loop of 40 FIRE
 runs kept up to fifteen dead stages, with their batches and buffers (on a GPU, device memory),
-alive at once.
+alive at once. A pipeline stage holds its ``PipelineRank`` the same way (``stage.pipeline_rank``),
+and the rank refers back weakly too.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -39,12 +40,13 @@ def ref_to(obj: Any) -> Callable[[], Any]:
         return lambda: obj
 
 
-def alive(ref: Callable[[], Any], what: str) -> Any:
-    """The object behind ``ref``, or a clear error where it was freed."""
+def alive(ref: Callable[[], Any], what: str, holder: str = "engine") -> Any:
+    """The object behind ``ref``, or a clear error where it was freed (``holder``: what held it,
+    an engine or a pipeline rank)."""
     obj = ref()
     if obj is None:
         raise ConfigurationError(
-            f"this engine's {what} was freed: an engine runs only while the stage that made it is "
-            "alive (keep a reference to the stage you call run() or step() on)"
+            f"this {holder}'s {what} was freed: an {holder} runs only while the stage that made it is "
+            "alive (keep a reference to the stage you call run() or step() on, or to the pipeline)"
         )
     return obj
