@@ -46,7 +46,7 @@ def alive(ref: Callable[[], Any], what: str, holder: str = "engine") -> Any:
     obj = ref()
     if obj is None:
         raise ConfigurationError(
-            f"this {holder}'s {what} was freed: an {holder} runs only while the stage that made it is "
+            f"this {holder}'s {what} was freed: {holder}s run only while the stage that made them is "
             "alive (keep a reference to the stage you call run() or step() on, or to the pipeline)"
         )
     return obj
