@@ -393,14 +393,14 @@ class RecordedLaunches:
         self._recorded: dict[str, tuple[int | tuple[int, ...], tuple[Any, ...], LaunchSequence]] = {}
 
     def launch(self, name: str, kernel: Any, dim: int | tuple[int, ...], args: Sequence[Any], device: torch.device,
-               start_at: str | None = None) -> None:
+               start_at: str | None = None, min_dim: int | None = None) -> None:
         """Launch ``kernel`` over ``dim`` threads (a grid with a tuple) on torch's current stream
         of ``device``.
 
         With ``start_at``, the name of the kernel's argument that is the first item's index (its
         thread ``t`` doing item ``start + t``; pass 0 for it), a CPU runs the launch in
         :func:`chunks_for` ranges on its worker threads, as :meth:`LaunchSequence.add_chunked`
-        does; the items' writes must not meet. A GPU launches once.
+        does (from ``min_dim`` threads on); the items' writes must not meet. A GPU launches once.
         """
         if _threads(dim) == 0:
             return
@@ -416,7 +416,7 @@ class RecordedLaunches:
             seq.add(kernel, dim, inputs)
         else:
             assert isinstance(dim, int), "a launch in ranges is one-dimensional"
-            seq.add_chunked(kernel, dim, inputs, start_at=start_at)
+            seq.add_chunked(kernel, dim, inputs, start_at=start_at, min_dim=min_dim)
         seq.run(stream)
         self._recorded[name] = (dim, tuple(args), seq)
 

@@ -194,7 +194,9 @@ def test_warp_backend_in_ranges_on_a_cpu_gives_the_one_launch_trajectory(monkeyp
     the trajectory is bit for bit the one of a single launch. A range that ignored its start (every
     range updating the first atoms) or skipped one fails this."""
     from alchemi_core import warp_runtime
+    from alchemi_integrators import langevin_lanes
 
+    monkeypatch.setitem(langevin_lanes.BY_DEVICE, "cpu", False)  # the general path (a CPU's default: the lanes)
     finals = {}
     for cut in (False, True):
         # Ranges from any size (uneven ones: 5 systems of 32 atoms in 8 ranges), on 2 threads.
@@ -217,8 +219,9 @@ def test_one_block_per_system_gives_the_general_paths_trajectory(monkeypatch, de
     per system summing its noise momentum (``langevin_blocks``); the general path takes four
     launches and a per-atom buffer. Same noise, same arithmetic: the same trajectory to the
     rounding of the momentum sums' order, each system's centre of mass at rest."""
-    from alchemi_integrators import langevin_blocks
+    from alchemi_integrators import langevin_blocks, langevin_lanes
 
+    monkeypatch.setitem(langevin_lanes.BY_DEVICE, "cpu", False)  # a CPU's default: the lanes
     if langevin_blocks.WARP_VERSION < langevin_blocks.SINCE:
         pytest.skip(f"the block path needs warp-lang >= {langevin_blocks.SINCE}")
     sizes = (1, 2, 1, 5)  # argon(n) holds 4 n^3 atoms: 4, 32, 4, 500 (two atoms per thread of a GPU block)

@@ -13,12 +13,11 @@ entering systems in ``init_state``, and whose step runs on one of two backends:
 
 ``backend="auto"`` (the default) picks Warp on CUDA devices when ``warp-lang`` is installed. On a
 CPU it picks what measured faster there (:attr:`Integrator.cpu_backend`): torch for velocity
-Verlet and Langevin (a few vectorised operations; torch's normal sampler beats Warp's per-atom
-generator: W6's 64 cells of 108 argon atoms on two cores took 2.49-2.69 ms per step with torch's
-Langevin and 3.02-3.33 with Warp's, whose per-atom kernels run in ranges on both cores, 3.97-4.11
-in one launch), Warp for Nose-Hoover chains and FIRE, whose per-system bookkeeping is
-one Warp kernel instead of tens of tiny torch operations (about 3x and 8x faster for 64 argon
-cells of 108 atoms on one core).
+Verlet (a few vectorised operations); Warp for Langevin, whose CPU step takes a system's atoms in
+SIMD lanes, Gaussian draws included (:mod:`~alchemi_integrators.langevin_lanes`; Warp's scalar
+draws lost to torch's sampler before it), and for Nose-Hoover chains and FIRE, whose per-system
+bookkeeping is one Warp kernel instead of tens of tiny torch operations (about 3x and 8x faster
+for 64 argon cells of 108 atoms on one core).
 
 Example:
     >>> from alchemi_core import registry

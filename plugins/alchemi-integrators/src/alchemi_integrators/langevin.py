@@ -19,10 +19,12 @@ it adds no net momentum; the COM then stays at rest and the atoms thermalise 3N 
 freedom (``temperature(batch)``). With ``fix_com=False`` all 3N are thermalised
 (``temperature(batch, com_fixed=False)``) and the step does one reduction less.
 
-Random numbers come from this integrator's generator, seeded by ``random_seed``. The Warp backend
-draws them inside its kernel from a counter-based generator keyed by (seed, ``system_id``, the
-system's step count, atom index within the system), so a system's noise does not depend on which
-other systems share the batch.
+Random numbers come from this integrator's generator, seeded by ``random_seed``, on the torch
+backend. The Warp backend draws them inside its kernel from a counter-based generator keyed by
+(seed, ``system_id``, the system's step count, atom index within the system), so a system's noise
+does not depend on which other systems share the batch, and a checkpoint needs no generator
+state. It is the default wherever warp-lang is installed, on a CPU too: there a system's atoms are
+stepped in SIMD lanes (:mod:`~alchemi_integrators.langevin_lanes`, the same draws).
 
 Example:
     >>> from alchemi_core import registry
@@ -73,6 +75,9 @@ class Langevin(MDIntegrator):
 
     #: The system field counting each system's noise draws (the Warp kernels read it by name).
     noise_field = NOISE_COUNTER
+    #: On a CPU too: the lanes' step (W6, 64 cells of 108 argon atoms on two cores: 2.81 against
+    #: 3.01 ms per step with torch's, medians of eight alternating 400-step runs).
+    cpu_backend = "warp"
 
     def __init__(
         self,
