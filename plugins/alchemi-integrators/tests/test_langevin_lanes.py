@@ -64,9 +64,10 @@ def test_the_draws_are_warps_gaussians(monkeypatch) -> None:
 @pytest.mark.parametrize("fix_com", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_lanes_follow_the_general_paths_trajectory(monkeypatch, fix_com: bool, dtype: torch.dtype) -> None:
-    """Argon cells of 4, 32, 4 and 108 atoms, 12 steps: the lanes and the general Warp path (four
-    launches with the COM held) agree to the rounding of the draws' polynomials and of the
-    momentum sums' order, and each system's centre of mass stays at rest when held."""
+    """Argon cells of 4, 32, 4 and 108 atoms, 12 steps: the lanes (then torch's last half-kick)
+    and the general Warp path (four launches with the COM held) agree to the rounding of the
+    draws and of the momentum sums' order, and each system's centre of mass stays at rest when
+    held."""
 
     def make() -> Batch:
         return Batch.from_data_list([argon(n, rattle=0.05, seed=s, dtype=dtype) for s, n in enumerate((1, 2, 1, 3))])
@@ -77,6 +78,9 @@ def test_the_lanes_follow_the_general_paths_trajectory(monkeypatch, fix_com: boo
     lanes, _ = _step_with(monkeypatch, True, make, **kwargs)
     general, _ = _step_with(monkeypatch, False, make, **kwargs)
     assert (lanes.positions - start).abs().amin(dim=1).gt(0).all()  # every atom moved
+    # Each system's step count keys its draws: the lanes count it in their launch, the general
+    # path in its last half-kick; one count a step either way.
+    assert lanes.langevin_noise_step.tolist() == general.langevin_noise_step.tolist() == [12] * 4
     v_scale = general.velocities.abs().max().item()
     atol_x, rtol_v = (1e-7, 1e-5) if dtype == torch.float64 else (5e-6, 1e-4)
     torch.testing.assert_close(lanes.positions, general.positions, rtol=0, atol=atol_x)

@@ -17,7 +17,9 @@ system gets the same noise here as from the Warp kernels on any device, whatever
 batch or the number of threads, and the trajectory agrees with theirs to the rounding of the
 draws (Warp's own ``cos`` takes its angle rounded to float32) and of the momentum sums' order.
 With the centre of mass held, each system's noise momentum is summed in lanes and taken out of
-its own atoms before the second drift.
+its own atoms before the second drift. The kernel also counts the system's step (the general
+path counts it in its last half-kick), so that the step's last half-kick can be torch's one
+vectorised operation, which costs less than a launch and its arguments.
 
 Example:
     >>> import torch
@@ -72,7 +74,9 @@ auto pcg = [](unsigned int s) {
     return (c >> 22u) ^ c;
 };
 const long long sid = *(const long long*)((const char*)system_id.data + b * system_id.strides[0]);
-const int step = *(const int*)((const char*)noise_step.data + b * noise_step.strides[0]);
+int* counter = (int*)((char*)noise_step.data + b * noise_step.strides[0]);
+const int step = *counter;
+*counter = step + 1;  // the system's step is counted here (the last half-kick is torch's)
 unsigned int base = pcg((unsigned int)seed + pcg((unsigned int)(int)sid));
 base = pcg(base + pcg((unsigned int)step));
 const char* xd = (const char*)x.data; const long long xs = x.strides[0];

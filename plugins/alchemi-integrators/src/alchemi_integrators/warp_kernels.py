@@ -554,19 +554,19 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     seed = int(dyn.random_seed % (2**31 - 1))
     friction, temperature = dyn.per_system("friction", batch), dyn.per_system("temperature", batch)
     noise_step = getattr(batch, dyn.noise_field)
-    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
-        # One launch, the COM held in each block: neither the per-atom kicks nor the momentum sums.
-        langevin_blocks.launch(launches, batch, (
-            x, v, f, im, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
-            _typed(KB, batch), seed,
-        ))
-        return
     if langevin_lanes.fits(batch.device):
         # A CPU: one thread per system, its atoms in SIMD lanes, the COM held in the same pass.
         root = dyn.cached("warp_root_inv_mass", batch, lambda: im.sqrt(), reads_fields=False, masks=False)
         langevin_lanes.launch(launches, batch, (
             x, v, f, im, root, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
             _typed(KB, batch), seed, int(dyn.fix_com),
+        ))
+        return
+    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
+        # One launch, the COM held in each block: neither the per-atom kicks nor the momentum sums.
+        langevin_blocks.launch(launches, batch, (
+            x, v, f, im, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
+            _typed(KB, batch), seed,
         ))
         return
     momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
@@ -590,6 +590,9 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
 
 
 def langevin_post(dyn: Any, batch: Batch) -> None:
+    if langevin_lanes.fits(batch.device):
+        dyn.torch_post_update(batch)  # the lanes counted the step; see langevin_lanes
+        return
     _, v, f, im, sys, dt, act = _common(dyn, batch)
     args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act, 0)
     _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device, start_at="start",
