@@ -341,6 +341,7 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "rebuild_criteria",
         "sampler_workers",
         "cpu_launches",
+        "cpu_dispatch",
         "check_ops",
         "repeat_memory",
         "writer_parts",
@@ -411,6 +412,21 @@ def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
     kernels = out["launches_per_step"]
     assert out["step_ms"] > 0 and any(k.startswith("pair_kernel") for k in kernels)
     assert all(v["launches"] > 0 and v["ms"] >= 0 for v in kernels.values())
+
+
+def test_cpu_dispatch_times_one_launch_and_ranges(capsys, monkeypatch) -> None:
+    import json
+
+    import torch
+
+    from benchmarks import cpu_dispatch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # ranges on two threads, whatever the host
+    assert cpu_dispatch.main(["--atoms", "512", "--launches", "20", "--rounds", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["threads"] == 2 and set(out["us_per_launch"]) == {"one_launch", "ranges"}
+    assert all(len(v) == 1 and v[0] > 0 for v in out["us_per_launch"].values())
+    assert out["thread_round_trip_us"] > 0
 
 
 def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
