@@ -53,9 +53,11 @@ MAX_STREAMS = 32
 # Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
 _local = threading.local()
 #: How many ranges a chunked CPU kernel is cut into. Fixed, not the thread count, so that results
-#: (sums over per-chunk buffers) are the same whatever the number of threads.
+#: (sums over per-chunk buffers) are the same whatever the number of threads. Ranges of a kernel
+#: without such buffers then merge into one per thread (``LaunchSequence.add_chunked``).
 CPU_CHUNKS = 8
-#: Below this many threads of work a CPU kernel runs as one launch (the split costs ~20 µs).
+#: Below this many threads of work a CPU kernel runs as one launch (the split costs 100-200 us
+#: on a 2-core virtual machine, ``python -m benchmarks.cpu_dispatch``).
 MIN_CHUNKED_DIM = 4096
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -228,8 +230,8 @@ def cpu_workers() -> int:
 def _run_chunks(commands: Sequence[Any]) -> None:
     """Launch the chunks of one CPU kernel on the worker threads (Warp releases the GIL while a
     CPU kernel runs) and wait for all of them; the calling thread works too. Each thread takes
-    the next chunk when it is done with one, so uneven chunks (a neighbour search where a few
-    systems rebuild) even out."""
+    the next chunk when it is done with one, so uneven chunks even out (where there are more
+    chunks than threads: kernels with per-chunk buffers)."""
     global _pool, _pool_size
     workers = min(cpu_workers(), len(commands))
     if workers <= 1:
@@ -244,6 +246,28 @@ def _run_chunks(commands: Sequence[Any]) -> None:
     _launch_all(queue)
     for f in futures:
         f.result()
+
+
+def _one_range_per_thread(bounds: Sequence[int], threads: int | None = None) -> list[int]:
+    """The cuts ``bounds`` (``CPU_CHUNKS`` ranges, or cuts at system boundaries) merged into one
+    range of consecutive ones per worker thread (``threads``, default :func:`cpu_workers`).
+
+    Each range's launch is a call into Warp, and the calling thread then waits for the
+    interpreter's lock; while the other thread holds it (its Python between launches) that wait
+    sleeps, and waking a thread costs 100-200 us on a 2-core virtual machine
+    (``python -m benchmarks.cpu_dispatch``). W6's step took 2.65-3.29 ms cut in 2 ranges against
+    3.01-3.21 in 8 and 3.19-4.44 in 16 (five rounds each, ``CPU_CHUNKS``). Ranges of independent
+    items can merge without changing a result; uneven work per item loses the next-range-when-done
+    balancing, so the kernels cut this way spread theirs evenly (a listed neighbour search strides
+    its rebuilding slots over the threads; the pair kernel's cuts fall near even shares of atoms).
+
+    Example:
+        >>> _one_range_per_thread([0, 2, 4, 6, 8], threads=2), _one_range_per_thread([0, 2, 4, 6, 8], threads=3)
+        ([0, 4, 8], [0, 2, 4, 8])
+    """
+    n = len(bounds) - 1
+    groups = min(cpu_workers() if threads is None else threads, n)
+    return [bounds[g * n // groups] for g in range(groups)] + [bounds[n]]
 
 
 def _launch_all(commands: Iterable[Any]) -> None:
@@ -305,6 +329,10 @@ class LaunchSequence:
         :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
         one launch with ``start = 0``.
 
+        Without ``per_chunk`` the items are independent, and each thread gets one range of
+        consecutive chunks (:func:`_one_range_per_thread`): the same results in one call into
+        Warp per thread.
+
         Args:
             kernel: A kernel with an argument (``start_at``) that is the first item's index.
             dim: Items in all.
@@ -329,6 +357,8 @@ class LaunchSequence:
             assert bounds[0] == 0 and bounds[-1] == dim and all(a < b for a, b in zip(bounds, bounds[1:])), bounds
         else:
             bounds = [dim * c // n for c in range(n + 1)]
+        if not chunked and n > 1:
+            bounds, n = _one_range_per_thread(bounds), min(cpu_workers(), n)
         commands = []
         for c in range(n):
             args = list(inputs)

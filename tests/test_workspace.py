@@ -56,8 +56,10 @@ def test_the_ranges_of_a_cpu_kernel_cover_every_item_once_and_run_on_several_thr
     assert warp_runtime.chunks_for("cuda:0", 10**7) == 1  # a GPU launch is never cut
 
 
-def test_a_short_cpu_kernel_is_cut_in_ranges_when_asked():
-    """``min_dim``: a few threads that each stride over much work (a listed search) are cut too."""
+def test_a_short_cpu_kernel_is_cut_in_ranges_when_asked(monkeypatch):
+    """``min_dim``: a few threads that each stride over much work (a listed search) are cut too,
+    into one range per thread (the items are independent); a kernel with a buffer per range keeps
+    its ``CPU_CHUNKS`` ranges, whose sums must not depend on the thread count."""
     wp = pytest.importorskip("warp")
     from alchemi_core import warp_runtime
 
@@ -67,12 +69,21 @@ def test_a_short_cpu_kernel_is_cut_in_ranges_when_asked():
     assert warp_runtime.chunks_for("cpu", 64) == 1
     assert warp_runtime.chunks_for("cpu", 64, min_dim=1) == warp_runtime.CPU_CHUNKS
     assert warp_runtime.chunks_for("cuda:0", 64, min_dim=1) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     counts = torch.zeros(64, dtype=torch.int32)
     seq = warp_runtime.LaunchSequence(warp_runtime.warp_device(torch.device("cpu")))
     seq.add_chunked(_count_kernel(), counts.numel(), [warp_runtime.view(counts), 0], min_dim=1)
-    assert len(seq._commands[0]) == warp_runtime.CPU_CHUNKS
+    assert [c.bounds.size for c in seq._commands[0]] == [16, 24, 24]  # 8 ranges of 8, merged per thread
     seq.run()
     assert torch.equal(counts, torch.ones_like(counts))
+    per_range = torch.zeros(warp_runtime.CPU_CHUNKS, 64, dtype=torch.int32)
+    buffered = warp_runtime.LaunchSequence(warp_runtime.warp_device(torch.device("cpu")))
+    buffered.add_chunked(_count_kernel(), 64, [warp_runtime.view(counts), 0], min_dim=1,
+                         per_chunk={"counts": [warp_runtime.view(row) for row in per_range]})
+    assert len(buffered._commands[0]) == warp_runtime.CPU_CHUNKS
+    buffered.run()
+    assert torch.equal(per_range.sum(0), torch.ones(64, dtype=torch.int32))  # each range into its own row
+    assert torch.equal(per_range.count_nonzero(1), torch.full((warp_runtime.CPU_CHUNKS,), 8))
 
 
 def test_the_ranges_run_on_as_many_threads_as_torch_uses():

@@ -91,8 +91,9 @@ SEARCH_LISTED = {"cuda": True, "cpu": True}
 FORCED_LISTED: bool | None = None
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
-#: Threads of a listed search on a CPU: 8 for each of the launch's ranges (``CPU_CHUNKS``), each
-#: walking the list in strides, so that every range gets its share of the rebuilding slots.
+#: Threads of a listed search on a CPU: 8 for each of the launch's ranges (``CPU_CHUNKS``; they
+#: merge into one range per worker thread), each walking the list in strides, so that every range
+#: gets its share of the rebuilding slots.
 LISTED_THREADS_CPU = 64
 #: ``BatchedNeighborList``'s default ``join_fraction`` by device type. When some system of a
 #: batch rebuilds, every system with an atom past this fraction of skin/2 rebuilds with it, so
