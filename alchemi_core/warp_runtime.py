@@ -331,7 +331,8 @@ class LaunchSequence:
 
         Without ``per_chunk`` the items are independent, and each thread gets one range of
         consecutive chunks (:func:`_one_range_per_thread`): the same results in one call into
-        Warp per thread.
+        Warp per thread. The threads are counted when the launch is recorded (a sequence is
+        recorded again when its arrays or sizes change).
 
         Args:
             kernel: A kernel with an argument (``start_at``) that is the first item's index.
