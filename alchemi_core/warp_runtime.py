@@ -359,7 +359,8 @@ class LaunchSequence:
         else:
             bounds = [dim * c // n for c in range(n + 1)]
         if not chunked and n > 1:
-            bounds, n = _one_range_per_thread(bounds), min(cpu_workers(), n)
+            bounds = _one_range_per_thread(bounds)
+            n = len(bounds) - 1
         commands = []
         for c in range(n):
             args = list(inputs)

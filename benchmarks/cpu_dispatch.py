@@ -1,5 +1,5 @@
 """What handing a CPU kernel's ranges to a worker thread costs: one trivial kernel over ``--atoms``
-threads launched once, and the same in ``CPU_CHUNKS`` ranges on the worker threads
+threads launched once, and the same in ranges on the worker threads, one per thread
 (``alchemi_core.warp_runtime.LaunchSequence.add_chunked``), microseconds per launch, rounds
 alternating; and a bare ``ThreadPoolExecutor`` round trip (submit, run nothing, wait).
 

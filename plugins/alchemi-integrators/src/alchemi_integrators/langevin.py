@@ -75,8 +75,8 @@ class Langevin(MDIntegrator):
 
     #: The system field counting each system's noise draws (the Warp kernels read it by name).
     noise_field = NOISE_COUNTER
-    #: On a CPU too: the lanes' step (W6, 64 cells of 108 argon atoms on two cores: 2.81 against
-    #: 3.01 ms per step with torch's, medians of eight alternating 400-step runs).
+    #: On a CPU too: the lanes' step (W6, 64 cells of 108 argon atoms on two cores: 3.42 -> 3.08 ms
+    #: per step against torch's, ``benchmarks/compare_commits.py`` with 05bd1af, six rounds).
     cpu_backend = "warp"
 
     def __init__(

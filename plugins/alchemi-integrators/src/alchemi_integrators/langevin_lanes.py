@@ -68,9 +68,10 @@ const T h = T(0.5) * dtb;
 const T c1 = exp(-gamma * dtb);
 // sigma = sqrt((1 - c1^2) kB T / m), as the root of the system's part times the atom's.
 const T root_fluctuation = sqrt((T(1) - c1 * c1) * kb * temp);
-auto pcg = [](unsigned int s) {
-    const unsigned int q = s * 747796405u + 2891336453u;
-    const unsigned int c = ((q >> ((q >> 28u) + 4u)) ^ q) * 277803737u;
+// Warp's rand_pcg, for one word or eight lanes of them (u8v below).
+auto pcg = [](auto s) {
+    const auto q = s * 747796405u + 2891336453u;
+    const auto c = ((q >> ((q >> 28u) + 4u)) ^ q) * 277803737u;
     return (c >> 22u) ^ c;
 };
 const long long sid = *(const long long*)((const char*)system_id.data + b * system_id.strides[0]);
@@ -91,11 +92,6 @@ const char* rmd = (const char*)root_inv_mass.data; const long long rms = root_in
 typedef unsigned int u8v __attribute__((vector_size(32)));
 typedef int i8v __attribute__((vector_size(32)));
 typedef float f8v __attribute__((vector_size(32)));
-auto pcg8 = [](u8v s) {
-    const u8v q = s * 747796405u + 2891336453u;
-    const u8v c = ((q >> ((q >> 28u) + 4u)) ^ q) * 277803737u;
-    return (c >> 22u) ^ c;
-};
 auto select = [](i8v mask, f8v a, f8v b) { return (f8v)((mask & (i8v)a) | (~mask & (i8v)b)); };
 const u8v lane = {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u};
 T px[L], py[L], pz[L];
@@ -112,11 +108,11 @@ for (long long i0 = lo; i0 < hi; i0 += L) {
         vx[l] = vi[0]; vy[l] = vi[1]; vz[l] = vi[2];
         fx[l] = fi[0]; fy[l] = fi[1]; fz[l] = fi[2];
     }
-    u8v state = pcg8(base + pcg8(lane + (unsigned int)(i0 - lo)));
+    u8v state = pcg(base + pcg(lane + (unsigned int)(i0 - lo)));
     float n[3][L];
     for (int c = 0; c < 3; ++c) {
-        const u8v s1 = pcg8(state);
-        const u8v s2 = pcg8(s1);
+        const u8v s1 = pcg(state);
+        const u8v s2 = pcg(s1);
         state = s2;
         const f8v u1 = __builtin_convertvector((i8v)(s1 >> 8u), f8v) * (1.0f / 16777216.0f) + 5.96e-8f;
         const f8v u2 = __builtin_convertvector((i8v)(s2 >> 8u), f8v) * (1.0f / 16777216.0f);
@@ -259,6 +255,6 @@ def fits(device: torch.device) -> bool:
 def launch(launches: RecordedLaunches, batch: Batch, args: tuple[Any, ...]) -> None:
     """Step every system of ``batch``: ``args`` are the kernel's arguments up to ``fix_com``.
     From :data:`CHUNKED_FROM` atoms the systems run in ranges on the CPU's threads."""
-    ranges_from = 1 if batch.num_nodes >= CHUNKED_FROM else batch.num_graphs + 1
-    launches.launch("baoa_lanes", _langevin_lanes, batch.num_graphs, (*args, 0), batch.device, start_at="start",
-                    min_dim=ranges_from)
+    in_ranges = batch.num_nodes >= CHUNKED_FROM
+    launches.launch("baoa_lanes", _langevin_lanes, batch.num_graphs, (*args, 0), batch.device,
+                    start_at="start" if in_ranges else None, min_dim=1)
