@@ -102,7 +102,7 @@ def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:
             "count": {"in": systems.num_systems, "out": batch.num_graphs}}
 
 
-def alchemi_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[str, Any]:
+def alchemi_npt(kind: str, systems: Systems, device: str, steps: int, backend: str = "auto") -> dict[str, Any]:
     from alchemi_core import registry
     from alchemi_integrators.thermo import temperature
     from benchmarks.adapters.alchemi import to_batch
@@ -112,7 +112,7 @@ def alchemi_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[st
     for compiled in (True, False):
         batch = to_batch(systems, device)  # W1's crystal with its Maxwell-Boltzmann velocities at 50 K
         npt = registry.build(f"integrator:npt-{kind}", model=_alchemi_model(), dt=NPT_DT, temperature=NPT_T,
-                             pressure=0.0, tau_t=TAU_T, tau_p=TAU_P, random_seed=0, **extra)
+                             pressure=0.0, tau_t=TAU_T, tau_p=TAU_P, random_seed=0, backend=backend, **extra)
         if compiled:
             npt = npt.compile()
         try:
@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--frameworks", default="alchemi,torchsim,nvalchemi")
+    p.add_argument("--parts", default="relax,npt", help="which halves to run: relax, npt or both")
+    p.add_argument("--mtk-backends", default="auto",
+                   help="alchemi's MTK on these backends, each its own entry (e.g. torch,warp: before/after)")
     args = p.parse_args(argv)
     dev = args.device
     frameworks = args.frameworks.split(",")
@@ -299,9 +302,14 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=2)
 
+    parts = args.parts.split(",")
     start = strained_cells(cells)
+    if "relax" not in parts:
+        frameworks_relax: list[str] = []
+    else:
+        frameworks_relax = frameworks
     out["relax"]["case"] = f"{cells}x108, strain in {list(STRAIN)}, rattle {spec.RATTLE} Å, fmax {FMAX} (Frechet)"
-    if "alchemi" in frameworks:
+    if "alchemi" in frameworks_relax:
         _attempt(alchemi_relax, start, dev)  # compilation, first allocations
         runs = [_attempt(alchemi_relax, start, dev) for _ in range(args.repeats)]
         best = runs[-1]
@@ -309,18 +317,23 @@ def main(argv: list[str] | None = None) -> int:
             best["seconds"] = median([r["seconds"] for r in runs if "seconds" in r])
         out["relax"]["alchemi"] = best
         save()
-    if "torchsim" in frameworks:
+    if "torchsim" in frameworks_relax:
         out["relax"]["torchsim"] = _attempt(torchsim_relax, start, dev, time.perf_counter() + PEER_CAP_S)
         save()
-    if "nvalchemi" in frameworks:
+    if "nvalchemi" in frameworks_relax:
         out["relax"]["nvalchemi"] = _attempt(nvalchemi_relax, start, dev, time.perf_counter() + PEER_CAP_S)
         save()
     crystal = replicated_crystal(npt_shape[0], npt_shape[1], NPT_T)
     out["npt"]["case"] = f"{npt_shape[0]}x{npt_shape[1]}, {NPT_T} K, 0 GPa, dt {NPT_DT} fs, float32"
+    if "npt" not in parts:
+        frameworks = []
     for kind in ("mtk", "crescale"):
         if "alchemi" in frameworks:
-            out["npt"][f"alchemi-{kind}"] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps)
-            save()
+            backends = args.mtk_backends.split(",") if kind == "mtk" else ["auto"]
+            for backend in backends:
+                key = f"alchemi-{kind}" if backend == "auto" else f"alchemi-{kind}-{backend}"
+                out["npt"][key] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps, backend)
+                save()
         if "torchsim" in frameworks:
             out["npt"][f"torchsim-{kind}"] = _attempt(torchsim_npt, kind, crystal, dev, max(3, npt_steps // 10))
             save()
@@ -338,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
             t = out["npt"].get(f"{peer}-{kind}", {})
             if "steps_per_s" in a and "steps_per_s" in t:
                 out["npt"][f"speedup_{kind}_vs_{peer}"] = a["steps_per_s"] / t["steps_per_s"]
+    if "relax" not in parts or "alchemi" not in frameworks_relax:
+        save()
+        json.dump(out, sys.stdout, indent=2)
+        print()
+        return 0
     ok = "converged" in out["relax"].get("alchemi", {}) and out["relax"]["alchemi"]["converged"] == cells
     out["relax"]["every_structure_converged"] = ok
     save()

@@ -49,30 +49,99 @@ def test_mtk_conserves_its_energy(anisotropic: bool) -> None:
     assert (torch.linalg.det(batch.cell) / v0 - 1).abs().max().item() > 1e-3  # the volume moved
 
 
-@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
-def test_mtk_chains_as_a_warp_kernel_equal_the_torch_chains(monkeypatch, anisotropic: bool) -> None:
-    """On a CPU the two Nose-Hoover chains of MTK run as one Warp kernel each; 60 steps of four
-    systems with per-system temperatures give what the torch chains give, to float64 rounding."""
+def _needs_cpu_warp() -> None:
     pytest.importorskip("warp")
     from alchemi_core.warp_runtime import warp
 
     if not warp().is_cpu_available():
         pytest.skip("this warp-lang build cannot compile CPU kernels")
+
+
+_MTK_STATE = ("positions", "velocities", "cell", "npt_strain_rate", "npt_thermostat_positions",
+              "npt_thermostat_velocities", "npt_barostat_chain_positions", "npt_barostat_chain_velocities")
+
+
+def _mtk_runs(anisotropic: bool, steps: int, prepare=None, **kwargs) -> dict[str, tuple[Batch, torch.Tensor]]:
+    """Four systems at per-system temperatures, ``steps`` MTK steps on each backend."""
     runs = {}
-    for name, on in (("warp", True), ("torch", False)):
-        monkeypatch.setattr(NPTMTK, "_warp_chains", lambda self, batch, on=on: on)
+    for backend in ("torch", "warp"):
         batch = _argon_batch(4)
-        batch.set_field("target_t", torch.tensor([30.0, 50.0, 70.0, 90.0], dtype=torch.float64), "system")
+        if prepare is not None:
+            batch = prepare(batch)
+        dtype = batch.positions.dtype
+        batch.set_field("target_t", torch.tensor([30.0, 50.0, 70.0, 90.0], dtype=dtype), "system")
         initialize_velocities(batch, 50.0, seed=3)
         npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature="target_t", pressure=0.0, tau_t=50.0, tau_p=200.0,
-                     anisotropic=anisotropic)
-        npt.run(batch, n_steps=60)
-        runs[name] = (batch, npt.conserved_energy(batch))
+                     anisotropic=anisotropic, backend=backend, **kwargs)
+        npt.run(batch, n_steps=steps)
+        assert npt.active_backend == backend
+        runs[backend] = (batch, npt.conserved_energy(batch))
+    return runs
+
+
+@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
+def test_mtk_warp_backend_takes_the_torch_steps(anisotropic: bool) -> None:
+    """The Warp kernels (npt_kernels) take MTK's torch steps: 60 steps of four float64 systems
+    with per-system temperatures and a moving cell agree in every state field to rounding."""
+    _needs_cpu_warp()
+    runs = _mtk_runs(anisotropic, 60, chain_length=4, yoshida_order=5)
     (a, ea), (b, eb) = runs["warp"], runs["torch"]
-    assert not torch.equal(a.positions, _argon_batch(4).positions)
-    for field in ("positions", "velocities", "cell"):
-        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=1e-11, atol=1e-11)
+    assert (torch.linalg.det(a.cell) / torch.linalg.det(_argon_batch(4).cell) - 1).abs().min().item() > 1e-4
+    strain = a.npt_strain_rate
+    if anisotropic:
+        assert (strain - strain.transpose(1, 2)).abs().max().item() < 1e-15  # symmetric
+        assert (strain - torch.diag_embed(strain.diagonal(dim1=1, dim2=2))).abs().max().item() > 0  # not diagonal
+    else:
+        eye = torch.eye(3, dtype=strain.dtype)
+        torch.testing.assert_close(strain, strain[:, :1, :1] * eye, rtol=0, atol=0)  # a multiple of I
+    for field in _MTK_STATE:
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=1e-11, atol=1e-12, msg=field)
     torch.testing.assert_close(ea, eb, rtol=1e-11, atol=1e-11)
+
+
+def test_mtk_warp_backend_in_float32_with_a_float64_cell() -> None:
+    """Float32 atoms under a float64 cell (the kernels work in the atoms' precision and write the
+    cell back in its own): both backends stay within float32 rounding of each other."""
+    _needs_cpu_warp()
+
+    def f32_atoms(batch: Batch) -> Batch:
+        for name in ("positions", "velocities", "forces"):
+            if name in batch:
+                setattr(batch, name, getattr(batch, name).float())
+        batch.atomic_masses = batch.atomic_masses.float()
+        return batch
+
+    runs = _mtk_runs(False, 30, prepare=f32_atoms)
+    (a, _), (b, _) = runs["warp"], runs["torch"]
+    assert a.positions.dtype == torch.float32 and a.cell.dtype == torch.float64
+    torch.testing.assert_close(a.positions, b.positions, rtol=0, atol=2e-4)
+    torch.testing.assert_close(a.cell, b.cell, rtol=1e-5, atol=1e-5)
+
+
+def test_mtk_warp_step_replays_its_recorded_launches() -> None:
+    """Steps replay recorded launches: a run of 23 steps converts as many tensors for Warp as a
+    run of 3 (the integrator's buffers, the batch's fields and its cached parameters stay the same
+    objects, so no step after the first ones records a launch again)."""
+    _needs_cpu_warp()
+    from alchemi_integrators import npt_kernels
+
+    original = npt_kernels.NPTLaunches._to_warp
+    counts = []
+    for steps in (3, 23):
+        batch = _argon_batch(2)
+        initialize_velocities(batch, 50.0, seed=1)
+        npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature=50.0, tau_p=200.0, backend="warp")
+        calls = []
+
+        def counting(self, label, value, calls=calls):
+            calls.append(label)
+            return original(self, label, value)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(npt_kernels.NPTLaunches, "_to_warp", counting)
+            npt.run(batch, n_steps=steps)
+        counts.append(len(calls))
+    assert counts[0] > 0 and counts[1] == counts[0], counts
 
 
 def test_targets_per_system_are_fields() -> None:
@@ -140,9 +209,44 @@ def test_relax_cell_then_npt_in_a_fused_stage(cls: type) -> None:
         assert max(volumes) - min(volumes) > 1e-3  # the cell moved under NPT
 
 
-def test_warp_backend_is_refused() -> None:
+class _MixedSteps(Hook):
+    """Counts MTK's steps taken while some system was still in the first stage (status 0)."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def __call__(self, batch: Batch, dynamics: object) -> None:
+        statuses = set(batch.status.tolist())
+        self.steps += int(0 in statuses and 1 in statuses)
+
+
+def test_mtk_backends_agree_when_systems_enter_at_different_steps() -> None:
+    """FIRE2 relaxes three cells and hands each to MTK when it converges: while some systems are
+    still relaxing, MTK's kernels must leave them alone. Warp and torch MTK end in the same state."""
+    _needs_cpu_warp()
+    final = {}
+    for backend in ("torch", "warp"):
+        batch = Batch.from_data_list([_argon_batch(1, rattle=0.1, strain=strain)[0] for strain in (1.0, 1.02, 1.05)])
+        mixed = _MixedSteps()
+        relax = FIRE2(ReferenceLJ(), n_steps=400, dt=5.0, dt_max=50.0, cell_filter="frechet", backend="torch",
+                      convergence_hook=ConvergenceHook.from_fmax(0.01), hooks=[mixed])
+        md = NPTMTK(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0, initial_temperature=50.0,
+                    random_seed=5, backend=backend)
+        out = FusedStage([(0, relax), (1, md)]).run(batch)
+        assert out is not None and (out.status == 2).all()
+        assert mixed.steps > 0  # MTK stepped while other systems were still relaxing
+        final[backend] = out
+    for field in ("positions", "velocities", "cell"):
+        torch.testing.assert_close(getattr(final["warp"], field), getattr(final["torch"], field), rtol=1e-10,
+                                   atol=1e-11, msg=field)
+
+
+def test_crescale_refuses_the_warp_backend() -> None:
     with pytest.raises(ConfigurationError, match="backend"):
-        NPTMTK(ReferenceLJ(), backend="warp")
+        NPTCRescale(ReferenceLJ(), backend="warp")
 
 
 def test_crescale_noise_is_standard_normal_and_fresh_each_draw() -> None:

@@ -1,6 +1,7 @@
 """What the integrators' Warp kernels share (:mod:`~alchemi_integrators.warp_kernels`,
-:mod:`~alchemi_integrators.langevin_blocks`): the half-kick, the idle-system test, the per-atom
-Gaussian draws, and :func:`declare_overloads`, which types their generic arguments."""
+:mod:`~alchemi_integrators.langevin_blocks`, :mod:`~alchemi_integrators.npt_kernels`): the
+half-kick, the idle-system test, the per-atom Gaussian draws, a Nose-Hoover chain's half step, and
+:func:`declare_overloads`, which types their generic arguments."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kic
 ARRAY2D_ARGS = frozenset({"xi", "vxi", "coeff"})
 
 
-def declare_overloads(kernels: Iterable[Any]) -> None:
+def declare_overloads(
+    kernels: Iterable[Any], vectors: frozenset[str] = VECTOR_ARGS, rows: frozenset[str] = ARRAY2D_ARGS,
+    matrices: frozenset[str] = frozenset(),
+) -> None:
     """Declare each kernel for float32 and float64 together, so its module compiles once (and is
     cached by Warp) instead of once per dtype met at run time: a generic scalar becomes the
-    precision, a generic array a vector array (:data:`VECTOR_ARGS`), a 2-D array
-    (:data:`ARRAY2D_ARGS`) or an array of the precision."""
+    precision, a generic array a vector array (named in ``vectors``), a 2-D array (``rows``), a
+    3x3 matrix array (``matrices``) or an array of the precision."""
     kernels = list(kernels)
-    for scalar, vector in ((wp.float32, wp.vec3f), (wp.float64, wp.vec3d)):
+    for scalar, vector, matrix in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
         for kernel in kernels:
             types: dict[str, Any] = {}
             for arg in kernel.adj.args:
@@ -29,9 +33,11 @@ def declare_overloads(kernels: Iterable[Any]) -> None:
                     continue
                 if arg.type is Any:
                     types[arg.label] = scalar
-                elif arg.label in VECTOR_ARGS:
+                elif arg.label in matrices:
+                    types[arg.label] = wp.array(dtype=matrix)
+                elif arg.label in vectors:
                     types[arg.label] = wp.array(dtype=vector)
-                elif arg.label in ARRAY2D_ARGS:
+                elif arg.label in rows:
                     types[arg.label] = wp.array2d(dtype=scalar)
                 else:
                     types[arg.label] = wp.array(dtype=scalar)
@@ -60,3 +66,63 @@ def gaussian3(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int
     return type(like)(
         type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state))
     )
+
+
+@wp.func
+def _chain_force(
+    j: wp.int32, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
+):
+    if j == 0:
+        return (type(ke)(2.0) * ke - nf * kt) / q_first
+    q_below = q_rest
+    if j == 1:
+        q_below = q_first
+    return (q_below * vxi[b, j - 1] * vxi[b, j - 1] - kt) / q_rest
+
+
+@wp.func
+def _chain_kick(
+    j: wp.int32, h: Any, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
+):
+    g = _chain_force(j, ke, nf, kt, q_first, q_rest, vxi, b)
+    if j + 1 < vxi.shape[1]:
+        damp = wp.exp(-type(h)(0.25) * h * vxi[b, j + 1])
+        vxi[b, j] = (vxi[b, j] * damp + type(h)(0.5) * h * g) * damp
+    else:
+        vxi[b, j] = vxi[b, j] + type(h)(0.5) * h * g
+
+
+@wp.func
+def chain_walk(
+    b: wp.int32,
+    ke: Any,
+    xi: wp.array2d(dtype=Any),
+    vxi: wp.array2d(dtype=Any),
+    kt: Any,
+    tau: Any,
+    nf: Any,
+    dt: Any,
+    weights: wp.array(dtype=Any),
+    chain_steps: wp.int32,
+):
+    # System b's Nose-Hoover chain (row b of xi, vxi) over dt/2, driven by kinetic energy ke of
+    # nf degrees of freedom; masses Q_1 = nf kT tau², Q_j = kT tau² (the scheme of
+    # nose_hoover.nhc_half_step). Returns the factor the chain scales the velocities by.
+    m = xi.shape[1]
+    q_rest = kt * tau * tau
+    q_first = nf * q_rest
+    k = ke
+    total = type(ke)(1.0)
+    for c in range(chain_steps):  # noqa: B007 - a Warp kernel's loop: the count is what matters
+        for w in range(weights.shape[0]):
+            h = type(ke)(0.5) * dt * weights[w] / type(ke)(chain_steps)
+            for jj in range(m):
+                _chain_kick(m - 1 - jj, h, k, nf, kt, q_first, q_rest, vxi, b)
+            s = wp.exp(-h * vxi[b, 0])
+            total = total * s
+            k = k * s * s
+            for j in range(m):
+                xi[b, j] = xi[b, j] + h * vxi[b, j]
+            for j in range(m):
+                _chain_kick(j, h, k, nf, kt, q_first, q_rest, vxi, b)
+    return total

@@ -92,17 +92,12 @@ class _NPTBase(MDIntegrator):
         anisotropic: bool,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("backend", "auto") == "warp":
-            raise ConfigurationError(f"{type(self).__name__} runs on backend='torch' or 'auto'")
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         self.declare("temperature", temperature, unit="K", low=0.0, low_open=True)
         self.declare("pressure", pressure, unit="eV/Å³")
         self.declare("tau_t", tau_t, unit="fs", low=0.0, low_open=True)
         self.declare("tau_p", tau_p, unit="fs", low=0.0, low_open=True)
         self.anisotropic = bool(anisotropic)
-
-    def _choose_backend(self, device: torch.device) -> str:
-        return "torch"
 
     def setup(self, batch: Batch) -> None:
         if "cell" not in batch:
@@ -175,6 +170,10 @@ class NPTMTK(_NPTBase):
         yoshida_order: Suzuki-Yoshida order of the chain sub-steps: 1, 3 or 5.
         **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
     """
+
+    #: Both backends take the same steps; the Warp one (:mod:`~alchemi_integrators.npt_kernels`)
+    #: is a handful of kernels a step where the torch one is about two hundred small operations.
+    cpu_backend = "warp"
 
     def __init__(
         self,
@@ -260,30 +259,14 @@ class NPTMTK(_NPTBase):
              "tau_p", cell_dof),
             ("npt_atom_chain", kinetic_energy(batch), THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES, "tau_t", nf),
         )
-        scales = []
-        if self._warp_chains(batch):
-            # One Warp thread per system walks each chain: on a CPU the torch version below is
-            # ~70 small operations per half step for each chain, most of an MTK step's time.
-            for name, ke, xi, vxi, tau, dof in chains:
-                scales.append(self.warp_kernels.chain_half_step(
-                    self, batch, name, ke.contiguous(), getattr(batch, xi), getattr(batch, vxi),
-                    self.per_system(tau, batch), dof.to(kt.dtype).contiguous(), weights,
-                ))
-        else:
-            half = self._step_sizes(batch, 0.5)
-            for _, ke, xi, vxi, tau, dof in chains:
-                scales.append(nhc_half_step(ke, getattr(batch, xi), getattr(batch, vxi),
-                                            self._chain_masses(batch, dof, tau), kt, dof, half, weights,
-                                            self.chain_steps))
+        half = self._step_sizes(batch, 0.5)
+        scales = [
+            nhc_half_step(ke, getattr(batch, xi), getattr(batch, vxi), self._chain_masses(batch, dof, tau), kt, dof,
+                          half, weights, self.chain_steps)
+            for _, ke, xi, vxi, tau, dof in chains
+        ]
         g.mul_(scales[0].view(-1, 1, 1))
         self._scale_velocities(batch, scales[1])
-
-    def _warp_chains(self, batch: Batch) -> bool:
-        """Whether the chains run as a Warp kernel: on a CPU with a Warp that compiles CPU kernels.
-        (On a GPU the step is captured as a graph, where the torch operations cost no launches.)"""
-        from alchemi_core.warp_runtime import can_launch
-
-        return batch.device.type == "cpu" and can_launch(batch.device)
 
     def _kick_cell(self, batch: Batch) -> None:
         """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""
@@ -331,6 +314,24 @@ class NPTMTK(_NPTBase):
         self._kick_cell(batch)
         self._chains(batch)
 
+    def warp_pre_update(self, batch: Batch) -> None:
+        from alchemi_integrators import npt_kernels
+
+        npt_kernels.mtk_pre(self, batch)
+
+    def warp_post_update(self, batch: Batch) -> None:
+        from alchemi_integrators import npt_kernels
+
+        npt_kernels.mtk_post(self, batch)
+
+    def yoshida_weights(self) -> tuple[float, ...]:
+        """The Suzuki-Yoshida weights of the chains' sub-steps."""
+        return YOSHIDA_WEIGHTS[self.yoshida_order]
+
+    def system_dof(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` degrees of freedom ``3N - 3`` (kept while the batch's systems stay the same)."""
+        return self.cached("npt_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False, masks=False)
+
 
 class NPTCRescale(_NPTBase):
     """Stochastic cell rescaling with stochastic velocity rescaling (see the module docstring).
@@ -363,6 +364,8 @@ class NPTCRescale(_NPTBase):
         anisotropic: bool = False,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("backend", "auto") == "warp":
+            raise ConfigurationError(f"{type(self).__name__} runs on backend='torch' or 'auto'")
         super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
         self.declare("compressibility", compressibility, unit="Å³/eV", low=0.0, low_open=True)
         self._noise_counters: dict[torch.device, torch.Tensor] = {}
@@ -383,6 +386,9 @@ class NPTCRescale(_NPTBase):
         if counter is None:
             counter = self._noise_counters[out.device] = torch.zeros(1, dtype=torch.int32, device=out.device)
         warp_kernels.counter_normals(self._launches, name, out, self.random_seed, counter)
+
+    def _choose_backend(self, device: torch.device) -> str:
+        return "torch"
 
     def state_dict(self) -> dict[str, Any]:
         """The random state (see ``MDIntegrator.state_dict``) and the Warp draw counters."""

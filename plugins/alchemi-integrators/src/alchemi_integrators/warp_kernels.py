@@ -31,7 +31,7 @@ import warp as wp
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
 from alchemi_integrators import langevin_blocks, langevin_lanes
-from alchemi_integrators.kernel_funcs import VECTOR_ARGS, declare_overloads, gaussian3, half_kick, idle
+from alchemi_integrators.kernel_funcs import VECTOR_ARGS, chain_walk, declare_overloads, gaussian3, half_kick, idle
 from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
@@ -192,30 +192,6 @@ def _kinetic_energy(
     wp.atomic_add(ke, wp.int32(system[i]), type(inv_mass[i])(0.5) * wp.dot(vi, vi) / inv_mass[i])
 
 
-@wp.func
-def _chain_force(
-    j: wp.int32, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
-):
-    if j == 0:
-        return (type(ke)(2.0) * ke - nf * kt) / q_first
-    q_below = q_rest
-    if j == 1:
-        q_below = q_first
-    return (q_below * vxi[b, j - 1] * vxi[b, j - 1] - kt) / q_rest
-
-
-@wp.func
-def _chain_kick(
-    j: wp.int32, h: Any, ke: Any, nf: Any, kt: Any, q_first: Any, q_rest: Any, vxi: wp.array2d(dtype=Any), b: wp.int32
-):
-    g = _chain_force(j, ke, nf, kt, q_first, q_rest, vxi, b)
-    if j + 1 < vxi.shape[1]:
-        damp = wp.exp(-type(h)(0.25) * h * vxi[b, j + 1])
-        vxi[b, j] = (vxi[b, j] * damp + type(h)(0.5) * h * g) * damp
-    else:
-        vxi[b, j] = vxi[b, j] + type(h)(0.5) * h * g
-
-
 @wp.kernel
 def _nhc_half_step(
     ke: wp.array(dtype=Any),
@@ -233,29 +209,10 @@ def _nhc_half_step(
 ):
     # One thread per system: the chain over dt/2 (see nose_hoover.nhc_half_step, the same scheme).
     b = wp.tid()
-    one = type(kb)(1.0)
     if active[b] == type(kb)(0.0):
-        scale[b] = one
+        scale[b] = type(kb)(1.0)
         return
-    m = xi.shape[1]
-    kt = kb * temperature[b]
-    q_rest = kt * tau[b] * tau[b]
-    q_first = nf[b] * q_rest
-    k = ke[b]
-    total = one
-    for c in range(chain_steps):  # noqa: B007 - a Warp kernel's loop: the count is what matters
-        for w in range(weights.shape[0]):
-            h = type(kb)(0.5) * dt[b] * weights[w] / type(kb)(chain_steps)
-            for jj in range(m):
-                _chain_kick(m - 1 - jj, h, k, nf[b], kt, q_first, q_rest, vxi, b)
-            s = wp.exp(-h * vxi[b, 0])
-            total = total * s
-            k = k * s * s
-            for j in range(m):
-                xi[b, j] = xi[b, j] + h * vxi[b, j]
-            for j in range(m):
-                _chain_kick(j, h, k, nf[b], kt, q_first, q_rest, vxi, b)
-    scale[b] = total
+    scale[b] = chain_walk(b, ke[b], xi, vxi, kb * temperature[b], tau[b], nf[b], dt[b], weights, chain_steps)
 
 
 @wp.kernel
