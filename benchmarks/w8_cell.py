@@ -285,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--frameworks", default="alchemi,torchsim,nvalchemi")
     p.add_argument("--parts", default="relax,npt", help="which halves to run: relax, npt or both")
-    p.add_argument("--mtk-backends", default="auto",
-                   help="alchemi's MTK on these backends, each its own entry (e.g. torch,warp: before/after)")
+    p.add_argument("--npt-backends", default="auto",
+                   help="alchemi's NPT on these backends, each its own entry (e.g. torch,warp: before/after)")
     args = p.parse_args(argv)
     dev = args.device
     frameworks = args.frameworks.split(",")
@@ -329,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         frameworks = []
     for kind in ("mtk", "crescale"):
         if "alchemi" in frameworks:
-            backends = args.mtk_backends.split(",") if kind == "mtk" else ["auto"]
-            for backend in backends:
+            for backend in args.npt_backends.split(","):
                 key = f"alchemi-{kind}" if backend == "auto" else f"alchemi-{kind}-{backend}"
                 out["npt"][key] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps, backend)
                 save()

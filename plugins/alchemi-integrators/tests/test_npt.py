@@ -81,7 +81,7 @@ def _mtk_runs(anisotropic: bool, steps: int, prepare=None, **kwargs) -> dict[str
 
 @pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
 def test_mtk_warp_backend_takes_the_torch_steps(anisotropic: bool) -> None:
-    """The Warp kernels (npt_kernels) take MTK's torch steps: 60 steps of four float64 systems
+    """The Warp kernels (mtk_kernels) take MTK's torch steps: 60 steps of four float64 systems
     with per-system temperatures and a moving cell agree in every state field to rounding."""
     _needs_cpu_warp()
     runs = _mtk_runs(anisotropic, 60, chain_length=4, yoshida_order=5)
@@ -123,9 +123,9 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
     run of 3 (the integrator's buffers, the batch's fields and its cached parameters stay the same
     objects, so no step after the first ones records a launch again)."""
     _needs_cpu_warp()
-    from alchemi_integrators import npt_kernels
+    from alchemi_integrators import npt_common
 
-    original = npt_kernels.NPTLaunches._to_warp
+    original = npt_common.NPTLaunches._to_warp
     counts = []
     for steps in (3, 23):
         batch = _argon_batch(2)
@@ -138,7 +138,7 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
             return original(self, label, value)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(npt_kernels.NPTLaunches, "_to_warp", counting)
+            mp.setattr(npt_common.NPTLaunches, "_to_warp", counting)
             npt.run(batch, n_steps=steps)
         counts.append(len(calls))
     assert counts[0] > 0 and counts[1] == counts[0], counts

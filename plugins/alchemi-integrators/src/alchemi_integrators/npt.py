@@ -171,7 +171,7 @@ class NPTMTK(_NPTBase):
         **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
     """
 
-    #: Both backends take the same steps; the Warp one (:mod:`~alchemi_integrators.npt_kernels`)
+    #: Both backends take the same steps; the Warp one (:mod:`~alchemi_integrators.mtk_kernels`)
     #: is a handful of kernels a step where the torch one is about two hundred small operations.
     cpu_backend = "warp"
 
@@ -315,14 +315,14 @@ class NPTMTK(_NPTBase):
         self._chains(batch)
 
     def warp_pre_update(self, batch: Batch) -> None:
-        from alchemi_integrators import npt_kernels
+        from alchemi_integrators import mtk_kernels
 
-        npt_kernels.mtk_pre(self, batch)
+        mtk_kernels.mtk_pre(self, batch)
 
     def warp_post_update(self, batch: Batch) -> None:
-        from alchemi_integrators import npt_kernels
+        from alchemi_integrators import mtk_kernels
 
-        npt_kernels.mtk_post(self, batch)
+        mtk_kernels.mtk_post(self, batch)
 
     def yoshida_weights(self) -> tuple[float, ...]:
         """The Suzuki-Yoshida weights of the chains' sub-steps."""
