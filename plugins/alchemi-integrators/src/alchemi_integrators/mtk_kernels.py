@@ -58,6 +58,13 @@ from alchemi_integrators.npt_common import (
     trace3,
     volume3,
 )
+from alchemi_integrators.npt_fields import (
+    BAROSTAT_CHAIN_POSITIONS,
+    BAROSTAT_CHAIN_VELOCITIES,
+    CELL_STRAIN_RATE,
+    THERMOSTAT_POSITIONS,
+    THERMOSTAT_VELOCITIES,
+)
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -252,7 +259,6 @@ declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],
 
 
 def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cell: torch.Tensor) -> tuple[Any, ...]:
-    from alchemi_integrators import npt
     from alchemi_integrators.warp_kernels import _active, _typed
 
     per = dyn.per_system
@@ -261,9 +267,9 @@ def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cel
                          lambda: torch.tensor(dyn.yoshida_weights(), dtype=dtype, device=batch.device),
                          reads_fields=False, masks=False)
     return (
-        kd, ko, getattr(batch, npt.CELL_STRAIN_RATE), cell, in_dtype(dyn, batch, "stress"),
-        getattr(batch, npt.THERMOSTAT_POSITIONS), getattr(batch, npt.THERMOSTAT_VELOCITIES),
-        getattr(batch, npt.BAROSTAT_CHAIN_POSITIONS), getattr(batch, npt.BAROSTAT_CHAIN_VELOCITIES),
+        kd, ko, getattr(batch, CELL_STRAIN_RATE), cell, in_dtype(dyn, batch, "stress"),
+        getattr(batch, THERMOSTAT_POSITIONS), getattr(batch, THERMOSTAT_VELOCITIES),
+        getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
         per("temperature", batch), per("pressure", batch), per("tau_t", batch), per("tau_p", batch),
         dyn.system_dof(batch), per("dt", batch), _active(dyn, batch), weights, dyn.chain_steps,
         _typed(dyn.cell_dof, batch), _typed(KB, batch), int(dyn.anisotropic),
@@ -289,12 +295,11 @@ def mtk_pre(dyn: Any, batch: Batch) -> None:
 
 def mtk_post(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update after the forces (see the module docstring)."""
-    from alchemi_integrators import npt
 
     launches = npt_launches(dyn)
     v, f, inv_mass, system, active = atom_args(dyn, batch)
     kick, push, grow, carry = maps(dyn, batch, ("kick", "push", "grow", "carry"))
-    g = getattr(batch, npt.CELL_STRAIN_RATE)
+    g = getattr(batch, CELL_STRAIN_RATE)
     args = (g, dyn.system_dof(batch), dyn.per_system("dt", batch), active, kick, push)
     launches.launch("kick_system", _kick_system, batch.num_graphs, args, batch.device)
     diag, off = parts(dyn, batch)

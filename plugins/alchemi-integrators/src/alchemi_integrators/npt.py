@@ -60,18 +60,19 @@ from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
 from alchemi_integrators.base import MDIntegrator, warp_available
 from alchemi_integrators.cell_math import det3, expm, phi1, sym
 from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS, nhc_half_step
+from alchemi_integrators.npt_fields import (
+    BAROSTAT_CHAIN_POSITIONS,
+    BAROSTAT_CHAIN_VELOCITIES,
+    CELL_STRAIN_RATE,
+    THERMOSTAT_POSITIONS,
+    THERMOSTAT_VELOCITIES,
+)
 from alchemi_integrators.parameters import ParameterValue
 from alchemi_integrators.thermo import degrees_of_freedom, kinetic_energy
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: MTK state (system-level fields): the cell's strain rate ``[B, 3, 3]`` (1/fs) and the chains.
-CELL_STRAIN_RATE = "npt_strain_rate"
-THERMOSTAT_POSITIONS = "npt_thermostat_positions"
-THERMOSTAT_VELOCITIES = "npt_thermostat_velocities"
-BAROSTAT_CHAIN_POSITIONS = "npt_barostat_chain_positions"
-BAROSTAT_CHAIN_VELOCITIES = "npt_barostat_chain_velocities"
 
 
 class _NPTBase(MDIntegrator):
