@@ -18,8 +18,7 @@ SIMD lanes, Gaussian draws included (:mod:`~alchemi_integrators.langevin_lanes`;
 draws lost to torch's sampler before it), and for Nose-Hoover chains, FIRE and MTK's NPT, whose
 per-system bookkeeping is one Warp kernel instead of tens of tiny torch operations (about 3x and
 8x faster for 64 argon cells of 108 atoms on one core; MTK 3.3x for 12 cells of 256 atoms on two).
-C-rescale's NPT runs on torch only; MTK's picks torch on GPUs until its kernels have run on one
-(``NPTMTK.gpu_backend``).
+C-rescale's NPT runs on torch only.
 
 Example:
     >>> from alchemi_core import registry
