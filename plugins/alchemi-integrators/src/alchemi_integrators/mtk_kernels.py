@@ -54,7 +54,6 @@ from alchemi_integrators.npt_common import (
     parts,
     phi1_3,
     scale_buffer,
-    scale_velocities,
     trace3,
     volume3,
 )
@@ -295,6 +294,7 @@ def mtk_pre(dyn: Any, batch: Batch) -> None:
 
 def mtk_post(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update after the forces (see the module docstring)."""
+    from alchemi_integrators.warp_kernels import _scale
 
     launches = npt_launches(dyn)
     v, f, inv_mass, system, active = atom_args(dyn, batch)
@@ -309,4 +309,5 @@ def mtk_post(dyn: Any, batch: Batch) -> None:
     scale = scale_buffer(dyn, batch)
     args = (*_system_args(dyn, batch, kd, ko, in_dtype(dyn, batch, "cell")), 0, kick, push, grow, carry, scale)
     launches.launch("post_system", _system_update, batch.num_graphs, args, batch.device)
-    launches.launch("scale", scale_velocities, batch.num_nodes, (v, system, scale), batch.device)
+    # The velocity scaling of Nose-Hoover NVT's second half (warp_kernels' kernel).
+    launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)

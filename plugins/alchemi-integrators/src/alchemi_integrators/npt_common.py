@@ -142,13 +142,7 @@ def kinetic_parts(v: wp.array(dtype=Any), inv_mass: wp.array(dtype=Any), diag: w
     off[i] = o
 
 
-@wp.kernel
-def scale_velocities(v: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), scale: wp.array(dtype=Any)):
-    i = wp.tid()
-    v[i] = v[i] * scale[system[i]]
-
-
-declare_overloads([kinetic_parts, scale_velocities], vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+declare_overloads([kinetic_parts], vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
 
 
 # ---------------------------------------------------------------------------------------------
