@@ -40,6 +40,9 @@ MAKERS = {
     "npt-crescale": lambda: registry.build("integrator:npt-crescale", model=_model(), dt=5.0, temperature=50.0,
                                            tau_p=500.0, compressibility=60.0, initial_temperature=50.0,
                                            random_seed=1),
+    "npt-crescale-torch": lambda: registry.build("integrator:npt-crescale", model=_model(), dt=5.0, temperature=50.0,
+                                                 tau_p=500.0, compressibility=60.0, initial_temperature=50.0,
+                                                 random_seed=1, backend="torch"),
     "fire-frechet": lambda: registry.build("integrator:fire", model=_model(), dt=5.0, cell_filter="frechet"),
     "fire2-unit": lambda: registry.build("integrator:fire2", model=_model(), dt=5.0, cell_filter="unit"),
 }
@@ -79,35 +82,79 @@ def test_captured_step_replays_what_the_eager_step_does(name: str) -> None:
     assert not torch.allclose(c0, _cells().cell)  # the cell moved
 
 
-@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
-def test_mtk_warp_kernels_take_the_torch_steps_on_the_gpu(anisotropic: bool) -> None:
-    """MTK's Warp kernels, captured, end where the captured torch steps end (float64, 60 steps,
-    the cell moving)."""
+def _captured_runs(kind: str, prepare: Any = None, **options: Any) -> dict[str, Batch]:
+    """The final batch of 60 captured steps of ``integrator:npt-<kind>`` on each backend."""
     finals = {}
     for backend in ("torch", "warp"):
         batch = _cells()
-        dynamics = registry.build("integrator:npt-mtk", model=_model(), dt=5.0, temperature=50.0, tau_p=500.0,
-                                  anisotropic=anisotropic, initial_temperature=50.0, random_seed=1,
-                                  backend=backend).compile()
+        if prepare is not None:
+            prepare(batch)
+        dynamics = registry.build(f"integrator:npt-{kind}", model=_model(), dt=5.0, backend=backend,
+                                  **options).compile()
         with dynamics:
             dynamics.run(batch, n_steps=60)
         torch.cuda.synchronize()
         assert dynamics.active_backend == backend
         assert dynamics._engine.graph_captures >= 1
         finals[backend] = batch
-    for field in ("positions", "velocities", "cell", "npt_strain_rate"):
+    assert not torch.allclose(finals["warp"].cell, _cells().cell)  # the cell moved
+    return finals
+
+
+def _assert_same(finals: dict[str, Batch], fields: tuple[str, ...]) -> None:
+    for field in fields:
         torch.testing.assert_close(getattr(finals["warp"], field), getattr(finals["torch"], field), rtol=1e-9,
                                    atol=1e-10, msg=field)
-    assert not torch.allclose(finals["warp"].cell, _cells().cell)
 
 
-def test_mtk_warp_step_never_synchronises_with_the_host() -> None:
+@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
+def test_mtk_warp_kernels_take_the_torch_steps_on_the_gpu(anisotropic: bool) -> None:
+    """MTK's Warp kernels, captured, end where the captured torch steps end (float64, 60 steps,
+    the cell moving)."""
+    finals = _captured_runs("mtk", temperature=50.0, tau_p=500.0, anisotropic=anisotropic, initial_temperature=50.0,
+                            random_seed=1)
+    _assert_same(finals, ("positions", "velocities", "cell", "npt_strain_rate"))
+
+
+@pytest.mark.parametrize("kind", ["mtk", "crescale"])
+def test_warp_step_never_synchronises_with_the_host(kind: str) -> None:
     batch = _cells()
-    dynamics = registry.build("integrator:npt-mtk", model=_model(), dt=5.0, temperature=50.0, tau_p=500.0,
-                              initial_temperature=50.0, random_seed=1, backend="warp")
+    options = {"compressibility": 60.0} if kind == "crescale" else {}
+    dynamics = registry.build(f"integrator:npt-{kind}", model=_model(), dt=5.0, temperature=50.0, tau_p=500.0,
+                              initial_temperature=50.0, random_seed=1, backend="warp", **options)
     dynamics.step(batch)
     dynamics.step(batch)
     with no_host_sync():
         for _ in range(5):
             dynamics.step(batch)
     assert bool(torch.isfinite(batch.positions).all()) and bool(torch.isfinite(batch.cell).all())
+
+
+@pytest.mark.parametrize("anisotropic", [False, True], ids=["isotropic", "anisotropic"])
+def test_crescale_warp_kernels_take_the_torch_steps_when_the_noise_is_off(anisotropic: bool) -> None:
+    """With the thermostat's coupling off (tau_t huge) and the barostat's noise negligible (T near
+    0 K), C-rescale is deterministic: its Warp kernels, captured, end where the captured torch
+    steps end (float64, 60 steps, the cell moving)."""
+    from alchemi_integrators.thermo import initialize_velocities
+
+    finals = _captured_runs("crescale", lambda batch: initialize_velocities(batch, 40.0, seed=2), temperature=1e-24,
+                            tau_t=1e30, tau_p=100.0, compressibility=60.0, anisotropic=anisotropic)
+    _assert_same(finals, ("positions", "velocities", "cell"))
+
+
+def test_crescale_warp_replays_advance_the_draw_counter() -> None:
+    """A captured C-rescale step advances its draw counter inside the graph (three draws a step),
+    so every replay draws fresh numbers without a capture of its own."""
+    batch = _cells()
+    dynamics = registry.build("integrator:npt-crescale", model=_model(), dt=5.0, temperature=50.0, tau_p=500.0,
+                              compressibility=60.0, initial_temperature=50.0, random_seed=1).compile()
+    with dynamics:
+        dynamics.run(batch, n_steps=20)
+        torch.cuda.synchronize()
+        captures = dynamics._engine.graph_captures
+        assert dynamics.active_backend == "warp" and captures >= 1
+        before = int(dynamics.noise_counter(batch.device).item())
+        dynamics.run(batch, n_steps=7)
+        torch.cuda.synchronize()
+        assert dynamics._engine.graph_captures == captures
+    assert int(dynamics.noise_counter(batch.device).item()) == before + 3 * 7

@@ -22,13 +22,18 @@ from alchemi_core.units import KB
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 EPS, SIG, RC = 0.0104, 3.405, 8.5125
-#: On a GPU (seconds there) many more systems; on 2 CPU cores this takes tens of minutes.
+#: On a GPU (seconds there) many more systems; on 2 CPU cores both samplers' Warp steps take
+#: about a minute together.
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SYSTEMS = 64 if DEVICE.type == "cuda" else 12
+SYSTEMS = 64 if DEVICE.type == "cuda" else 24
 EQUILIBRATE, PRODUCE = (2000, 8000) if DEVICE.type == "cuda" else (600, 3000)
 EVERY = 10
-#: Two samplers' means are compared within three combined standard errors (a comparison at two
-#: fails 5 % of the time when both are right; the target pressure is checked at two).
+#: Every mean is checked within three standard errors. With n systems the error is itself an
+#: estimate, so the ratio follows Student's t with n - 1 degrees of freedom: at 24 systems a right
+#: sampler lands beyond three 0.6 % of the time, at 12 beyond two 7 %. Over 20 seeds of 12 systems
+#: each backend of C-rescale put 2 and 3 of its mean pressures beyond two errors (one each beyond
+#: three) while their pooled means agreed with 0 and with each other: at 12 systems and two
+#: errors this test failed on luck, not on physics.
 AGREE = 3.0
 T = 50.0
 
@@ -74,7 +79,7 @@ def _mean_and_error(per_system: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("kind", ["mtk", "crescale"])
 def test_mean_pressure_is_the_target(runs, kind):
     mean, err = _mean_and_error(runs[kind]["pressure"].mean(0))
-    assert abs(mean - 0.0) <= 2 * err, (mean, err)
+    assert abs(mean - 0.0) <= AGREE * err, (mean, err)
 
 
 def test_mean_volumes_agree(runs):

@@ -9,10 +9,9 @@ from integrators_testkit.lj_reference import ReferenceLJ, argon
 from alchemi_core import registry, units
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook
-from alchemi_core.errors import ConfigurationError
 from alchemi_integrators import FIRE2, NPTMTK, NPTCRescale
 from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
-from alchemi_integrators.thermo import initialize_velocities
+from alchemi_integrators.thermo import initialize_velocities, kinetic_energy
 
 
 def _argon_batch(n: int, rattle: float = 0.05, strain: float = 1.0) -> Batch:
@@ -244,9 +243,80 @@ def test_mtk_backends_agree_when_systems_enter_at_different_steps() -> None:
                                    atol=1e-11, msg=field)
 
 
-def test_crescale_refuses_the_warp_backend() -> None:
-    with pytest.raises(ConfigurationError, match="backend"):
-        NPTCRescale(ReferenceLJ(), backend="warp")
+def test_crescale_backends_agree_when_the_noise_is_off() -> None:
+    """With the thermostat's coupling off (tau_t huge) and the barostat's noise negligible (T near
+    0 K), C-rescale is deterministic: the Warp kernels and the torch operations take the same 80
+    steps of the pressure-driven cell, isotropic and anisotropic."""
+    _needs_cpu_warp()
+    for anisotropic in (False, True):
+        final = {}
+        for backend in ("torch", "warp"):
+            batch = _argon_batch(3, strain=1.02)
+            initialize_velocities(batch, 40.0, seed=2)
+            npt = NPTCRescale(ReferenceLJ(), n_steps=80, dt=5.0, temperature=1e-24, pressure=0.0, tau_t=1e30,
+                              tau_p=100.0, compressibility=60.0, anisotropic=anisotropic, backend=backend)
+            npt.run(batch)
+            assert npt.active_backend == backend
+            final[backend] = batch
+        assert (torch.linalg.det(final["warp"].cell) / torch.linalg.det(_argon_batch(3, strain=1.02).cell)).min() < 0.995
+        for field in ("positions", "velocities", "cell"):
+            torch.testing.assert_close(getattr(final["warp"], field), getattr(final["torch"], field), rtol=1e-11,
+                                       atol=1e-12, msg=field)
+
+
+def test_crescale_warp_thermostat_samples_canonical_kinetic_energies() -> None:
+    """C-rescale's Warp thermostat holds each system's kinetic energy to the canonical (gamma)
+    distribution: over 16 argon cells of 32 atoms at 50 K, the mean temperature is the target
+    within 2 % and the kinetic energy's variance is ``N_f (kB T)² / 2`` within 15 %. A short
+    ``tau_t`` makes the chi-squared draw carry most of each new kinetic energy, so a wrong one
+    shows in the variance."""
+    _needs_cpu_warp()
+    batch = _argon_batch(16, rattle=0.05)
+    initialize_velocities(batch, 50.0, seed=6)
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=6.0, shift_energy=True)
+    npt = NPTCRescale(model, dt=5.0, temperature=50.0, pressure=0.0, tau_t=1.0, tau_p=500.0, compressibility=60.0,
+                      random_seed=8)
+    npt.run(batch, n_steps=200)
+    assert npt.active_backend == "warp"
+    samples = []
+    for _ in range(150):
+        npt.run(batch, n_steps=10)
+        samples.append(kinetic_energy(batch).clone())
+    ke = torch.stack(samples)  # [samples, systems]
+    kt = units.KB * 50.0
+    nf = 3 * 32 - 3
+    assert abs(ke.mean().item() / (0.5 * nf * kt) - 1) < 0.02
+    assert abs(ke.var().item() / (0.5 * nf * kt * kt) - 1) < 0.15
+
+
+@pytest.mark.parametrize("count", [2, 3, 11, 301])
+def test_crescale_draws_the_sum_of_squared_normals_as_chi_squared(count: int) -> None:
+    """The thermostat draws the sum of N_f squared normals as the first normal squared plus a
+    chi-squared variate of N_f - 1 (twice a Marsaglia-Tsang gamma): over 40,000 keys its mean is
+    N_f and its variance 2 N_f (five standard errors), and its 1 % and 99 % quantiles are the
+    distribution's (from the squares of torch's normals)."""
+    _needs_cpu_warp()
+    import warp as wp
+
+    from alchemi_integrators import crescale_kernels
+
+    @wp.kernel
+    def draw(n: wp.float64, out: wp.array(dtype=wp.float64)):
+        i = wp.tid()
+        state = crescale_kernels._system_state(7, i, wp.int64(i), 0)
+        first = wp.float64(wp.randn(state))
+        out[i] = crescale_kernels._sum_of_squared_normals(
+            crescale_kernels._system_state(7, i, wp.int64(i), 1), first, n)
+
+    size = 40_000
+    out = torch.zeros(size, dtype=torch.float64)
+    wp.launch(draw, size, [float(count), wp.from_torch(out)], device="cpu")
+    mean, var = out.mean().item(), out.var().item()
+    assert abs(mean - count) < 5 * (2 * count / size) ** 0.5
+    assert abs(var / (2 * count) - 1) < 5 * (2.0 / size) ** 0.5 * (1 + 6 / count) ** 0.5
+    reference = (torch.randn(size, count, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) ** 2).sum(1)
+    for q in (0.01, 0.99):
+        assert abs(out.quantile(q).item() / reference.quantile(q).item() - 1) < 0.06
 
 
 def test_crescale_noise_is_standard_normal_and_fresh_each_draw() -> None:

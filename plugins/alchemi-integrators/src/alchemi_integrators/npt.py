@@ -153,6 +153,10 @@ class _NPTBase(MDIntegrator):
     def _accelerations(self, batch: Batch) -> torch.Tensor:
         return batch.forces * self.inv_mass
 
+    def system_dof(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` degrees of freedom ``3N - 3`` (kept while the batch's systems stay the same)."""
+        return self.cached("npt_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False, masks=False)
+
 
 class NPTMTK(_NPTBase):
     """Martyna-Tobias-Klein NPT with Nose-Hoover chains (see the module docstring).
@@ -330,10 +334,6 @@ class NPTMTK(_NPTBase):
         """The Suzuki-Yoshida weights of the chains' sub-steps."""
         return YOSHIDA_WEIGHTS[self.yoshida_order]
 
-    def system_dof(self, batch: Batch) -> torch.Tensor:
-        """``[B]`` degrees of freedom ``3N - 3`` (kept while the batch's systems stay the same)."""
-        return self.cached("npt_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False, masks=False)
-
 
 class NPTCRescale(_NPTBase):
     """Stochastic cell rescaling with stochastic velocity rescaling (see the module docstring).
@@ -352,6 +352,11 @@ class NPTCRescale(_NPTBase):
         **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
     """
 
+    #: The Warp backend (:mod:`~alchemi_integrators.crescale_kernels`) draws its own numbers (one
+    #: chi-squared variate per system where torch draws three normals per atom): the same
+    #: dynamics in distribution, not step by step.
+    cpu_backend = "warp"
+
     def __init__(
         self,
         model: Any,
@@ -366,8 +371,6 @@ class NPTCRescale(_NPTBase):
         anisotropic: bool = False,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("backend", "auto") == "warp":
-            raise ConfigurationError(f"{type(self).__name__} runs on backend='torch' or 'auto'")
         super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
         self.declare("compressibility", compressibility, unit="Å³/eV", low=0.0, low_open=True)
         self._noise_counters: dict[torch.device, torch.Tensor] = {}
@@ -384,13 +387,14 @@ class NPTCRescale(_NPTBase):
 
         if self._launches is None:
             self._launches = warp_kernels.WarpLaunches()
-        counter = self._noise_counters.get(out.device)
-        if counter is None:
-            counter = self._noise_counters[out.device] = torch.zeros(1, dtype=torch.int32, device=out.device)
-        warp_kernels.counter_normals(self._launches, name, out, self.random_seed, counter)
+        warp_kernels.counter_normals(self._launches, name, out, self.random_seed, self.noise_counter(out.device))
 
-    def _choose_backend(self, device: torch.device) -> str:
-        return "torch"
+    def noise_counter(self, device: torch.device) -> torch.Tensor:
+        """This device's draw counter (a device int32 ``[1]``), which keys the Warp draws."""
+        counter = self._noise_counters.get(device)
+        if counter is None:
+            counter = self._noise_counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return counter
 
     def state_dict(self) -> dict[str, Any]:
         """The random state (see ``MDIntegrator.state_dict``) and the Warp draw counters."""
@@ -488,3 +492,13 @@ class NPTCRescale(_NPTBase):
     def torch_post_update(self, batch: Batch) -> None:
         self._half_kick(batch)
         self._thermostat(batch)
+
+    def warp_pre_update(self, batch: Batch) -> None:
+        from alchemi_integrators import crescale_kernels
+
+        crescale_kernels.crescale_pre(self, batch)
+
+    def warp_post_update(self, batch: Batch) -> None:
+        from alchemi_integrators import crescale_kernels
+
+        crescale_kernels.crescale_post(self, batch)

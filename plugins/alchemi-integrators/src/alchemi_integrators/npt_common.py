@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 #: Kernel arguments that take ``[B, 3, 3]`` tensors as mat33 arrays.
-MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry"})
+MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry", "shrink"})
 #: Kernel arguments that take ``[N, 3]`` tensors as vec3 arrays.
 VECTORS = VECTOR_ARGS | SUM_VECTOR_ARGS | frozenset({"diag", "off", "kd", "ko"})
 #: Kernel arguments that take ``[B, M]`` tensors as 2-D arrays (the two chains).

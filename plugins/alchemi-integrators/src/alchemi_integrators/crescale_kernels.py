@@ -1,0 +1,361 @@
+"""C-rescale's NPT step as Warp kernels (``integrator:npt-crescale``, ``backend="warp"``).
+
+The torch path of :class:`~alchemi_integrators.npt.NPTCRescale` draws three normal numbers per
+atom for each thermostat half step and spends about a hundred small operations a step on 3x3
+matrices and per-atom copies of them. Here a step is three kernels per system and five per atom,
+each atom pass also writing its share of the kinetic tensor where the next system kernel needs it
+(:mod:`~alchemi_integrators.npt_common`):
+
+* before the forces: shares of ``m v v^T``, summed; per system, the thermostat's factor; per atom,
+  the factor, the half-kick, the half-drift and the new shares, summed; per system, the strain
+  step ``d`` (drift by the pressure difference, noise by the barostat's amplitude), ``exp(d)``,
+  ``exp(-d)`` and the cell; per atom, ``x exp(d)``, ``v exp(-d)`` and the second half-drift.
+* after the forces: per atom, the half-kick and its shares, summed; per system, the thermostat's
+  factor; per atom, the scaling.
+
+**Random numbers.** Each system draws its own, keyed by ``random_seed``, the integrator's draw
+counter (a device integer the step advances, so a replayed CUDA graph draws fresh numbers; it is
+part of :meth:`NPTCRescale.state_dict`) and ``system_id``, so a system's numbers do not depend on
+where it sits in the batch. The thermostat (stochastic velocity rescaling) needs the sum of
+``N_f`` squared normal numbers: it draws the first normal and a chi-squared variate of ``N_f - 1``
+degrees of freedom (twice a gamma variate, Marsaglia and Tsang's method), one draw per system
+whatever its size. The distribution is the torch path's; the numbers are not, so the two
+backends agree in distribution, not step by step.
+
+Example:
+    >>> from alchemi_core import registry
+    >>> npt = registry.build("integrator:npt-crescale", model=model, dt=5.0, temperature=50.0,
+    ...                      compressibility=60.0, backend="warp")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import warp as wp
+
+from alchemi_core.units import KB
+from alchemi_integrators.kernel_funcs import declare_overloads, idle
+from alchemi_integrators.npt_common import (
+    MATRIX_ARGS,
+    ROWS_ARGS,
+    VECTORS,
+    atom_args,
+    expm3,
+    eye3,
+    in_dtype,
+    kinetic_parts,
+    kinetic_share,
+    kinetic_sums,
+    kinetic_tensor,
+    maps,
+    matmul3,
+    npt_launches,
+    parts,
+    scale_buffer,
+    trace3,
+    volume3,
+)
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: Rejection rounds of the gamma sampler at most (each accepts with probability above 0.95).
+GAMMA_TRIES = 64
+_GAMMA_TRIES = wp.constant(GAMMA_TRIES)
+
+
+# ---------------------------------------------------------------------------------------------
+# random numbers
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.func
+def _system_state(seed: wp.int32, draw: wp.int32, system_id: wp.int64, stream: wp.int32):
+    # A generator state keyed by (seed, draw number, system, purpose).
+    state = wp.rand_init(seed, draw)
+    state = wp.rand_init(wp.int32(state), wp.int32(system_id))
+    return wp.rand_init(wp.int32(state), stream)
+
+
+@wp.func
+def gamma_variate(state: wp.uint32, shape: Any):
+    """A Gamma(shape, 1) number for ``shape >= 1`` (Marsaglia & Tsang, ACM TOMS 26, 363 (2000))."""
+    one = type(shape)(1.0)
+    d = shape - one / type(shape)(3.0)
+    c = one / wp.sqrt(type(shape)(9.0) * d)
+    out = d  # the mode, should every round be rejected
+    tries = int(0)
+    while tries < _GAMMA_TRIES:
+        tries += 1
+        x = type(shape)(wp.randn(state))
+        t = one + c * x
+        u = type(shape)(wp.randf(state))
+        if t > type(shape)(0.0):
+            v = t * t * t
+            if wp.log(u) < type(shape)(0.5) * x * x + d - d * v + d * wp.log(v):
+                out = d * v
+                tries = _GAMMA_TRIES
+    return out
+
+
+@wp.func
+def _sum_of_squared_normals(state: wp.uint32, first: Any, count: Any):
+    # first² plus chi-squared(count - 1): the sum of ``count`` squared N(0, 1) whose first is given.
+    rest = type(first)(0.0)
+    if count > type(first)(1.5):
+        rest = type(first)(2.0) * gamma_variate(state, type(first)(0.5) * (count - type(first)(1.0)))
+    return first * first + rest
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.kernel
+def _thermostat(
+    kd: wp.array(dtype=Any),
+    system_id: wp.array(dtype=wp.int64),
+    temperature: wp.array(dtype=Any),
+    tau_t: wp.array(dtype=Any),
+    nf: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    seed: wp.int32,
+    counter: wp.array(dtype=wp.int32),
+    kb: Any,
+    scale: wp.array(dtype=Any),
+):
+    # Stochastic velocity rescaling over dt/2 (Bussi, Donadio & Parrinello 2007; the formula of
+    # NPTCRescale._thermostat): the kinetic energy jumps to a sample of its canonical relaxation.
+    b = wp.tid()
+    one = type(kb)(1.0)
+    zero = type(kb)(0.0)
+    scale[b] = one
+    if idle(active, b):
+        return
+    ke = type(kb)(0.5) * (kd[b][0] + kd[b][1] + kd[b][2])
+    c = wp.exp(-type(kb)(0.5) * dt[b] / tau_t[b])
+    n = nf[b]
+    target = type(kb)(0.5) * n * kb * temperature[b]
+    state = _system_state(seed, counter[0], system_id[b], 0)
+    r1 = type(kb)(wp.randn(state))
+    chi2 = _sum_of_squared_normals(_system_state(seed, counter[0], system_id[b], 1), r1, n)
+    if ke <= zero:
+        return
+    new_ke = c * ke + (one - c) * target * chi2 / n + type(kb)(2.0) * r1 * wp.sqrt(c * (one - c) * ke * target / n)
+    alpha = wp.sqrt(wp.max(new_ke, zero) / ke)
+    if c < one and r1 + wp.sqrt(c * n * ke / ((one - c) * target)) < zero:
+        alpha = -alpha
+    scale[b] = alpha
+
+
+@wp.kernel
+def _rescale(
+    kd: wp.array(dtype=Any),
+    ko: wp.array(dtype=Any),
+    system_id: wp.array(dtype=wp.int64),
+    cell: wp.array(dtype=Any),
+    stress: wp.array(dtype=Any),
+    temperature: wp.array(dtype=Any),
+    pressure: wp.array(dtype=Any),
+    tau_p: wp.array(dtype=Any),
+    compressibility: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    seed: wp.int32,
+    counter: wp.array(dtype=wp.int32),
+    kb: Any,
+    anisotropic: wp.int32,
+    grow: wp.array(dtype=Any),
+    shrink: wp.array(dtype=Any),
+):
+    # One step of the cell's stochastic equation (NPTCRescale._rescale): the strain step d, the
+    # maps exp(d) of positions and cell and exp(-d) of velocities.
+    b = wp.tid()
+    cb = cell[b]
+    eye = eye3(cb)
+    if idle(active, b):
+        grow[b] = eye
+        shrink[b] = eye
+        return
+    volume = volume3(cb)
+    kt = kb * temperature[b]
+    mobility = compressibility[b] / tau_p[b]
+    drive = kinetic_tensor(kd[b], ko[b], cb) / volume - stress[b] - eye * pressure[b]
+    state = _system_state(seed, counter[0], system_id[b], 2)
+    d = eye * type(kb)(0.0)
+    if anisotropic != 0:
+        # Per component: mobility / 3; sym() of unit normals gives the off-diagonal strains half
+        # the variance of the diagonal ones, as their doubled force requires.
+        n0 = type(kb)(wp.randn(state))
+        n1 = type(kb)(wp.randn(state))
+        n2 = type(kb)(wp.randn(state))
+        n3 = type(kb)(wp.randn(state))
+        n4 = type(kb)(wp.randn(state))
+        n5 = type(kb)(wp.randn(state))
+        n6 = type(kb)(wp.randn(state))
+        n7 = type(kb)(wp.randn(state))
+        n8 = type(kb)(wp.randn(state))
+        noise = type(cb)(n0, n1, n2, n3, n4, n5, n6, n7, n8)
+        half = type(kb)(0.5)
+        third = type(kb)(1.0) / type(kb)(3.0)
+        amplitude = wp.sqrt(type(kb)(2.0) * kt * compressibility[b] * dt[b] / (type(kb)(3.0) * volume * tau_p[b]))
+        d = (drive + wp.transpose(drive)) * (half * mobility * third * dt[b])
+        d = d + (noise + wp.transpose(noise)) * (half * amplitude)
+    else:
+        amplitude = wp.sqrt(type(kb)(2.0) * kt * compressibility[b] * dt[b] / (volume * tau_p[b]))
+        d_eps = mobility * (trace3(drive) / type(kb)(3.0)) * dt[b] + amplitude * type(kb)(wp.randn(state))
+        d = eye * (d_eps / type(kb)(3.0))
+    e = expm3(d)
+    grow[b] = e
+    shrink[b] = expm3(-d)
+    cell[b] = matmul3(cb, e)
+
+
+@wp.kernel
+def _scale_kick_drift(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    active: wp.array(dtype=Any),
+    scale: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    diag: wp.array(dtype=Any),
+    off: wp.array(dtype=Any),
+):
+    # The thermostat's factor, the half-kick and the first half-drift; the new kinetic shares.
+    i = wp.tid()
+    b = system[i]
+    vi = v[i]
+    if not idle(active, b):
+        h = type(dt[b])(0.5) * dt[b]
+        vi = vi * scale[b] + f[i] * (inv_mass[i] * h)
+        v[i] = vi
+        x[i] = x[i] + vi * h
+    d, o = kinetic_share(vi, inv_mass[i])
+    diag[i] = d
+    off[i] = o
+
+
+@wp.kernel
+def _rescale_drift(
+    x: wp.array(dtype=Any),
+    v: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    active: wp.array(dtype=Any),
+    grow: wp.array(dtype=Any),
+    shrink: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+):
+    # x exp(d), v exp(-d), then the second half-drift.
+    i = wp.tid()
+    b = system[i]
+    if idle(active, b):
+        return
+    vi = wp.mul(v[i], shrink[b])
+    v[i] = vi
+    x[i] = wp.mul(x[i], grow[b]) + vi * (type(dt[b])(0.5) * dt[b])
+
+
+@wp.kernel
+def _kick(
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    active: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    diag: wp.array(dtype=Any),
+    off: wp.array(dtype=Any),
+):
+    # The second half-kick and the new kinetic shares.
+    i = wp.tid()
+    b = system[i]
+    vi = v[i]
+    if not idle(active, b):
+        vi = vi + f[i] * (inv_mass[i] * type(dt[b])(0.5) * dt[b])
+        v[i] = vi
+    d, o = kinetic_share(vi, inv_mass[i])
+    diag[i] = d
+    off[i] = o
+
+
+declare_overloads([_thermostat, _rescale, _scale_kick_drift, _rescale_drift, _kick],
+                  vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# the step
+# ---------------------------------------------------------------------------------------------
+
+
+def _draws(dyn: Any, batch: Batch) -> tuple[int, torch.Tensor]:
+    """The seed as a Warp int and this device's draw counter (advanced after each use)."""
+    return int(dyn.random_seed) & 0x7FFFFFFF, dyn.noise_counter(batch.device)
+
+
+def _advance(dyn: Any, batch: Batch, counter: torch.Tensor) -> None:
+    from alchemi_integrators.warp_kernels import _advance_counter
+
+    npt_launches(dyn).launch("advance", _advance_counter, 1, (counter,), batch.device)
+
+
+def _thermostat_factors(dyn: Any, batch: Batch, kd: torch.Tensor) -> torch.Tensor:
+    from alchemi_integrators.warp_kernels import _active, _typed
+
+    seed, counter = _draws(dyn, batch)
+    per = dyn.per_system
+    scale = scale_buffer(dyn, batch)
+    args = (kd, batch.system_id, per("temperature", batch), per("tau_t", batch), dyn.system_dof(batch),
+            per("dt", batch), _active(dyn, batch), seed, counter, _typed(KB, batch), scale)
+    npt_launches(dyn).launch("thermostat", _thermostat, batch.num_graphs, args, batch.device)
+    _advance(dyn, batch, counter)
+    return scale
+
+
+def crescale_pre(dyn: Any, batch: Batch) -> None:
+    """``NPTCRescale``'s update before the forces (see the module docstring)."""
+    from alchemi_integrators.warp_kernels import _typed
+
+    launches = npt_launches(dyn)
+    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    dt = dyn.per_system("dt", batch)
+    diag, off = parts(dyn, batch)
+    launches.launch("parts", kinetic_parts, batch.num_nodes, (v, inv_mass, diag, off), batch.device)
+    kd, _ = kinetic_sums(dyn, batch, diag, off)
+    scale = _thermostat_factors(dyn, batch, kd)
+    args = (batch.positions, v, f, inv_mass, system, active, scale, dt, diag, off)
+    launches.launch("scale_kick_drift", _scale_kick_drift, batch.num_nodes, args, batch.device)
+    kd, ko = kinetic_sums(dyn, batch, diag, off)
+    per = dyn.per_system
+    seed, counter = _draws(dyn, batch)
+    cell = in_dtype(dyn, batch, "cell")
+    grow, shrink = maps(dyn, batch, ("grow", "shrink"))
+    args = (kd, ko, batch.system_id, cell, in_dtype(dyn, batch, "stress"), per("temperature", batch),
+            per("pressure", batch), per("tau_p", batch), per("compressibility", batch), dt, active, seed, counter,
+            _typed(KB, batch), int(dyn.anisotropic), grow, shrink)
+    launches.launch("rescale", _rescale, batch.num_graphs, args, batch.device)
+    _advance(dyn, batch, counter)
+    if cell is not batch.cell:
+        batch.cell.copy_(cell)
+    args = (batch.positions, v, system, active, grow, shrink, dt)
+    launches.launch("rescale_drift", _rescale_drift, batch.num_nodes, args, batch.device)
+
+
+def crescale_post(dyn: Any, batch: Batch) -> None:
+    """``NPTCRescale``'s update after the forces (see the module docstring)."""
+    from alchemi_integrators.warp_kernels import _scale
+
+    launches = npt_launches(dyn)
+    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    diag, off = parts(dyn, batch)
+    args = (v, f, inv_mass, system, active, dyn.per_system("dt", batch), diag, off)
+    launches.launch("kick", _kick, batch.num_nodes, args, batch.device)
+    kd, _ = kinetic_sums(dyn, batch, diag, off)
+    scale = _thermostat_factors(dyn, batch, kd)
+    launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)
