@@ -9,6 +9,7 @@ import pytest
 import torch
 from integrators_testkit.lj_reference import ReferenceLJ, argon
 from integrators_testkit.recording import Record, integrated_autocorrelation_time
+from integrators_testkit.resume import resumed_run
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.testing.fixtures import CPU_AND_GPU
@@ -160,28 +161,17 @@ def test_resume_from_checkpoint_gives_the_same_trajectory(backend: str) -> None:
     """Integrator state lives in batch fields plus the random state of state_dict(): saving both
     and resuming reproduces the uninterrupted run (to rounding: the resumed model builds its pair
     list afresh, which changes the order of its force sums in the last bit)."""
-    import io
 
     def fresh() -> Langevin:
         return Langevin(ReferenceLJ(), n_steps=15, dt=5.0, temperature=80.0, friction=0.05, random_seed=21,
                         backend=backend)
 
     batch = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(2)])
-    first = fresh()
-    first.run(batch)
-    saved_batch, unrestored = batch.clone(), batch.clone()
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    first.run(batch)  # uninterrupted: 30 steps
-    buffer.seek(0)
-    resumed = fresh()
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    resumed.run(saved_batch)
-    torch.testing.assert_close(saved_batch.positions, batch.positions, rtol=0, atol=1e-13)
-    torch.testing.assert_close(saved_batch.velocities, batch.velocities, rtol=0, atol=1e-15)
+    resumed, unrestored = resumed_run(fresh, batch)  # batch: the uninterrupted 30 steps
+    torch.testing.assert_close(resumed.positions, batch.positions, rtol=0, atol=1e-13)
+    torch.testing.assert_close(resumed.velocities, batch.velocities, rtol=0, atol=1e-15)
     # Without the random state, the torch path replays its first noise: another trajectory. The
     # Warp path keys its noise by each system's step counter, a batch field: it needs nothing more.
-    fresh().run(unrestored)
     differs = (unrestored.positions - batch.positions).abs().max().item() > 1e-6
     assert differs == (backend == "torch")
 
