@@ -13,9 +13,6 @@ each atom pass also writing its share of the kinetic tensor where the next syste
 * after the forces: per atom, the half-kick and its shares, summed; per system, the thermostat's
   factor; per atom, the scaling.
 
-The thermostats and an isotropic cell step need only the kinetic tensor's trace: their sums
-leave the off-diagonal shares out.
-
 **Random numbers.** Each system draws its own, keyed by ``random_seed``, the integrator's draw
 counter (a device integer the step advances, so a replayed CUDA graph draws fresh numbers; it is
 part of :meth:`NPTCRescale.state_dict`) and ``system_id``, so a system's numbers do not depend on
@@ -330,11 +327,11 @@ def crescale_pre(dyn: Any, batch: Batch) -> None:
     dt = dyn.per_system("dt", batch)
     diag, off = parts(dyn, batch)
     launches.launch("parts", kinetic_parts, batch.num_nodes, (v, inv_mass, diag, off), batch.device)
-    kd, _ = kinetic_sums(dyn, batch, diag, off, off_diagonal=False)
+    kd, _ = kinetic_sums(dyn, batch, diag, off)
     scale = _thermostat_factors(dyn, batch, kd)
     args = (batch.positions, v, f, inv_mass, system, active, scale, dt, diag, off)
     launches.launch("scale_kick_drift", _scale_kick_drift, batch.num_nodes, args, batch.device)
-    kd, ko = kinetic_sums(dyn, batch, diag, off, off_diagonal=dyn.anisotropic)
+    kd, ko = kinetic_sums(dyn, batch, diag, off)
     per = dyn.per_system
     seed, counter = _draws(dyn, batch)
     cell = in_dtype(dyn, batch, "cell")
@@ -359,6 +356,6 @@ def crescale_post(dyn: Any, batch: Batch) -> None:
     diag, off = parts(dyn, batch)
     args = (v, f, inv_mass, system, active, dyn.per_system("dt", batch), diag, off)
     launches.launch("kick", _kick, batch.num_nodes, args, batch.device)
-    kd, _ = kinetic_sums(dyn, batch, diag, off, off_diagonal=False)
+    kd, _ = kinetic_sums(dyn, batch, diag, off)
     scale = _thermostat_factors(dyn, batch, kd)
     launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)
