@@ -243,9 +243,20 @@ class _MixedSteps(Hook):
         self.steps += int(0 in statuses and 1 in statuses)
 
 
-def test_mtk_backends_agree_when_systems_enter_at_different_steps() -> None:
-    """FIRE2 relaxes three cells and hands each to MTK when it converges: while some systems are
-    still relaxing, MTK's kernels must leave them alone. Warp and torch MTK end in the same state."""
+#: Each NPT integrator deterministic: MTK as it is, C-rescale with its noise off (as above).
+_DETERMINISTIC_NPT = {
+    "mtk": lambda backend: NPTMTK(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0,
+                                  initial_temperature=50.0, random_seed=5, backend=backend),
+    "crescale": lambda backend: NPTCRescale(ReferenceLJ(), n_steps=40, dt=5.0, temperature=1e-24, tau_t=1e30,
+                                            tau_p=100.0, compressibility=60.0, initial_temperature=50.0,
+                                            random_seed=5, backend=backend),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DETERMINISTIC_NPT))
+def test_npt_backends_agree_when_systems_enter_at_different_steps(kind: str) -> None:
+    """FIRE2 relaxes three cells and hands each to NPT when it converges: while some systems are
+    still relaxing, the NPT kernels must leave them alone. Warp and torch end in the same state."""
     _needs_cpu_warp()
     final = {}
     for backend in ("torch", "warp"):
@@ -253,10 +264,10 @@ def test_mtk_backends_agree_when_systems_enter_at_different_steps() -> None:
         mixed = _MixedSteps()
         relax = FIRE2(ReferenceLJ(), n_steps=400, dt=5.0, dt_max=50.0, cell_filter="frechet", backend="torch",
                       convergence_hook=ConvergenceHook.from_fmax(0.01), hooks=[mixed])
-        md = NPTMTK(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0, initial_temperature=50.0,
-                    random_seed=5, backend=backend)
+        md = _DETERMINISTIC_NPT[kind](backend)
         out = FusedStage([(0, relax), (1, md)]).run(batch)
         assert out is not None and (out.status == 2).all()
+        assert md.active_backend == backend
         assert mixed.steps > 0  # MTK stepped while other systems were still relaxing
         final[backend] = out
     for field in ("positions", "velocities", "cell"):
