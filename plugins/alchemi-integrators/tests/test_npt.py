@@ -99,21 +99,39 @@ def test_mtk_warp_backend_takes_the_torch_steps(anisotropic: bool) -> None:
     torch.testing.assert_close(ea, eb, rtol=1e-11, atol=1e-11)
 
 
+def _f32_atoms(batch: Batch) -> Batch:
+    for name in ("positions", "velocities", "forces"):
+        if name in batch:
+            setattr(batch, name, getattr(batch, name).float())
+    batch.atomic_masses = batch.atomic_masses.float()
+    return batch
+
+
 def test_mtk_warp_backend_in_float32_with_a_float64_cell() -> None:
     """Float32 atoms under a float64 cell (the kernels work in the atoms' precision and write the
     cell back in its own): both backends stay within float32 rounding of each other."""
     _needs_cpu_warp()
-
-    def f32_atoms(batch: Batch) -> Batch:
-        for name in ("positions", "velocities", "forces"):
-            if name in batch:
-                setattr(batch, name, getattr(batch, name).float())
-        batch.atomic_masses = batch.atomic_masses.float()
-        return batch
-
-    runs = _mtk_runs(False, 30, prepare=f32_atoms)
+    runs = _mtk_runs(False, 30, prepare=_f32_atoms)
     (a, _), (b, _) = runs["warp"], runs["torch"]
     assert a.positions.dtype == torch.float32 and a.cell.dtype == torch.float64
+    torch.testing.assert_close(a.positions, b.positions, rtol=0, atol=2e-4)
+    torch.testing.assert_close(a.cell, b.cell, rtol=1e-5, atol=1e-5)
+
+
+def test_crescale_warp_backend_in_float32_with_a_float64_cell() -> None:
+    """C-rescale likewise (its noise off, so both backends take the same steps): float32 atoms,
+    a float64 cell that moves, the two backends within float32 rounding of each other."""
+    _needs_cpu_warp()
+    final = {}
+    for backend in ("torch", "warp"):
+        batch = _f32_atoms(_argon_batch(3, strain=1.02))
+        initialize_velocities(batch, 40.0, seed=2)
+        NPTCRescale(ReferenceLJ(), n_steps=30, dt=5.0, temperature=1e-24, tau_t=1e30, tau_p=100.0,
+                    compressibility=60.0, backend=backend).run(batch)
+        final[backend] = batch
+    a, b = final["warp"], final["torch"]
+    assert a.positions.dtype == torch.float32 and a.cell.dtype == torch.float64
+    assert (a.cell - _argon_batch(3, strain=1.02).cell).abs().max().item() > 1e-3  # the cell moved
     torch.testing.assert_close(a.positions, b.positions, rtol=0, atol=2e-4)
     torch.testing.assert_close(a.cell, b.cell, rtol=1e-5, atol=1e-5)
 
