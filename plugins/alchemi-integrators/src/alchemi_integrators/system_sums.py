@@ -72,6 +72,20 @@ def _chunk_sums(
     lo = k * _WIDTH
     acc = values[lo]
     cur = system[lo]
+    if system[wp.min(lo + _WIDTH, count) - 1] == cur:
+        # The whole chunk is one system (indices do not decrease): the usual case, summed in the
+        # same order as below but with no store or atomic add between the loads, which can then
+        # all be in flight at once. (W8's NPT steps on an H100, in one visit: 8-9 % faster.)
+        for q in range(1, _WIDTH):
+            i = lo + q
+            if i < count:
+                acc = acc + values[i]
+        if keep_first != 0:
+            partial[k] = acc
+            tag[k] = cur
+        else:
+            wp.atomic_add(totals, wp.int32(cur), acc)
+        return
     first = keep_first
     for q in range(1, _WIDTH):
         i = lo + q
