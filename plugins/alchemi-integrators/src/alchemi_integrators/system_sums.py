@@ -72,6 +72,7 @@ def _chunk_sums(
     lo = k * _WIDTH
     acc = values[lo]
     cur = system[lo]
+    first = keep_first
     if system[wp.min(lo + _WIDTH, count) - 1] == cur:
         # The whole chunk is one system (indices do not decrease): the usual case, summed in the
         # same order as below but with no store or atomic add between the loads, which can then
@@ -80,28 +81,22 @@ def _chunk_sums(
             i = lo + q
             if i < count:
                 acc = acc + values[i]
-        if keep_first != 0:
-            partial[k] = acc
-            tag[k] = cur
-        else:
-            wp.atomic_add(totals, wp.int32(cur), acc)
-        return
-    first = keep_first
-    for q in range(1, _WIDTH):
-        i = lo + q
-        if i < count:
-            b = system[i]
-            if b == cur:
-                acc = acc + values[i]
-            else:
-                if first != 0:
-                    partial[k] = acc
-                    tag[k] = cur
-                    first = 0
+    else:
+        for q in range(1, _WIDTH):
+            i = lo + q
+            if i < count:
+                b = system[i]
+                if b == cur:
+                    acc = acc + values[i]
                 else:
-                    wp.atomic_add(totals, wp.int32(cur), acc)
-                acc = values[i]
-                cur = b
+                    if first != 0:
+                        partial[k] = acc
+                        tag[k] = cur
+                        first = 0
+                    else:
+                        wp.atomic_add(totals, wp.int32(cur), acc)
+                    acc = values[i]
+                    cur = b
     if first != 0:
         partial[k] = acc
         tag[k] = cur
