@@ -36,7 +36,7 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators.kernel_funcs import declare_overloads, idle
+from alchemi_integrators.kernel_funcs import declare_overloads, half_kick, idle, keyed_state
 from alchemi_integrators.npt_common import (
     MATRIX_ARGS,
     ROWS_ARGS,
@@ -74,9 +74,7 @@ _GAMMA_TRIES = wp.constant(GAMMA_TRIES)
 @wp.func
 def _system_state(seed: wp.int32, draw: wp.int32, system_id: wp.int64, stream: wp.int32):
     # A generator state keyed by (seed, draw number, system, purpose).
-    state = wp.rand_init(seed, draw)
-    state = wp.rand_init(wp.int32(state), wp.int32(system_id))
-    return wp.rand_init(wp.int32(state), stream)
+    return wp.rand_init(wp.int32(keyed_state(seed, draw, wp.int32(system_id))), stream)
 
 
 @wp.func
@@ -233,10 +231,9 @@ def _scale_kick_drift(
     b = system[i]
     vi = v[i]
     if not idle(active, b):
-        h = type(dt[b])(0.5) * dt[b]
-        vi = vi * scale[b] + f[i] * (inv_mass[i] * h)
+        vi = half_kick(vi * scale[b], f[i], inv_mass[i], dt[b])
         v[i] = vi
-        x[i] = x[i] + vi * h
+        x[i] = x[i] + vi * (type(dt[b])(0.5) * dt[b])
     d, o = kinetic_share(vi, inv_mass[i])
     diag[i] = d
     off[i] = o
@@ -278,7 +275,7 @@ def _kick(
     b = system[i]
     vi = v[i]
     if not idle(active, b):
-        vi = vi + f[i] * (inv_mass[i] * type(dt[b])(0.5) * dt[b])
+        vi = half_kick(vi, f[i], inv_mass[i], dt[b])
         v[i] = vi
     d, o = kinetic_share(vi, inv_mass[i])
     diag[i] = d
@@ -296,17 +293,13 @@ declare_overloads([_thermostat, _rescale, _scale_kick_drift, _rescale_drift, _ki
 
 def _draws(dyn: Any, batch: Batch) -> tuple[int, torch.Tensor]:
     """The seed as a Warp int and this device's draw counter (advanced after each use)."""
-    return int(dyn.random_seed) & 0x7FFFFFFF, dyn.noise_counter(batch.device)
+    from alchemi_integrators.warp_kernels import warp_seed
 
-
-def _advance(dyn: Any, batch: Batch, counter: torch.Tensor) -> None:
-    from alchemi_integrators.warp_kernels import _advance_counter
-
-    npt_launches(dyn).launch("advance", _advance_counter, 1, (counter,), batch.device)
+    return warp_seed(dyn.random_seed), dyn.noise_counter(batch.device)
 
 
 def _thermostat_factors(dyn: Any, batch: Batch, kd: torch.Tensor) -> torch.Tensor:
-    from alchemi_integrators.warp_kernels import _active, _typed
+    from alchemi_integrators.warp_kernels import _active, _typed, advance_counter
 
     seed, counter = _draws(dyn, batch)
     per = dyn.per_system
@@ -314,13 +307,13 @@ def _thermostat_factors(dyn: Any, batch: Batch, kd: torch.Tensor) -> torch.Tenso
     args = (kd, batch.system_id, per("temperature", batch), per("tau_t", batch), dyn.system_dof(batch),
             per("dt", batch), _active(dyn, batch), seed, counter, _typed(KB, batch), scale)
     npt_launches(dyn).launch("thermostat", _thermostat, batch.num_graphs, args, batch.device)
-    _advance(dyn, batch, counter)
+    advance_counter(npt_launches(dyn), "thermostat", counter)
     return scale
 
 
 def crescale_pre(dyn: Any, batch: Batch) -> None:
     """``NPTCRescale``'s update before the forces (see the module docstring)."""
-    from alchemi_integrators.warp_kernels import _typed
+    from alchemi_integrators.warp_kernels import _typed, advance_counter
 
     launches = npt_launches(dyn)
     v, f, inv_mass, system, active = atom_args(dyn, batch)
@@ -340,7 +333,7 @@ def crescale_pre(dyn: Any, batch: Batch) -> None:
             per("pressure", batch), per("tau_p", batch), per("compressibility", batch), dt, active, seed, counter,
             _typed(KB, batch), int(dyn.anisotropic), grow, shrink)
     launches.launch("rescale", _rescale, batch.num_graphs, args, batch.device)
-    _advance(dyn, batch, counter)
+    advance_counter(launches, "rescale", counter)
     if cell is not batch.cell:
         batch.cell.copy_(cell)
     args = (batch.positions, v, system, active, grow, shrink, dt)

@@ -57,12 +57,18 @@ def idle(active: wp.array(dtype=Any), b: Any):
 
 
 @wp.func
+def keyed_state(seed: wp.int32, first: wp.int32, second: wp.int32):
+    # A generator state keyed by the seed and two integers (Warp's rand_init, chained): the
+    # counter-based draws' common recipe; a third key chains on the same way.
+    state = wp.rand_init(seed, first)
+    return wp.rand_init(wp.int32(state), second)
+
+
+@wp.func
 def gaussian3(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int32, like: Any):
     # Three N(0, 1) numbers keyed by (seed, system, its step, atom within it): the same numbers
     # for a system wherever it sits in the batch.
-    state = wp.rand_init(seed, wp.int32(system_id))
-    state = wp.rand_init(wp.int32(state), step)
-    state = wp.rand_init(wp.int32(state), local)
+    state = wp.rand_init(wp.int32(keyed_state(seed, wp.int32(system_id), step)), local)
     return type(like)(
         type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state))
     )

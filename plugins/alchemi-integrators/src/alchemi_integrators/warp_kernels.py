@@ -31,7 +31,15 @@ import warp as wp
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
 from alchemi_integrators import langevin_blocks, langevin_lanes
-from alchemi_integrators.kernel_funcs import VECTOR_ARGS, chain_walk, declare_overloads, gaussian3, half_kick, idle
+from alchemi_integrators.kernel_funcs import (
+    VECTOR_ARGS,
+    chain_walk,
+    declare_overloads,
+    gaussian3,
+    half_kick,
+    idle,
+    keyed_state,
+)
 from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
@@ -647,8 +655,7 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
 def _counter_normals(out: wp.array(dtype=Any), seed: wp.int32, counter: wp.array(dtype=wp.int32)):
     # N(0, 1) keyed by (seed, draw number, index): a replayed graph reads the advanced counter.
     i = wp.tid()
-    state = wp.rand_init(seed, counter[0])
-    state = wp.rand_init(wp.int32(state), i)
+    state = keyed_state(seed, counter[0], i)
     out[i] = type(out[i])(wp.randn(state))
 
 
@@ -661,12 +668,22 @@ for _scalar in (wp.float32, wp.float64):
     wp.overload(_counter_normals, {"out": wp.array(dtype=_scalar)})
 
 
+def warp_seed(seed: int) -> int:
+    """``seed`` as the non-negative int32 that keys Warp's counter-based draws."""
+    return int(seed) & 0x7FFFFFFF
+
+
+def advance_counter(launches: RecordedLaunches, name: str, counter: torch.Tensor) -> None:
+    """Add one to the device draw counter ``counter`` (int32 ``[1]``) on the device: a captured
+    step's replays each draw the next numbers."""
+    launches.launch(f"{name}:advance", _advance_counter, 1, (counter,), counter.device)
+
+
 def counter_normals(launches: WarpLaunches, name: str, out: torch.Tensor, seed: int, counter: torch.Tensor) -> None:
     """Fill the contiguous tensor ``out`` with standard normal numbers keyed by ``seed``, the draw
     number ``counter`` (a device int32 ``[1]``) and the index, then advance the counter; nothing
     is read back and no generator state lives on the host, so a captured step replays with fresh
     numbers each time."""
     flat = out.view(-1)
-    launches.launch(f"{name}:draw", _counter_normals, flat.numel(), (flat, int(seed) & 0x7FFFFFFF, counter),
-                    out.device)
-    launches.launch(f"{name}:advance", _advance_counter, 1, (counter,), out.device)
+    launches.launch(f"{name}:draw", _counter_normals, flat.numel(), (flat, warp_seed(seed), counter), out.device)
+    advance_counter(launches, name, counter)
