@@ -136,3 +136,42 @@ def test_several_species_keep_the_warp_kernel_with_the_lanes_on(ref, rng, monkey
     structures = [ref.atoms(rng, 12, np.diag([9.0, 9.0, 9.0]), True, species=(18, 36))]
     LennardJones({18: EPS, 36: 0.0141}, {18: SIG, 36: 3.65}, RC)(ref.batch(structures))
     assert [o.lanes for o in made] == [False]
+
+
+_WIDTH_SCRIPT = """
+import sys
+import torch
+from ase.build import bulk
+from alchemi_core.data import Batch
+from alchemi_potentials import LennardJones, pair_lanes, pair_potential
+from alchemi_potentials.neighbors import BatchedNeighborList
+
+pair_lanes.LANES = pair_lanes.LANES_AVX512 = int(sys.argv[1])  # before anything compiles
+cells = []
+for seed, repeat in enumerate((1, 2, 3)):  # rows from a few to about 90 neighbours
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(repeat)
+    atoms.rattle(0.1, seed=seed)
+    cells.append(atoms)
+batch = Batch.from_atoms(cells, dtype=torch.float64)
+outs = []
+for lanes in (True, False):
+    pair_potential.LANES["cpu"] = lanes
+    m = LennardJones(0.0104, 3.405, 7.0, neighbor_list=BatchedNeighborList(7.0, 1.5, half_list=True))
+    outs.append(m(batch, compute_stress=True))
+for name in ("energy", "forces", "stress"):
+    torch.testing.assert_close(outs[0][name], outs[1][name], rtol=1e-12, atol=1e-15)
+print("same", pair_lanes.row_function.cache_info().currsize)
+"""
+
+
+@pytest.mark.parametrize("width", [pair_lanes.LANES, pair_lanes.LANES_AVX512])
+def test_both_block_widths_give_the_warp_kernel(width):
+    """The block width is chosen when the snippet compiles (``__AVX512F__``), so a machine runs only
+    one of them in-process: each width is forced in a fresh interpreter here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WIDTH_SCRIPT, str(width)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["same", "1"], done.stdout
