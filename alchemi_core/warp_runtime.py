@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core import warp_recordings
+from alchemi_core import cpu_executor, warp_recordings
 from alchemi_core.errors import AlchemiError, MissingDependencyError
 
 _lock = threading.Lock()
@@ -227,20 +227,39 @@ def cpu_workers() -> int:
     return max(1, min(CPU_CHUNKS, torch.get_num_threads()))
 
 
+class Ranges(tuple):
+    """The recorded launches of one CPU kernel's ranges (a tuple), and what runs them on the
+    native executor once it has been prepared (:mod:`alchemi_core.cpu_executor`)."""
+
+    prepared: Any = None  # None: not tried yet; False: the executor cannot run them
+
+
+def _pool_for(workers: int) -> ThreadPoolExecutor:
+    """The worker threads' pool, with at least ``workers - 1`` threads."""
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size < workers - 1:
+            _pool, _pool_size = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="alchemi-cpu"), workers - 1
+        return _pool
+
+
 def _run_chunks(commands: Sequence[Any]) -> None:
     """Launch the chunks of one CPU kernel on the worker threads (Warp releases the GIL while a
     CPU kernel runs) and wait for all of them; the calling thread works too. Each thread takes
     the next chunk when it is done with one, so uneven chunks even out (where there are more
-    chunks than threads: kernels with per-chunk buffers)."""
-    global _pool, _pool_size
+    chunks than threads: kernels with per-chunk buffers). Recorded ranges (:class:`Ranges`) go
+    to the native executor where it can take them (:mod:`alchemi_core.cpu_executor`), the others
+    to the thread pool."""
     workers = min(cpu_workers(), len(commands))
     if workers <= 1:
         _launch_all(commands)
         return
-    with _lock:
-        if _pool is None or _pool_size < workers - 1:
-            _pool, _pool_size = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="alchemi-cpu"), workers - 1
-        pool = _pool
+    pool = _pool_for(workers)
+    if isinstance(commands, Ranges):
+        if commands.prepared is None:
+            commands.prepared = cpu_executor.prepare(warp(), commands, workers - 1) or False
+        if commands.prepared and commands.prepared.run():
+            return
     queue = iter(commands)  # shared: a list iterator hands each item out once, also across threads
     futures = [pool.submit(_launch_all, queue) for _ in range(workers - 1)]
     _launch_all(queue)
@@ -369,7 +388,7 @@ class LaunchSequence:
                 args[index] = values[c]
             if bounds[c + 1] > bounds[c]:
                 commands.append(self._record(kernel, bounds[c + 1] - bounds[c], args))
-        self._commands.append(commands[0] if len(commands) == 1 else tuple(commands))
+        self._commands.append(commands[0] if len(commands) == 1 else Ranges(commands))
         self.names.append(kernel.key)
 
     def _record(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> Any:
@@ -386,7 +405,7 @@ class LaunchSequence:
         """Launch every recorded kernel, in order, on ``stream`` (the device's default if None);
         the chunks of a CPU kernel run on the worker threads, all finished before the next kernel."""
         for cmd in self._commands:
-            if type(cmd) is tuple:
+            if type(cmd) is Ranges:
                 _run_chunks(cmd)
             else:
                 cmd.launch(stream)

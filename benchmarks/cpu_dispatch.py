@@ -3,8 +3,11 @@ threads launched once, and the same in ranges on the worker threads, one per thr
 (``alchemi_core.warp_runtime.LaunchSequence.add_chunked``), microseconds per launch, rounds
 alternating; and a bare ``ThreadPoolExecutor`` round trip (submit, run nothing, wait).
 
-The difference is what a kernel must save by running on several threads before ranges pay (the
-thresholds ``warp_kernels.KICK_CHUNKED_FROM`` and ``langevin_lanes.CHUNKED_FROM``).
+The ranges are measured twice: on the native executor (``ranges``, ``alchemi_core.cpu_executor``,
+where this Warp allows it: its workers spin between launches) and on the thread pool it replaces
+(``ranges_pool``). The difference from one launch is what a kernel must save by running on
+several threads before ranges pay (the thresholds ``warp_kernels.KICK_CHUNKED_FROM`` and
+``langevin_lanes.CHUNKED_FROM``).
 
     python -m benchmarks.cpu_dispatch --atoms 6912
 
@@ -40,7 +43,7 @@ def launch_us(atoms: int, launches: int, rounds: int) -> dict[str, list[float]]:
     """Microseconds per launch of a trivial kernel over ``atoms`` threads, once and in ranges."""
     import warp as wp
 
-    from alchemi_core import warp_runtime
+    from alchemi_core import cpu_executor, warp_runtime
 
     wp.init()
 
@@ -51,9 +54,9 @@ def launch_us(atoms: int, launches: int, rounds: int) -> dict[str, list[float]]:
 
     data = wp.zeros(atoms, dtype=wp.float32, device="cpu")
     sequences = {}
-    for name in ("one_launch", "ranges"):
+    for name in ("one_launch", "ranges", "ranges_pool"):
         seq = warp_runtime.LaunchSequence("cpu")
-        if name == "ranges":
+        if name.startswith("ranges"):
             seq.add_chunked(scale, atoms, [data, 0], start_at="start", min_dim=1)
         else:
             seq.add(scale, atoms, [data, 0])
@@ -61,12 +64,14 @@ def launch_us(atoms: int, launches: int, rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in sequences}
     for _ in range(rounds):
         for name, seq in sequences.items():
+            cpu_executor.ENABLED = name != "ranges_pool"  # read when a sequence first runs ranges
             for _ in range(launches // 10):  # warm
                 seq.run(None)
             start = time.perf_counter()
             for _ in range(launches):
                 seq.run(None)
             out[name].append(1e6 * (time.perf_counter() - start) / launches)
+    cpu_executor.ENABLED = True
     return out
 
 
