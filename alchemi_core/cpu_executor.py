@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -174,6 +175,23 @@ class Executor:
         finally:
             self._busy.release()
         return True
+
+
+def runs_ranges(wp: Any) -> bool:
+    """Whether chunked CPU kernels go through the executor with the ``warp`` module ``wp``
+    (:data:`ENABLED`, and a Warp whose CPU kernels take one structure): ranges then cost a few
+    microseconds a kernel, not a thread's wake-up."""
+    return ENABLED and _supported(wp)
+
+
+@functools.cache
+def _supported(wp: Any) -> bool:
+    from alchemi_core import cpu_executor_kernels as native
+
+    try:
+        return hasattr(native.kernels(wp)[0], "_invoke_cache")  # set by Warp's Kernel (nothing compiles)
+    except Exception:  # a Warp that cannot even declare them
+        return False
 
 
 _executor: Executor | None = None

@@ -243,6 +243,13 @@ def _pool_for(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
+def cheap_ranges() -> bool:
+    """Whether a CPU kernel's ranges are handed to worker threads that spin (the native executor,
+    a few microseconds a kernel) rather than woken from sleep (100-200 us on a 2-core virtual
+    machine): a kernel short enough to run alone under the second pays ranges under the first."""
+    return cpu_executor.runs_ranges(warp())
+
+
 def _run_chunks(commands: Sequence[Any]) -> None:
     """Launch the chunks of one CPU kernel on the worker threads (Warp releases the GIL while a
     CPU kernel runs) and wait for all of them; the calling thread works too. Each thread takes

@@ -21,6 +21,8 @@ def wp(monkeypatch):
     warp_runtime.warp()
     if not warp.is_cpu_available():
         pytest.skip("this warp-lang build has no CPU compiler")
+    if not cpu_executor.runs_ranges(warp):
+        pytest.skip(f"warp-lang {warp.config.version} passes a CPU kernel's arguments one by one")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(cpu_executor, "_executor", None)  # each test its own executor
     # Workers spin long enough here that a caller descheduled between waking one and posting
@@ -164,3 +166,9 @@ def test_a_forked_child_starts_worker_loops_of_its_own(wp):
     child.join(timeout=120)
     assert child.exitcode == 0
     assert results.get(timeout=5) == [1, 1]
+
+
+def test_ranges_count_as_cheap_only_on_the_executor(wp, monkeypatch):
+    assert warp_runtime.cheap_ranges()
+    monkeypatch.setattr(cpu_executor, "ENABLED", False)
+    assert not warp_runtime.cheap_ranges()

@@ -97,7 +97,8 @@ def test_ranges_of_systems_give_the_one_launch_bits(monkeypatch) -> None:
 
     finals = []
     for ranges_from in (10**9, 0):
-        monkeypatch.setattr(langevin_lanes, "CHUNKED_FROM", ranges_from)
+        for handoff in ("spinning", "sleeping"):
+            monkeypatch.setitem(langevin_lanes.CHUNKED_FROM, handoff, ranges_from)
         monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
         batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(11)])
         dyn = Langevin(ReferenceLJ(), n_steps=10, dt=5.0, temperature=80.0, friction=0.05, random_seed=3,

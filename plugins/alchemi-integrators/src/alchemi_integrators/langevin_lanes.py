@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import warp as wp
 
+from alchemi_core.warp_runtime import cheap_ranges
 from alchemi_integrators.kernel_funcs import declare_overloads
 
 if TYPE_CHECKING:
@@ -45,10 +46,12 @@ LANES = 8
 #: Whether the Warp backend's Langevin step takes this path, by device type (a GPU has its own,
 #: :mod:`~alchemi_integrators.langevin_blocks`); tests turn it off to reach the general path.
 BY_DEVICE = {"cpu": True}
-#: Atoms from which the systems are stepped in ranges on the CPU's threads. The step costs about
-#: 20 ns an atom here and handing ranges to a worker thread 100-200 us on a 2-core virtual machine
-#: (see ``warp_kernels.KICK_CHUNKED_FROM``): W6's 6,912 atoms take one launch.
-CHUNKED_FROM = 32768
+#: Atoms from which the systems are stepped in ranges on the CPU's threads, by how ranges are
+#: handed over (``warp_runtime.cheap_ranges``). The step costs about 20 ns an atom; handing ranges
+#: to a sleeping worker thread 100-200 us on a 2-core virtual machine, to a spinning one a few us.
+#: W6's 6,912 atoms on a 2-core Xeon, spinning workers: 1.33-1.40 ms a step in ranges against
+#: 1.44-1.48 as one launch (three alternating pairs of runs).
+CHUNKED_FROM = {"spinning": 4096, "sleeping": 32768}
 
 # One system. Warp's generator, lane by lane: rand_pcg (a hash of 32-bit words), rand_init(seed,
 # offset) = pcg(seed + pcg(offset)), randf = the top 24 bits of the next pcg state over 2^24, and
@@ -255,6 +258,6 @@ def fits(device: torch.device) -> bool:
 def launch(launches: RecordedLaunches, batch: Batch, args: tuple[Any, ...]) -> None:
     """Step every system of ``batch``: ``args`` are the kernel's arguments up to ``fix_com``.
     From :data:`CHUNKED_FROM` atoms the systems run in ranges on the CPU's threads."""
-    in_ranges = batch.num_nodes >= CHUNKED_FROM
+    in_ranges = batch.num_nodes >= CHUNKED_FROM["spinning" if cheap_ranges() else "sleeping"]
     launches.launch("baoa_lanes", _langevin_lanes, batch.num_graphs, (*args, 0), batch.device,
                     start_at="start" if in_ranges else None, min_dim=1)
