@@ -424,7 +424,7 @@ def test_cpu_dispatch_times_one_launch_and_ranges(capsys, monkeypatch) -> None:
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # ranges on two threads, whatever the host
     assert cpu_dispatch.main(["--atoms", "512", "--launches", "20", "--rounds", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["threads"] == 2 and set(out["us_per_launch"]) == {"one_launch", "ranges"}
+    assert out["threads"] == 2 and set(out["us_per_launch"]) == {"one_launch", "ranges", "ranges_pool"}
     assert all(len(v) == 1 and v[0] > 0 for v in out["us_per_launch"].values())
     assert out["thread_round_trip_us"] > 0
 
