@@ -174,4 +174,4 @@ def test_both_block_widths_give_the_warp_kernel(width):
     done = subprocess.run([sys.executable, "-c", _WIDTH_SCRIPT, str(width)], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["same", "1"], done.stdout
+    assert done.stdout.split()[-2:] == ["same", "1"], done.stdout  # (an old Warp prints its warnings there)
