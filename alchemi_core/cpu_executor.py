@@ -93,6 +93,8 @@ class Prepared:
 
     def __init__(self, executor: Executor, launches: Sequence[Any], entries: Sequence[tuple[int, Any, Any]]) -> None:
         wp = executor.wp
+        #: The kernel's name (for timers and errors).
+        self.key: str = launches[0].kernel.key if launches else ""
         # The launches own the arrays; the entries the bounds and arguments the table points into.
         self._held = (list(launches), list(entries))
         table = [[address, ctypes.addressof(bounds), ctypes.addressof(args)] for address, bounds, args in entries]

@@ -1,9 +1,12 @@
 """Where W6's step goes on a CPU: every Warp launch of a W1-shaped Langevin run, timed.
 
 Each CPU launch of a Warp kernel is timed around Warp's call into the kernel and summed by
-kernel over ``--steps`` steps, after ``--equilibrate``; kernels cut into ranges that run on
-several threads (the pair kernel, the neighbour search) are summed over their threads, so their
-totals can exceed their share of the step's wall time. ``--optimization-level`` and
+kernel over ``--steps`` steps, after ``--equilibrate``. Kernels cut into ranges (the pair
+kernel, the neighbour search) run on the native executor where Warp allows it, which calls the
+kernel itself: they are timed as the calling thread's wall time of all ranges, labelled
+``"<kernel> (ranges, wall)"``; through the thread pool (``--variant``-free fallback, or
+``alchemi_core.cpu_executor.ENABLED = False``) each range is timed and summed over the threads, so
+those totals can exceed their share of the step's wall time. ``--optimization-level`` and
 ``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
 neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
@@ -38,7 +41,10 @@ class LaunchTimer:
     def install(self) -> None:
         import warp._src.context as context
 
+        from alchemi_core import cpu_executor
+
         self._calls.wrap(context, "invoke", lambda kernel, *args: kernel.key)
+        self._calls.wrap(cpu_executor.Prepared, "run", lambda prepared: f"{prepared.key} (ranges, wall)")
 
     def restore(self) -> None:
         self._calls.restore()

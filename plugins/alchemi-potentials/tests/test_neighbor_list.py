@@ -92,11 +92,21 @@ def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
     assert len(neighbor_list("i", gas, nl.radius)) > 0
 
 
-def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
+@pytest.mark.parametrize("in_ranges", [False, True], ids=["one-launch", "ranges"])
+def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monkeypatch, in_ranges):
+    """(In ranges: the CPU's check of how far atoms moved cut in two, on two threads.)"""
+    from alchemi_core import warp_runtime
+    from alchemi_potentials.neighbors import cell_list
+
+    for handoff in ("spinning", "sleeping"):
+        monkeypatch.setitem(cell_list.CHECK_IN_RANGES_FROM, handoff, 1 if in_ranges else 1 << 40)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     systems = some_systems(ref, rng)[:3]
     batch = ref.batch(systems)
     nl = BatchedNeighborList(cutoff=RC, skin=1.0)
     nl.update(batch)
+    check = next(iter(nl._layout.launches.values()))[0]._commands[1]  # follow_cell, then check_moved
+    assert isinstance(check, warp_runtime.Ranges) == in_ranges
     assert nl.builds(batch).tolist() == [1, 1, 1]
     atom = int(batch.batch_ptr[1]) + 2  # an atom of system 1
     start = batch.positions[atom].clone()
