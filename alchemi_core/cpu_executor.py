@@ -44,6 +44,7 @@ from alchemi_core import warp_recordings
 
 #: How long a worker spins without work before it returns to the pool and sleeps: more than the
 #: gap between two chunked kernels of one step (W6: about 1 ms), so a run keeps its workers awake.
+#: Read when a worker's loop starts.
 SPIN_SECONDS = 0.002
 #: Whether chunked CPU kernels go through this executor (where Warp allows it); False: the pool.
 ENABLED = True
@@ -123,7 +124,9 @@ class Executor:
         # Threads of their own: a loop holds its thread while it spins.
         self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="alchemi-spin")
         self._busy = threading.Lock()
-        self._words[native.SPIN] = self._pauses_in(spin_kernel, SPIN_SECONDS)
+        self._spin_word = native.SPIN
+        self._per_pause = self._time_a_pause(spin_kernel)
+        self._spin_seconds = -1.0  # set from SPIN_SECONDS at each run (a loop reads it as it starts)
         self._loops = [_Call(self.record(worker_kernel, [self.mailbox, w])) for w in range(self.workers)]
 
     def record(self, kernel: Any, inputs: list[Any]) -> Any:
@@ -136,15 +139,14 @@ class Executor:
         self._busy = threading.Lock()
         self._words[self._state:self._state + self.workers] = 0
 
-    def _pauses_in(self, spin_kernel: Any, seconds: float) -> int:
-        """How many of a worker's idle pauses take about ``seconds`` on this CPU (timed once)."""
+    def _time_a_pause(self, spin_kernel: Any) -> float:
+        """Seconds of one of a worker's idle pauses on this CPU (timed once)."""
         count = 100_000
         spin = _Call(self.record(spin_kernel, [self.mailbox, count]))
         spin()
         start = time.perf_counter()
         spin()
-        per_pause = max((time.perf_counter() - start) / count, 1e-10)
-        return max(1000, int(seconds / per_pause))
+        return max((time.perf_counter() - start) / count, 1e-10)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Send every worker loop to sleep now (not after its spin); True once none runs."""
@@ -165,6 +167,9 @@ class Executor:
         if not self._busy.acquire(blocking=False):
             return False
         try:
+            if self._spin_seconds != SPIN_SECONDS:
+                self._spin_seconds = SPIN_SECONDS
+                self._words[self._spin_word] = max(1000, int(SPIN_SECONDS / self._per_pause))
             for w in self.sleeping():
                 # Marked running here, so that it is not submitted twice before its loop starts;
                 # a loop that runs out of idle pauses marks itself sleeping again.

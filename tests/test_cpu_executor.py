@@ -91,6 +91,18 @@ def test_a_worker_sleeps_after_its_spin_and_is_woken_for_the_next_kernel(wp):
     assert cpu_executor._executor is executor
 
 
+def test_a_shorter_spin_applies_to_the_next_loop_started(wp, monkeypatch):
+    assert _meeting(wp)[0] == [1, 1]  # a loop spinning for the fixture's 0.5 s
+    executor = cpu_executor._executor
+    assert executor.stop()
+    monkeypatch.setattr(cpu_executor, "SPIN_SECONDS", 0.005)
+    assert _meeting(wp)[0] == [1, 1]
+    start = time.monotonic()
+    while executor.sleeping() != [0] and time.monotonic() - start < 5.0:
+        time.sleep(0.002)
+    assert time.monotonic() - start < 0.4  # well before the 0.5 s the first loop was given
+
+
 def test_a_kernel_posted_while_the_worker_sleeps_is_run_by_the_caller_alone(wp, monkeypatch):
     """No range waits for a worker: with its loop never started, the caller runs both items (one
     after the other, so the first never sees the second)."""
