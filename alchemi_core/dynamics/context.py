@@ -136,6 +136,8 @@ class RunState(Protocol):
     def graduate_on_budget(self) -> bool: ...
     @property
     def sampler(self) -> object | None: ...
+    @property
+    def refreshes_in_place(self) -> bool: ...
 
 
 class RunView:
@@ -187,6 +189,12 @@ class RunView:
     def refills(self) -> bool:
         """True when the run refills free slots from a sampler (systems arrive during the run)."""
         return self._engine.sampler is not None
+
+    @property
+    def refreshes_in_place(self) -> bool:
+        """True when values a stage derives from its masks may have to be rebuilt in place: the
+        run replays a captured step (``compile()``) or rewrites the masks inside its steps."""
+        return bool(self._engine.refreshes_in_place)
 
     @property
     def ends_on_graduation(self) -> bool:

@@ -94,6 +94,10 @@ class Masks(EngineState):
         atoms = s.sys_mask.index_select(0, batch.batch_idx)
         s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
 
+    def _rewrites_masks_in_steps(self) -> bool:
+        batch = self.batch
+        return MASKS_IN_STEP.get(batch.device.type if batch is not None else "cpu", False)
+
     def _may_write_masks_in_step(self) -> bool:
         """Whether this run's steps may rewrite the masks themselves: every stage can rebuild what
         it derives from them on the device, the masks are per stage (``masked``) with buffers

@@ -221,6 +221,16 @@ class EngineState:
         self._health_pending: PendingCodes | None = None
 
     @property
+    def refreshes_in_place(self) -> bool:
+        """Whether the stages' values derived from their masks may have to be rebuilt in place:
+        a captured step replays, or a step may rewrite the masks itself."""
+        return bool(self.graph_requested or self._rewrites_masks_in_steps())
+
+    def _rewrites_masks_in_steps(self) -> bool:
+        """Whether a step may rewrite the masks itself (the masks' part of the engine says)."""
+        return False
+
+    @property
     def owner(self) -> Any:
         """The object users called ``run`` on (held weakly: it owns this engine)."""
         return None if self._owner is None else alive(self._owner, "owner")

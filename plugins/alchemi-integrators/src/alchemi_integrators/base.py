@@ -87,7 +87,11 @@ class Integrator(BaseDynamics):
         self.active_backend: str | None = None
         self.work = Workspace()
         #: Values derived from the masks and parameters: name -> (key, value, build, reads masks).
-        self._cache: dict[str, tuple[Hashable, Any, Callable[[], Any], bool]] = {}
+        #: ``build`` is kept only where a captured step may need the value refreshed in place
+        #: (:meth:`_keeps_builds`): it closes over this integrator, and a stage driven by ``step()``
+        #: alone would otherwise stay in a reference cycle, its batch's memory with it, until the
+        #: cycle collector ran.
+        self._cache: dict[str, tuple[Hashable, Any, Callable[[], Any] | None, bool]] = {}
         self._reads_user_fields = False
         self._warp: Any = None
 
@@ -233,8 +237,13 @@ class Integrator(BaseDynamics):
             # Same layout, new masks: refreshed in place, so a captured CUDA graph that read the
             # old tensors sees the new values.
             value = hit[1]
-        self._cache[name] = (key, value, build, masks)
+        self._cache[name] = (key, value, build if self._keeps_builds() else None, masks)
         return value
+
+    def _keeps_builds(self) -> bool:
+        """Whether cached values may have to be rebuilt in place (see ``RunView.refreshes_in_place``)."""
+        run = self.context.run
+        return run is not None and run.refreshes_in_place
 
     def _cache_key(self, batch: Batch, masks: bool) -> Hashable:
         """What a cached value is valid for. The context's version changes whenever the engine
@@ -253,7 +262,7 @@ class Integrator(BaseDynamics):
             key = self._cache_key(batch, masks)
             if seen == key:
                 continue
-            if not _copy_into(old, build()):
+            if build is None or not _copy_into(old, build()):
                 return False
             self._cache[name] = (key, old, build, masks)
         return True
@@ -266,7 +275,8 @@ class Integrator(BaseDynamics):
         change of the batch's systems, after which the step is captured anew)."""
         if not self.mask_values_in_step:
             return False
-        return all(_copy_into(old, build()) for _, old, build, masks in list(self._cache.values()) if masks)
+        return all(build is not None and _copy_into(old, build())
+                   for _, old, build, masks in list(self._cache.values()) if masks)
 
     def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
         """Gather ``[B, k]`` per-system values to ``[V, k]`` per atom into a kept buffer."""

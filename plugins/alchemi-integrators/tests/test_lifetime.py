@@ -1,0 +1,54 @@
+"""An integrator driven by ``step()`` alone is freed by reference counting when dropped, its
+batch with it: its cache of mask-derived values keeps no build function (each closes over the
+integrator) unless a run may have to rebuild them in place (a captured step, masks rewritten in
+the step), and a run's end empties the cache."""
+
+from __future__ import annotations
+
+import pytest
+from integrators_testkit.lj_reference import ReferenceLJ, argon
+
+from alchemi_core.data import Batch
+from alchemi_core.dynamics import masks
+from alchemi_core.testing.lifetime import collector_off, still_alive, watch
+from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
+
+STAGES = {
+    "langevin-torch": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01, backend="torch"),
+    "langevin-warp": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01, backend="warp"),
+    "fire": lambda m: FIRE(m, dt=1.0),
+    "velocity-verlet": lambda m: VelocityVerlet(m, dt=2.0),
+    "nose-hoover": lambda m: NoseHooverChain(m, dt=2.0, temperature=50.0),
+    "fire2": lambda m: FIRE2(m, dt=1.0),
+    "npt-mtk": lambda m: NPTMTK(m, dt=2.0, temperature=50.0, pressure=0.0),
+    "npt-crescale": lambda m: NPTCRescale(m, dt=2.0, temperature=50.0, pressure=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_a_stage_driven_by_step_alone_is_freed_with_its_batch(name):
+    with collector_off():
+        batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(3)])
+        stage = STAGES[name](ReferenceLJ())
+        for _ in range(4):
+            stage.step(batch)
+        assert stage._cache  # it did cache values
+        assert all(build is None for _, _, build, _ in stage._cache.values())
+        refs = watch(stage, batch)
+        del stage, batch
+        assert still_alive(refs) == []
+
+
+def test_a_run_that_rewrites_masks_in_its_steps_keeps_the_builds(monkeypatch):
+    """There the engine rebuilds the values in place each step; the run's end drops them."""
+    monkeypatch.setitem(masks.MASKS_IN_STEP, "cpu", True)
+    with collector_off():
+        batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(3)])
+        fire = FIRE(ReferenceLJ(), dt=1.0)
+        fire.step(batch)
+        assert fire._cache and all(build is not None for _, _, build, _ in fire._cache.values())
+        fire.run(batch, n_steps=3)
+        assert not fire._cache
+        refs = watch(fire, batch)
+        del fire, batch
+        assert still_alive(refs) == []
