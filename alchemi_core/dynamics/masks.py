@@ -95,8 +95,9 @@ class Masks(EngineState):
         s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
 
     def _rewrites_masks_in_steps(self) -> bool:
-        batch = self.batch
-        return MASKS_IN_STEP.get(batch.device.type if batch is not None else "cpu", False)
+        # The device part of ``_may_write_masks_in_step`` (the rest changes from check to check).
+        device = self.batch.device.type if self.batch is not None else "cpu"
+        return MASKS_IN_STEP.get(device, False) and (device != "cuda" or self.graph_requested)
 
     def _may_write_masks_in_step(self) -> bool:
         """Whether this run's steps may rewrite the masks themselves: every stage can rebuild what
