@@ -243,11 +243,12 @@ def _pool_for(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def cheap_ranges() -> bool:
-    """Whether a CPU kernel's ranges are handed to worker threads that spin (the native executor,
-    a few microseconds a kernel) rather than woken from sleep (100-200 us on a 2-core virtual
-    machine): a kernel short enough to run alone under the second pays ranges under the first."""
-    return cpu_executor.runs_ranges(warp())
+def range_handoff() -> str:
+    """How a CPU kernel's ranges reach the worker threads: ``"spinning"`` (the native executor, a
+    few microseconds a kernel) or ``"sleeping"`` (the thread pool, 100-200 us on a 2-core virtual
+    machine). A kernel short enough to run alone under the second pays ranges under the first, so
+    thresholds for ranges are kept by these names."""
+    return "spinning" if cpu_executor.runs_ranges(warp()) else "sleeping"
 
 
 def _run_chunks(commands: Sequence[Any]) -> None:
@@ -261,12 +262,12 @@ def _run_chunks(commands: Sequence[Any]) -> None:
     if workers <= 1:
         _launch_all(commands)
         return
-    pool = _pool_for(workers)
     if isinstance(commands, Ranges):
         if commands.prepared is None:
             commands.prepared = cpu_executor.prepare(warp(), commands, workers - 1) or False
         if commands.prepared and commands.prepared.run():
             return
+    pool = _pool_for(workers)
     queue = iter(commands)  # shared: a list iterator hands each item out once, also across threads
     futures = [pool.submit(_launch_all, queue) for _ in range(workers - 1)]
     _launch_all(queue)

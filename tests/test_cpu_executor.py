@@ -180,7 +180,7 @@ def test_a_forked_child_starts_worker_loops_of_its_own(wp):
     assert results.get(timeout=5) == [1, 1]
 
 
-def test_ranges_count_as_cheap_only_on_the_executor(wp, monkeypatch):
-    assert warp_runtime.cheap_ranges()
+def test_ranges_count_as_handed_to_spinning_workers_only_on_the_executor(wp, monkeypatch):
+    assert warp_runtime.range_handoff() == "spinning"
     monkeypatch.setattr(cpu_executor, "ENABLED", False)
-    assert not warp_runtime.cheap_ranges()
+    assert warp_runtime.range_handoff() == "sleeping"

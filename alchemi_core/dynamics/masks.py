@@ -95,7 +95,8 @@ class Masks(EngineState):
         s.node_weight.copy_((atoms & ~frozen if frozen is not None else atoms).unsqueeze(-1))
 
     def _rewrites_masks_in_steps(self) -> bool:
-        # The device part of ``_may_write_masks_in_step`` (the rest changes from check to check).
+        # The device part of ``_may_write_masks_in_step`` (the rest changes from check to check),
+        # also what tells stages to keep the means to rebuild their mask-derived values.
         device = self.batch.device.type if self.batch is not None else "cpu"
         return MASKS_IN_STEP.get(device, False) and (device != "cuda" or self.graph_requested)
 
@@ -106,8 +107,7 @@ class Masks(EngineState):
         or inside the step, no fused stage's own hooks, no ``frozen`` atoms re-read at checks,
         no budget checks scheduled from them); on a GPU, a step captured as a graph."""
         batch = self.batch
-        return (batch is not None and MASKS_IN_STEP.get(batch.device.type, False) and self.masked
-                and (batch.device.type != "cuda" or self.graph_requested)
+        return (batch is not None and self._rewrites_masks_in_steps() and self.masked
                 and not self._schedule_budgets and not self.extra_hooks and not self._inner_hooks
                 and not self.table[int(DynamicsStage.BEFORE_STEP)] and "frozen" not in batch
                 and self._masks_status is not None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import warp as wp
 
-from alchemi_core.warp_runtime import cheap_ranges
+from alchemi_core.warp_runtime import range_handoff
 from alchemi_integrators.kernel_funcs import declare_overloads
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ LANES = 8
 #: :mod:`~alchemi_integrators.langevin_blocks`); tests turn it off to reach the general path.
 BY_DEVICE = {"cpu": True}
 #: Atoms from which the systems are stepped in ranges on the CPU's threads, by how ranges are
-#: handed over (``warp_runtime.cheap_ranges``). The step costs about 20 ns an atom; handing ranges
+#: handed over (``warp_runtime.range_handoff``). The step costs about 20 ns an atom; handing ranges
 #: to a sleeping worker thread 100-200 us on a 2-core virtual machine, to a spinning one a few us.
 #: W6's 6,912 atoms on a 2-core Xeon, spinning workers: 1.33-1.40 ms a step in ranges against
 #: 1.44-1.48 as one launch (three alternating pairs of runs).
@@ -258,6 +258,6 @@ def fits(device: torch.device) -> bool:
 def launch(launches: RecordedLaunches, batch: Batch, args: tuple[Any, ...]) -> None:
     """Step every system of ``batch``: ``args`` are the kernel's arguments up to ``fix_com``.
     From :data:`CHUNKED_FROM` atoms the systems run in ranges on the CPU's threads."""
-    in_ranges = batch.num_nodes >= CHUNKED_FROM["spinning" if cheap_ranges() else "sleeping"]
+    in_ranges = batch.num_nodes >= CHUNKED_FROM[range_handoff()]
     launches.launch("baoa_lanes", _langevin_lanes, batch.num_graphs, (*args, 0), batch.device,
                     start_at="start" if in_ranges else None, min_dim=1)

@@ -62,7 +62,7 @@ HEADROOM = 1.2
 #: |det| of a periodic binning frame below this times the product of its row lengths is no volume.
 DEGENERATE_CELL = 1e-10
 #: Atoms from which a CPU checks how far they moved in ranges on its threads, by how ranges are
-#: handed over (``warp_runtime.cheap_ranges``): the check costs about 10 ns an atom, a worker that
+#: handed over (``warp_runtime.range_handoff``): the check costs about 10 ns an atom, a worker that
 #: spins a few us, a sleeping one 100-200 us.
 CHECK_IN_RANGES_FROM = {"spinning": 4096, "sleeping": 1 << 40}
 
@@ -287,9 +287,8 @@ class BatchedNeighborList:
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(skin),
                                            layout.warp_image_cell])
             join = layout.join_fraction
-            handoff = "spinning" if _warp.cheap_ranges() else "sleeping"
             before.add_chunked(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join), 0],
-                               min_dim=CHECK_IN_RANGES_FROM[handoff])
+                               min_dim=CHECK_IN_RANGES_FROM[_warp.range_handoff()])
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])
