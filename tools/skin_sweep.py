@@ -7,15 +7,15 @@ system per step, and the share of steps in which some system of the batch rebuil
 what a step pays on a GPU: a partial rebuild's search takes about as long as a full one), the
 neighbour-matrix width, the peak memory per atom and the final temperature.
 
-    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5,0.75,1.0 --json sweep.json
-    python -m benchmarks.skin_sweep --device cpu --shapes 108x64 --skins 0.5,1.0 --steps 200
-    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --lists full,half --profile 40
-    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --joins 1.0,0.9,0.8,0.7
-    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --search-trim off,on --profile 40
-    python -m benchmarks.skin_sweep --shapes 256x1024 --skins 0.5 --variants ";pair_potential:UNROLL[cuda]=2"
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5,0.75,1.0 --json sweep.json
+    python -m tools.skin_sweep --device cpu --shapes 108x64 --skins 0.5,1.0 --steps 200
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --lists full,half --profile 40
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --joins 1.0,0.9,0.8,0.7
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --search-trim off,on --profile 40
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --variants ";pair_potential:UNROLL[cuda]=2"
 
 Example:
-    >>> from benchmarks.skin_sweep import parse_shapes
+    >>> from tools.skin_sweep import parse_shapes
     >>> parse_shapes("108x64,256x1024")
     [(108, 64), (256, 1024)]
 """
@@ -160,7 +160,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.skin_sweep", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.skin_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="256x1024", help="comma-separated ATOMSxSYSTEMS")
     p.add_argument("--skins", default="0.5,0.75,1.0", help="comma-separated skins in Å")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

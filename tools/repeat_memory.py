@@ -11,7 +11,7 @@ run's stage that only Python's cycle collector would free shows there (before th
 its stages weakly, a loop of FIRE runs kept up to 15 alive). On a CPU the allocation columns are
 empty.
 
-    python -m benchmarks.repeat_memory --runs 8 --json out.json
+    python -m tools.repeat_memory --runs 8 --json out.json
 
 Example:
     >>> _device_stats("cpu")

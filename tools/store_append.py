@@ -10,8 +10,8 @@ writeback slows whatever runs later); each store is deleted once timed.
 
 Usage::
 
-    python -m benchmarks.store_append --json store_append.json --chunk-kib 256,512,2048,8192
-    python -m benchmarks.store_append --chunk-kib 512 --via zarr,files --file-threads 1,2,4 --rounds 4
+    python -m tools.store_append --json store_append.json --chunk-kib 256,512,2048,8192
+    python -m tools.store_append --chunk-kib 512 --via zarr,files --file-threads 1,2,4 --rounds 4
 """
 
 from __future__ import annotations

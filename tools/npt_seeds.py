@@ -9,8 +9,8 @@ seed's mean pressure in standard errors of that seed (Student's t with ``systems
 freedom when the sampler is right), and how much more the seeds' means spread than their own
 errors say (1 when systems are independent). One JSON line per run goes to ``--jsonl``.
 
-    python -m benchmarks.npt_seeds --kind crescale --backends torch,warp --seeds 1-20 --jsonl seeds.jsonl
-    python -m benchmarks.npt_seeds --summarise seeds.jsonl
+    python -m tools.npt_seeds --kind crescale --backends torch,warp --seeds 1-20 --jsonl seeds.jsonl
+    python -m tools.npt_seeds --summarise seeds.jsonl
 
 Example:
     >>> parse_seeds("1-3,7")
@@ -98,7 +98,7 @@ def summarise(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.npt_seeds", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.npt_seeds", description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=("crescale", "mtk"), default="crescale")
     parser.add_argument("--backends", default="torch,warp")
     parser.add_argument("--seeds", default="1-20", type=parse_seeds)

@@ -14,7 +14,7 @@ neighbour list (``layout.HALF_LIST``), ``--search-trim`` whether the search skip
 bins beyond the list radius (``layout.SEARCH_TRIM``), ``--search-listed`` whether it walks a list
 of the rebuilding slots (``layout.SEARCH_LISTED``), ``--langevin-backend`` the Langevin step's backend.
 
-    python -m benchmarks.cpu_launches --atoms 108 --systems 64 --steps 500
+    python -m tools.cpu_launches --atoms 108 --systems 64 --steps 500
 
 Example:
     >>> sorted(LaunchTimer().per_step(10))
@@ -57,7 +57,7 @@ class LaunchTimer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_launches", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.cpu_launches", description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", type=int, default=108, help="atoms per system")
     parser.add_argument("--systems", type=int, default=64)
     parser.add_argument("--steps", type=int, default=500)

@@ -13,7 +13,7 @@ a cost of inflight batching, not of quarantine.
 
 Run (CPU, or the H200 with ``--device cuda``), from the repository root::
 
-    PYTHONPATH=. python3 benchmarks/quarantine.py --device cuda --out quarantine.json
+    python -m tools.quarantine --device cuda --out quarantine.json
 
 It prints one JSON object and exits 1 when a condition fails. Repeats alternate the two runs and
 the median step rate of each is compared.

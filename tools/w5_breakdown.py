@@ -11,7 +11,7 @@ of a run of ``--steps`` steps, of the wait for the sink's last writes after the 
 
 Usage::
 
-    python -m benchmarks.w5_breakdown --json w5_breakdown.json      # GPU when present
+    python -m tools.w5_breakdown --json w5_breakdown.json      # GPU when present
 """
 
 from __future__ import annotations

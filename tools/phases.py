@@ -1,16 +1,16 @@
 """Where a run's time goes: wall time of chosen engine methods, device synchronised around each.
 
 A diagnosis, not a benchmark: the synchronisations add a little to every timed call, so the
-totals are larger than an untimed run's. ``python -m benchmarks.phases w2`` times W2's run
+totals are larger than an untimed run's. ``python -m tools.phases w2`` times W2's run
 (2048 cells of 108 atoms, FIRE, checks every step) by phase and writes a CUDA profile;
-``python -m benchmarks.phases quarantine`` times the quarantine benchmark's clean and exploding
-runs by phase; ``python -m benchmarks.phases w3 [--cells N]`` times W3's inflight run by phase
-and profiles its host time (cProfile, whole run); ``python -m benchmarks.phases prepare`` times
+``python -m tools.phases quarantine`` times the quarantine benchmark's clean and exploding
+runs by phase; ``python -m tools.phases w3 [--cells N]`` times W3's inflight run by phase
+and profiles its host time (cProfile, whole run); ``python -m tools.phases prepare`` times
 W2's start (``Engine.prepare``) in parts, synchronised and not. All four are meant for a GPU
 (``--device cpu`` runs them on the CPU, unsynchronised).
 
 Example:
-    >>> from benchmarks.phases import PhaseTimer
+    >>> from tools.phases import PhaseTimer
     >>> timer = PhaseTimer("cpu")
     >>> timer.totals()
     {}
@@ -249,7 +249,7 @@ def profile_calls(
 
 def quarantine(device: str, repeats: int) -> dict[str, Any]:
     """The quarantine benchmark's two runs by phase."""
-    from benchmarks import quarantine as q
+    from tools import quarantine as q
 
     timer = _engine_timer(device, (("Admission", "_mark_quarantined"), ("Admission", "verify_models"),
                                    ("Admission", "_graduate_and_refill"), ("StepLoop", "_core")))

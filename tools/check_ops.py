@@ -10,7 +10,7 @@ operations per check at which some system converged. Counts, not times: the host
 which CPUs run; on a GPU a compiled relaxation's step rewrites the masks itself
 (``masks.MASKS_IN_STEP``), so the mask and cache parts there are inside the step's graph.
 
-    python -m benchmarks.check_ops --cells 64
+    python -m tools.check_ops --cells 64
 
 Example:
     >>> counter = OpCounter()

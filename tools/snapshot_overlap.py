@@ -20,7 +20,7 @@ caller's own (as ``with dynamics:`` steps). The side stream keeps its promise wh
 
 Usage::
 
-    python -m benchmarks.snapshot_overlap --json overlap.json
+    python -m tools.snapshot_overlap --json overlap.json
 """
 
 from __future__ import annotations

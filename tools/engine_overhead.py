@@ -4,7 +4,7 @@ Prints the model forward alone, the whole step, their difference (what the engin
 integrator cost), and the step with the seed's hooks (``MaxForceClampHook`` every step,
 ``LoggingHook`` every 100 steps). One torch thread; medians of 7 repeats of 2000 steps.
 
-    python -m benchmarks.engine_overhead [--json out.json]
+    python -m tools.engine_overhead [--json out.json]
 """
 
 from __future__ import annotations
