@@ -1,7 +1,7 @@
 """Compare two checkouts of alchemi on the same host: W1 256x1024, W2 and W3, back to back.
 
 Each checkout's core and plugins are installed (not editable) into a folder of their own, which
-goes first on ``PYTHONPATH`` for that checkout's runs (the host's torch and a bundle already on
+goes first on ``PYTHONPATH`` for that checkout's runs (the installed torch and whatever else is on
 ``PYTHONPATH`` serve both; an editable install of either checkout elsewhere is shadowed, and
 Python keeps the first distribution of a name it finds, so its entry points are the folder's),
 and the same harness (this checkout's ``benchmarks/``, copied aside so neither checkout's
@@ -15,9 +15,9 @@ Usage (from the root of the new checkout)::
     python benchmarks/compare_commits.py run --base .bench-base --new . --rounds 2 --json cmp.json
     python benchmarks/compare_commits.py run --base .bench-base --workloads W3 --rounds 4   # one case
 
-``export-base`` needs git (run it where the repository is); ``.bench-base/`` is an untracked
-folder, so it travels with the working tree to a machine without git. ``run`` needs no network:
-``pip install --no-deps --no-build-isolation --target`` uses the host's setuptools.
+``export-base`` needs git (run it where the repository is); ``.bench-base/`` is a plain folder,
+so it can be copied to a machine without git. ``run`` needs no network:
+``pip install --no-deps --no-build-isolation --target`` uses the installed setuptools.
 """
 
 from __future__ import annotations

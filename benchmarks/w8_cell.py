@@ -14,9 +14,9 @@ nvalchemi-toolkit is driven where its API has the method: ``FIREVariableCell`` a
 (MTK + NHC) with its ``LennardJonesModelWrapper`` and ``NeighborListHook`` (skin 0.5 Å); a version
 without them, or a call that fails, gets a row saying why.
 
-Run (GPU, with the ``make-bundle --full`` site on ``PYTHONPATH``)::
+Run (GPU)::
 
-    python -m benchmarks.w8_cell --json $OUT/w8.json
+    python -m benchmarks.w8_cell --json w8.json
 
 ``--quick`` runs tiny sizes (a smoke test on a CPU).
 """

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 #: Steps between convergence / refill checks (the only device read-backs) in W2 and W3. W3's
 #: checks cost host time while the GPU waits (a read-back, then the refill's loading of new
 #: structures); on the H200 W3 drained in 7.55 s with checks every 5 steps and 6.13 s every 10
-#: (``python -m benchmarks.phases w3 --check-every 5,10``, one process, timers synchronised).
+#: (``python -m tools.phases w3 --check-every 5,10``, one process, timers synchronised).
 CHECK_EVERY_RELAX = 1
 CHECK_EVERY_INFLIGHT = 10
 #: W3 hands on finished systems and refills their slots at every this many checks. Each refill
@@ -263,7 +263,7 @@ class Alchemi(Framework):
         check_every: int = CHECK_EVERY_INFLIGHT,
     ) -> InflightOutcome:
         """W3's fused relax-then-MD stage; ``compile_step=False`` steps eagerly and ``check_every``
-        sets the steps between checks (diagnoses: ``benchmarks.phases w3``)."""
+        sets the steps between checks (diagnoses: ``tools.phases w3``)."""
         f, p = spec.FIRE, spec.LANGEVIN
         model = self.model(device)
         sampler = SizeAwareSampler(CellDataset(cells), max_atoms=spec.W3_MAX_ATOMS, bin_width=32, **_workers())

@@ -338,74 +338,33 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "w3_inflight",
         "w4_report",
         "w5_snapshots",
-        "rebuild_criteria",
-        "sampler_workers",
-        "cpu_launches",
-        "cpu_dispatch",
-        "check_ops",
-        "repeat_memory",
-        "writer_parts",
         "adapters",
         "adapters.base",
         "adapters.alchemi",
+        "tools.cpu_launches",
+        "tools.check_ops",
+        "tools.repeat_memory",
     ],
 )
 def test_docstring_examples_run(module: str) -> None:
     import doctest
     import importlib
 
-    result = doctest.testmod(importlib.import_module(f"benchmarks.{module}"), optionflags=doctest.ELLIPSIS)
+    name = module if module.startswith("tools.") else f"benchmarks.{module}"
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
 
 
-def test_rebuild_criteria_counts_every_criterion_on_one_trajectory(capsys) -> None:
-    import json
-
-    from benchmarks import rebuild_criteria
-
-    assert rebuild_criteria.main(["--atoms", "32", "--systems", "4", "--steps", "30", "--equilibrate", "5",
-                                  "--joins", "0.5"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    counts = out["builds_per_system_step"]
-    # On this trajectory (and W1's): the exact criterion is the later one; joining adds builds,
-    # in fewer steps than half_skin's.
-    assert 0 <= counts["two_largest"] <= counts["half_skin"] <= counts["joined_0.5"] <= 1
-    steps_share = {k: v["share_of_steps_with_a_build"] for k, v in out["criteria"].items()}
-    assert steps_share["joined_0.5"] <= steps_share["half_skin"]
 
 
-def test_writer_parts_times_every_part_of_an_append_and_puts_everything_back(tmp_path) -> None:
-    import os
-
-    from benchmarks import writer_parts
-
-    open_before = os.open
-    result = writer_parts.main(["--atoms", "32", "--systems", "8", "--appends", "3", "--dir", str(tmp_path)])
-    parts = result["parts"]
-    assert parts["append (whole)"]["calls_per_append"] == 1
-    assert parts["files: one chunk file"]["calls_per_append"] >= 7  # a chunk or two per field
-    assert parts["encode: CRC-32C (and blosc)"]["calls_per_append"] >= 7  # encoded by alchemi-zarr itself
-    whole = parts["append (whole)"]["ms_per_append"]
-    assert 0 < parts["write_pieces (wall)"]["ms_per_append"] < whole
-    assert os.open is open_before
-    assert not list(tmp_path.iterdir()), "the store was left behind"
 
 
-def test_sampler_workers_reports_both_settings_over_every_cell(capsys) -> None:
-    import json
-
-    from benchmarks import sampler_workers
-
-    assert sampler_workers.main(["--cells", "50", "--workers", "0,1", "--request", "7", "--rounds", "1"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["workers"] for r in rows] == [0, 1] and all(r["structures"] == 50 for r in rows)
-    assert all(r["wall_ms_each"] > 0 and r["process_cpu_ms_each"] > 0 for r in rows)
 
 
 def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
     import json
 
-    from benchmarks import cpu_launches
+    from tools import cpu_launches
 
     assert cpu_launches.main(["--atoms", "32", "--systems", "4", "--steps", "20", "--equilibrate", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -414,23 +373,10 @@ def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
     assert all(v["launches"] > 0 and v["ms"] >= 0 for v in kernels.values())
 
 
-def test_cpu_dispatch_times_one_launch_and_ranges(capsys, monkeypatch) -> None:
-    import json
-
-    import torch
-
-    from benchmarks import cpu_dispatch
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # ranges on two threads, whatever the host
-    assert cpu_dispatch.main(["--atoms", "512", "--launches", "20", "--rounds", "1"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["threads"] == 2 and set(out["us_per_launch"]) == {"one_launch", "ranges", "ranges_pool"}
-    assert all(len(v) == 1 and v[0] > 0 for v in out["us_per_launch"].values())
-    assert out["thread_round_trip_us"] > 0
 
 
 def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
-    from benchmarks.check_ops import count
+    from tools.check_ops import count
 
     report = count(8, "cpu")
     parts, converged = report["parts"], report["converged_checks"]
@@ -442,7 +388,7 @@ def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
 
 
 def test_repeat_memory_reports_every_run(tmp_path: Path) -> None:
-    from benchmarks import repeat_memory
+    from tools import repeat_memory
 
     out = tmp_path / "runs.json"
     repeat_memory.main(["--cells", "4", "--runs", "2", "--device", "cpu", "--json", str(out)])
@@ -505,7 +451,7 @@ def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     from alchemi_core.dynamics.step import StepLoop
     from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.testing import make_batch, never_converging
-    from benchmarks.phases import PhaseTimer
+    from tools.phases import PhaseTimer
 
     check, core = Admission.__dict__["check"], StepLoop.__dict__["_core"]
     assert "verify_models" not in Admission.__dict__  # inherited from StepLoop
@@ -532,7 +478,7 @@ def test_profile_calls_profiles_only_inside_checks_and_puts_check_back():
     from alchemi_core.dynamics.admission import Admission
     from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.testing import make_batch, never_converging
-    from benchmarks.phases import profile_calls
+    from tools.phases import profile_calls
 
     check = Admission.__dict__["check"]
     run = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5, convergence_hook=never_converging(frequency=2))
@@ -545,7 +491,7 @@ def test_profile_calls_profiles_only_inside_checks_and_puts_check_back():
 
 def test_store_append_times_each_way_in_alternating_rounds_and_restores_the_defaults(tmp_path) -> None:
     from alchemi_zarr import chunks, local_files
-    from benchmarks import store_append
+    from tools import store_append
 
     result = store_append.main(["--chunk-kib", "512", "--via", "zarr,files", "--file-threads", "1,2",
                                 "--rounds", "2", "--repeats", "1", "--json", str(tmp_path / "a.json")])
@@ -567,7 +513,7 @@ def test_a_shape_argon_cannot_fill_is_refused_before_anything_runs() -> None:
 def test_prepare_times_its_parts_only_inside_the_start_and_puts_the_methods_back():
     from alchemi_core.dynamics.engine import Engine
     from alchemi_potentials.neighbors.layout import Layout
-    from benchmarks.phases import prepare, prepare_parts
+    from tools.phases import prepare, prepare_parts
 
     before = (Engine.__dict__.get("prepare"), Engine.__dict__.get("forward"), Layout.__dict__["__init__"])
     report = prepare("cpu", repeats=2, cells=4)
@@ -580,3 +526,21 @@ def test_prepare_times_its_parts_only_inside_the_start_and_puts_the_methods_back
         assert len(report[f"{label}_run_ms"]) == 2
         assert report[f"{label}_calls"]["forward"] == 1 and report[f"{label}_calls"]["prepare"] == 1
     assert (Engine.__dict__.get("prepare"), Engine.__dict__.get("forward"), Layout.__dict__["__init__"]) == before
+
+
+def test_tools_readme_lists_every_diagnostic_with_a_command_that_parses(monkeypatch, capsys) -> None:
+    """``tools/README.md`` has one row per module of ``tools/``, each with a ``python -m tools.<name>``
+    command whose module imports and whose options parse (``--help``)."""
+    import importlib
+    import re
+
+    tools = ROOT / "tools"
+    rows = re.findall(r"^\| `(\w+)` \| .+ \| `python -m tools\.(\w+)[ `]", (tools / "README.md").read_text(), re.M)
+    assert rows and all(name == command for name, command in rows)
+    assert sorted(name for name, _ in rows) == sorted(p.stem for p in tools.glob("*.py") if p.stem != "__init__")
+    for name, _ in rows:
+        main = importlib.import_module(f"tools.{name}").main
+        monkeypatch.setattr(sys, "argv", [f"tools.{name}", "--help"])
+        with pytest.raises(SystemExit) as exit_:
+            main() if name == "engine_overhead" else main(["--help"])
+        assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out, name

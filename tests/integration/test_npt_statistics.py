@@ -32,7 +32,7 @@ EVERY = 10
 #: estimate, so the ratio follows Student's t with n - 1 degrees of freedom: at 24 systems a right
 #: sampler lands beyond three 0.6 % of the time, at 12 beyond two 7 %. Over 20 seeds of 12 systems
 #: each backend of C-rescale put 2 and 3 of its mean pressures beyond two errors (one each beyond
-#: three) while their pooled means agreed with 0 and with each other (``benchmarks.npt_seeds``;
+#: three) while their pooled means agreed with 0 and with each other (``tools.npt_seeds``;
 #: 1.4 of 20 is what a right sampler averages), so at 12 systems and two errors this test could
 #: fail on luck alone.
 AGREE = 3.0
