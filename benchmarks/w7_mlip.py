@@ -72,12 +72,13 @@ def sync(device: str) -> None:
 
 # ---------------------------------------------------------------------------------- models
 def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | None = None,
-             cueq: bool | None = None) -> tuple[Any, dict[str, Any]]:
+             cueq: bool | None = None, with_peers: bool = True) -> tuple[Any, dict[str, Any]]:
     """(alchemi model, TorchSim models by name, each a model or the reason it is unavailable),
     all with the same weights (``quick``: a much smaller MACE, for a smoke test on a CPU;
     ``chunk_atoms``: alchemi's model evaluates larger batches in chunks of whole systems;
-    ``cueq``: alchemi's ``enable_cueq``). With cuEquivariance's kernels in reach, TorchSim runs
-    twice: as it comes (``torchsim``) and with its own ``enable_cueq=True`` (``torchsim_cueq``)."""
+    ``cueq``: alchemi's ``enable_cueq``; ``with_peers=False``: alchemi's model only, no
+    TorchSim). With cuEquivariance's kernels in reach, TorchSim runs twice: as it comes
+    (``torchsim``) and with its own ``enable_cueq=True`` (``torchsim_cueq``)."""
     peers: dict[str, Any] = {}
     if kind == "mace":
         import alchemi_mace.imports
@@ -92,7 +93,7 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
         ours = MaceModel(net, dtype="float32", chunk_atoms=chunk_atoms, enable_cueq=cueq)
         kernels = device == "cuda" and cueq_kernels_installed()
         for name, on in (("torchsim", False), ("torchsim_cueq", True)):
-            if on and not kernels:
+            if (on and not kernels) or not with_peers:
                 continue
             try:
                 from mace.calculators.mace_torchsim import MaceTorchSimModel
@@ -107,7 +108,7 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
     kernels = device == "cuda" and cueq_kernels_installed()
     ours = SevenNetModel("7net-0", chunk_atoms=chunk_atoms, enable_cueq=cueq)
     for name, on in (("torchsim", False), ("torchsim_cueq", True)):
-        if on and not kernels:
+        if (on and not kernels) or not with_peers:
             continue
         try:
             from sevenn.torchsim import SevenNetModel as TsSevenNet
@@ -144,17 +145,23 @@ class StepClock:
         return (t1 - t0) / (k1 - k0)
 
 
+def langevin(model: Any, steps: int, compiled: bool, hooks: list[Any] | None = None) -> Any:
+    """W7's stage: ``steps`` NVT Langevin steps of ``model`` (300 K, dt 1 fs, friction 0.01/fs,
+    seed 0), captured as a CUDA graph where the model allows when ``compiled``."""
+    from alchemi_core import registry
+
+    md = registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
+                        friction=0.01, initial_temperature=300.0, random_seed=0, hooks=hooks or [])
+    return md.compile() if compiled else md
+
+
 def alchemi_run(model: Any, atoms: list[Any], steps: int, device: str, compiled: bool) -> float:
     """Steady seconds per step of a run of ``steps`` Langevin steps on a fresh batch of ``atoms``."""
-    from alchemi_core import registry
     from alchemi_core.data import Batch
 
     batch = Batch.from_atoms(atoms, dtype=torch.float32, device=device)
     clock = StepClock()
-    md = registry.build("integrator:langevin", model=model, n_steps=steps, dt=1.0, temperature=300.0,
-                        friction=0.01, initial_temperature=300.0, random_seed=0, hooks=[clock])
-    if compiled:
-        md = md.compile()
+    md = langevin(model, steps, compiled, [clock])
     with md:
         md.run(batch)
     return clock.seconds_per_step()

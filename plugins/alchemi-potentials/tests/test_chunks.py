@@ -4,6 +4,7 @@ results, and each chunk's edge window holds exactly its systems' edges."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from alchemi_core.errors import CapacityError, ConfigurationError
 from alchemi_potentials.edge_model import EdgeModel
 from alchemi_potentials.neighbors import EdgeList
 from alchemi_potentials.neighbors.chunks import SystemChunks, group_systems
+from alchemi_potentials.neighbors.edges import Edges
 from alchemi_potentials.testing import copper_cells, reference_structures
 
 CUTOFF = 3.2
@@ -53,9 +55,34 @@ def test_systems_are_grouped_in_order_and_never_split():
 def test_each_window_holds_its_systems_edges_in_order(max_atoms):
     batch = mixed_batch()
     edges = EdgeList(CUTOFF).update(batch)
+    assert_windows_hold_their_edges(batch, edges, SystemChunks(max_atoms, padding_length=CUTOFF).update(batch, edges))
+
+
+def test_a_new_batch_in_the_last_ones_edge_buffers_is_planned_anew():
+    """CUDA's caching allocator gives a new batch's edge list the blocks the last batch's list freed
+    (the same addresses and capacity), and a new batch of the same structures has the same
+    ``version``: the chunks must still be planned from the new batch's own edges. (W7's second run
+    of 256 cells in chunks read its edges through the first run's offsets: a device-side assert.)"""
+    planner = SystemChunks(216, padding_length=CUTOFF)
+    first = Batch.from_atoms(copper_cells(4), dtype=torch.float64)
+    old = EdgeList(CUTOFF, max_edges=8192).update(first)
+    planner.update(first, old)
+    second = Batch.from_atoms(copper_cells(4, rattle=0.25), dtype=torch.float64)  # other edges per atom
+    assert second.version == first.version
+    new = EdgeList(CUTOFF, max_edges=8192).update(second)
+    assert new.ends is not None and old.ends is not None
+    assert not torch.equal(new.ends, old.ends)
+    # the new list's edges in the old list's blocks; its offsets (ends) in a buffer of its own, as the
+    # old plan still refers to the old one
+    in_old_blocks = Edges(old.index.copy_(new.index), old.unit_shifts.copy_(new.unit_shifts),
+                          old.system.copy_(new.system), old.padding.copy_(new.padding), new.count, new.ends)
+    assert_windows_hold_their_edges(second, in_old_blocks, planner.update(second, in_old_blocks))
+
+
+def assert_windows_hold_their_edges(batch, edges, chunks):
+    """Each chunk's window holds exactly its systems' edges of ``edges``, in order, then padding."""
     n = int(edges.num_edges)
     sender, receiver = edges.index[0, :n], edges.index[1, :n]
-    chunks = SystemChunks(max_atoms, padding_length=CUTOFF).update(batch, edges)
     assert sum(c.num_graphs for c in chunks) == batch.num_graphs
     for c in chunks:
         a0, a1 = c.first_atom, c.first_atom + c.num_nodes
@@ -111,16 +138,49 @@ def test_chunked_langevin_run_follows_the_whole_one():
     torch.testing.assert_close(chunked.forces, whole.forces, rtol=0, atol=1e-10)
 
 
-def test_a_window_that_overflows_is_reported():
+def squeeze_the_middle_cell(batch: Batch) -> None:
+    """Its atoms get half as many neighbours again (18 within the cutoff instead of 12), more
+    than the 20 % its window keeps beyond the edges it had when the chunks were planned."""
+    with torch.no_grad():
+        batch.positions[108:216] *= 0.85
+        batch.cell[1] *= 0.85
+
+
+def test_a_window_that_overflows_is_reported_with_the_max_edges_that_fits():
     batch = Batch.from_atoms(copper_cells(3), dtype=torch.float64)
-    model = TwoHop(cutoff=CUTOFF, name="two-hop", max_edges=20_000, chunk_atoms=108)
+    model = TwoHop(cutoff=CUTOFF, name="two-hop", chunk_atoms=108)
     model(batch)
     model.verify(batch)
-    with torch.no_grad():  # squeeze the middle cell: more neighbours than its window was sized for
-        mid = slice(108, 216)
-        batch.positions[mid] *= 0.85
-        batch.cell[1] *= 0.85
+    squeeze_the_middle_cell(batch)
     model(batch)
     assert bool(model.error_flag(batch))
-    with pytest.raises(CapacityError, match="systems 1-1 .*chunk_atoms"):
+    with pytest.raises(CapacityError, match=r"systems 1-1 .*pass max_edges=\d+ .*chunk_atoms=None") as raised:
+        model.verify(batch)
+    model.edge_list.verify(batch)  # the edge list itself held them: the window is what overflowed
+    advised = int(re.search(r"max_edges=(\d+)", str(raised.value)).group(1))
+    # the value named fits: the same squeeze, planned with it, overflows nothing, and the results
+    # are the whole batch's
+    batch = Batch.from_atoms(copper_cells(3), dtype=torch.float64)
+    model = TwoHop(cutoff=CUTOFF, name="two-hop", chunk_atoms=108, max_edges=advised)
+    model(batch)
+    squeeze_the_middle_cell(batch)
+    out = model(batch)
+    assert not bool(model.error_flag(batch))
+    model.verify(batch)
+    torch.testing.assert_close(out["forces"], TwoHop(cutoff=CUTOFF, name="two-hop")(batch)["forces"], rtol=0, atol=1e-12)
+
+
+def test_an_edge_list_that_overflows_is_reported_not_read_past_its_capacity():
+    """With fewer edges than the batch needs, edges past the edge list's capacity are dropped:
+    the windows of later chunks must not copy another chunk's edges (atom indices out of their
+    range: a device-side assert on a GPU), and the edge list's error names the max_edges to use."""
+    batch = Batch.from_atoms(copper_cells(3), dtype=torch.float64)  # 1,296 edges a cell
+    model = TwoHop(cutoff=CUTOFF, name="two-hop", max_edges=1600, chunk_atoms=108)
+    out = model(batch)
+    assert bool(model.error_flag(batch))
+    for c in model.chunking.chunks:
+        assert bool((c.edges.index >= 0).all() and (c.edges.index < c.num_nodes).all())
+        assert bool((c.edges.system >= 0).all() and (c.edges.system < c.num_graphs).all())
+    assert bool(torch.isfinite(out["forces"]).all())
+    with pytest.raises(CapacityError, match=r"edge list overflow: the batch needed 3888 edges .*max_edges=4666"):
         model.verify(batch)

@@ -17,8 +17,16 @@ own, with atom and system indices made local and the rest padding edges, as the 
 The batch's edges of a chunk are contiguous (the neighbour list's slots of a system are its own
 atom range, and edges are written in slot order), so a window is a gather from the chunk's first
 edge on, with no host synchronisation. A window's capacity is sized from the edges found when the
-plan is made (one read-back per new set of systems), with the edge list's headroom;
-:meth:`SystemChunks.error_flag` and :meth:`SystemChunks.verify` report a window that overflowed.
+plan is made (one read-back per new set of systems), with the edge list's headroom over the
+batch's edges then (at least 20 %; a larger ``max_edges`` gives every window more room in
+proportion); :meth:`SystemChunks.error_flag` and :meth:`SystemChunks.verify` report a window that
+overflowed, and a window never copies an edge past the edge list's capacity (those edges were
+dropped, and the edge list reports it).
+
+A plan belongs to one batch object at one ``batch.version`` and to one set of the edge list's
+buffers (the :class:`Edges` object, not its addresses: CUDA's caching allocator gives the next
+batch's edge list the blocks the last one freed, and a plan keyed by address would read the new
+edges through the old batch's offsets).
 
 Example:
     >>> from alchemi_potentials.testing import copper_cells
@@ -36,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -77,7 +86,7 @@ class SystemChunk:
     """
 
     def __init__(self, batch: Batch, systems: tuple[int, int], atom_range: tuple[int, int], capacity: int,
-                 padding_length: float, like: Edges) -> None:
+                 padding_length: float, like: Edges, planned: int) -> None:
         s0, s1 = systems
         a0, a1 = atom_range
         self.first_system, self.num_graphs = s0, s1 - s0
@@ -87,6 +96,7 @@ class SystemChunk:
         self.batch_idx = (batch.batch_idx[a0:a1] - s0).contiguous()
         self.batch_ptr = (batch.batch_ptr[s0:s1 + 1] - a0).contiguous()
         self.capacity = capacity
+        self.planned = planned  # the chunk's edges when the windows were sized
         slot = torch.arange(capacity, device=dev)
         self._slot = slot
         self._pad_atom = slot % max(1, self.num_nodes)
@@ -102,6 +112,7 @@ class SystemChunk:
         assert ends is not None
         self._start = ends[a0 - 1:a0] if a0 > 0 else torch.zeros(1, dtype=ends.dtype, device=dev)
         self._stop = ends[a1 - 1:a1]
+        self._end = torch.zeros(1, dtype=ends.dtype, device=dev)  # _stop within the edge list's capacity
         self.edges = Edges(
             torch.zeros((2, capacity), dtype=torch.int64, device=dev),
             torch.zeros((capacity, 3), dtype=like.unit_shifts.dtype, device=dev),
@@ -125,8 +136,13 @@ class SystemChunk:
     def fill(self, edges: Edges) -> Edges:
         """Copy the chunk's edges out of the batch's (in place, no read-back) and return them."""
         at, live = self._at, self._live
+        torch.sub(self._stop, self._start, out=self._count)
+        torch.maximum(self.needed, self._count, out=self.needed)
+        # Edges past the edge list's capacity were dropped (its verify says so): never copied, so
+        # that no window holds another chunk's atoms, whose indices would be out of its range.
+        torch.clamp(self._stop, max=edges.capacity, out=self._end)
         torch.add(self._slot, self._start, out=at)
-        torch.lt(at, self._stop, out=live)
+        torch.lt(at, self._end, out=live)
         at.clamp_(max=edges.capacity - 1)
         mine = self.edges
         torch.index_select(edges.index, 1, at, out=mine.index)
@@ -138,9 +154,8 @@ class SystemChunk:
         mine.system.sub_(self.first_system)
         torch.where(live, mine.system, self._pad_system, out=mine.system)
         torch.where(live.unsqueeze(1), self._zero, self._pad_vector, out=mine.padding)
-        torch.sub(self._stop, self._start, out=self._count)
-        torch.maximum(self.needed, self._count, out=self.needed)
-        self._count.clamp_(max=self.capacity)
+        torch.sub(self._end, self._start, out=self._count)
+        self._count.clamp_(min=0, max=self.capacity)
         return mine
 
 
@@ -161,7 +176,9 @@ class SystemChunks:
             raise ConfigurationError(f"chunk_atoms must be a positive integer or None, got {max_atoms!r}")
         self.max_atoms = max_atoms
         self.padding_length = float(padding_length)
-        self._key: tuple[int, int, int] | None = None
+        self._batch: Batch | None = None  # the chunks hold it anyway
+        self._version = -1
+        self._edges: weakref.ref[Edges] | None = None
         self._chunks: list[SystemChunk] = []
 
     @property
@@ -171,12 +188,12 @@ class SystemChunks:
 
     def update(self, batch: Batch, edges: Edges) -> list[SystemChunk]:
         """The chunks of ``batch`` with their windows filled from ``edges`` (the batch's, just
-        updated). Planned anew, with one read-back, when the set of systems or the edge buffers
-        change; otherwise no read-back and no allocation."""
-        key = (batch.version, edges.index.data_ptr(), edges.capacity)
-        if key != self._key:
+        updated). Planned anew, with one read-back, for another batch, set of systems or set of
+        edge buffers; otherwise no read-back and no allocation."""
+        held = None if self._edges is None else self._edges()
+        if batch is not self._batch or batch.version != self._version or edges is not held:
             self._plan(batch, edges)
-            self._key = key
+            self._batch, self._version, self._edges = batch, batch.version, weakref.ref(edges)
         for chunk in self._chunks:
             chunk.fill(edges)
         return self._chunks
@@ -190,13 +207,16 @@ class SystemChunks:
         bounds = [int(starts[s1]) for _, s1 in ranges]
         ends = edges.ends[torch.tensor([b - 1 for b in bounds], device=edges.ends.device)].tolist() if bounds else []
         self._chunks = []
+        # The windows keep the edge list's headroom over the batch's edges (at least its own 20 %),
+        # so that a larger max_edges gives every window more room in proportion.
+        headroom = max(EDGE_HEADROOM, edges.capacity / max(1, ends[-1] if ends else 0))
         before = 0
         for (s0, s1), end in zip(ranges, ends, strict=True):
             need = end - before
             before = end
-            capacity = -(-max(1, math.ceil(need * EDGE_HEADROOM)) // EDGES_MULTIPLE_OF) * EDGES_MULTIPLE_OF
+            capacity = -(-max(1, math.ceil(need * headroom)) // EDGES_MULTIPLE_OF) * EDGES_MULTIPLE_OF
             self._chunks.append(SystemChunk(batch, (s0, s1), (int(starts[s0]), int(starts[s1])), capacity,
-                                            self.padding_length, edges))
+                                            self.padding_length, edges, planned=need))
 
     def error_flag(self) -> torch.Tensor | None:
         """A ``[1]`` device tensor, True when some window was asked for more edges than it holds."""
@@ -209,16 +229,21 @@ class SystemChunks:
         """Raise if a window overflowed (reads back).
 
         Raises:
-            CapacityError: A chunk had more edges than its window holds (its results are wrong).
+            CapacityError: A chunk had more edges than its window holds (its results are wrong);
+                the message names the ``max_edges`` that gives every window room.
         """
+        total = sum(c.planned for c in self._chunks)
         for c in self._chunks:
             need = int(c.needed[0])
             if need > c.capacity:
+                # max_edges sets the windows' headroom (see _plan): this one needs need/planned more
+                fits = math.ceil(max(total, 1) * need / max(c.planned, 1) * EDGE_HEADROOM)
                 raise CapacityError(
                     f"chunk edge window overflow: systems {c.first_system}-{c.first_system + c.num_graphs - 1} "
-                    f"needed {need} edges but their window holds {c.capacity}, so edges were dropped and these "
-                    "results are wrong; the windows are sized when the set of systems changes, so a batch whose "
-                    "edges grow by more than 20 % (strong compression) needs a smaller chunk_atoms or chunk_atoms=None"
+                    f"needed {need} edges but their window holds {c.capacity} (sized for the {c.planned} they had "
+                    "when the chunks were planned), so edges were dropped and these results are wrong; pass "
+                    f"max_edges={fits} (the windows take the edge list's headroom, "
+                    "so this gives each of them room in proportion), or chunk_atoms=None"
                 )
 
     def memory_bytes(self) -> int:
