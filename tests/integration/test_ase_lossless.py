@@ -59,12 +59,31 @@ def test_fix_cartesian_of_all_components_freezes_and_others_are_errors():
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
     atoms.set_constraint(FixCartesian([1, 2], mask=(True, True, True)))
     assert AtomicData.from_atoms(atoms).frozen.tolist() == [False, True, True, False]
-    atoms.set_constraint(FixCartesian([1], mask=(False, False, True)))
-    with pytest.raises(InvalidDataError, match="FixCartesian fixing only some components"):
-        AtomicData.from_atoms(atoms)
+    assert "frozen_axes" not in AtomicData.from_atoms(atoms)
     atoms.set_constraint(FixBondLength(0, 1))
     with pytest.raises(InvalidDataError, match="FixBondLength.*cannot honour"):
         Batch.from_atoms([atoms])
+
+
+def test_fix_cartesian_of_some_components_holds_them_and_comes_back():
+    """Partial ``FixCartesian`` becomes ``frozen_axes`` rows; back in ASE, atoms held whole are one
+    ``FixAtoms`` and each pattern of components one ``FixCartesian``, in a batch with a structure
+    without constraints too."""
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+    atoms.set_constraint([FixAtoms([0]), FixCartesian([1, 2], mask=(True, False, True)),
+                          FixCartesian([3], mask=(False, False, True)), FixCartesian([4], mask=(True, True, True))])
+    data = AtomicData.from_atoms(atoms)
+    assert data.frozen.tolist() == [True, False, False, False, True, False, False, False]
+    assert data.frozen_axes.int().tolist() == [[0, 0, 0], [1, 0, 1], [1, 0, 1], [0, 0, 1]] + [[0, 0, 0]] * 4
+    batch = Batch.from_atoms([bulk("Cu", "fcc", a=3.6, cubic=True), atoms])
+    plain, back = batch.to_atoms()
+    assert not plain.constraints
+    assert [(type(c).__name__, c.get_indices().tolist(), getattr(c, "mask", np.ones(3, bool)).tolist())
+            for c in back.constraints] == [
+        ("FixAtoms", [0, 4], [True, True, True]),
+        ("FixCartesian", [3], [False, False, True]),
+        ("FixCartesian", [1, 2], [True, False, True]),
+    ]
 
 
 def test_a_batch_of_mixed_structures_gets_ase_defaults_and_each_keeps_its_own_info():
