@@ -124,7 +124,13 @@ class Constraints:
         vectors), exactly ``kept`` for systems whose cell did not change."""
         new_cells = batch.cell.to(kept.dtype)
         old = old_cells.to(kept.dtype)
-        carry, _ = torch.linalg.solve_ex(old, new_cells)  # no error check: that would read back
+        # cell_old^-1 from its adjugate (columns b x c, c x a, a x b over the determinant): no
+        # pivoting and no error check, which would read back; a cell a stage moves is far from
+        # singular, and one that did not change is not inverted at all (below).
+        a, b, c = old[:, 0], old[:, 1], old[:, 2]
+        bc = torch.linalg.cross(b, c)
+        adjugate = torch.stack((bc, torch.linalg.cross(c, a), torch.linalg.cross(a, b)), dim=-1)
+        carry = adjugate @ new_cells / (a * bc).sum(-1).view(-1, 1, 1)
         eye = torch.eye(3, dtype=kept.dtype, device=kept.device)
         same = (old == new_cells).flatten(1).all(dim=1).view(-1, 1, 1)
         carry = torch.where(same, eye, carry)
