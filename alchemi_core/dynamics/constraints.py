@@ -20,8 +20,9 @@ the kept one mapped by ``cell_old^-1 cell_new`` (so a ``frozen`` atom keeps its 
 coordinates), and stays bit for bit where a system's cell did not change.
 
 The cost per step, only for batches with such fields: a copy of the positions, a select of the
-held components, two in-place fills of the velocities; buffers are allocated when the batch's
-systems change, never per step, and nothing is read back.
+held components, two in-place fills of the velocities (and, where a stage moves cells, a few
+``[B, 3, 3]`` operations and one ``[V, 3] x [V, 3, 3]`` product); buffers are allocated when the
+batch's systems change, never per step, and nothing is read back.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from alchemi_core.data.fields import FROZEN_AXES
+from alchemi_core.workspace import Workspace
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -67,6 +69,7 @@ class Constraints:
         self._positions: torch.Tensor | None = None
         self._cells: torch.Tensor | None = None
         self._version = -1
+        self._work = Workspace()
 
     def write(self, batch: Batch, moves_cell: bool) -> None:
         """Read ``frozen``/``frozen_axes`` of ``batch`` into :attr:`held` (buffers kept while the
@@ -118,20 +121,34 @@ class Constraints:
         assert self.held is not None
         batch.velocities.masked_fill_(self.held, 0.0)
 
-    @staticmethod
-    def _carried(batch: Batch, kept: torch.Tensor, old_cells: torch.Tensor) -> torch.Tensor:
+    def _carried(self, batch: Batch, kept: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``kept`` positions mapped by each system's cell change ``cell_old^-1 cell_new`` (row
-        vectors), exactly ``kept`` for systems whose cell did not change."""
-        new_cells = batch.cell.to(kept.dtype)
-        old = old_cells.to(kept.dtype)
-        # cell_old^-1 from its adjugate (columns b x c, c x a, a x b over the determinant): no
-        # pivoting and no error check, which would read back; a cell a stage moves is far from
-        # singular, and one that did not change is not inverted at all (below).
+        vectors), exactly ``kept`` for systems whose cell did not change; into kept buffers."""
+        new = batch.cell
+        rows, cap, dtype, dev = batch.num_graphs, batch.system_capacity, old.dtype, old.device
+        work = self._work
+        # cell_old^-1 from its adjugate (rows b x c, c x a, a x b of its transpose, over the
+        # determinant): no pivoting and no error check, which would read back; a cell a stage
+        # moves is far from singular, and one that did not change is not inverted at all (below).
         a, b, c = old[:, 0], old[:, 1], old[:, 2]
-        bc = torch.linalg.cross(b, c)
-        adjugate = torch.stack((bc, torch.linalg.cross(c, a), torch.linalg.cross(a, b)), dim=-1)
-        carry = adjugate @ new_cells / (a * bc).sum(-1).view(-1, 1, 1)
-        eye = torch.eye(3, dtype=kept.dtype, device=kept.device)
-        same = (old == new_cells).flatten(1).all(dim=1).view(-1, 1, 1)
-        carry = torch.where(same, eye, carry)
-        return torch.bmm(kept.unsqueeze(1), carry.index_select(0, batch.batch_idx)).squeeze(1)
+        adjugate_t = work.get("adjugate_t", rows, cap, (3, 3), dtype, dev)
+        torch.linalg.cross(b, c, out=adjugate_t[:, 0])
+        torch.linalg.cross(c, a, out=adjugate_t[:, 1])
+        torch.linalg.cross(a, b, out=adjugate_t[:, 2])
+        det = work.get("det", rows, cap, (), dtype, dev)
+        torch.linalg.vecdot(a, adjugate_t[:, 0], out=det)
+        carry = work.get("carry", rows, cap, (3, 3), dtype, dev)
+        torch.matmul(adjugate_t.transpose(-1, -2), new, out=carry)
+        carry.div_(det.view(-1, 1, 1))
+        equal = work.get("equal", rows, cap, (3, 3), torch.bool, dev)
+        same = work.get("same", rows, cap, (), torch.bool, dev)
+        torch.eq(old, new, out=equal)
+        torch.all(equal.view(rows, 9), dim=1, out=same)
+        eye = work.get("eye", 1, 1, (3, 3), dtype, dev)
+        torch.eye(3, dtype=dtype, device=dev, out=eye[0])
+        torch.where(same.view(-1, 1, 1), eye, carry, out=carry)
+        per_atom = work.get("per_atom", batch.num_nodes, batch.node_capacity, (3, 3), dtype, dev)
+        torch.index_select(carry, 0, batch.batch_idx, out=per_atom)
+        carried = work.get("carried", batch.num_nodes, batch.node_capacity, (1, 3), dtype, dev)
+        torch.bmm(kept.unsqueeze(1).to(dtype), per_atom, out=carried)
+        return carried.squeeze(1).to(kept.dtype)

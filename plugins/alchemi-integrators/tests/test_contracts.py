@@ -177,8 +177,19 @@ def test_langevin_keeps_a_slabs_fixed_atoms_on_every_path(monkeypatch, path: str
     (TestFIRE2, "auto"), (TestFIRECellFilter, "auto"), (TestFIRE2UnitCellFilter, "torch"),
     *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
 ])
-def test_held_coordinates_on_more_backends(contract: type, backend: str) -> None:
+def test_held_coordinates_on_more_backends(contract: type, backend: str, device: str = "cpu") -> None:
     """The contract's constraint test on the backends its class does not run."""
     case = contract()
+    case.device = device
     case.integrator_kwargs = {**contract.integrator_kwargs, "backend": backend}
     case.test_held_atoms_and_components_never_move()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("contract", "backend"), [
+    (TestFIRECellFilter, "torch"), (TestFIRE2UnitCellFilter, "torch"),
+    *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
+])
+def test_held_coordinates_follow_the_cell_on_gpu(contract: type, backend: str) -> None:
+    """Cell filters and barostats with held atoms and components on a GPU."""
+    test_held_coordinates_on_more_backends(contract, backend, device="cuda")
