@@ -106,16 +106,6 @@ def _to_json(name: str, value: Any) -> str:
         ) from None
 
 
-def frozen_mask(atoms: ase.Atoms) -> np.ndarray | None:
-    """``[N]`` bool of atoms the constraints hold fixed whole, or None without constraints.
-
-    Raises:
-        InvalidDataError: A constraint alchemi cannot honour.
-    """
-    held = held_components(atoms)
-    return None if held is None else held.all(axis=1)
-
-
 def held_components(atoms: ase.Atoms) -> np.ndarray | None:
     """``[N, 3]`` bool of the Cartesian components ``FixAtoms`` and ``FixCartesian`` hold, or None
     without constraints.
@@ -148,7 +138,7 @@ def _constraint_fields(atoms: ase.Atoms) -> dict[str, torch.Tensor]:
     held = held_components(atoms)
     if held is None:
         return {}
-    whole = held.all(axis=1)
+    whole = np.asarray(held.all(axis=1), dtype=bool)
     fields = {"frozen": torch.from_numpy(whole)}
     if bool((held.any(axis=1) & ~whole).any()):
         fields[FROZEN_AXES] = torch.from_numpy(held & ~whole[:, None])
