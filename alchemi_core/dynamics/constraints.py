@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from alchemi_core.data.fields import FROZEN_AXES
+from alchemi_core.errors import InvalidDataError
 from alchemi_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -74,7 +75,11 @@ class Constraints:
     def write(self, batch: Batch, moves_cell: bool) -> None:
         """Read ``frozen``/``frozen_axes`` of ``batch`` into :attr:`held` (buffers kept while the
         systems stay; rewritten in place, so a captured step sees them) and zero the held
-        components' velocities, so no stage starts from a velocity it may not use."""
+        components' velocities, so no stage starts from a velocity it may not use.
+
+        Raises:
+            InvalidDataError: ``frozen_axes`` not of shape ``[V, 3]``.
+        """
         if not has_constraints(batch):
             self.held = self._positions = self._cells = None
             return
@@ -94,7 +99,14 @@ class Constraints:
         else:
             held.zero_()
         if FROZEN_AXES in batch:
-            held.logical_or_(getattr(batch, FROZEN_AXES).to(torch.bool))
+            axes = getattr(batch, FROZEN_AXES)
+            if tuple(axes.shape) != tuple(held.shape):
+                raise InvalidDataError(
+                    f"the atom field {FROZEN_AXES!r} has shape {tuple(axes.shape)}; it takes one row of three bools "
+                    f"per atom, {tuple(held.shape)} here (True: that Cartesian component held; whole atoms go "
+                    "in the [V] bool field 'frozen')"
+                )
+            held.logical_or_(axes.to(torch.bool))
         if "velocities" in batch:
             batch.velocities.masked_fill_(held, 0.0)
 
@@ -114,12 +126,14 @@ class Constraints:
             kept = self._carried(batch, kept, self._cells)
         x = batch.positions
         torch.where(held, kept, x, out=x)
-        batch.velocities.masked_fill_(held, 0.0)
+        self.settle(batch)
 
     def settle(self, batch: Batch) -> None:
-        """After the stages' ``post_update``: held components' velocities zero."""
+        """After the stages' ``post_update``: held components' velocities zero (where the batch
+        has velocities: an integrator may keep none)."""
         assert self.held is not None
-        batch.velocities.masked_fill_(self.held, 0.0)
+        if "velocities" in batch:
+            batch.velocities.masked_fill_(self.held, 0.0)
 
     def _carried(self, batch: Batch, kept: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``kept`` positions mapped by each system's cell change ``cell_old^-1 cell_new`` (row
