@@ -38,7 +38,7 @@ from alchemi_core.workspace import Workspace
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-__all__ = ["FROZEN_AXES", "Constraints", "has_constraints", "hold_forces"]
+__all__ = ["FROZEN_AXES", "Constraints", "free_components", "has_constraints", "hold_forces"]
 
 
 def has_constraints(batch: Batch) -> bool:
@@ -55,6 +55,17 @@ def hold_forces(batch: Batch) -> None:
     if FROZEN_AXES in batch:
         axes = getattr(batch, FROZEN_AXES)
         batch.forces.masked_fill_(axes if axes.dtype == torch.bool else axes.to(torch.bool), 0.0)
+
+
+def free_components(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+    """``[V]`` how many Cartesian components of each atom move: 3, less those held (0 for a
+    ``frozen`` atom), as ASE's ``get_removed_dof`` counts them; a new tensor."""
+    free = torch.full((batch.num_nodes,), 3.0, dtype=dtype, device=batch.device)
+    if "frozen" in batch:
+        free.masked_fill_(batch.frozen.reshape(-1).to(torch.bool), 0.0)
+    if FROZEN_AXES in batch:
+        free.sub_(getattr(batch, FROZEN_AXES).to(dtype).sum(dim=-1)).clamp_(min=0.0)
+    return free
 
 
 class Constraints:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from alchemi_core.data.fields import FROZEN_AXES
+from alchemi_core.dynamics.constraints import free_components
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
 
 if TYPE_CHECKING:
@@ -53,11 +53,7 @@ def degrees_of_freedom(batch: Batch, com_fixed: bool = False) -> torch.Tensor:
     one per component ``frozen_axes`` holds (as ASE's ``FixCartesian.get_removed_dof``), and
     less three with ``com_fixed`` when nothing is held (held atoms already pin the centre of
     mass; see the module docstring)."""
-    free = torch.full((batch.num_nodes,), 3.0, dtype=batch.positions.dtype, device=batch.device)
-    if "frozen" in batch:
-        free.masked_fill_(batch.frozen.reshape(-1).to(torch.bool), 0.0)
-    if FROZEN_AXES in batch:
-        free.sub_(getattr(batch, FROZEN_AXES).to(free.dtype).sum(dim=-1)).clamp_(min=0.0)
+    free = free_components(batch, batch.positions.dtype)
     dof = per_system_sum(free, batch)
     if com_fixed:
         pinned = per_system_sum(3.0 - free, batch) > 0
