@@ -10,10 +10,13 @@ What travels, in both directions:
   fixed-width UTF-8 system fields ``infotext_<key>`` (at most :data:`TEXT_WIDTH` bytes); anything
   else ASE's JSON encoder takes (dicts such as ``adsorbate_info``, lists, None) becomes
   ``infojson_<key>`` (at most :data:`JSON_WIDTH` bytes of JSON);
-* constraints: ``FixAtoms``, and ``FixCartesian`` that fixes all three components of its atoms,
-  become the bool atom field ``frozen``, which every alchemi stage holds in place; on the way
-  back ``frozen`` becomes a ``FixAtoms``. Any other constraint (bond lengths, partial
-  ``FixCartesian``, filters) is an error: alchemi cannot honour it and never drops one silently.
+* constraints: atoms ``FixAtoms`` holds (or ``FixCartesian`` in all three components) become the
+  bool atom field ``frozen``; atoms ``FixCartesian`` holds in some components only become rows of
+  the ``[N, 3]`` bool atom field ``frozen_axes`` (True: that component held), present only where
+  some atom is held so. Every alchemi stage keeps them in place
+  (:mod:`alchemi_core.dynamics.constraints`). On the way back ``frozen`` becomes a ``FixAtoms``
+  and each pattern of ``frozen_axes`` a ``FixCartesian``. Any other constraint (bond lengths,
+  filters) is an error: alchemi cannot honour it and never drops one silently.
 
 A structure that left an optimiser (FIRE) has zero velocities (the optimiser's are not physical),
 so ``to_atoms`` of a relaxed structure carries no momenta. Zero velocities are not written back.
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from alchemi_core.data.fields import FROZEN_AXES
 from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
@@ -60,7 +64,7 @@ ATOM_ARRAYS = ("tags", "initial_charges", "initial_magmoms")
 #: Fields ``atoms_from_fields`` places itself (everything else goes to ``arrays``/``info``).
 PLACED = frozenset(
     {"atomic_numbers", "positions", "velocities", "atomic_masses", "forces", "cell", "pbc", "energy", "stress",
-     "frozen", *ATOM_ARRAYS}
+     "frozen", FROZEN_AXES, *ATOM_ARRAYS}
 )
 
 #: Edge fields: a frame of an ASE file has no place for them, so file exports leave them out.
@@ -102,8 +106,9 @@ def _to_json(name: str, value: Any) -> str:
         ) from None
 
 
-def frozen_mask(atoms: ase.Atoms) -> np.ndarray | None:
-    """``[N]`` bool of atoms the constraints hold fixed, or None without constraints.
+def held_components(atoms: ase.Atoms) -> np.ndarray | None:
+    """``[N, 3]`` bool of the Cartesian components ``FixAtoms`` and ``FixCartesian`` hold, or None
+    without constraints.
 
     Raises:
         InvalidDataError: A constraint alchemi cannot honour.
@@ -112,20 +117,52 @@ def frozen_mask(atoms: ase.Atoms) -> np.ndarray | None:
 
     if not atoms.constraints:
         return None
-    mask = np.zeros(len(atoms), dtype=bool)
+    held = np.zeros((len(atoms), 3), dtype=bool)
     for c in atoms.constraints:
-        if isinstance(c, FixAtoms) or isinstance(c, FixCartesian) and bool(np.all(c.mask)):
-            mask[c.get_indices()] = True
+        if isinstance(c, FixAtoms):
+            held[c.get_indices()] = True
+        elif isinstance(c, FixCartesian):
+            held[c.get_indices()] |= np.asarray(c.mask, dtype=bool).reshape(1, 3)
         else:
-            what = type(c).__name__
-            if isinstance(c, FixCartesian):
-                what += " fixing only some components"
             raise InvalidDataError(
-                f"the structure has a {what} constraint, which alchemi cannot honour (it holds whole atoms "
-                "fixed: FixAtoms, or FixCartesian of all three components); remove it (atoms.set_constraint()) "
-                "or replace it with FixAtoms"
+                f"the structure has a {type(c).__name__} constraint, which alchemi cannot honour (it holds "
+                "atoms or Cartesian components fixed: FixAtoms, FixCartesian); remove it "
+                "(atoms.set_constraint()) or replace it with one of those"
             )
-    return mask
+    return held
+
+
+def _constraint_fields(atoms: ase.Atoms) -> dict[str, torch.Tensor]:
+    """``frozen`` for every structure with constraints, and ``frozen_axes`` where some atom is
+    held in only some components."""
+    held = held_components(atoms)
+    if held is None:
+        return {}
+    whole = np.asarray(held.all(axis=1), dtype=bool)
+    fields = {"frozen": torch.from_numpy(whole)}
+    if bool((held.any(axis=1) & ~whole).any()):
+        fields[FROZEN_AXES] = torch.from_numpy(held & ~whole[:, None])
+    return fields
+
+
+def _constraints(f: Mapping[str, torch.Tensor]) -> list[Any]:
+    """ASE constraints for one structure's ``frozen``/``frozen_axes``: a ``FixAtoms`` of the atoms
+    held whole, one ``FixCartesian`` per pattern of the atoms held in some components only."""
+    from ase.constraints import FixAtoms, FixCartesian
+
+    n = int(f["atomic_numbers"].shape[0])
+    held = np.zeros((n, 3), dtype=bool)
+    if "frozen" in f:
+        held |= f["frozen"].reshape(-1, 1).numpy().astype(bool)
+    if FROZEN_AXES in f:
+        held |= f[FROZEN_AXES].reshape(n, 3).numpy().astype(bool)
+    whole = held.all(axis=1)
+    out: list[Any] = [FixAtoms(mask=whole)] if whole.any() else []
+    partial = held.any(axis=1) & ~whole
+    for pattern in np.unique(held[partial], axis=0):
+        atoms = np.flatnonzero(partial & (held == pattern).all(axis=1))
+        out.append(FixCartesian(atoms.tolist(), mask=tuple(bool(v) for v in pattern)))
+    return out
 
 
 def _info_fields(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -161,9 +198,7 @@ def fields_from_atoms(atoms: ase.Atoms, dtype: torch.dtype) -> tuple[dict[str, A
     levels: dict[str, str] = {}
     if atoms.has("momenta"):
         fields["velocities"] = torch.tensor(atoms.get_velocities() * units.fs, dtype=dtype)
-    frozen = frozen_mask(atoms)
-    if frozen is not None:
-        fields["frozen"] = torch.from_numpy(frozen)
+    fields.update(_constraint_fields(atoms))
     for name in ATOM_ARRAYS:
         if atoms.has(name):
             value = torch.from_numpy(np.array(atoms.arrays[name]))
@@ -202,7 +237,6 @@ def atoms_from_fields(
     import ase
     from ase import units
     from ase.calculators.singlepoint import SinglePointCalculator
-    from ase.constraints import FixAtoms
 
     atoms = ase.Atoms(
         numbers=f["atomic_numbers"].numpy(),
@@ -225,8 +259,9 @@ def atoms_from_fields(
             info = _info_value(name, value)
             if info is not _ABSENT:
                 atoms.info[_split_info(name)[1]] = info
-    if "frozen" in f and bool(f["frozen"].any()):
-        atoms.set_constraint(FixAtoms(mask=f["frozen"].reshape(-1).numpy().astype(bool)))
+    constraints = _constraints(f)
+    if constraints:
+        atoms.set_constraint(constraints)
     skip = set(exclude)
     for name, value in f.items():
         level = str(getattr((levels or {}).get(name), "value", (levels or {}).get(name)))
@@ -262,12 +297,12 @@ def _as_numpy(name: str, t: torch.Tensor) -> np.ndarray:
 
 
 def harmonise(fields_list: list[dict[str, Any]]) -> None:
-    """Make structures from different files batch together: every structure gets the atom arrays
-    and ``frozen`` that any of them has (ASE's defaults: zeros, not frozen), and an ``info`` key
+    """Make structures from different files batch together: every structure gets the atom arrays,
+    ``frozen`` and ``frozen_axes`` that any of them has (ASE's defaults: zeros, not frozen), and an ``info`` key
     that not all of them have alike (missing in some, or of another kind or shape) is stored as
     JSON in all, empty where it is missing, so each structure comes back with its own keys.
     """
-    optional = ("frozen", *ATOM_ARRAYS)
+    optional = ("frozen", FROZEN_AXES, *ATOM_ARRAYS)
     for name in optional:
         have = [f for f in fields_list if name in f]
         if not have or len(have) == len(fields_list):

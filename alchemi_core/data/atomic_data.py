@@ -280,7 +280,8 @@ class AtomicData:
         """Build from an ASE ``Atoms``, losing nothing (see :mod:`alchemi_core.data.ase_io`):
         numbers, positions, cell, pbc, masses, velocities (converted to Å/fs), tags, initial
         charges and magnetic moments, ``info``, constraints (``FixAtoms`` becomes the atom field
-        ``frozen``) and any energy, forces and stress its calculator holds.
+        ``frozen``, ``FixCartesian`` of some components ``frozen_axes``) and any energy, forces
+        and stress its calculator holds.
 
         Raises:
             InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
@@ -300,7 +301,8 @@ class AtomicData:
     def to_atoms(self, exclude: Iterable[str] = ()) -> ase.Atoms:
         """An ASE ``Atoms`` with everything :meth:`from_atoms` takes in: numbers, positions, cell,
         pbc, masses, velocities (unless all zero), tags, charges, magnetic moments, ``info``, a
-        ``FixAtoms`` for ``frozen`` atoms; energy, forces and stress in a ``SinglePointCalculator``.
+        ``FixAtoms`` for ``frozen`` atoms and a ``FixCartesian`` per pattern of ``frozen_axes``;
+        energy, forces and stress in a ``SinglePointCalculator``.
         Other atom fields go to ``atoms.arrays``, other system fields (``system_id``, ``status``,
         ``fmax``, ...) to ``atoms.info``; ``exclude`` names fields to leave out."""
         from alchemi_core.data.ase_io import atoms_from_fields

@@ -30,6 +30,10 @@ class Level(str, enum.Enum):
     SYSTEM = "system"
 
 
+#: ``[V, 3]`` bool: the Cartesian components of an atom held fixed (ASE's ``FixCartesian``; whole
+#: atoms are ``frozen``, ASE's ``FixAtoms``). See ``alchemi_core.dynamics.constraints``.
+FROZEN_AXES = "frozen_axes"
+
 #: Fields whose level never depends on a shape.
 KNOWN_LEVELS: dict[str, Level] = {
     # one row per atom
@@ -41,6 +45,7 @@ KNOWN_LEVELS: dict[str, Level] = {
     "charges": Level.NODE,
     "node_attrs": Level.NODE,
     "frozen": Level.NODE,
+    FROZEN_AXES: Level.NODE,
     # one row per edge
     "neighbor_list": Level.EDGE,
     "shifts": Level.EDGE,

@@ -102,6 +102,9 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
 
     #: Whether the integrator needs the model's stress every step (NPT-style integrators).
     needs_stress: bool = False
+    #: Whether the integrator changes cells (NPT, cell filters): held atoms and components then
+    #: follow the cell's deformation (``alchemi_core.dynamics.constraints``).
+    moves_cell: bool = False
 
     def __init__(
         self,

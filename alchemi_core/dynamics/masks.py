@@ -3,7 +3,8 @@
 At a check where some status changed (and whenever systems arrive or leave) the engine
 rewrites, per stage, a ``[B]`` system mask (status equals the stage's code and budget left), a ``[V, 1]`` atom weight (0 for
 atoms of other stages and for atoms marked ``frozen``) and ``inv_mass * weight``, and publishes
-them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version. The
+them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version; it
+also rereads the held atoms and components (:mod:`~alchemi_core.dynamics.constraints`). The
 buffers are reallocated only when the batch's layout changes and rewritten in place otherwise,
 so a captured CUDA graph keeps seeing them.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from alchemi_core.dynamics.constraints import has_constraints
 from alchemi_core.dynamics.context import next_version
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.state import NEVER, EngineState, SubStage
@@ -50,7 +52,8 @@ class Masks(EngineState):
         The masks live in buffers that are reallocated only when the set of systems changes,
         and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them; each
         rewrite gives the contexts a new version so caches can tell. Atoms of a batch field
-        ``frozen`` get weight 0 in every stage: no integrator moves them.
+        ``frozen`` get weight 0 in every stage, and the step puts back whatever an update moved of
+        them and of the components ``frozen_axes`` holds (``constraints``).
         """
         batch = self.batch
         assert batch is not None
@@ -76,6 +79,7 @@ class Masks(EngineState):
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
             self._publish(s, inv_mass, version)
         self._publish_owner(inv_mass, version)
+        self.constraints.write(batch, self.moves_cells)
         self._schedule_budget_check()
         held = self._masks_status
         if held is None or held.shape != batch.status.shape or held.device != batch.status.device:
@@ -109,7 +113,7 @@ class Masks(EngineState):
         batch = self.batch
         return (batch is not None and self._rewrites_masks_in_steps() and self.masked
                 and not self._schedule_budgets and not self.extra_hooks and not self._inner_hooks
-                and not self.table[int(DynamicsStage.BEFORE_STEP)] and "frozen" not in batch
+                and not self.table[int(DynamicsStage.BEFORE_STEP)] and not has_constraints(batch)
                 and self._masks_status is not None
                 and all(s.sys_mask is not None and s.node_weight is not None and s.weighted_inv_mass is not None
                         and s.dynamics.mask_values_in_step for s in self.subs))
@@ -131,10 +135,10 @@ class Masks(EngineState):
 
     def _masks_out_of_date(self) -> bool:
         """Whether a status changed or systems came or went since the masks were written (atoms
-        marked ``frozen`` are reread at every check: a hook may have changed them)."""
+        and components held fixed are reread at every check: a hook may have changed them)."""
         batch = self.batch
         assert batch is not None
-        return self._masks_stale or self._masks_version != batch.version or "frozen" in batch
+        return self._masks_stale or self._masks_version != batch.version or has_constraints(batch)
 
     def _status_changed_since_masks(self) -> torch.Tensor:
         """``[]`` bool on the device: some status differs from the one the masks were written for

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.capture import gpu_index, retire_graph
 from alchemi_core.dynamics.check_capture import CheckCapture
+from alchemi_core.dynamics.constraints import Constraints
 from alchemi_core.dynamics.context import RunView, StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import HookTable
@@ -157,6 +158,10 @@ class EngineState:
                 keys |= s.conv.keys
         self.track_fmax = "fmax" in keys
         self.track_energy_change = "energy_change" in keys
+        #: Atoms and components held fixed, applied around every step (``constraints``); held
+        #: components follow the cell where some stage moves cells.
+        self.constraints = Constraints()
+        self.moves_cells = any(getattr(s.dynamics, "moves_cell", False) for s in self.subs)
         self.needs_stress = any(getattr(s.dynamics, "needs_stress", False) for s in self.subs) or any(
             getattr(h, "needs_stress", False) for h in self._all_hooks()
         )

@@ -39,6 +39,7 @@ from alchemi_core.dynamics.capture import (
     holds_much_memory,
     release_cached_memory,
 )
+from alchemi_core.dynamics.constraints import hold_forces
 from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -86,14 +87,15 @@ class StepLoop(Masks):
     # ------------------------------------------------------------------ the model
     def forward(self) -> None:
         """One model evaluation per distinct model; results written into the batch buffers.
-        Atoms marked ``frozen`` feel no force (as under ASE's ``FixAtoms``): no integrator, FIRE's
-        velocity mixing included, moves them, and ``fmax`` counts only the atoms that move."""
+        Atoms marked ``frozen`` and components ``frozen_axes`` holds feel no force (as under ASE's
+        ``FixAtoms`` and ``FixCartesian``), so ``fmax`` counts only what moves; the step puts back
+        whatever an update moved of them (``constraints``)."""
         batch = self.batch
         assert batch is not None
         if len(self.models) == 1:
             out = self.models[0](batch, compute_stress=self.needs_stress) if self.needs_stress else self.models[0](batch)
             self._store(batch, out)
-            _hold_frozen(batch)
+            hold_forces(batch)
             return
         # Several models: each system takes the forces (and stress) of its own stage's model.
         kwargs = {"compute_stress": True} if self.needs_stress else {}
@@ -109,7 +111,7 @@ class StepLoop(Masks):
                     if self.needs_stress and out.get("stress") is not None:
                         rows = s.sys_mask.view(-1, 1, 1)
                         batch.stress.copy_(torch.where(rows, out["stress"], batch.stress))
-        _hold_frozen(batch)
+        hold_forces(batch)
 
     def verify_models(self) -> None:
         """Each model's ``verify``: errors it recorded on the device (reads back; check steps,
@@ -252,7 +254,12 @@ class StepLoop(Masks):
         """
         batch, subs, own = self.batch, self.subs, self.owner_hooks
         assert batch is not None
+        # Held atoms and components (``constraints``): whatever the updates do to them is undone
+        # here, for every integrator and backend alike.
+        constraints = self.constraints if self.constraints.held is not None else None
         with torch.no_grad():
+            if constraints is not None:
+                constraints.keep(batch)
             if hooks and own[BEFORE_PRE_UPDATE]:
                 dispatch(own[BEFORE_PRE_UPDATE], batch, k)
             for s in subs:
@@ -261,6 +268,8 @@ class StepLoop(Masks):
                 s.dynamics.pre_update(batch)
                 if hooks and s.hooks[AFTER_PRE_UPDATE]:
                     dispatch(s.hooks[AFTER_PRE_UPDATE], batch, k)
+            if constraints is not None:
+                constraints.project(batch)
             if hooks and own[AFTER_PRE_UPDATE]:
                 dispatch(own[AFTER_PRE_UPDATE], batch, k)
         if hooks and self.table[BEFORE_COMPUTE]:
@@ -280,6 +289,8 @@ class StepLoop(Masks):
                 s.dynamics.post_update(batch)
                 if hooks and s.hooks[AFTER_POST_UPDATE]:
                     dispatch(s.hooks[AFTER_POST_UPDATE], batch, k)
+            if constraints is not None:
+                constraints.settle(batch)
             if hooks and own[AFTER_POST_UPDATE]:
                 dispatch(own[AFTER_POST_UPDATE], batch, k)
             steps = batch.stage_steps
@@ -344,10 +355,3 @@ class StepLoop(Masks):
             return True
         return False
 
-
-def _hold_frozen(batch: Any) -> None:
-    """Zero the forces on atoms marked ``frozen`` (in place: nothing allocated, no read-back)."""
-    if "frozen" in batch:
-        frozen = batch.frozen
-        mask = frozen if frozen.dtype == torch.bool else frozen.to(torch.bool)
-        batch.forces.masked_fill_(mask.view(-1, 1), 0.0)

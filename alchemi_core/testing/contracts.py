@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.dynamics.base import BaseDynamics
 from alchemi_core.dynamics.sinks import DataSink
+from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.testing.factories import make_batch
 
 
@@ -214,6 +215,24 @@ class IntegratorContract:
             del stage, batch, out
             assert still_alive(refs) == []
 
+    def test_held_atoms_and_components_never_move(self) -> None:
+        """Atoms marked ``frozen`` and components ``frozen_axes`` holds (ASE's ``FixAtoms`` and
+        ``FixCartesian``) keep their positions bit for bit, with zero velocity, whatever the
+        update does to the others (thermostat noise, COM corrections, FIRE's mixing); where the
+        integrator moves cells, each step carries them by the cell's deformation only, as ASE's
+        cell filters do."""
+        b = self.batch([3, 5])
+        start = b.positions.clone()
+        held = hold_some(b)
+        frames = _Frames()
+        stage = self.make_integrator(self.model(), 12, **self.integrator_kwargs)
+        if stage.moves_cell:  # (a hook only there: the others run as users run them)
+            frames.add(b)
+            stage.hooks.append(frames)
+        out = stage.run(b)
+        assert out is not None
+        assert_held(out, held, start, frames.frames)
+
     def test_graduated_systems_do_not_move(self) -> None:
         """In a fused stage, a system that finished this stage stops changing here."""
         b = self.batch([3, 3])
@@ -226,6 +245,66 @@ class IntegratorContract:
         # Running again does nothing: every system has graduated.
         fused.run(out)
         torch.testing.assert_close(out.positions, final)
+
+
+def hold_some(batch: Batch) -> torch.Tensor:
+    """Hold atoms of ``batch`` as a test of constraints does: each system's first atom whole
+    (``frozen``), its second in x and z and its third in y (``frozen_axes``), and give every atom a
+    velocity (so an update that ignores the constraints moves them). Returns the ``[V, 3]`` held
+    components."""
+    first = batch.batch_ptr[:-1]
+    frozen = torch.zeros(batch.num_nodes, dtype=torch.bool, device=batch.device)
+    frozen[first] = True
+    axes = torch.zeros(batch.num_nodes, 3, dtype=torch.bool, device=batch.device)
+    axes[first + 1] = torch.tensor([True, False, True], device=batch.device)
+    axes[first + 2] = torch.tensor([False, True, False], device=batch.device)
+    batch.set_field("frozen", frozen, "node")
+    batch.set_field("frozen_axes", axes, "node")
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(batch.num_nodes, 3, generator=g, dtype=torch.float64) * 0.01
+    batch.set_field("velocities", v.to(device=batch.device, dtype=batch.positions.dtype), "node")
+    return frozen.unsqueeze(-1) | axes
+
+
+def assert_held(
+    out: Batch, held: torch.Tensor, start: torch.Tensor, frames: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
+) -> None:
+    """The held components (``held`` ``[V, 3]``) of ``out`` are where they started (``start``),
+    bit for bit, their velocities are zero and the free atoms moved. With ``frames`` (positions
+    and cells after each step of an integrator that moves cells) each step instead carried them
+    by its cell change ``cell_old^-1 cell_new`` (fractional coordinates of whole atoms kept)."""
+    x = out.positions
+    free_atoms = ~held.any(dim=1)
+    assert not torch.equal(x[free_atoms], start[free_atoms]), "nothing moved: the test would prove nothing"
+    if not frames:
+        assert torch.equal(x[held], start[held]), (
+            f"held components moved by up to {(x - start)[held].abs().max().item():.3g} Å"
+        )
+    assert bool((out.velocities[held] == 0).all()), "a held component has a velocity"
+    if not frames:
+        return
+    assert not torch.equal(frames[0][1], frames[-1][1]), "no cell moved: the test would prove nothing"
+    for (x0, cell0), (x1, cell1) in zip(frames, frames[1:]):
+        carry = torch.linalg.solve(cell0.double(), cell1.double()).index_select(0, out.batch_idx)
+        carried = torch.bmm(x0.double().unsqueeze(1), carry).squeeze(1).to(x1.dtype)
+        torch.testing.assert_close(x1[held], carried[held], rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(frames[-1][0], x)
+
+
+class _Frames:
+    """An ``AFTER_STEP`` hook keeping positions and cells of every step."""
+
+    stage = DynamicsStage.AFTER_STEP
+    frequency = 1
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add(self, batch: Batch) -> None:
+        self.frames.append((batch.positions.clone(), batch.cell.clone()))
+
+    def __call__(self, batch: Batch, dynamics: Any) -> None:
+        self.add(batch)
 
 
 class CommBackendContract:

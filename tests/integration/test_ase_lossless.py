@@ -59,12 +59,31 @@ def test_fix_cartesian_of_all_components_freezes_and_others_are_errors():
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
     atoms.set_constraint(FixCartesian([1, 2], mask=(True, True, True)))
     assert AtomicData.from_atoms(atoms).frozen.tolist() == [False, True, True, False]
-    atoms.set_constraint(FixCartesian([1], mask=(False, False, True)))
-    with pytest.raises(InvalidDataError, match="FixCartesian fixing only some components"):
-        AtomicData.from_atoms(atoms)
+    assert "frozen_axes" not in AtomicData.from_atoms(atoms)
     atoms.set_constraint(FixBondLength(0, 1))
     with pytest.raises(InvalidDataError, match="FixBondLength.*cannot honour"):
         Batch.from_atoms([atoms])
+
+
+def test_fix_cartesian_of_some_components_holds_them_and_comes_back():
+    """Partial ``FixCartesian`` becomes ``frozen_axes`` rows; back in ASE, atoms held whole are one
+    ``FixAtoms`` and each pattern of components one ``FixCartesian``, in a batch with a structure
+    without constraints too."""
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+    atoms.set_constraint([FixAtoms([0]), FixCartesian([1, 2], mask=(True, False, True)),
+                          FixCartesian([3], mask=(False, False, True)), FixCartesian([4], mask=(True, True, True))])
+    data = AtomicData.from_atoms(atoms)
+    assert data.frozen.tolist() == [True, False, False, False, True, False, False, False]
+    assert data.frozen_axes.int().tolist() == [[0, 0, 0], [1, 0, 1], [1, 0, 1], [0, 0, 1]] + [[0, 0, 0]] * 4
+    batch = Batch.from_atoms([bulk("Cu", "fcc", a=3.6, cubic=True), atoms])
+    plain, back = batch.to_atoms()
+    assert not plain.constraints
+    assert [(type(c).__name__, c.get_indices().tolist(), getattr(c, "mask", np.ones(3, bool)).tolist())
+            for c in back.constraints] == [
+        ("FixAtoms", [0, 4], [True, True, True]),
+        ("FixCartesian", [3], [False, False, True]),
+        ("FixCartesian", [1, 2], [True, False, True]),
+    ]
 
 
 def test_a_batch_of_mixed_structures_gets_ase_defaults_and_each_keeps_its_own_info():
@@ -133,3 +152,48 @@ def test_the_slab_through_alchemi_run_and_export_keeps_constraint_tags_and_info(
         tol = 1e-7 if out.endswith(".extxyz") else 1e-12  # extended XYZ keeps 8 decimals
         assert np.abs(back.positions[fixed] - slab.positions[fixed]).max() <= tol
         assert not back.has("momenta")
+
+
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_a_slab_relaxed_then_heated_by_alchemi_run_keeps_fixed_atoms_and_components(tmp_path, monkeypatch, per_axis):
+    """Relax-then-MD, as users write it: an extended XYZ slab whose two bottom layers carry
+    ``FixAtoms`` (and, ``per_axis``, two top atoms a ``FixCartesian`` of x and z), through ``alchemi
+    run`` (FIRE, then Langevin at 300 K with 5 fs steps) and ``alchemi export``: the fixed atoms and
+    components are where the input had them and the constraints come back."""
+    pytest.importorskip("alchemi_zarr")
+    from alchemi_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    slab = _slab()
+    top = np.flatnonzero(slab.get_tags() == 1)[:2] if per_axis else np.zeros(0, dtype=int)
+    if per_axis:
+        slab.set_constraint([slab.constraints[0], FixCartesian(top, mask=(True, False, True))])
+    ase.io.write("slab.extxyz", [slab])
+    slab = ase.io.read("slab.extxyz")  # the input as the run sees it
+    (tmp_path / "md.toml").write_text(
+        '[model]\ncomponent = "model:morse"\n' + "".join(f"{k} = {v}\n" for k, v in CU_MORSE.items())
+        + '[input]\npath = "slab.extxyz"\ndtype = "float64"\n'
+        + '[[stage]]\ncomponent = "integrator:fire"\nn_steps = 100\ndt = 1.0\nconverge = { fmax = 0.05 }\n'
+        + '[[stage]]\ncomponent = "integrator:langevin"\nn_steps = 100\ndt = 5.0\n'
+        + 'temperature = 300.0\ninitial_temperature = 300.0\nrandom_seed = 1\n'
+        + '[output]\npath = "slab.zarr"\n'
+    )
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", "md.toml", "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["export", "slab.zarr", "out.traj"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (back,) = ase.io.read("out.traj", index=":")
+    whole = np.flatnonzero(slab.get_tags() >= 3)
+    assert np.array_equal(back.positions[whole], slab.positions[whole])
+    assert [(type(c).__name__, c.get_indices().tolist()) for c in back.constraints] == [
+        ("FixAtoms", whole.tolist())] + [("FixCartesian", top.tolist())] * per_axis
+    if per_axis:
+        assert back.constraints[1].mask.tolist() == [True, False, True]
+        assert np.array_equal(back.positions[top][:, [0, 2]], slab.positions[top][:, [0, 2]])
+        assert np.abs(back.positions[top][:, 1] - slab.positions[top][:, 1]).min() > 1e-3  # y is free
+    free = np.setdiff1d(np.arange(len(slab)), np.concatenate([whole, top]))
+    assert np.abs(back.positions[free] - slab.positions[free]).max() > 0.05  # 100 steps at 300 K
+    velocities = back.get_velocities()
+    assert not velocities[whole].any() and not velocities[top][:, [0, 2]].any()
+    assert velocities[free].any()

@@ -55,6 +55,30 @@ def test_frozen_atoms_remove_three_degrees_of_freedom_each_like_fix_atoms(moving
         assert float(t[row]) == pytest.approx(_ase_atoms(moving_batch, row, frozen).get_temperature(), rel=1e-6)
 
 
+def test_held_components_remove_one_degree_of_freedom_each_like_fix_cartesian(moving_batch):
+    """``frozen_axes`` (ASE's ``FixCartesian``) takes one degree of freedom per held component,
+    on top of ``frozen`` atoms (an atom in both counts once); temperatures then match ASE's."""
+    from ase.constraints import FixCartesian
+
+    frozen = torch.zeros(moving_batch.num_nodes, dtype=torch.bool)
+    frozen[[0, 4]] = True
+    axes = torch.zeros(moving_batch.num_nodes, 3, dtype=torch.bool)
+    axes[1] = torch.tensor([True, False, True])
+    axes[4] = axes[12] = torch.tensor([False, True, False])
+    moving_batch.set_field("frozen", frozen, "node")
+    moving_batch.set_field("frozen_axes", axes, "node")
+    moving_batch.velocities[frozen] = 0.0
+    moving_batch.velocities[axes] = 0.0
+    assert degrees_of_freedom(moving_batch).tolist() == [9 - 3 - 2, 21 - 3, 15 - 1]
+    t = temperature(moving_batch)
+    for row in range(moving_batch.num_graphs):
+        lo, hi = int(moving_batch.batch_ptr[row]), int(moving_batch.batch_ptr[row + 1])
+        atoms = _ase_atoms(moving_batch, row, frozen)
+        rows = [i for i in range(lo, hi) if axes[i].any() and not frozen[i]]
+        atoms.set_constraint(atoms.constraints + [FixCartesian([i - lo], mask=axes[i].tolist()) for i in rows])
+        assert float(t[row]) == pytest.approx(atoms.get_temperature(), rel=1e-6)
+
+
 def test_max_force_is_the_largest_row_norm_per_system(moving_batch):
     forces = torch.randn(moving_batch.num_nodes, 3, dtype=torch.float64)
     moving_batch.set_field("forces", forces, "node")

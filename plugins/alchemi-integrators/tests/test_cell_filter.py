@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from ase.constraints import FixAtoms, FixCartesian
 from ase.filters import FrechetCellFilter, UnitCellFilter
 from ase.optimize import FIRE as AseFIRE
 from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator, fast_ase_calculator
@@ -91,21 +92,33 @@ def test_forces_match_ase(kind: str, options: dict) -> None:
     np.testing.assert_allclose(getattr(batch, CELL_DOF)[0].numpy(), filt.get_positions()[n:] - offset, atol=1e-10)
 
 
+#: Constraints ASE's filters honour through ``Atoms.set_positions``: atoms held whole (a slab's
+#: bottom layer) and single Cartesian components; both move with the cell only.
+CONSTRAINTS = {
+    "none": lambda: [],
+    "FixAtoms+FixCartesian": lambda: [FixAtoms([0, 17]), FixCartesian([3, 9], mask=(True, False, True)),
+                             FixCartesian([20], mask=(False, True, False))],
+}
+
+
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 @pytest.mark.parametrize("kind", ["frechet", "unit"])
-def test_fire_follows_ase_fire_with_the_filter_step_by_step(kind: str) -> None:
+def test_fire_follows_ase_fire_with_the_filter_step_by_step(kind: str, constraint: str) -> None:
     """FIRE with a cell filter follows ASE's FIRE on the ASE filter (ASE's step cap, its massless
-    time step converted to fs): cell and positions agree to rounding after 25 steps."""
+    time step converted to fs): cell and positions agree to rounding after 25 steps, with fixed
+    atoms and components too (which follow the cell's deformation, as in ASE)."""
     to_ase = math.sqrt(ACCELERATION / MASS)
-    starts = [argon(2, rattle=0.1, seed=s) for s in range(2)]
-    for s, d in enumerate(starts):
-        d.cell = d.cell * (1.04 if s == 0 else 0.96)
-        d.positions = d.positions * (1.04 if s == 0 else 0.96)
-    batch = Batch.from_data_list(starts)
+    starts = []
+    for s in range(2):
+        atoms = argon(2, rattle=0.1, seed=s).to_atoms()
+        atoms.set_cell(atoms.cell * (1.04 if s == 0 else 0.96), scale_atoms=True)
+        atoms.set_constraint(CONSTRAINTS[constraint]())
+        starts.append(atoms)
+    batch = Batch.from_atoms(starts, dtype=torch.float64)
     steps = 25
     FIRE(ReferenceLJ(), n_steps=steps, dt=0.1 / to_ase, dt_max=1.0 / to_ase, maxstep=0.2, maxstep_scope="system",
          cell_filter=kind, backend="torch").run(batch)
-    for s, d in enumerate(starts):
-        atoms = d.to_atoms()
+    for s, atoms in enumerate(starts):
         atoms.calc = fast_ase_calculator()
         opt = AseFIRE(FILTERS[kind](atoms), logfile=None)
         for _ in range(steps):

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from alchemi_core.data import Batch
+from alchemi_core.dynamics import DynamicsStage
 from alchemi_core.testing.contracts import IntegratorContract
 from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
 from alchemi_integrators.base import warp_available
 
 BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
+_AFTER_STEP = DynamicsStage.AFTER_STEP
 
 
 @pytest.fixture(params=BACKENDS)
@@ -134,3 +136,102 @@ class TestNPTCRescale(_CellContract):
 
     def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> NPTCRescale:
         return NPTCRescale(model=model, n_steps=n_steps, dt=5.0, **kwargs)
+
+
+# Constraints on every backend and path. The contract's own test runs each class above on torch and
+# Warp; these add backend="auto", NPT's two backends and Langevin's Warp paths (the general
+# kernels, the SIMD lanes a CPU takes by default, the tiles a GPU takes), fix_com on and off.
+LANGEVIN_PATHS = {"torch": (False, False), "warp": (False, False), "warp-lanes": (True, False),
+                  "warp-blocks": (False, True), "auto": (True, False)}
+
+
+@pytest.mark.parametrize("fix_com", [True, False])
+@pytest.mark.parametrize("path", list(LANGEVIN_PATHS))
+def test_langevin_keeps_a_slabs_fixed_atoms_on_every_path(monkeypatch, path: str, fix_com: bool) -> None:
+    """An argon slab whose bottom layer carries ASE's ``FixAtoms``, at 50 K with 5 fs steps: the
+    bottom layer stays exactly where it was, with zero velocity, while the rest moves."""
+    from ase.build import fcc111
+    from ase.constraints import FixAtoms
+    from integrators_testkit.lj_reference import ReferenceLJ
+
+    from alchemi_core.testing.contracts import assert_held
+    from alchemi_integrators import langevin_blocks, langevin_lanes
+
+    backend = path.split("-")[0]
+    if backend != "torch" and not warp_available():
+        pytest.skip("needs warp-lang")
+    lanes, blocks = LANGEVIN_PATHS[path]
+    monkeypatch.setitem(langevin_lanes.BY_DEVICE, "cpu", lanes)
+    monkeypatch.setitem(langevin_blocks.BY_DEVICE, "cpu", blocks)
+    slab = fcc111("Ar", size=(2, 2, 3), a=5.26, vacuum=6.0)
+    slab.set_constraint(FixAtoms(mask=slab.get_tags() == 3))
+    batch = Batch.from_atoms([slab, slab], dtype=torch.float64)
+    start = batch.positions.clone()
+    stage = Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=50.0, friction=0.01, fix_com=fix_com,
+                     initial_temperature=50.0, random_seed=0, backend=backend)
+    stage.run(batch)
+    assert stage.active_backend == ("warp" if backend == "auto" else backend)
+    assert_held(batch, batch.frozen.unsqueeze(-1).expand(-1, 3), start)
+
+
+@pytest.mark.parametrize(("contract", "backend"), [
+    (TestVelocityVerletWarmStart, "auto"), (TestLangevin, "auto"), (TestNoseHoover, "auto"), (TestFIRE, "auto"),
+    (TestFIRE2, "auto"), (TestFIRECellFilter, "auto"), (TestFIRE2UnitCellFilter, "torch"),
+    *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
+])
+def test_held_coordinates_on_more_backends(contract: type, backend: str, device: str = "cpu") -> None:
+    """The contract's constraint test on the backends its class does not run."""
+    case = contract()
+    case.device = device
+    case.integrator_kwargs = {**contract.integrator_kwargs, "backend": backend}
+    case.test_held_atoms_and_components_never_move()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("contract", "backend"), [
+    (TestFIRECellFilter, "torch"), (TestFIRE2UnitCellFilter, "torch"),
+    *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
+])
+def test_held_coordinates_follow_the_cell_on_gpu(contract: type, backend: str) -> None:
+    """Cell filters and barostats with held atoms and components on a GPU."""
+    test_held_coordinates_on_more_backends(contract, backend, device="cuda")
+
+
+def test_a_variable_cell_relaxation_then_md_carries_held_atoms_then_keeps_them_exactly() -> None:
+    """FIRE with a Frechet cell filter fused with Langevin: held atoms follow the cell while it
+    relaxes (fractional coordinates kept), then stay bit for bit once the cell stops changing,
+    although the fused stage moves cells."""
+    from integrators_testkit.lj_reference import ReferenceLJ, argon
+
+    from alchemi_core.testing.contracts import hold_some
+
+    batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(2)])
+    batch.cell.mul_(1.03)
+    batch.positions.mul_(1.03)
+    held = hold_some(batch)
+    frames: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def record(b: Batch, dynamics: Any) -> None:
+        frames.append((b.positions.clone(), b.cell.clone(), b.status.clone()))
+
+    record.stage, record.frequency = _AFTER_STEP, 1  # type: ignore[attr-defined]
+    relax = FIRE(ReferenceLJ(), n_steps=8, dt=2.0, cell_filter="frechet")
+    md = Langevin(ReferenceLJ(), n_steps=8, dt=2.0, temperature=50.0, random_seed=0)
+    fused = relax + md
+    fused.hooks.append(record)
+    out = fused.run(batch)
+    assert out is not None and out.status.tolist() == [2, 2]  # both went through both stages
+    in_md = 0
+    for (x0, cell0, status0), (x1, cell1, status1) in zip(frames, frames[1:]):
+        for s in range(2):
+            atoms = batch.batch_idx == s
+            h = held & atoms.unsqueeze(-1)
+            if int(status0[s]) == 1 and int(status1[s]) == 1:
+                assert torch.equal(cell0[s], cell1[s]) and torch.equal(x0[h], x1[h])
+                in_md += 1
+            elif int(status0[s]) == 0 and int(status1[s]) == 0:
+                frac0 = x0[atoms] @ torch.linalg.inv(cell0[s])
+                frac1 = x1[atoms] @ torch.linalg.inv(cell1[s])
+                whole = h[atoms].all(dim=1)
+                torch.testing.assert_close(frac1[whole], frac0[whole], rtol=0, atol=1e-12)
+    assert in_md >= 10

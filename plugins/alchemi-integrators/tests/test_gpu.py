@@ -28,6 +28,7 @@ CUDA = "cuda"
 def _start(dtype: torch.dtype = torch.float64) -> Batch:
     batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s, dtype=dtype) for s in range(3)]).to(CUDA)
     initialize_velocities(batch, 60.0, seed=5)
+    batch.set_field("target", torch.full((3,), 300.0, dtype=dtype, device=CUDA), "system")
     return batch
 
 
@@ -85,21 +86,22 @@ class Springs:
         return {"energy": energy, "forces": forces}
 
 
+#: Every MD and relaxation integrator (30 steps: ``run()`` ends on its own); the second Langevin
+#: reads its temperature from the system field ``target`` (:func:`_start` gives it).
+STEPPERS = [
+    lambda m, b: VelocityVerlet(m, n_steps=30, dt=1.0, backend=b),
+    lambda m, b: Langevin(m, n_steps=30, dt=1.0, temperature=300.0, backend=b),
+    lambda m, b: Langevin(m, n_steps=30, dt=1.0, temperature="target", fix_com=False, backend=b),
+    lambda m, b: NoseHooverChain(m, n_steps=30, dt=1.0, temperature=300.0, backend=b),
+    lambda m, b: FIRE(m, n_steps=30, dt=1.0, backend=b),
+    lambda m, b: FIRE2(m, n_steps=30, dt=1.0, maxstep_scope="system", backend=b),
+]
+
+
 @pytest.mark.parametrize("backend", ["warp", "torch"])
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda m, b: VelocityVerlet(m, dt=1.0, backend=b),
-        lambda m, b: Langevin(m, dt=1.0, temperature=300.0, backend=b),
-        lambda m, b: Langevin(m, dt=1.0, temperature="target", fix_com=False, backend=b),
-        lambda m, b: NoseHooverChain(m, dt=1.0, temperature=300.0, backend=b),
-        lambda m, b: FIRE(m, dt=1.0, backend=b),
-        lambda m, b: FIRE2(m, dt=1.0, maxstep_scope="system", backend=b),
-    ],
-)
+@pytest.mark.parametrize("make", STEPPERS)
 def test_a_step_never_synchronises_with_the_host(make: Any, backend: str) -> None:
     batch = _start()
-    batch.set_field("target", torch.full((3,), 300.0, dtype=torch.float64, device=CUDA), "system")
     dynamics = make(Springs(batch), backend)
     dynamics.step(batch)  # the first step prepares the run (allowed to read back)
     dynamics.step(batch)
@@ -129,3 +131,35 @@ def test_kernels_run_on_torchs_current_stream() -> None:
     # Atomic sums may add in another order (float32): allow that, not a race's garbage.
     torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-4)
 
+
+
+@pytest.mark.parametrize("backend", ["warp", "torch"])
+@pytest.mark.parametrize("make", STEPPERS)
+def test_held_atoms_stay_without_host_syncs_and_in_a_captured_step(make: Any, backend: str) -> None:
+    """Held atoms and components (``frozen``, ``frozen_axes``) stay bit for bit on the GPU: in
+    steps that never synchronise with the host, and in a step captured as a CUDA graph."""
+    from alchemi_core.testing.contracts import assert_held, hold_some
+
+    batch = _start()
+    start, held = batch.positions.clone(), hold_some(batch)
+    dynamics = make(_pulled(batch), backend)
+    dynamics.step(batch)  # the first step prepares the run (allowed to read back)
+    dynamics.step(batch)
+    with no_host_sync():
+        for _ in range(5):
+            dynamics.step(batch)
+    assert_held(batch, held, start)
+
+    batch = _start()
+    start, held = batch.positions.clone(), hold_some(batch)
+    stage = make(_pulled(batch), backend).compile()
+    stage.run(batch)
+    assert stage._engine.graph_captures >= 1
+    assert_held(batch, held, start)
+
+
+def _pulled(batch: Batch) -> Springs:
+    """Springs to homes 0.05 Å away in each direction: every free atom feels a force."""
+    springs = Springs(batch)
+    springs.home += 0.05
+    return springs

@@ -113,3 +113,46 @@ def test_to_atoms_has_velocities() -> None:
     initialize_velocities(batch, 100.0, seed=0)
     atoms = batch.to_atoms()[0]
     np.testing.assert_allclose(atoms.get_velocities() * units.fs, batch.velocities.numpy(), rtol=1e-12)
+
+
+def test_held_atoms_and_components_do_not_count_as_ase_counts_them() -> None:
+    """``frozen`` atoms take 3 degrees of freedom each and ``frozen_axes`` one per component,
+    with no 3 more for the centre of mass (held atoms pin it): ASE's
+    ``get_number_of_degrees_of_freedom`` under ``FixAtoms`` and ``FixCartesian``."""
+    from ase.constraints import FixAtoms, FixCartesian
+
+    batch = _molecules([5, 9, 2])
+    frozen = torch.zeros(16, dtype=torch.bool)
+    frozen[[0, 6]] = True
+    axes = torch.zeros(16, 3, dtype=torch.bool)
+    axes[1] = axes[14] = torch.tensor([True, False, True])
+    batch.set_field("frozen", frozen, "node")
+    batch.set_field("frozen_axes", axes, "node")
+    ase_counts = []
+    for i, atoms in enumerate(batch.to_atoms()):
+        lo = int(batch.batch_ptr[i])
+        atoms.set_constraint([FixAtoms(mask=frozen[lo:lo + len(atoms)].numpy())]
+                             + [FixCartesian([j - lo], mask=axes[j].tolist()) for j in range(lo, lo + len(atoms))
+                                if axes[j].any()])
+        ase_counts.append(atoms.get_number_of_degrees_of_freedom())
+    assert degrees_of_freedom(batch).tolist() == ase_counts == [15 - 3 - 2, 27 - 3, 6 - 2]
+    assert degrees_of_freedom(batch, com_fixed=False).tolist() == ase_counts
+
+
+def test_nose_hoover_heats_what_moves_to_its_temperature_when_atoms_are_held() -> None:
+    """Half of an argon cell held (FixAtoms): the chain thermostats the free atoms' components to
+    its temperature, counted as 3 per free atom (it would be nearly twice as hot if the held
+    atoms counted)."""
+    from integrators_testkit.lj_reference import ReferenceLJ
+    from integrators_testkit.recording import Record
+
+    from alchemi_integrators import NoseHooverChain
+
+    batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(2)])
+    frozen = (torch.arange(batch.num_nodes) % 32) < 16
+    batch.set_field("frozen", frozen, "node")
+    record = Record(lambda b, d: kinetic_energy(b))
+    NoseHooverChain(ReferenceLJ(), n_steps=400, dt=5.0, temperature=60.0, tau=40.0, initial_temperature=60.0,
+                    random_seed=2, hooks=[record]).run(batch)
+    measured = 2.0 * record.array()[150:].mean() / (3 * 16 * KB)  # 120 K when held atoms counted
+    assert abs(measured - 60.0) < 6.0, measured

@@ -6,12 +6,13 @@ through refills, sinks and pipeline ranks (like ASE's ``FixAtoms``, indices coun
 batch the run starts with).
 
 The engine itself gives atoms marked ``frozen`` weight 0 in every stage (``node_weight`` and
-``weighted_inv_mass``), so no integrator moves them, whatever it updates (kicks, drifts,
-thermostat noise, FIRE mixing). The hook marks the atoms, zeroes their velocities when a run
-starts and whenever new systems enter, and zeroes their forces after each model forward
-(``AFTER_COMPUTE``), so force convergence criteria (``fmax``), logs and optimisers see only the
-atoms that move, as in ASE. The per-step cost is one multiply of the forces. Temperatures
-reported by alchemi-hooks count 3 degrees of freedom per moving atom.
+``weighted_inv_mass``) and puts back whatever an update moved of them (kicks, drifts, thermostat
+noise, FIRE mixing: ``alchemi_core.dynamics.constraints``), so no integrator moves them. The
+hook marks the atoms, zeroes their velocities when a run starts and whenever new systems enter,
+and zeroes their forces after each model forward (``AFTER_COMPUTE``), so force convergence
+criteria (``fmax``), logs and optimisers see only the atoms that move, as in ASE. The per-step
+cost is one multiply of the forces. Temperatures reported by alchemi-hooks count 3 degrees of
+freedom per moving atom.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics

@@ -4,7 +4,8 @@ Units are alchemi's: velocities in Å/fs, masses in amu, energies in eV, forces 
 
 Temperature is ``T = 2 KE / (f kB)`` with ``f = 3 (N - N_frozen)`` degrees of freedom: three
 per atom that moves, as ASE's ``Atoms.get_temperature()`` counts them for atoms under
-``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one. With
+``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one, single
+components by ``frozen_axes`` (one degree of freedom less each, as under ``FixCartesian``). With
 ``com_fixed=True`` the three centre-of-mass degrees of freedom are removed (``f = 3N - 3``), as
 a stage that keeps the centre of mass at rest thermalises only those: :func:`com_fixed` tells
 from a stage (``Langevin(fix_com=True)``, Nose-Hoover and velocity Verlet keep it at rest; a
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from alchemi_core.dynamics.constraints import free_components
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
 
 if TYPE_CHECKING:
@@ -47,14 +49,14 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
 
 
 def degrees_of_freedom(batch: Batch, com_fixed: bool = False) -> torch.Tensor:
-    """``[B]`` three per atom that is not ``frozen``, less three with ``com_fixed`` when no atom
-    is frozen (frozen atoms already pin the centre of mass; see the module docstring)."""
-    moving = torch.ones(batch.num_nodes, dtype=batch.positions.dtype, device=batch.device)
-    if "frozen" in batch:
-        moving = moving.masked_fill_(batch.frozen.reshape(-1).to(torch.bool), 0.0)
-    dof = per_system_sum(moving, batch).mul_(3.0)
+    """``[B]`` the Cartesian components that move: three per atom that is not ``frozen``, less
+    one per component ``frozen_axes`` holds (as ASE's ``FixCartesian.get_removed_dof``), and
+    less three with ``com_fixed`` when nothing is held (held atoms already pin the centre of
+    mass; see the module docstring)."""
+    free = free_components(batch, batch.positions.dtype)
+    dof = per_system_sum(free, batch)
     if com_fixed:
-        pinned = per_system_sum(1.0 - moving, batch) > 0
+        pinned = per_system_sum(3.0 - free, batch) > 0
         dof = torch.where(pinned, dof, dof - 3.0)
     return dof
 

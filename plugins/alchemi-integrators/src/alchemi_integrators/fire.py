@@ -131,7 +131,7 @@ class _FireBase(Integrator):
             raise ConfigurationError(f"{type(self).__name__}(cell_filter=...) runs on backend='torch' or 'auto'")
         self.cell_filter = CellFilter(cell_filter, **filter_options)
         self.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
-        self.needs_stress = True
+        self.needs_stress = self.moves_cell = True
         if self.convergence_hook is not None:
             self.convergence_hook = _count_cell_forces(self.convergence_hook)
 

@@ -17,7 +17,10 @@ is exactly T in the harmonic limit. ``friction`` is the collision rate gamma in 
 With ``fix_com=True`` (the default, as ASE's Langevin) the noise of each system is projected so
 it adds no net momentum; the COM then stays at rest and the atoms thermalise 3N - 3 degrees of
 freedom (``temperature(batch)``). With ``fix_com=False`` all 3N are thermalised
-(``temperature(batch, com_fixed=False)``) and the step does one reduction less.
+(``temperature(batch, com_fixed=False)``) and the step does one reduction less. Held atoms and
+components (``frozen``, ``frozen_axes``: ASE's ``FixAtoms``, ``FixCartesian``) stay in place on
+every path, noise and COM correction included: the engine puts back what a step did to them
+(:mod:`alchemi_core.dynamics.constraints`).
 
 Random numbers come from this integrator's generator, seeded by ``random_seed``, on the torch
 backend. The Warp backend draws them inside its kernel from a counter-based generator keyed by

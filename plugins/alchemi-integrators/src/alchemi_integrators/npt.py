@@ -79,6 +79,7 @@ class _NPTBase(MDIntegrator):
     """What both barostats share: targets, cell geometry and the per-atom 3x3 transforms."""
 
     needs_stress = True
+    moves_cell = True
 
     def __init__(
         self,

@@ -7,7 +7,8 @@ and stays removed, has ``3N - 3`` degrees of freedom: :func:`initialize_velociti
 motion by default, and velocity Verlet, Nose-Hoover and Langevin with ``fix_com=True`` keep it
 at zero (the forces of a translation-invariant model sum to zero). Then the equipartition
 temperature is ``2 KE / ((3N - 3) kB)``, which :func:`temperature` returns by default
-(``com_fixed=True``). A system whose COM is free to move (Langevin with ``fix_com=False``, whose
+(``com_fixed=True``). Held atoms and components (``frozen``, ``frozen_axes``) do not count, and
+pin the centre of mass (no 3 taken off), as ASE counts them. A system whose COM is free to move (Langevin with ``fix_com=False``, whose
 random forces do not sum to zero) thermalises all ``3N`` degrees of freedom: ask for
 ``temperature(batch, com_fixed=False)``. (ASE's ``Atoms.get_temperature`` always divides by 3N;
 for 32 atoms the two differ by 3 %.) A single atom with its COM fixed has no kinetic degree of
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from alchemi_core.dynamics.constraints import free_components, has_constraints
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.units import ACCELERATION, AMU_A2_PER_FS2_TO_EV, KB
 
@@ -85,13 +87,22 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
 
 
 def degrees_of_freedom(batch: Batch, com_fixed: bool = True) -> torch.Tensor:
-    """``[B]`` kinetic degrees of freedom: ``3N - 3`` with the COM fixed, else ``3N``.
+    """``[B]`` kinetic degrees of freedom: ``3N - 3`` with the COM fixed, else ``3N``; where
+    atoms or components are held (``frozen``, ``frozen_axes``), the components that move, with
+    no 3 taken off (held atoms pin the centre of mass), as ASE counts them under ``FixAtoms``
+    and ``FixCartesian``: a thermostat then heats only what moves to its temperature.
 
     Never below 1, so a lone atom with its COM fixed reports zero temperature, not NaN.
     """
-    n = batch.node_counts.to(batch.positions.dtype)
-    dof = 3.0 * n - 3.0 if com_fixed else 3.0 * n
-    return dof.clamp_(min=1.0)
+    dtype = batch.positions.dtype
+    n = batch.node_counts.to(dtype)
+    if not has_constraints(batch):
+        dof = 3.0 * n - 3.0 if com_fixed else 3.0 * n
+        return dof.clamp_(min=1.0)
+    free = _per_system_sum(batch, free_components(batch, dtype))
+    if com_fixed:
+        free = torch.where(free < 3.0 * n, free, free - 3.0)
+    return free.clamp_(min=1.0)
 
 
 def temperature(batch: Batch, com_fixed: bool = True) -> torch.Tensor:
