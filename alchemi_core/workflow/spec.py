@@ -10,8 +10,10 @@ Sections:
 
 * ``[model]``: ``component = "model:..."`` plus the model's parameters.
 * ``[input]``: ``path`` (a file ASE reads, a glob, a directory, or a Zarr store), optional
-  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``) and
-  ``dtype`` (``"float32"``, the default, or ``"float64"``).
+  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``),
+  ``dtype`` (``"float32"``, the default, or ``"float64"``) and ``resume_status`` (a store's
+  structures keep their stored status and continue at the stage it names; default false: every
+  structure starts at the first stage).
 * ``[[stage]]``: ``component = "integrator:..."`` plus its parameters, ``converge = { fmax = 0.05 }``
   (or any criteria of ``ConvergenceHook``: ``converge = { criteria = [...] }``, ``frequency``) and
   hooks as ``[[stage.hook]]`` tables with a ``component`` key.
@@ -64,7 +66,7 @@ from alchemi_core.errors import AlchemiError, ConfigurationError
 WORKFLOW_OWNED = frozenset({"model", "hooks", "sinks", "sampler", "convergence_hook"})
 SECTIONS = {
     "model": ("component",),
-    "input": ("path", "format", "index", "dtype"),
+    "input": ("path", "format", "index", "dtype", "resume_status"),
     "stage": ("component", "converge", "hook"),
     "output": ("path", "component", "trajectory_every", "log"),
     "sampler": ("max_atoms", "max_batch_size", "bin_width", "refill_frequency", "workers"),
@@ -113,6 +115,7 @@ class InputSpec:
     format: str | None = None
     index: str = ":"
     dtype: str = "float32"
+    resume_status: bool = False
 
 
 @attrs.frozen
@@ -302,7 +305,8 @@ class _Validator:
         dtype = self.typed(t, "input", "dtype", str, "float32")
         if dtype not in DTYPES:
             raise self.fail("input.dtype", f"must be one of {list(DTYPES)}, got {dtype!r}")
-        return InputSpec(path=self.path(path), format=fmt, index=index, dtype=dtype)
+        resume = self.typed(t, "input", "resume_status", bool, False)
+        return InputSpec(path=self.path(path), format=fmt, index=index, dtype=dtype, resume_status=resume)
 
     def output(self, raw: Mapping[str, Any]) -> OutputSpec:
         t = self.table(raw, "output")

@@ -23,6 +23,12 @@ from alchemi_core.workflow.spec import WorkflowError  # noqa: E402
 MODEL = {"epsilon": 0.0104, "sigma": 3.405, "cutoff": 8.5125, "shift_energy": True}
 PRESSURE = 0.3 * units.GPA
 FMAX = 1e-3
+MODEL_TOML = f"""
+[model]
+component = "model:lennard-jones"
+epsilon = {MODEL['epsilon']}
+sigma = {MODEL['sigma']}
+cutoff = {MODEL['cutoff']}"""
 
 
 def _cells(path):
@@ -41,12 +47,7 @@ def _cells(path):
 
 
 def _workflow(component, structures, store, extra=""):
-    return parse_workflow(f"""
-[model]
-component = "model:lennard-jones"
-epsilon = {MODEL['epsilon']}
-sigma = {MODEL['sigma']}
-cutoff = {MODEL['cutoff']}
+    return parse_workflow(f"""{MODEL_TOML}
 shift_energy = true
 
 [input]
@@ -128,3 +129,66 @@ def test_documented_cell_filter_options_are_accepted(tmp_path):
     # A per-system parameter takes a number or each structure's own info value, not any string.
     with pytest.raises(WorkflowError, match=r'stage\[0\]\.maxstep: must be a number or "info_<key>"'):
         _workflow("integrator:fire", tmp_path / "cells.extxyz", tmp_path / "r.zarr", 'maxstep = "hot"')
+
+
+def _md_workflow(structures, store, stages=("integrator:langevin",), resume=None):
+    text = f"""{MODEL_TOML}
+
+[input]
+path = "{structures}"
+{'' if resume is None else f'resume_status = {str(resume).lower()}'}
+"""
+    for component in stages:
+        text += f"""
+[[stage]]
+component = "{component}"
+n_steps = 20
+dt = 5.0
+"""
+        text += "converge = { fmax = 0.05 }\n" if "fire" in component else "temperature = 50.0\n"
+    return parse_workflow(text + f'\n[output]\npath = "{store}"\n')
+
+
+def test_a_store_as_input_runs_its_structures_from_the_first_stage(tmp_path):
+    """A finished store as input: its structures (status 1) used to go straight to the sinks,
+    0 engine steps; now each starts at the first stage again."""
+    from alchemi_core.workflow.logs import read_log
+    from alchemi_zarr import AtomicDataZarrReader
+
+    _cells(tmp_path / "cells.extxyz")
+    first = run_workflow(_md_workflow(tmp_path / "cells.extxyz", tmp_path / "first.zarr", ("integrator:fire",)),
+                         device="cpu", progress=False)
+    assert first.structures_out == 3
+    assert AtomicDataZarrReader(tmp_path / "first.zarr").read_batch().status.tolist() == [1, 1, 1]
+    again = run_workflow(_md_workflow(tmp_path / "first.zarr", tmp_path / "second.zarr"), device="cpu", progress=False)
+    assert again.steps >= 20 and again.structures_out == 3
+    before = AtomicDataZarrReader(tmp_path / "first.zarr").read_batch()
+    after = AtomicDataZarrReader(tmp_path / "second.zarr").read_batch()
+    assert after.status.tolist() == [1, 1, 1]  # the one Langevin stage done
+    assert not torch.equal(before.positions, after.positions)
+    assert set(np.asarray(read_log(tmp_path / "second.log.csv")["stage"]).tolist()) == {0}
+
+
+def test_resume_status_continues_each_structure_at_its_stored_stage(tmp_path):
+    from alchemi_core.workflow.logs import read_log
+    from alchemi_zarr import AtomicDataZarrReader
+
+    _cells(tmp_path / "cells.extxyz")
+    run_workflow(_md_workflow(tmp_path / "cells.extxyz", tmp_path / "relaxed.zarr", ("integrator:fire",)),
+                 device="cpu", progress=False)
+    both = ("integrator:fire", "integrator:langevin")
+    # Status 1 (relaxed) names the second stage of relax-then-MD: only the MD runs.
+    run_workflow(_md_workflow(tmp_path / "relaxed.zarr", tmp_path / "md.zarr", both, resume=True), device="cpu",
+                 progress=False)
+    assert AtomicDataZarrReader(tmp_path / "md.zarr").read_batch().status.tolist() == [2, 2, 2]
+    assert set(np.asarray(read_log(tmp_path / "md.log.csv")["stage"]).tolist()) == {1}
+    # Without it, both stages run again.
+    run_workflow(_md_workflow(tmp_path / "relaxed.zarr", tmp_path / "all.zarr", both, resume=False), device="cpu",
+                 progress=False)
+    assert set(np.asarray(read_log(tmp_path / "all.log.csv")["stage"]).tolist()) == {0, 1}
+    # Finished structures have no stage to continue at: an error naming the key, not a run of nothing.
+    with pytest.raises(WorkflowError) as err:
+        run_workflow(_md_workflow(tmp_path / "md.zarr", tmp_path / "none.zarr", both, resume=True), device="cpu",
+                     progress=False)
+    assert err.value.key == "input.resume_status" and "status 2" in str(err.value)
+    assert not (tmp_path / "none.zarr").exists()
