@@ -86,15 +86,23 @@ def all_system_ids(dataset: Any) -> np.ndarray | None:
 class ListDataset:
     """Structures held in memory.
 
+    Structures whose fields differ as ``Batch.from_atoms`` accepts (``info`` keys or atom arrays
+    that only some have, such as ``initial_magmoms`` of ``bulk("Fe")``) are kept as copies that
+    batch together, each structure with its own values
+    (:func:`~alchemi_core.data.ase_io.harmonise_structures`).
+
     Args:
         structures: ``AtomicData`` objects.
         device: Where ``__getitem__`` puts them (default: where they are).
     """
 
     def __init__(self, structures: Sequence[AtomicData], device: torch.device | str | None = None) -> None:
-        self._items = list(structures)
-        for i, s in enumerate(self._items):
+        from alchemi_core.data.ase_io import harmonise_structures
+
+        items = list(structures)
+        for i, s in enumerate(items):
             as_atomic_data(s, i)
+        self._items = harmonise_structures(items)
         self.device = device
 
     def __len__(self) -> int:
