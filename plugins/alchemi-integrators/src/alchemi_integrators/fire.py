@@ -127,7 +127,7 @@ class _FireBase(Integrator):
         values = {name: kwargs.pop(name) for name, _ in self._FIRE_PARAMETERS}
         given = {"hydrostatic_strain": hydrostatic_strain, "constant_volume": constant_volume, "mask": mask,
                  "cell_factor": cell_factor}
-        filter_options = {k: v for k, v in given.items() if v is not None and v is not False}
+        filter_options: dict[str, Any] = {k: v for k, v in given.items() if v is not None and v is not False}
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         for name, rules in self._FIRE_PARAMETERS:
             self.declare(name, values[name], **rules)
