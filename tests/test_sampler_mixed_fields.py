@@ -56,6 +56,22 @@ def test_the_sampler_runs_structures_whose_info_and_arrays_differ():
     assert not back[2].get_initial_magnetic_moments().any()
 
 
+def test_a_dataset_over_a_plain_list_takes_them_too():
+    from alchemi_core.data.datapipes import Dataset
+
+    atoms = _mixed()
+    sampler = SizeAwareSampler(Dataset([AtomicData.from_atoms(a) for a in atoms]), max_atoms=100)
+    batch = sampler.build_initial_batch()
+    assert batch.num_graphs == len(atoms)
+    back = dict(zip(batch.system_id.tolist(), batch.to_atoms(), strict=True))
+    def weight(a):
+        w = a.info.get("weight")
+        return None if w is None else np.asarray(w, dtype=float).tolist()
+
+    assert [weight(back[i]) for i in range(len(atoms))] == [weight(a) for a in atoms] == [None, None, None, 2.0,
+                                                                                           [1.0, 2.0], None]
+
+
 def test_the_dataset_keeps_structures_that_already_batch_together_as_they_are():
     same = [AtomicData.from_atoms(bulk("Ar", "fcc", a=5.26, cubic=True)) for _ in range(3)]
     data = ListDataset(same)

@@ -143,7 +143,8 @@ class Dataset:
         reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
         device: Target device of the returned structures.
 
-    A plain list of ``AtomicData`` works too (sizes are then read from each structure).
+    A plain list of ``AtomicData`` works too (sizes are then read from each structure; fields
+    that differ between structures are harmonised as :class:`ListDataset` does).
 
     Example:
         >>> from alchemi_core.data.datapipes import Dataset, ListDataset
@@ -160,6 +161,10 @@ class Dataset:
         for attr in ("__len__", "__getitem__"):
             if not hasattr(reader, attr):
                 raise InvalidDataError(f"Dataset reader {type(reader).__name__} lacks {attr}")
+        if isinstance(reader, (list, tuple)) and all(isinstance(d, AtomicData) for d in reader):
+            from alchemi_core.data.ase_io import harmonise_structures
+
+            reader = harmonise_structures(reader)  # as ListDataset does
         self.reader = reader
         self.device = device
 
