@@ -95,3 +95,11 @@ path = "results.zarr"
     text = CliRunner().invoke(main, ["run", "wf.toml", "--device", "cpu", "--no-progress"]).stdout
     assert "4 / 2 + 2 quarantined (each exactly once)" in text
     assert "quarantined            2 structures quarantined (2: " in text and "system_id 1, 3" in text
+
+
+def test_an_in_process_pipeline_warns_once_for_all_its_ranks():
+    first = DemoDynamics(model=ExplodingModel(DemoModelWrapper(), explode=[1], after=2), n_steps=6, dt=0.5)
+    second = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5)
+    found = _caught(lambda: (first | second).run(make_batch([3, 4, 2], dtype=torch.float64)))
+    assert len(found) == 1 and "system_id 1" in str(found[0].message)
+    assert found[0].filename == __file__
