@@ -36,7 +36,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,8 +46,6 @@ from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
     import ase
-
-    from alchemi_core.data.atomic_data import AtomicData
 
 #: Bytes a text field (an ``info`` string, a source file name) holds per structure.
 TEXT_WIDTH = 256
@@ -293,51 +291,6 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
         for f, own in zip(fields_list, owners, strict=True):
             text = _to_json(key, _info_value(own[key], f.pop(own[key]))) if key in own else ""
             f[JSON_PREFIX + key] = encode_text(text, key, JSON_WIDTH).unsqueeze(0)
-
-
-def harmonise_structures(structures: Sequence[AtomicData]) -> list[AtomicData]:
-    """``structures`` made to batch together as :func:`harmonise` makes those of
-    ``Batch.from_atoms``: the same objects when they already do (the same fields, each ``info``
-    field of one kind and shape), else copies in which atom arrays and ``frozen`` that only some
-    have get ASE's defaults and ``info`` keys that differ are kept as JSON, per structure.
-
-    Example:
-        >>> from ase.build import bulk
-        >>> from alchemi_core.data import AtomicData, Batch
-        >>> a, b = bulk("Fe"), bulk("Cu")  # Fe has initial_magmoms, Cu none
-        >>> a.info["note"] = "magnetic"
-        >>> both = harmonise_structures([AtomicData.from_atoms(a), AtomicData.from_atoms(b)])
-        >>> Batch.from_data_list(both).to_atoms()[1].info.get("note"), both[1].initial_magmoms.tolist()
-        (None, [0.0])
-    """
-    from alchemi_core.data.atomic_data import AtomicData
-
-    items = list(structures)
-    if len(items) < 2 or _alike(items):
-        return items
-    converted = [(dict(iter(d)), d.levels) for d in items]
-    harmonise([f for f, _ in converted])
-    out = []
-    for fields, levels in converted:
-        # Fields harmonise added: JSON info (one row per structure) or atom arrays.
-        lv = {k: levels.get(k, "system" if k.startswith(_INFO_PREFIXES) else "node") for k in fields}
-        out.append(AtomicData(levels=lv, **fields))
-    return out
-
-
-def _alike(items: list[AtomicData]) -> bool:
-    """Whether the structures have the same fields and each info field the same kind and shape."""
-    first = items[0]
-    names = set(first.keys())
-    forms = {k: (v.dtype, tuple(v.shape[1:])) for k, v in first if k.startswith(_INFO_PREFIXES)}
-    for d in items[1:]:
-        if set(d.keys()) != names:
-            return False
-        for k, form in forms.items():
-            v = d.get(k)
-            if (v.dtype, tuple(v.shape[1:])) != form:
-                return False
-    return True
 
 
 def _split_info(field: str) -> tuple[str, str]:
