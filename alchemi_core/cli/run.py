@@ -26,10 +26,17 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The human-readable summary of a run."""
     once = "each exactly once" if summary["every_structure_once"] else "MISMATCH: some structures are missing"
     energy = summary.get("mean_energy_per_atom_eV")
+    bad = summary.get("quarantined") or []
+    out = f"{summary['structures_out']} + {len(bad)} quarantined" if bad else f"{summary['structures_out']}"
     lines = [
         f"device                 {summary['device']}",
-        f"structures in / out    {summary['structures_in']} / {summary['structures_out']} ({once})",
+        f"structures in / out    {summary['structures_in']} / {out} ({once})",
     ]
+    if bad:
+        from alchemi_core.dynamics.quarantine import Quarantined, describe_quarantined
+
+        records = [Quarantined(q["system_id"], q["step"], q["status"]) for q in bad]
+        lines.append(f"quarantined            {describe_quarantined(records)} (stored with a negative status)")
     if energy is not None:
         lines.append(f"mean energy per atom   {energy:.5f} eV")
     lines += [
@@ -74,7 +81,13 @@ def run(workflow: str, device: str | None, dry_run: bool, as_json: bool, no_prog
         if summary["rank"] != 0:
             return
     else:
-        summary = run_workflow_detailed(wf, device, progress=not (as_json or no_progress)).as_dict()
+        import warnings
+
+        from alchemi_core.dynamics.quarantine import QuarantineWarning
+
+        with warnings.catch_warnings():  # the summary lists them
+            warnings.simplefilter("ignore", QuarantineWarning)
+            summary = run_workflow_detailed(wf, device, progress=not (as_json or no_progress)).as_dict()
     if as_json:
         click.echo(json.dumps({"schema_version": 1, **summary}, indent=2))
     else:

@@ -203,17 +203,22 @@ class Batch:
         return batch
 
     @classmethod
-    def from_atoms(cls, atoms_list: Sequence[ase.Atoms], device: Any = None, dtype: Any = None) -> Batch:
-        """A batch from ASE ``Atoms`` objects (see ``AtomicData.from_atoms``); structures without tags,
-        charges, magnetic moments or constraints get ASE's defaults when others have them, and
+    def from_atoms(cls, atoms_list: Sequence[ase.Atoms] | ase.Atoms, device: Any = None, dtype: Any = None) -> Batch:
+        """A batch from ASE ``Atoms`` objects, or from one ``Atoms`` (see ``AtomicData.from_atoms``);
+        structures without tags, charges, magnetic moments or constraints get ASE's defaults when
+        others have them, and
         ``info`` keys that only some structures have (or have in another form) are kept as JSON,
         so that each structure comes back with its own ``info``.
 
         Raises:
             InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
         """
+        import ase
+
         from alchemi_core.data.ase_io import fields_from_atoms, harmonise
 
+        if isinstance(atoms_list, ase.Atoms):  # an Atoms is a sequence too: of Atom objects
+            atoms_list = [atoms_list]
         dtype = dtype or torch.get_default_dtype()
         converted = [fields_from_atoms(a, dtype) for a in atoms_list]
         harmonise([f for f, _ in converted])

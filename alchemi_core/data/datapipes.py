@@ -26,8 +26,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from alchemi_core.data.ase_io import INFO_PREFIX, JSON_PREFIX, TEXT_PREFIX, harmonise
 from alchemi_core.data.atomic_data import AtomicData
 from alchemi_core.errors import InvalidDataError
+
+#: Prefixes of the system fields that hold ``atoms.info`` values.
+INFO_PREFIXES = (INFO_PREFIX, TEXT_PREFIX, JSON_PREFIX)
 
 
 @runtime_checkable
@@ -83,8 +87,57 @@ def all_system_ids(dataset: Any) -> np.ndarray | None:
     return None if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
 
 
+def harmonise_structures(structures: Sequence[AtomicData]) -> list[AtomicData]:
+    """``structures`` made to batch together as :func:`harmonise` makes those of
+    ``Batch.from_atoms``: the same objects when they already do (the same fields, each ``info``
+    field of one kind and shape), else copies in which atom arrays and ``frozen`` that only some
+    have get ASE's defaults and ``info`` keys that differ are kept as JSON, per structure.
+
+    Example:
+        >>> from ase.build import bulk
+        >>> from alchemi_core.data import AtomicData, Batch
+        >>> a, b = bulk("Fe"), bulk("Cu")  # Fe has initial_magmoms, Cu none
+        >>> a.info["note"] = "magnetic"
+        >>> from alchemi_core.data.datapipes import harmonise_structures
+        >>> both = harmonise_structures([AtomicData.from_atoms(a), AtomicData.from_atoms(b)])
+        >>> Batch.from_data_list(both).to_atoms()[1].info.get("note"), both[1].initial_magmoms.tolist()
+        (None, [0.0])
+    """
+    items = list(structures)
+    if len(items) < 2 or _alike(items):
+        return items
+    converted = [(dict(iter(d)), d.levels) for d in items]
+    harmonise([f for f, _ in converted])
+    out = []
+    for fields, levels in converted:
+        # Fields harmonise added: JSON info (one row per structure) or atom arrays.
+        lv = {k: levels.get(k, "system" if k.startswith(INFO_PREFIXES) else "node") for k in fields}
+        out.append(AtomicData(levels=lv, **fields))
+    return out
+
+
+def _alike(items: list[AtomicData]) -> bool:
+    """Whether the structures have the same fields and each info field the same kind and shape."""
+    first = items[0]
+    names = set(first.keys())
+    forms = {k: (v.dtype, tuple(v.shape[1:])) for k, v in first if k.startswith(INFO_PREFIXES)}
+    for d in items[1:]:
+        if set(d.keys()) != names:
+            return False
+        for k, form in forms.items():
+            v = d.get(k)
+            if (v.dtype, tuple(v.shape[1:])) != form:
+                return False
+    return True
+
+
 class ListDataset:
     """Structures held in memory.
+
+    Structures whose fields differ as ``Batch.from_atoms`` accepts (``info`` keys or atom arrays
+    that only some have, such as ``initial_magmoms`` of ``bulk("Fe")``) are kept as copies that
+    batch together, each structure with its own values
+    (:func:`harmonise_structures`).
 
     Args:
         structures: ``AtomicData`` objects.
@@ -92,9 +145,10 @@ class ListDataset:
     """
 
     def __init__(self, structures: Sequence[AtomicData], device: torch.device | str | None = None) -> None:
-        self._items = list(structures)
-        for i, s in enumerate(self._items):
+        items = list(structures)
+        for i, s in enumerate(items):
             as_atomic_data(s, i)
+        self._items = harmonise_structures(items)
         self.device = device
 
     def __len__(self) -> int:
@@ -135,7 +189,8 @@ class Dataset:
         reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
         device: Target device of the returned structures.
 
-    A plain list of ``AtomicData`` works too (sizes are then read from each structure).
+    A plain list of ``AtomicData`` works too (sizes are then read from each structure; fields
+    that differ between structures are harmonised as :class:`ListDataset` does).
 
     Example:
         >>> from alchemi_core.data.datapipes import Dataset, ListDataset
@@ -152,6 +207,8 @@ class Dataset:
         for attr in ("__len__", "__getitem__"):
             if not hasattr(reader, attr):
                 raise InvalidDataError(f"Dataset reader {type(reader).__name__} lacks {attr}")
+        if isinstance(reader, (list, tuple)) and all(isinstance(d, AtomicData) for d in reader):
+            reader = harmonise_structures(reader)  # as ListDataset does
         self.reader = reader
         self.device = device
 

@@ -39,6 +39,7 @@ from alchemi_core.dynamics import composition
 from alchemi_core.dynamics.base import BaseDynamics
 from alchemi_core.dynamics.fused import FusedStage
 from alchemi_core.dynamics.pipeline_rank import PipelineRank, stage_buffer_config
+from alchemi_core.dynamics.quarantine import warn_quarantined
 from alchemi_core.errors import ConfigurationError, PipelineError
 
 
@@ -237,6 +238,7 @@ class DistributedPipeline:
                 raise
             pm.lifecycle("alchemi_run_start", run=stage)
             result = rank.run()
+            warn_quarantined(rank.engine.quarantine_records(), stacklevel=3)  # this rank's, once
         except BaseException as exc:
             pm.lifecycle("alchemi_run_error", run=stage, error=exc)
             raise
@@ -287,6 +289,8 @@ class DistributedPipeline:
             for rank in ranks:
                 current = rank.rank
                 rank.close()
+            # One warning for the whole pipeline (this frame, run, the caller).
+            warn_quarantined([q for rank in ranks for q in rank.engine.quarantine_records()], stacklevel=3)
         except PipelineError:
             raise
         except Exception as exc:

@@ -8,7 +8,8 @@ nonzero code gets ``status = -code`` on the device (:meth:`HealthCheck.mark`); w
 rides on the check's one read-back, and only then are the codes read, one byte per system, for
 the records (:meth:`HealthCheck.collect`). A quarantined system: no
 stage steps it any more, it is written to the sinks at the next refill like a graduated system
-(or stays, frozen, in a returned batch), and the run records it in ``quarantined``. With
+(or stays, frozen, in a returned batch), and the run records it in ``quarantined``; a run that
+quarantined any ends with one :class:`QuarantineWarning` naming how many and why. With
 ``strict=True`` the run raises instead, naming the systems and reasons. A run without checks
 looks every ``HEALTH_INTERVAL`` steps and reads what it found at the next look
 (:class:`PendingCodes`), so that its GPU never waits for a look.
@@ -80,6 +81,43 @@ class Quarantined:
 
     def __str__(self) -> str:
         return f"system_id {self.system_id} at step {self.step}: {self.reason}"
+
+
+class QuarantineWarning(UserWarning):
+    """A run quarantined structures: one warning per run, with their count and reasons."""
+
+
+def describe_quarantined(records: list[Quarantined], ids_shown: int = 10) -> str:
+    """``records`` in one line: how many, each reason with its count, and their ``system_id`` values.
+
+    Example:
+        >>> from alchemi_core.dynamics.quarantine import FAILED_FORCES, Quarantined, describe_quarantined
+        >>> describe_quarantined([Quarantined(4, 20, -FAILED_FORCES), Quarantined(9, 40, -FAILED_FORCES)])
+        '2 structures quarantined (2: forces are not finite): system_id 4, 9'
+    """
+    counts: dict[str, int] = {}
+    for q in records:
+        reason = ", ".join(failure_reasons(q.status))
+        counts[reason] = counts.get(reason, 0) + 1
+    reasons = "; ".join(f"{n}: {reason}" for reason, n in counts.items())
+    ids = ", ".join(str(q.system_id) for q in records[:ids_shown])
+    more = f", ... ({len(records) - ids_shown} more)" if len(records) > ids_shown else ""
+    noun = "structure" if len(records) == 1 else "structures"
+    return f"{len(records)} {noun} quarantined ({reasons}): system_id {ids}{more}"
+
+
+def warn_quarantined(records: list[Quarantined], stacklevel: int = 2) -> None:
+    """One :class:`QuarantineWarning` for a run's quarantined ``records`` (none when empty)."""
+    if not records:
+        return
+    import warnings
+
+    warnings.warn(
+        f"{describe_quarantined(records)}; each is written out with its failure status (negative) and "
+        "listed with its reason in the stage's quarantined; strict=True raises instead",
+        QuarantineWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 class HealthCheck:

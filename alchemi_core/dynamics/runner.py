@@ -13,6 +13,7 @@ from alchemi_core.data import Batch
 from alchemi_core.dynamics import checkpoint as ckpt
 from alchemi_core.dynamics.columns import restore_system_columns
 from alchemi_core.dynamics.engine import Engine
+from alchemi_core.dynamics.quarantine import warn_quarantined
 
 if TYPE_CHECKING:
     from alchemi_core.dynamics.sampler import SizeAwareSampler
@@ -134,6 +135,8 @@ def _execute(
         engine.end_hooks()
     if engine.batch is not None:
         restore_system_columns(engine.batch, engine.user_shapes)
+    # Once per run, at the user's run() call (this frame, execute, run, the caller).
+    warn_quarantined(engine.quarantine_records(), stacklevel=4)
     result = result_of(engine)
     pm.lifecycle("alchemi_run_end", run=owner, result=result)
     return result

@@ -43,9 +43,12 @@ def check_status_flow(
             f"codes must be >= 0 (got {known})"
         )
     if exit_status in known:
+        # The default, -1, stands for the number of stages: with codes that skip one it is a code.
+        default = f" (the default, -1, stands for the number of stages, {len(known)})" \
+            if exit_status == len(known) else ""
         raise ConfigurationError(
-            f"exit_status={exit_status} is also a stage's status code ({known}); pass exit_status=-1 "
-            f"(after the last stage: {max(known) + 1})"
+            f"exit_status={exit_status} is also a stage's status code ({known}){default}; pass "
+            f"exit_status={max(known) + 1} (after the last stage)"
         )
     if entry not in known:
         then = "graduate without a single step" if entry >= exit_status else "never be stepped or written"

@@ -1,5 +1,8 @@
 """Structures for a workflow: files ASE reads (a file, a glob, a directory) or an alchemi Zarr store.
 
+A store's structures start the workflow at its first stage, whatever status they were stored
+with, unless ``[input] resume_status = true`` (:class:`StoreInput`).
+
 Each structure read from files keeps its source: ``info["source_file"]`` (the path as given)
 and ``info["source_index"]`` (the frame in that file), stored as the system fields
 ``infotext_source_file`` and ``info_source_index`` and written back by ``to_atoms`` and exports.
@@ -99,13 +102,108 @@ def read_structures(
     return [AtomicData(levels=lv, **f) for f, lv in converted]
 
 
-def open_dataset(path: str, format: str | None = None, index: str = ":", dtype: str = "float32") -> Any:
-    """A dataset for ``SizeAwareSampler``: a Zarr store's reader, or the files' structures in memory."""
+def open_dataset(
+    path: str, format: str | None = None, index: str = ":", dtype: str = "float32", resume_status: bool = False,
+    stages: int | None = None,
+) -> Any:
+    """A dataset for ``SizeAwareSampler``: a Zarr store's structures, or the files' structures in memory.
+
+    A store's structures start at the first stage (``status`` 0), whatever status they were
+    stored with; with ``resume_status`` each keeps its status and starts at the stage it names
+    (see :class:`StoreInput`).
+
+    Raises:
+        WorkflowError: With ``resume_status``, structures whose status names no stage of a
+            workflow of ``stages`` stages.
+    """
     from alchemi_core.data.datapipes import ListDataset
 
     if is_zarr_store(path):
         from alchemi_core import registry
 
         reader_cls = registry.resolve_export("alchemi_core.data.datapipes", "AtomicDataZarrReader")
-        return reader_cls(path)
+        return StoreInput(reader_cls(path), resume_status, stages)
     return ListDataset(read_structures(path, format, index, getattr(torch, dtype)))
+
+
+class StoreInput:
+    """The structures of a results store as a workflow's input.
+
+    A stored structure keeps the ``status`` its last run gave it: the number of stages of that
+    workflow once finished, negative once quarantined. A workflow would hand every such
+    structure straight to its sinks and step none, so by default each starts again at the first
+    stage (``status`` 0). With ``resume_status`` each keeps its status and starts at the stage
+    it names (a relaxation stored half-way continues with the stage it was in); a status that
+    names no stage of the workflow (``< 0`` or ``>= stages``) is then an error naming the
+    structures, not a run that steps nothing.
+
+    Args:
+        reader: ``len``, ``reader[i]``, ``get_metadata(i)`` (an ``AtomicDataZarrReader``).
+        resume_status: Keep the stored statuses.
+        stages: The workflow's number of stages (for ``resume_status``; None: not checked).
+
+    Raises:
+        WorkflowError: With ``resume_status``, statuses that name no stage (key ``input.resume_status``).
+    """
+
+    def __init__(self, reader: Any, resume_status: bool = False, stages: int | None = None) -> None:
+        self.reader = reader
+        self.resume_status = bool(resume_status)
+        if self.resume_status and stages is not None:
+            self._check_statuses(stages)
+
+    def _check_statuses(self, stages: int) -> None:
+        import numpy as np
+
+        from alchemi_core.workflow.spec import WorkflowError
+
+        status = self._statuses()
+        bad = np.nonzero((status < 0) | (status >= stages))[0]
+        if len(bad):
+            shown = ", ".join(f"{int(i)} (status {int(status[i])})" for i in bad[:5])
+            raise WorkflowError(
+                "input.resume_status",
+                f"with resume_status = true each structure continues at the stage its stored status names, "
+                f"but {len(bad)} of {len(status)} structures have a status that names none of this workflow's "
+                f"{stages} stages (0 to {stages - 1}): structures {shown}{', ...' if len(bad) > 5 else ''} "
+                "(finished, or quarantined when negative); remove resume_status to run every structure from "
+                "the first stage"
+            )
+
+    def _statuses(self) -> Any:
+        """Every structure's stored status (0 where it has none), one read of that field."""
+        import numpy as np
+
+        n = len(self)
+        if "status" in getattr(self.reader, "fields", {}):
+            return np.asarray(self.reader.store.read_rows("status", 0, n)).reshape(n, -1)[:, 0].astype(np.int64)
+        return np.asarray([int(self.reader[i].get("status", torch.zeros(1)).reshape(-1)[0]) for i in range(n)],
+                          dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> Any:
+        from alchemi_core.data.datapipes import as_atomic_data
+
+        data = as_atomic_data(self.reader[index], index)
+        if not self.resume_status and "status" in data:
+            data.status = torch.zeros_like(data.status)
+        return data
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        meta = self.reader.get_metadata(index)
+        return int(meta[0]), int(meta[1])
+
+    def get_all_metadata(self) -> Any:
+        from alchemi_core.data.datapipes import all_metadata
+
+        return all_metadata(self.reader)
+
+    def get_all_system_ids(self) -> Any:
+        from alchemi_core.data.datapipes import all_system_ids
+
+        return all_system_ids(self.reader)
+
+    def __repr__(self) -> str:
+        return f"StoreInput({self.reader!r}, resume_status={self.resume_status})"

@@ -73,7 +73,12 @@ class Plan:
 
 @attrs.frozen
 class Summary:
-    """What a run did: counts, steps, time, the results' energies."""
+    """What a run did: counts, steps, time, the results' energies.
+
+    ``structures_out`` counts the structures that finished every stage; ``quarantined`` those
+    the run took out because they went bad (``system_id``, ``step``, ``status``, ``reason``),
+    written out too, with their negative status.
+    """
 
     structures_in: int
     structures_out: int
@@ -82,14 +87,16 @@ class Summary:
     device: str
     mean_energy_per_atom_eV: float | None
     output: str | None
+    quarantined: tuple[dict[str, Any], ...] = ()
 
     @property
     def structures_per_hour(self) -> float:
         return self.structures_out / self.wall_s * 3600.0 if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "structures_per_hour": self.structures_per_hour,
-                "every_structure_once": self.structures_in == self.structures_out}
+        return {**attrs.asdict(self), "quarantined": [dict(q) for q in self.quarantined],
+                "structures_per_hour": self.structures_per_hour,
+                "every_structure_once": self.structures_in == self.structures_out + len(self.quarantined)}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -248,9 +255,11 @@ def execute(
         for stage, h in added:
             stage.hooks.remove(h)
     out = (held and len(held)) or sum(len(s) - b for s, b in zip(sinks, before, strict=True))
+    bad = tuple({"system_id": q.system_id, "step": q.step, "status": q.status, "reason": q.reason}
+                for q in fused.quarantined)
     energy = _mean_energy_per_atom(held) if held is not None else None
-    return Summary(structures_in=n, structures_out=int(out), steps=fused.step_count, wall_s=wall,
-                   device=str(plan.device), mean_energy_per_atom_eV=energy, output=None)
+    return Summary(structures_in=n, structures_out=int(out) - len(bad), steps=fused.step_count, wall_s=wall,
+                   device=str(plan.device), mean_energy_per_atom_eV=energy, output=None, quarantined=bad)
 
 
 def _on_device(dataset: Any, device: torch.device) -> Any:

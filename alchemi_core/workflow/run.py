@@ -96,7 +96,9 @@ def open_input(workflow: Workflow) -> Any:
         raise WorkflowError("input", 'missing section: add [input] with path = "structures/*.extxyz"', workflow.source)
     spec = workflow.input
     try:
-        return open_dataset(spec.path, spec.format, spec.index, spec.dtype)
+        return open_dataset(spec.path, spec.format, spec.index, spec.dtype, spec.resume_status, len(workflow.stages))
+    except WorkflowError as exc:
+        raise WorkflowError(exc.key, exc.message, workflow.source) from None
     except AlchemiError as exc:
         raise WorkflowError("input.path", " ".join(str(exc).split()), workflow.source) from None
 

@@ -10,8 +10,10 @@ Sections:
 
 * ``[model]``: ``component = "model:..."`` plus the model's parameters.
 * ``[input]``: ``path`` (a file ASE reads, a glob, a directory, or a Zarr store), optional
-  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``) and
-  ``dtype`` (``"float32"``, the default, or ``"float64"``).
+  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``),
+  ``dtype`` (``"float32"``, the default, or ``"float64"``) and ``resume_status`` (a store's
+  structures keep their stored status and continue at the stage it names; default false: every
+  structure starts at the first stage).
 * ``[[stage]]``: ``component = "integrator:..."`` plus its parameters, ``converge = { fmax = 0.05 }``
   (or any criteria of ``ConvergenceHook``: ``converge = { criteria = [...] }``, ``frequency``) and
   hooks as ``[[stage.hook]]`` tables with a ``component`` key.
@@ -49,6 +51,9 @@ import difflib
 import inspect
 import os
 import sys
+import types
+import typing
+from collections import abc
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,7 +66,7 @@ from alchemi_core.errors import AlchemiError, ConfigurationError
 WORKFLOW_OWNED = frozenset({"model", "hooks", "sinks", "sampler", "convergence_hook"})
 SECTIONS = {
     "model": ("component",),
-    "input": ("path", "format", "index", "dtype"),
+    "input": ("path", "format", "index", "dtype", "resume_status"),
     "stage": ("component", "converge", "hook"),
     "output": ("path", "component", "trajectory_every", "log"),
     "sampler": ("max_atoms", "max_batch_size", "bin_width", "refill_frequency", "workers"),
@@ -110,6 +115,7 @@ class InputSpec:
     format: str | None = None
     index: str = ":"
     dtype: str = "float32"
+    resume_status: bool = False
 
 
 @attrs.frozen
@@ -299,7 +305,8 @@ class _Validator:
         dtype = self.typed(t, "input", "dtype", str, "float32")
         if dtype not in DTYPES:
             raise self.fail("input.dtype", f"must be one of {list(DTYPES)}, got {dtype!r}")
-        return InputSpec(path=self.path(path), format=fmt, index=index, dtype=dtype)
+        resume = self.typed(t, "input", "resume_status", bool, False)
+        return InputSpec(path=self.path(path), format=fmt, index=index, dtype=dtype, resume_status=resume)
 
     def output(self, raw: Mapping[str, Any]) -> OutputSpec:
         t = self.table(raw, "output")
@@ -398,7 +405,7 @@ class _Validator:
                 names = [n for n in accepted if n not in WORKFLOW_OWNED]
                 raise self.fail(f"{key}.{name}", f"{spec} takes no parameter {name!r}{_did_you_mean(name, names)}; "
                                 f"it takes {names}")
-            problem = _type_problem(p.default, value)
+            problem = value_problem(p.annotation, value)
             if problem:
                 raise self.fail(f"{key}.{name}", f"{problem} for {spec}")
         for name, p in accepted.items():
@@ -409,7 +416,12 @@ class _Validator:
 
 def accepted_parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool]:
     """The keyword parameters ``target(...)`` accepts, following ``**kwargs`` up a class's bases,
-    and whether it takes arbitrary others (``**kwargs`` with nowhere known to go)."""
+    and whether it takes arbitrary others (``**kwargs`` with nowhere known to go).
+
+    Each parameter's ``annotation`` is resolved to the tuple of its union's members (``None``
+    where it cannot be read: no annotation, or a name the module imports only for type checkers),
+    which :func:`value_problem` checks a file's values against.
+    """
     out: dict[str, inspect.Parameter] = {}
     chain = [c for c in getattr(target, "__mro__", ()) if "__init__" in vars(c) and c is not object]
     functions = [c.__init__ for c in chain] if chain else [target]
@@ -418,6 +430,7 @@ def accepted_parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool
             sig = inspect.signature(fn)
         except (TypeError, ValueError):
             return out, True
+        namespace = getattr(inspect.unwrap(fn), "__globals__", {})
         var_kw = False
         for name, p in sig.parameters.items():
             if name == "self" or p.kind is p.VAR_POSITIONAL:
@@ -425,28 +438,147 @@ def accepted_parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool
             if p.kind is p.VAR_KEYWORD:
                 var_kw = True
                 continue
-            out.setdefault(name, p)
+            if name not in out:
+                out[name] = p.replace(annotation=_members(p.annotation, p.default, namespace))
         if not var_kw:
             return out, False
     return out, True
 
 
-def _type_problem(default: Any, value: Any) -> str | None:
-    """Why ``value`` cannot stand for a parameter whose default is ``default`` (None if it can)."""
-    if default is inspect.Parameter.empty or default is None:
+def _members(annotation: Any, default: Any, namespace: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The types of the union ``annotation`` (a string under ``from __future__ import annotations``,
+    evaluated in its module as ``typing.get_type_hints`` does), or None where it cannot be read.
+    Without an annotation, the type of a plain default stands for it."""
+    if annotation is inspect.Parameter.empty:
+        return (type(default),) if isinstance(default, (bool, int, float, str)) else None
+    if isinstance(annotation, str):
+        # Each member alone: an alias may be a string itself ("float | torch.Tensor"), which
+        # evaluating "Alias | None" as a whole cannot combine.
+        out: list[Any] = []
+        for part in _split_union(annotation):
+            try:
+                value = eval(part, dict(namespace))  # noqa: S307 - the component's own annotation, not file data
+            except Exception:  # noqa: BLE001 - a name imported only for type checkers: not checkable
+                return None
+            got = _members(value, inspect.Parameter.empty, namespace)
+            if got is None:
+                return None
+            out.extend(got)
+        return tuple(out)
+    if annotation is None:
+        return (type(None),)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        out = []
+        for arg in typing.get_args(annotation):
+            got = _members(arg, inspect.Parameter.empty, namespace)
+            if got is None:
+                return None
+            out.extend(got)
+        return tuple(out)
+    return (annotation,)
+
+
+def _split_union(text: str) -> list[str]:
+    """``"a | b[c | d]"`` -> ``["a", "b[c | d]"]`` (``|`` outside brackets only)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def value_problem(members: tuple[Any, ...] | None, value: Any) -> str | None:
+    """Why the TOML ``value`` cannot stand for a parameter of the types ``members`` (from
+    :func:`accepted_parameters`), or None if it can.
+
+    A parameter that takes a number or a string (an integrator's per-system parameter: a value,
+    or a field name) takes a string only as ``"info_<key>"``: in a workflow, each structure's
+    own value comes from its ``atoms.info``. Types no TOML value can be (a tensor, a model) are
+    left to the component, which checks what it is given when it is built.
+    """
+    if members is None or any(m is Any or m is object for m in members):
         return None
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r} ({_toml_type(value)})"
-    if isinstance(default, int):
-        return None if _is_int(value) else f"must be an integer, got {value!r} ({_toml_type(value)})"
-    if isinstance(default, float):
-        if _is_number(value) or (isinstance(value, str) and value.startswith("info_")):
-            return None  # "info_<key>": each structure's own value, from its atoms.info
-        return (f'must be a number (or "info_<key>" for each structure\'s info value), got {value!r} '
-                f"({_toml_type(value)})")
-    if isinstance(default, str):
-        return None if isinstance(value, str) else f'must be a string ("..."), got {value!r} ({_toml_type(value)})'
-    return None
+    if any(_matches(m, value, members) for m in members):
+        return None
+    wanted = _describe(members)
+    if not wanted:
+        return None
+    return f"must be {wanted}, got {value!r} ({_toml_type(value)})"
+
+
+def _numeric(members: tuple[Any, ...]) -> bool:
+    return any(m in (int, float) for m in members)
+
+
+def _items(member: Any) -> tuple[Any, ...] | None:
+    """The member types of an array annotation's items (``()``: any; None: not an array type)."""
+    origin = typing.get_origin(member) or member
+    if not (isinstance(origin, type) and origin is not str and issubclass(origin, (list, tuple, abc.Sequence))):
+        return None
+    args = typing.get_args(member)
+    items = args[:1] if len(args) == 2 and args[1] is Ellipsis else args  # tuple[X, ...]
+    out: list[Any] = []
+    for a in items:
+        got = _members(a, inspect.Parameter.empty, {})
+        if got is None:
+            return ()
+        out.extend(got)
+    return tuple(out)
+
+
+def _matches(member: Any, value: Any, members: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is a ``member`` (one of the union ``members``)."""
+    if member is bool:
+        return isinstance(value, bool)
+    if member is int:
+        return _is_int(value)
+    if member is float:
+        return _is_number(value)
+    if member is str:  # with a number: a field name
+        return isinstance(value, str) and (not _numeric(members) or value.startswith("info_"))
+    if typing.get_origin(member) is typing.Literal:
+        return any(type(value) is type(a) and value == a for a in typing.get_args(member))
+    items = _items(member)
+    if items is not None:
+        return isinstance(value, list) and (not items or all(value_problem(items, v) is None for v in value))
+    origin = typing.get_origin(member) or member
+    if isinstance(origin, type) and issubclass(origin, (dict, abc.Mapping)):
+        return isinstance(value, dict)
+    return False
+
+
+def _describe(members: tuple[Any, ...]) -> str:
+    """What TOML values the union ``members`` takes, in words ("" where none can be one)."""
+    words: list[str] = []
+    for m in members:
+        items = _items(m)
+        if m is bool:
+            what = "true or false"
+        elif m is int:
+            what = "an integer" if float not in members else ""
+        elif m is float:
+            what = "a number"
+        elif m is str:
+            what = ('"info_<key>" (each structure\'s own value from its atoms.info)' if _numeric(members)
+                    else 'a string ("...")')
+        elif typing.get_origin(m) is typing.Literal:
+            what = f"one of {list(typing.get_args(m))}"
+        elif items is not None:
+            inner = _describe(items) if items else ""
+            what = f"an array of {inner}" if inner else "an array [...]"
+        elif isinstance(typing.get_origin(m) or m, type) and issubclass(typing.get_origin(m) or m, (dict, abc.Mapping)):
+            what = "a table { ... }"
+        else:
+            what = ""
+        if what and what not in words:
+            words.append(what)
+    return " or ".join(words)
 
 
 def _is_int(v: Any) -> bool:

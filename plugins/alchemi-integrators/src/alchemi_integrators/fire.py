@@ -57,6 +57,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -106,11 +107,27 @@ class _FireBase(Integrator):
         ("f_alpha", {"low": 0.0, "low_open": True, "high": 1.0}),
     )
 
-    def __init__(self, model: Any, n_steps: int, dt: ParameterValue, *, maxstep_scope: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int,
+        dt: ParameterValue,
+        *,
+        maxstep_scope: str,
+        cell_filter: str | None = None,
+        scalar_pressure: ParameterValue | None = None,
+        hydrostatic_strain: bool = False,
+        constant_volume: bool = False,
+        mask: Sequence[bool] | Sequence[Sequence[bool]] | torch.Tensor | None = None,
+        cell_factor: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # The cell filter's options are parameters of the signature (not taken from **kwargs)
+        # so that a workflow file's stage is checked against them like every other parameter.
         values = {name: kwargs.pop(name) for name, _ in self._FIRE_PARAMETERS}
-        cell_filter = kwargs.pop("cell_filter", None)
-        filter_options = {k: kwargs.pop(k) for k in _FILTER_OPTIONS if k in kwargs}
-        scalar_pressure = kwargs.pop("scalar_pressure", None)
+        given = {"hydrostatic_strain": hydrostatic_strain, "constant_volume": constant_volume, "mask": mask,
+                 "cell_factor": cell_factor}
+        filter_options: dict[str, Any] = {k: v for k, v in given.items() if v is not None and v is not False}
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         for name, rules in self._FIRE_PARAMETERS:
             self.declare(name, values[name], **rules)
@@ -371,7 +388,10 @@ class FIRE(_FireBase):
         alpha_start: Initial mixing factor a.
         f_alpha: Mixing decay factor.
         maxstep_scope: ``"atom"`` or ``"system"`` (ASE's).
-        **kwargs: ``backend`` and ``BaseDynamics``'s arguments (``convergence_hook``, ...).
+        **kwargs: The cell filter's options (``cell_filter``, ``scalar_pressure``,
+            ``hydrostatic_strain``, ``constant_volume``, ``mask``, ``cell_factor``: see the module
+            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`), ``backend`` and
+            ``BaseDynamics``'s arguments (``convergence_hook``, ...).
 
     Every parameter except ``maxstep_scope`` is a number, a ``[B]`` tensor or a field name.
     """
@@ -444,7 +464,10 @@ class FIRE2(_FireBase):
         initial_delay: No dt cut during a system's first ``n_delay`` steps in the stage.
         half_step_back: Move back half a step when the power turns negative.
         maxstep_scope: ``"atom"`` or ``"system"``.
-        **kwargs: ``backend`` and ``BaseDynamics``'s arguments (``convergence_hook``, ...).
+        **kwargs: The cell filter's options (``cell_filter``, ``scalar_pressure``,
+            ``hydrostatic_strain``, ``constant_volume``, ``mask``, ``cell_factor``: see the module
+            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`), ``backend`` and
+            ``BaseDynamics``'s arguments (``convergence_hook``, ...).
     """
 
     _FIRE_PARAMETERS = (
@@ -513,8 +536,6 @@ class FIRE2(_FireBase):
         steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
         return coeff
 
-
-_FILTER_OPTIONS = ("hydrostatic_strain", "constant_volume", "mask", "cell_factor")
 
 
 def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
