@@ -178,3 +178,26 @@ def test_new_plugin_of_an_unknown_kind_names_the_kinds(tmp_path):
     assert result.exit_code == 2
     assert "'sink' is not one of 'integrator', 'model', 'hook'" in result.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind", ["integrator", "model", "hook"])
+def test_each_development_guide_names_what_its_template_generates(tmp_path, kind):
+    """docs/dev/KIND.md generates `alchemi-my-KINDs`; every file and component it names is what
+    `alchemi new-plugin --kind KIND` writes."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "dev" / f"{kind}.md").read_text()
+    dist = f"alchemi-my-{kind}s"
+    assert f"$ alchemi new-plugin {dist} --kind {kind}" in page
+    dest = tmp_path / dist
+    assert CliRunner().invoke(main, ["new-plugin", dist, "--kind", kind, "--dest", str(dest)]).exit_code == 0
+    named = set(re.findall(r"`((?:src|tests)/[\w/]+\.py)`", page))
+    assert named, f"docs/dev/{kind}.md names none of its template's files"
+    for rel in named:
+        assert (dest / rel).is_file(), f"docs/dev/{kind}.md names {rel}, which the {kind} template does not write"
+    spec = re.search(rf"`({kind}:my-{kind}s-[\w-]+)`", page)
+    assert spec and f'"{spec.group(1).split(":", 1)[1]}"' in (dest / "src" / dist.replace("-", "_") / "plugin.py").read_text()
+    defined = set(re.findall(r"^(?:class|def) (\w+)", "".join(p.read_text() for p in (dest / "src").rglob("*.py")), re.M))
+    for name in re.findall(r"\| `src/[\w/]+\.py` \| `(\w+)`", page):
+        assert name in defined, f"docs/dev/{kind}.md names {name}; the template defines {sorted(defined)}"
