@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from alchemi_core import __version__
@@ -137,20 +138,26 @@ def test_a_plain_list_is_a_dataset_for_the_sampler():
     assert sorted(batch.num_nodes_list) == [2, 3, 4]
 
 
-def test_a_generated_plugin_passes_its_contract_tests_as_generated(tmp_path):
-    """`alchemi new-plugin` writes a plugin whose own tests (the integrator contract) pass
-    untouched once it is installed; "installed" here is its sources on the path plus the
-    entry point's metadata, which is all pip's editable install adds."""
+@pytest.mark.parametrize("kind, contract", [
+    ("integrator", "IntegratorContract"), ("model", "ModelContract"), ("hook", "HookContract"),
+])
+def test_a_generated_plugin_passes_its_contract_tests_as_generated(tmp_path, kind, contract):
+    """`alchemi new-plugin --kind KIND` writes a plugin whose own tests (its kind's contract
+    included) pass untouched once it is installed; "installed" here is its sources on the path
+    plus the entry point's metadata, which is all pip's editable install adds."""
     from pathlib import Path
 
     dest = tmp_path / "alchemi-fresh"
-    result = CliRunner().invoke(main, ["new-plugin", "alchemi-fresh", "--dest", str(dest)])
+    result = CliRunner().invoke(main, ["new-plugin", "alchemi-fresh", "--kind", kind, "--dest", str(dest)])
     assert result.exit_code == 0, result.output
+    tests = (dest / "tests" / "test_plugin.py").read_text()
+    assert f"({contract})" in tests, f"the generated {kind} tests do not subclass {contract}"
     site = tmp_path / "site"
     info = site / "alchemi_fresh-0.1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: alchemi-fresh\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[alchemi.plugins]\nfresh = alchemi_fresh.plugin\n")
+    assert '[project.entry-points."alchemi.plugins"]\nfresh = "alchemi_fresh.plugin"' in (dest / "pyproject.toml").read_text()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(dest / "src"), os.environ.get("PYTHONPATH", "")]))
     env["ALCHEMI_STRICT_PLUGINS"] = "1"
     proc = subprocess.run(
@@ -159,5 +166,38 @@ def test_a_generated_plugin_passes_its_contract_tests_as_generated(tmp_path):
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "failed" not in proc.stdout
-    assert Path(dest / "src" / "alchemi_fresh" / "integrator.py").read_text().count("self.context") >= 1
+    assert " passed" in proc.stdout and "failed" not in proc.stdout and "skipped" not in proc.stdout
+    if kind == "integrator":
+        assert Path(dest / "src" / "alchemi_fresh" / "integrator.py").read_text().count("self.context") >= 1
+    listed = _alchemi("list-components", kind, env={"PYTHONPATH": env["PYTHONPATH"]})
+    assert f"{kind}:fresh-" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_new_plugin_of_an_unknown_kind_names_the_kinds(tmp_path):
+    result = CliRunner().invoke(main, ["new-plugin", "alchemi-x", "--kind", "sink", "--dest", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "'sink' is not one of 'integrator', 'model', 'hook'" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind", ["integrator", "model", "hook"])
+def test_each_development_guide_names_what_its_template_generates(tmp_path, kind):
+    """docs/dev/KIND.md generates `alchemi-my-KINDs`; every file and component it names is what
+    `alchemi new-plugin --kind KIND` writes."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "dev" / f"{kind}.md").read_text()
+    dist = f"alchemi-my-{kind}s"
+    assert f"$ alchemi new-plugin {dist} --kind {kind}" in page
+    dest = tmp_path / dist
+    assert CliRunner().invoke(main, ["new-plugin", dist, "--kind", kind, "--dest", str(dest)]).exit_code == 0
+    named = set(re.findall(r"`((?:src|tests)/[\w/]+\.py)`", page))
+    assert named, f"docs/dev/{kind}.md names none of its template's files"
+    for rel in named:
+        assert (dest / rel).is_file(), f"docs/dev/{kind}.md names {rel}, which the {kind} template does not write"
+    spec = re.search(rf"`({kind}:my-{kind}s-[\w-]+)`", page)
+    assert spec and f'"{spec.group(1).split(":", 1)[1]}"' in (dest / "src" / dist.replace("-", "_") / "plugin.py").read_text()
+    defined = set(re.findall(r"^(?:class|def) (\w+)", "".join(p.read_text() for p in (dest / "src").rglob("*.py")), re.M))
+    for name in re.findall(r"\| `src/[\w/]+\.py` \| `(\w+)`", page):
+        assert name in defined, f"docs/dev/{kind}.md names {name}; the template defines {sorted(defined)}"

@@ -33,8 +33,8 @@ ARRANGEMENT = re.compile(r"make-bundle|/tmp/site|\bstash|\.gpu/|pyloop|\blent\b|
 
 
 def _pages() -> list[Path]:
-    return [*DOCS.glob("*.md"), ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
-            ROOT / "tools" / "README.md"]
+    return [*DOCS.glob("*.md"), *DOCS.glob("dev/*.md"), ROOT / "README.md", ROOT / "CHANGELOG.md",
+            ROOT / "benchmarks" / "README.md", ROOT / "tools" / "README.md"]
 
 
 def test_performance_page_is_a_reference_with_a_command_for_every_workload():

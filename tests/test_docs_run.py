@@ -1,4 +1,4 @@
-"""Docs that run: every ```python block of docs/*.md and of every README.md in the repository runs
+"""Docs that run: every ```python block of docs/*.md, docs/dev/*.md and of every README.md in the repository runs
 as written (CPU, all plugins installed), and every ``alchemi`` command in a ```console block exists
 with the options it is shown with.
 
@@ -27,7 +27,7 @@ SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->\s*$")
 
 
 def pages() -> list[Path]:
-    found = sorted((ROOT / "docs").glob("*.md"))
+    found = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs").glob("dev/*.md"))
     found += sorted(
         p for p in ROOT.glob("**/README.md")
         if not any(part.startswith(".") or part in ("node_modules", "build") for part in p.relative_to(ROOT).parts)

@@ -26,6 +26,7 @@ class SymplecticEuler(BaseDynamics):
 
     def pre_update(self, batch: Batch) -> None:
         ctx = self.context
+        assert ctx.weighted_inv_mass is not None  # the engine sets it before the first step
         batch.velocities.addcmul_(batch.forces, ctx.weighted_inv_mass, value=self.dt)
         if ctx.node_weight is None:
             batch.positions.add_(batch.velocities, alpha=self.dt)
