@@ -35,14 +35,18 @@ from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import all_metadata, all_system_ids, as_atomic_data
 from alchemi_core.dynamics import build_pool
 from alchemi_core.dynamics.build_pool import BuildPool, Pending
+from alchemi_core.dynamics.device_memory import available_memory, format_bytes
 from alchemi_core.dynamics.identity import check_dataset_ids
 from alchemi_core.dynamics.size_bins import SizeBins
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.validation import whole_number
 
-#: Rough device bytes per atom of a running simulation, for ``max_atoms=None``.
+#: Rough device bytes per atom of a running simulation whose models declare none (positions,
+#: velocities, integrator state, a neighbour list), and of the atoms outside the chunk a chunked
+#: model evaluates at once.
 BYTES_PER_ATOM_ESTIMATE = 8192
-#: ``max_atoms`` when there is no GPU to size from.
+#: ``max_atoms`` planned on a CPU, at most (unless a structure is larger): batches beyond it
+#: gain little there and make the first results wait.
 CPU_DEFAULT_MAX_ATOMS = 100_000
 #: Structures a sampler builds ahead of their request, at most (:meth:`SizeAwareSampler.prefetch`).
 DEFAULT_PREFETCH = 4096
@@ -61,12 +65,15 @@ class SizeAwareSampler:
 
     Args:
         dataset: ``__len__``, ``__getitem__`` and ``get_metadata(i) -> (num_atoms, num_edges)``.
-        max_atoms: Most atoms in a batch (None: estimated from free GPU memory).
+        max_atoms: Most atoms in a batch (None: planned from the memory of the device the run
+            uses, free GPU memory or available RAM, and the models' bytes per atom; see
+            :meth:`plan_memory`).
         max_edges: Most edges in a batch (None: no limit).
         max_batch_size: Most systems in a batch (None: no limit).
         bin_width: Atoms per size bin.
         shuffle: Hand out structures of a bin in random order (``seed``) instead of index order.
-        max_gpu_memory_fraction: Share of free GPU memory ``max_atoms=None`` may plan for.
+        max_gpu_memory_fraction: Share of the device's free memory (RAM on a CPU) a batch may
+            be planned to use.
         seed: Seed of the shuffle.
         prefetch: Most structures built ahead of their request (:meth:`prefetch`; 0: none).
         workers: Processes that build the structures (0: the engine's own process builds them).
@@ -115,17 +122,22 @@ class SizeAwareSampler:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.max_gpu_memory_fraction = float(max_gpu_memory_fraction)
-        #: True when ``max_atoms`` was planned from free GPU memory (and may be planned again
-        #: from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
+        #: True when ``max_atoms`` was planned from the device's memory (and may be planned
+        #: again from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
         self.sized_from_memory = max_atoms is None
-        #: Device bytes per atom the plan assumed.
+        #: Device bytes per atom the plan assumed, the atoms a chunked model evaluates at once
+        #: (None: the whole batch) and who needs them (for messages).
         self.bytes_per_atom = float(BYTES_PER_ATOM_ESTIMATE)
-        self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
+        self.chunk_atoms: int | None = None
+        self._needed_by = "a simulation"
+        #: The device's free and total bytes when the plan was last made.
+        self._memory = (0, 0)
         self.max_edges = int(max_edges) if max_edges is not None else None
         self.max_batch_size = int(max_batch_size) if max_batch_size is not None else None
+        self._atoms, self._edges = all_metadata(dataset)
+        self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
         if self.max_atoms < 1 or (self.max_batch_size is not None and self.max_batch_size < 1):
             raise ConfigurationError("max_atoms and max_batch_size must be >= 1")
-        self._atoms, self._edges = all_metadata(dataset)
         self._check_fits()
         ids = all_system_ids(dataset)
         if ids is not None:
@@ -133,29 +145,105 @@ class SizeAwareSampler:
         self._reset_bins()
 
     # ------------------------------------------------------------------ setup
-    def _auto_max_atoms(self) -> int:
-        if torch.cuda.is_available():
-            free, _total = torch.cuda.mem_get_info()
-            return max(1, int(free * self.max_gpu_memory_fraction / self.bytes_per_atom))
-        return CPU_DEFAULT_MAX_ATOMS
+    @property
+    def device(self) -> torch.device:
+        """The device the batches are planned for: the dataset's ``device``, else a GPU when
+        there is one."""
+        device = self._device()
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device(device)
 
-    def plan_memory(self, bytes_per_atom: float) -> int:
-        """Plan ``max_atoms`` again for models that need ``bytes_per_atom`` device bytes per atom
-        (the engine calls it with its models' estimates before the first batch). Only a sampler
-        built with ``max_atoms=None`` that has handed nothing out changes; returns ``max_atoms``.
+    def _auto_max_atoms(self) -> int:
+        """The most atoms a batch may hold in the device's memory; on a CPU at most
+        ``CPU_DEFAULT_MAX_ATOMS`` (or the largest structure)."""
+        fit = self._fitting_atoms()
+        if self.device.type == "cpu":
+            largest = int(self._atoms.max()) if len(self._atoms) else 1
+            fit = min(fit, max(CPU_DEFAULT_MAX_ATOMS, largest))
+        return max(1, fit)
+
+    def _fitting_atoms(self) -> int:
+        """The most atoms of a batch that fit the planned share of the device's free memory.
 
         Raises:
-            InvalidDataError: A structure no longer fits.
+            ConfigurationError: A chunk of ``chunk_atoms`` atoms alone does not fit.
         """
-        if not self.sized_from_memory or self._handed or not bytes_per_atom > 0:
+        budget = self._budget()
+        per_atom = self.bytes_per_atom
+        whole = int(budget // (per_atom + BYTES_PER_ATOM_ESTIMATE))  # whole batches, as unchunked
+        chunk = self.chunk_atoms
+        if chunk is None:
+            return int(budget // per_atom)
+        if chunk * (per_atom + BYTES_PER_ATOM_ESTIMATE) > budget:
+            raise ConfigurationError(
+                f"chunk_atoms={chunk}: a chunk of {chunk} atoms does not fit the memory of {self._memory_note()}; "
+                f"set the model's chunk_atoms to {max(1, whole)} or less"
+            )
+        # One chunk's activations at a time; the rest of the batch holds its plain state.
+        return int((budget - chunk * per_atom) // BYTES_PER_ATOM_ESTIMATE)
+
+    def _budget(self) -> float:
+        self._memory = available_memory(self.device)
+        return self._memory[0] * self.max_gpu_memory_fraction
+
+    def _memory_note(self) -> str:
+        """Where the plan's numbers come from, for messages."""
+        available, total = self._memory
+        return (
+            f"{self.device} ({format_bytes(available)} of {format_bytes(total)} free, "
+            f"{self.max_gpu_memory_fraction:g} of it planned for; {self._needed_by} needs about "
+            f"{format_bytes(self.bytes_per_atom)} per atom)"
+        )
+
+    def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
+        """Plan ``max_atoms`` for models that need ``bytes_per_atom`` device bytes per atom of
+        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch). The engine
+        calls it with its models' estimates before the first batch. A sampler built with
+        ``max_atoms=None`` that has handed nothing out plans again; one given ``max_atoms``
+        checks that its largest batch fits. Returns ``max_atoms``.
+
+        Raises:
+            ConfigurationError: The largest batch ``max_atoms`` allows, or a chunk of
+                ``chunk_atoms``, does not fit the device's memory (the message gives the value
+                that fits).
+            InvalidDataError: A structure does not fit the memory alone.
+        """
+        if self._handed or not bytes_per_atom > 0:
             return self.max_atoms
         self.bytes_per_atom = float(bytes_per_atom)
-        self.max_atoms = self._auto_max_atoms()
-        self._check_fits()
+        self.chunk_atoms = chunk_atoms
+        self._needed_by = needed_by
+        if self.sized_from_memory:
+            self.max_atoms = self._auto_max_atoms()
+            self._check_fits()
+            return self.max_atoms
+        largest = self._largest_batch()
+        fit = self._fitting_atoms()
+        if largest > fit:
+            raise ConfigurationError(
+                f"max_atoms={self.max_atoms}: a batch of {largest} atoms does not fit the memory of "
+                f"{self._memory_note()}; set max_atoms ([sampler] max_atoms in a workflow file) to "
+                f"{max(1, fit)} or less, or leave it unset to plan it from memory"
+            )
         return self.max_atoms
+
+    def _largest_batch(self) -> int:
+        """Atoms of the largest batch this sampler can hand out."""
+        sizes = np.sort(self._atoms)[::-1]
+        if self.max_batch_size is not None:
+            sizes = sizes[: self.max_batch_size]
+        return int(min(self.max_atoms, int(sizes.sum())))
 
     def _check_fits(self) -> None:
         too_big = np.nonzero(self._atoms > self.max_atoms)[0]
+        if len(too_big) and self.sized_from_memory:
+            i = int(too_big[0])
+            raise InvalidDataError(
+                f"structure {i} has {int(self._atoms[i])} atoms but a batch of at most {self.max_atoms} "
+                f"atoms fits the memory of {self._memory_note()} ({len(too_big)} structures are too large); "
+                "free memory, run on a device with more, or remove them"
+            )
         if len(too_big):
             i = int(too_big[0])
             raise InvalidDataError(
