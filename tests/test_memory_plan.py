@@ -41,8 +41,8 @@ def ram(monkeypatch):
         free = 10e9
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr("alchemi_core.dynamics.sampler.available_memory",
-                        lambda device: (int(Ram.free), int(32e9)), raising=False)
+    monkeypatch.setattr("alchemi_core.dynamics.device_memory.available_memory",
+                        lambda device: (int(Ram.free), int(32e9)))
     return Ram
 
 

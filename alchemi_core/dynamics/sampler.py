@@ -35,19 +35,12 @@ from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import all_metadata, all_system_ids, as_atomic_data
 from alchemi_core.dynamics import build_pool
 from alchemi_core.dynamics.build_pool import BuildPool, Pending
-from alchemi_core.dynamics.device_memory import available_memory, format_bytes
+from alchemi_core.dynamics.device_memory import BYTES_PER_ATOM_ESTIMATE, MemoryPlan
 from alchemi_core.dynamics.identity import check_dataset_ids
 from alchemi_core.dynamics.size_bins import SizeBins
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.validation import whole_number
 
-#: Rough device bytes per atom of a running simulation whose models declare none (positions,
-#: velocities, integrator state, a neighbour list), and of the atoms outside the chunk a chunked
-#: model evaluates at once.
-BYTES_PER_ATOM_ESTIMATE = 8192
-#: ``max_atoms`` planned on a CPU, at most (unless a structure is larger): batches beyond it
-#: gain little there and make the first results wait.
-CPU_DEFAULT_MAX_ATOMS = 100_000
 #: Structures a sampler builds ahead of their request, at most (:meth:`SizeAwareSampler.prefetch`).
 DEFAULT_PREFETCH = 4096
 #: Structures of each size bin built ahead first: what fills the gaps a refill leaves.
@@ -125,13 +118,9 @@ class SizeAwareSampler:
         #: True when ``max_atoms`` was planned from the device's memory (and may be planned
         #: again from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
         self.sized_from_memory = max_atoms is None
-        #: Device bytes per atom the plan assumed, the atoms a chunked model evaluates at once
-        #: (None: the whole batch) and who needs them (for messages).
+        #: Device bytes per atom the plan assumed, and the last plan (None: none made).
         self.bytes_per_atom = float(BYTES_PER_ATOM_ESTIMATE)
-        self.chunk_atoms: int | None = None
-        self._needed_by = "a simulation"
-        #: The device's free and total bytes when the plan was last made.
-        self._memory = (0, 0)
+        self.memory: MemoryPlan | None = None
         self.max_edges = int(max_edges) if max_edges is not None else None
         self.max_batch_size = int(max_batch_size) if max_batch_size is not None else None
         self._atoms, self._edges = all_metadata(dataset)
@@ -154,86 +143,35 @@ class SizeAwareSampler:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return torch.device(device)
 
-    def _auto_max_atoms(self) -> int:
-        """The most atoms a batch may hold in the device's memory; on a CPU at most
-        ``CPU_DEFAULT_MAX_ATOMS`` (or the largest structure)."""
-        fit = self._fitting_atoms()
-        if self.device.type == "cpu":
-            largest = int(self._atoms.max()) if len(self._atoms) else 1
-            fit = min(fit, max(CPU_DEFAULT_MAX_ATOMS, largest))
-        return max(1, fit)
-
-    def _fitting_atoms(self) -> int:
-        """The most atoms of a batch that fit the planned share of the device's free memory.
-
-        Raises:
-            ConfigurationError: A chunk of ``chunk_atoms`` atoms alone does not fit.
-        """
-        budget = self._budget()
-        per_atom = self.bytes_per_atom
-        whole = int(budget // (per_atom + BYTES_PER_ATOM_ESTIMATE))  # whole batches, as unchunked
-        chunk = self.chunk_atoms
-        if chunk is None:
-            return int(budget // per_atom)
-        if chunk * (per_atom + BYTES_PER_ATOM_ESTIMATE) > budget:
-            raise ConfigurationError(
-                f"chunk_atoms={chunk}: a chunk of {chunk} atoms does not fit the memory of {self._memory_note()}; "
-                f"set the model's chunk_atoms to {max(1, whole)} or less"
-            )
-        # One chunk's activations at a time; the rest of the batch holds its plain state.
-        return int((budget - chunk * per_atom) // BYTES_PER_ATOM_ESTIMATE)
-
-    def _budget(self) -> float:
-        self._memory = available_memory(self.device)
-        return self._memory[0] * self.max_gpu_memory_fraction
-
-    def _memory_note(self) -> str:
-        """Where the plan's numbers come from, for messages."""
-        available, total = self._memory
-        return (
-            f"{self.device} ({format_bytes(available)} of {format_bytes(total)} free, "
-            f"{self.max_gpu_memory_fraction:g} of it planned for; {self._needed_by} needs about "
-            f"{format_bytes(self.bytes_per_atom)} per atom)"
-        )
+    def _auto_max_atoms(self, chunk_atoms: int | None = None, needed_by: str = "a simulation") -> int:
+        self.memory = MemoryPlan.of(self.device, self.max_gpu_memory_fraction, self.bytes_per_atom,
+                                    chunk_atoms, needed_by)
+        return self.memory.max_atoms(int(self._atoms.max()) if len(self._atoms) else 1)
 
     def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
         """Plan ``max_atoms`` for models that need ``bytes_per_atom`` device bytes per atom of
-        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch). The engine
-        calls it with its models' estimates before the first batch. A sampler built with
+        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch); the engine calls
+        it with its models' estimates before the first batch. A sampler built with
         ``max_atoms=None`` that has handed nothing out plans again; one given ``max_atoms``
-        checks that its largest batch fits. Returns ``max_atoms``.
+        checks that its largest batch (its largest structures, up to ``max_batch_size``) fits.
 
         Raises:
-            ConfigurationError: The largest batch ``max_atoms`` allows, or a chunk of
-                ``chunk_atoms``, does not fit the device's memory (the message gives the value
-                that fits).
+            ConfigurationError: That batch, or a chunk of ``chunk_atoms``, does not fit the
+                device's memory (the message gives the value that fits).
             InvalidDataError: A structure does not fit the memory alone.
         """
         if self._handed or not bytes_per_atom > 0:
             return self.max_atoms
         self.bytes_per_atom = float(bytes_per_atom)
-        self.chunk_atoms = chunk_atoms
-        self._needed_by = needed_by
+        planned = self._auto_max_atoms(chunk_atoms, needed_by)
         if self.sized_from_memory:
-            self.max_atoms = self._auto_max_atoms()
+            self.max_atoms = planned
             self._check_fits()
-            return self.max_atoms
-        largest = self._largest_batch()
-        fit = self._fitting_atoms()
-        if largest > fit:
-            raise ConfigurationError(
-                f"max_atoms={self.max_atoms}: a batch of {largest} atoms does not fit the memory of "
-                f"{self._memory_note()}; set max_atoms ([sampler] max_atoms in a workflow file) to "
-                f"{max(1, fit)} or less, or leave it unset to plan it from memory"
-            )
+        else:
+            sizes = np.sort(self._atoms)[::-1][: self.max_batch_size]
+            assert self.memory is not None
+            self.memory.check_max_atoms(self.max_atoms, min(self.max_atoms, int(sizes.sum())))
         return self.max_atoms
-
-    def _largest_batch(self) -> int:
-        """Atoms of the largest batch this sampler can hand out."""
-        sizes = np.sort(self._atoms)[::-1]
-        if self.max_batch_size is not None:
-            sizes = sizes[: self.max_batch_size]
-        return int(min(self.max_atoms, int(sizes.sum())))
 
     def _check_fits(self) -> None:
         too_big = np.nonzero(self._atoms > self.max_atoms)[0]
@@ -241,7 +179,7 @@ class SizeAwareSampler:
             i = int(too_big[0])
             raise InvalidDataError(
                 f"structure {i} has {int(self._atoms[i])} atoms but a batch of at most {self.max_atoms} "
-                f"atoms fits the memory of {self._memory_note()} ({len(too_big)} structures are too large); "
+                f"atoms fits the memory of {self.memory} ({len(too_big)} structures are too large); "
                 "free memory, run on a device with more, or remove them"
             )
         if len(too_big):
