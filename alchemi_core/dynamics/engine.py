@@ -32,7 +32,7 @@ from alchemi_core.dynamics.hook import build_hook_table
 from alchemi_core.dynamics.stage import INNER_POINTS
 from alchemi_core.dynamics.state import SubStage
 from alchemi_core.errors import ConfigurationError, InvalidDataError
-from alchemi_core.models.base import model_card
+from alchemi_core.models.base import check_input, model_card
 
 __all__ = ["Engine", "SubStage"]
 
@@ -114,9 +114,7 @@ class Engine(Admission):
         self.batch = batch
         self._health_pending = None  # a look at an earlier batch says nothing about this one
         for m in self.models:
-            check = getattr(m, "check_batch", None)
-            if check is not None:
-                check(batch)
+            check_input(m, batch, stress=self.needs_stress)
         self._attach_all()
         for s in self.subs:
             s.dynamics.setup(batch)
