@@ -148,6 +148,8 @@ class Engine(Admission):
         batch = Batch.empty(num_systems=num_systems, num_nodes=num_nodes, num_edges=num_edges, template=template)
         self._fill_defaults(batch, first=True)
         self.batch = batch
+        for m in self.models:  # nothing to check yet; remembered, so the models' calls check only what enters
+            check_input(m, batch, stress=self.needs_stress)
         self._health_pending = None
         self._attach_all()
         for s in self.subs:
