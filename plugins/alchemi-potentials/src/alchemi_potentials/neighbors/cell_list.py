@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data.cells import check_cells as core_check_cells
-from alchemi_core.data.cells import system_ids as _system_ids
+from alchemi_core.data.cells import system_ids
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.layout import (
@@ -398,7 +398,7 @@ class BatchedNeighborList:
         if not table.any():
             return
         flags = dict(zip(ERROR_FIELDS, table, strict=True))
-        ids = _system_ids(batch)
+        ids = system_ids(batch)
         if "status" in batch and batch.num_graphs == n:
             # Quarantined structures (negative status) went bad already and are leaving the run.
             keep = batch.status.detach().reshape(-1).cpu().numpy() >= 0
@@ -499,7 +499,7 @@ def _check_thickness(
     if len(over):
         s, axis = (int(v) for v in over[0])
         raise InvalidDataError(
-            f"{who}: system {_system_ids(batch)[s]} is periodic along cell vector {axis} but the cell is only "
+            f"{who}: system {system_ids(batch)[s]} is periodic along cell vector {axis} but the cell is only "
             f"{widths[s, axis]:.4g} Å thick across it, against a cutoff + skin of {radius:g} Å: that needs "
             f"{need[s, axis]:.0f} periodic images each side, more than the {int(limits[s])} a neighbour list of "
             f"{int(atoms[s])} atoms holds, so pairs would be dropped. Check that the cell is in Å, "
