@@ -4,6 +4,7 @@ inflight refill accounting, sinks and the no-host-sync rule."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 
 import pytest
@@ -198,6 +199,18 @@ def test_convergence_reductions_match_manual_values():
     assert verdict(key="forces", threshold=3.5, custom_op=lambda f: f.abs().sum(-1)) == [False, True]
     with pytest.raises(InvalidDataError, match="no such field"):
         verdict(key="does_not_exist", threshold=1.0)
+
+
+@pytest.mark.parametrize("dims", [2, -2, 0, (1, 5)])
+def test_reduce_dims_out_of_range_is_a_clear_error_naming_the_criterion_and_the_range(dims):
+    batch = make_batch([2, 3], dtype=torch.float64)
+    batch.set_field("forces", torch.ones(5, 3, dtype=torch.float64), "node")
+    hook = ConvergenceHook(criteria=[{"key": "forces", "threshold": 1.0, "reduce_op": "norm", "reduce_dims": dims}])
+    with pytest.raises(ConfigurationError, match=rf"criterion 'forces': reduce_dims {re.escape(repr(dims))} is out "
+                                                 r"of range for forces of shape \[5, 3\]; name dimensions 1 to 1"):
+        hook.evaluate(batch)
+    with pytest.raises(ConfigurationError, match="reduce_dims must be an int, a list of ints or None, got 'x'"):
+        ConvergenceHook(criteria=[{"key": "forces", "threshold": 1.0, "reduce_dims": "x"}])
     with pytest.raises(ConfigurationError, match="reduce_op"):
         ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1, "reduce_op": "median"}])
 

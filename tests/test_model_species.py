@@ -47,9 +47,15 @@ def test_unknown_atomic_numbers_are_rejected_by_name(device, species, numbers, u
     if unknown is None:
         model.check_batch(batch)
         return
-    with pytest.raises(InvalidDataError, match=re.escape(f"no parameters for atomic numbers {unknown}; it knows")):
+    if all(0 <= z <= 118 for z in unknown):
+        expected = f"no parameters for atomic numbers {unknown}; it knows"
+    else:  # no element at all: called unknown, not a gap in the model's parameters
+        expected = f"atomic numbers {unknown} are unknown elements (elements are 1-118)"
+    with pytest.raises(InvalidDataError, match=re.escape(expected)):
         model.check_batch(batch)
 
 
-def test_a_card_without_species_takes_any_number():
-    _Knows(None).check_batch(_with_numbers([1, 300, -5], "cpu"))  # type: ignore[arg-type]
+def test_a_card_without_species_takes_any_element_and_refuses_numbers_that_are_none():
+    _Knows(None).check_batch(_with_numbers([1, 118, 0], "cpu"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidDataError, match=re.escape("atomic numbers [-5, 300] are unknown elements")):
+        _Knows(None).check_batch(_with_numbers([1, 300, -5], "cpu"))  # type: ignore[arg-type]

@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 ATOMIC_MASSES: tuple[float, ...] = (
@@ -29,6 +31,25 @@ ATOMIC_MASSES: tuple[float, ...] = (
 )
 
 
+#: The heaviest element named (oganesson); larger atomic numbers are no element.
+LAST_ELEMENT = 118
+
+
+def unknown_elements(numbers: Iterable[int]) -> str:
+    """What is wrong with those of ``numbers`` that are no element (below 1 or above
+    ``LAST_ELEMENT``; 0, a dummy atom, passes), or ``""`` when all are elements.
+
+    Example:
+        >>> unknown_elements([1, 119, -2])
+        'atomic numbers [-2, 119] are unknown elements (elements are 1-118); fix the atomic numbers of the structures'
+    """
+    bad = sorted({int(z) for z in numbers if not 0 <= int(z) <= LAST_ELEMENT})
+    if not bad:
+        return ""
+    return (f"atomic numbers {bad} are unknown elements (elements are 1-{LAST_ELEMENT}); "
+            "fix the atomic numbers of the structures")
+
+
 def atomic_mass(z: int) -> float:
     """The standard atomic weight of element ``z`` in amu."""
     if not 1 <= z < len(ATOMIC_MASSES):
@@ -40,13 +61,16 @@ def masses_for(atomic_numbers: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
     """Masses of every atom (same device), from the table.
 
     Raises:
-        InvalidDataError: An atomic number has no tabulated mass.
+        InvalidDataError: An atomic number is no element, or has no tabulated mass.
     """
     from alchemi_core.errors import InvalidDataError
 
     table = torch.tensor(ATOMIC_MASSES, dtype=dtype, device=atomic_numbers.device)
     if atomic_numbers.numel():
-        zmax = int(atomic_numbers.max())
+        zmin, zmax = torch.stack(torch.aminmax(atomic_numbers)).tolist()  # one read-back
+        problem = unknown_elements((zmin, zmax))
+        if problem:
+            raise InvalidDataError(problem)
         if zmax >= len(ATOMIC_MASSES):
             raise InvalidDataError(
                 f"atomic number {zmax} has no tabulated mass; give the batch an atomic_masses field"

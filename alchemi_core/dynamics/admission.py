@@ -26,6 +26,7 @@ from alchemi_core.dynamics.quarantine import Quarantined
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
 from alchemi_core.dynamics.state import SubStage
 from alchemi_core.errors import CapacityError, InvalidDataError
+from alchemi_core.models.base import check_input
 
 
 class Admission(Measuring):
@@ -328,9 +329,7 @@ class Admission(Measuring):
         assert batch is not None
         self._fill_defaults(incoming, first=False)
         for m in self.models:
-            check = getattr(m, "check_batch", None)
-            if check is not None:
-                check(incoming)
+            check_input(m, incoming, stress=self.needs_stress)
         n0 = batch.num_graphs
         copied = batch.put(incoming)
         if copied != incoming.num_graphs and not partial:

@@ -71,6 +71,12 @@ class Criterion:
             raise ConfigurationError(f"reduce_op {op!r} is not one of {REDUCE_OPS}")
         dims = spec.get("reduce_dims", -1)
         dims = tuple(dims) if isinstance(dims, (list, tuple)) else dims
+        parts = dims if isinstance(dims, tuple) else (dims,)
+        if dims is not None and not all(isinstance(d, int) and not isinstance(d, bool) for d in parts):
+            raise ConfigurationError(
+                f"convergence criterion {spec.get('key')!r}: reduce_dims must be an int, a list of ints or None, "
+                f"got {dims!r}"
+            )
         custom = spec.get("custom_op")
         if custom is not None and not callable(custom):
             raise ConfigurationError("custom_op must be callable")
@@ -98,6 +104,26 @@ def _reduce_rows(value: torch.Tensor, op: str, dims: int | tuple[int, ...] | Non
     else:
         out = value.sum(dim=dims)
     return out.reshape(out.shape[0], -1).amax(dim=1) if out.dim() > 1 else out
+
+
+def _checked_dims(c: Criterion, value: torch.Tensor, rows: str) -> int | tuple[int, ...] | None:
+    """``c.reduce_dims`` once they name dimensions of ``value`` after the first (None for a
+    field with one dimension, which has nothing to reduce per row).
+
+    Raises:
+        ConfigurationError: A dimension out of range, or the first one (which runs over ``rows``).
+    """
+    dims, ndim = c.reduce_dims, value.dim()
+    if ndim == 1 or dims is None:
+        return None
+    for d in dims if isinstance(dims, tuple) else (dims,):
+        if not -ndim < d < ndim or d % ndim == 0:
+            raise ConfigurationError(
+                f"convergence criterion {c.key!r}: reduce_dims {dims!r} is out of range for {c.key} of shape "
+                f"{list(value.shape)}; name dimensions 1 to {ndim - 1} (or -1 to -{ndim - 1}): dimension 0 runs "
+                f"over the {rows}"
+            )
+    return dims
 
 
 def _segment(per_atom: torch.Tensor, batch: Batch, op: str) -> torch.Tensor:
@@ -184,11 +210,11 @@ class ConvergenceHook(Hook):
                     ok = value.reshape(batch.num_graphs, -1).amax(dim=1) <= c.threshold
             elif level is Level.NODE:
                 op = c.reduce_op or ("norm" if value.dim() > 1 else "max")
-                per_atom = _reduce_rows(value, op, c.reduce_dims)
+                per_atom = _reduce_rows(value, op, _checked_dims(c, value, "atoms"))
                 ok = _segment(per_atom, batch, op) <= c.threshold
             elif level is Level.SYSTEM:
                 op = c.reduce_op or "max"
-                ok = _reduce_rows(value, op, c.reduce_dims if value.dim() > 1 else None) <= c.threshold
+                ok = _reduce_rows(value, op, _checked_dims(c, value, "systems")) <= c.threshold
             else:
                 raise ConfigurationError(f"convergence criteria cannot use edge field {c.key!r}")
             result = ok if result is None else result & ok

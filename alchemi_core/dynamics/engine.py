@@ -32,6 +32,7 @@ from alchemi_core.dynamics.hook import build_hook_table
 from alchemi_core.dynamics.stage import INNER_POINTS
 from alchemi_core.dynamics.state import SubStage
 from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_core.models.base import check_input, model_card
 
 __all__ = ["Engine", "SubStage"]
 
@@ -91,10 +92,16 @@ class Engine(Admission):
                     "the first stage, or call run(batch)"
                 )
             # Models that know their memory per atom (machine-learned potentials need far more
-            # than the sampler's generic guess) size the batches so that a run never runs out.
-            per_atom = [m.bytes_per_atom() for m in self.models if callable(getattr(m, "bytes_per_atom", None))]
-            if per_atom:
-                self.sampler.plan_memory(sum(per_atom))
+            # than the sampler's generic guess) size the batches so that a run never runs out;
+            # a batch that cannot fit is refused here, before it is built.
+            declared = [m for m in self.models if callable(getattr(m, "bytes_per_atom", None))]
+            if declared:
+                chunk = getattr(declared[0], "chunk_atoms", None) if len(declared) == 1 else None
+                names = " + ".join(f"model {model_card(m).name!r}" for m in declared)
+                self.sampler.plan_memory(sum(m.bytes_per_atom() for m in declared), chunk_atoms=chunk,
+                                         needed_by=names)
+            else:
+                self.sampler.plan_memory(self.sampler.bytes_per_atom)
             batch = self.sampler.build_initial_batch()
             self.sampled_count = batch.num_graphs
         if not isinstance(batch, Batch):
@@ -107,9 +114,7 @@ class Engine(Admission):
         self.batch = batch
         self._health_pending = None  # a look at an earlier batch says nothing about this one
         for m in self.models:
-            check = getattr(m, "check_batch", None)
-            if check is not None:
-                check(batch)
+            check_input(m, batch, stress=self.needs_stress)
         self._attach_all()
         for s in self.subs:
             s.dynamics.setup(batch)
@@ -143,6 +148,8 @@ class Engine(Admission):
         batch = Batch.empty(num_systems=num_systems, num_nodes=num_nodes, num_edges=num_edges, template=template)
         self._fill_defaults(batch, first=True)
         self.batch = batch
+        for m in self.models:  # nothing to check yet; remembered, so the models' calls check only what enters
+            check_input(m, batch, stress=self.needs_stress)
         self._health_pending = None
         self._attach_all()
         for s in self.subs:

@@ -35,15 +35,12 @@ from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import all_metadata, all_system_ids, as_atomic_data
 from alchemi_core.dynamics import build_pool
 from alchemi_core.dynamics.build_pool import BuildPool, Pending
+from alchemi_core.dynamics.device_memory import BYTES_PER_ATOM_ESTIMATE, MemoryPlan
 from alchemi_core.dynamics.identity import check_dataset_ids
 from alchemi_core.dynamics.size_bins import SizeBins
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.validation import whole_number
 
-#: Rough device bytes per atom of a running simulation, for ``max_atoms=None``.
-BYTES_PER_ATOM_ESTIMATE = 8192
-#: ``max_atoms`` when there is no GPU to size from.
-CPU_DEFAULT_MAX_ATOMS = 100_000
 #: Structures a sampler builds ahead of their request, at most (:meth:`SizeAwareSampler.prefetch`).
 DEFAULT_PREFETCH = 4096
 #: Structures of each size bin built ahead first: what fills the gaps a refill leaves.
@@ -61,12 +58,15 @@ class SizeAwareSampler:
 
     Args:
         dataset: ``__len__``, ``__getitem__`` and ``get_metadata(i) -> (num_atoms, num_edges)``.
-        max_atoms: Most atoms in a batch (None: estimated from free GPU memory).
+        max_atoms: Most atoms in a batch (None: planned from the memory of the device the run
+            uses, free GPU memory or available RAM, and the models' bytes per atom; see
+            :meth:`plan_memory`).
         max_edges: Most edges in a batch (None: no limit).
         max_batch_size: Most systems in a batch (None: no limit).
         bin_width: Atoms per size bin.
         shuffle: Hand out structures of a bin in random order (``seed``) instead of index order.
-        max_gpu_memory_fraction: Share of free GPU memory ``max_atoms=None`` may plan for.
+        max_gpu_memory_fraction: Share of the device's free memory (RAM on a CPU) a batch may
+            be planned to use.
         seed: Seed of the shuffle.
         prefetch: Most structures built ahead of their request (:meth:`prefetch`; 0: none).
         workers: Processes that build the structures (0: the engine's own process builds them).
@@ -115,17 +115,18 @@ class SizeAwareSampler:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.max_gpu_memory_fraction = float(max_gpu_memory_fraction)
-        #: True when ``max_atoms`` was planned from free GPU memory (and may be planned again
-        #: from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
+        #: True when ``max_atoms`` was planned from the device's memory (and may be planned
+        #: again from the models' own per-atom estimates, :meth:`plan_memory`, before the run starts).
         self.sized_from_memory = max_atoms is None
-        #: Device bytes per atom the plan assumed.
+        #: Device bytes per atom the plan assumed, and the last plan (None: none made).
         self.bytes_per_atom = float(BYTES_PER_ATOM_ESTIMATE)
-        self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
+        self.memory: MemoryPlan | None = None
         self.max_edges = int(max_edges) if max_edges is not None else None
         self.max_batch_size = int(max_batch_size) if max_batch_size is not None else None
+        self._atoms, self._edges = all_metadata(dataset)
+        self.max_atoms = int(max_atoms) if max_atoms is not None else self._auto_max_atoms()
         if self.max_atoms < 1 or (self.max_batch_size is not None and self.max_batch_size < 1):
             raise ConfigurationError("max_atoms and max_batch_size must be >= 1")
-        self._atoms, self._edges = all_metadata(dataset)
         self._check_fits()
         ids = all_system_ids(dataset)
         if ids is not None:
@@ -133,29 +134,54 @@ class SizeAwareSampler:
         self._reset_bins()
 
     # ------------------------------------------------------------------ setup
-    def _auto_max_atoms(self) -> int:
-        if torch.cuda.is_available():
-            free, _total = torch.cuda.mem_get_info()
-            return max(1, int(free * self.max_gpu_memory_fraction / self.bytes_per_atom))
-        return CPU_DEFAULT_MAX_ATOMS
+    @property
+    def device(self) -> torch.device:
+        """The device the batches are planned for: the dataset's ``device``, else a GPU when
+        there is one."""
+        device = self._device()
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device(device)
 
-    def plan_memory(self, bytes_per_atom: float) -> int:
-        """Plan ``max_atoms`` again for models that need ``bytes_per_atom`` device bytes per atom
-        (the engine calls it with its models' estimates before the first batch). Only a sampler
-        built with ``max_atoms=None`` that has handed nothing out changes; returns ``max_atoms``.
+    def _auto_max_atoms(self, chunk_atoms: int | None = None, needed_by: str = "a simulation") -> int:
+        self.memory = MemoryPlan.of(self.device, self.max_gpu_memory_fraction, self.bytes_per_atom,
+                                    chunk_atoms, needed_by)
+        return self.memory.max_atoms(int(self._atoms.max()) if len(self._atoms) else 1)
+
+    def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
+        """Plan ``max_atoms`` for models that need ``bytes_per_atom`` device bytes per atom of
+        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch); the engine calls
+        it with its models' estimates before the first batch. A sampler built with
+        ``max_atoms=None`` that has handed nothing out plans again; one given ``max_atoms``
+        checks that its largest batch (its largest structures, up to ``max_batch_size``) fits.
 
         Raises:
-            InvalidDataError: A structure no longer fits.
+            ConfigurationError: That batch, or a chunk of ``chunk_atoms``, does not fit the
+                device's memory (the message gives the value that fits).
+            InvalidDataError: A structure does not fit the memory alone.
         """
-        if not self.sized_from_memory or self._handed or not bytes_per_atom > 0:
+        if self._handed or not bytes_per_atom > 0:
             return self.max_atoms
         self.bytes_per_atom = float(bytes_per_atom)
-        self.max_atoms = self._auto_max_atoms()
-        self._check_fits()
+        planned = self._auto_max_atoms(chunk_atoms, needed_by)
+        if self.sized_from_memory:
+            self.max_atoms = planned
+            self._check_fits()
+        else:
+            sizes = np.sort(self._atoms)[::-1][: self.max_batch_size]
+            assert self.memory is not None
+            self.memory.check_max_atoms(self.max_atoms, min(self.max_atoms, int(sizes.sum())))
         return self.max_atoms
 
     def _check_fits(self) -> None:
         too_big = np.nonzero(self._atoms > self.max_atoms)[0]
+        if len(too_big) and self.sized_from_memory:
+            i = int(too_big[0])
+            raise InvalidDataError(
+                f"structure {i} has {int(self._atoms[i])} atoms but a batch of at most {self.max_atoms} "
+                f"atoms fits the memory of {self.memory} ({len(too_big)} structures are too large); "
+                "free memory, run on a device with more, or remove them"
+            )
         if len(too_big):
             i = int(too_big[0])
             raise InvalidDataError(

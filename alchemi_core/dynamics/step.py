@@ -44,6 +44,7 @@ from alchemi_core.dynamics.hook import dispatch
 from alchemi_core.dynamics.masks import Masks
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import InvalidDataError
+from alchemi_core.models.base import model_card
 
 # The hook points as plain ints: indexing the per-point tuples with an exact int stays on
 # CPython's fast path (an IntEnum member does not), and the step runs this many times a second.
@@ -93,16 +94,18 @@ class StepLoop(Masks):
         batch = self.batch
         assert batch is not None
         if len(self.models) == 1:
-            out = self.models[0](batch, compute_stress=self.needs_stress) if self.needs_stress else self.models[0](batch)
-            self._store(batch, out)
+            model = self.models[0]
+            out = model(batch, compute_stress=self.needs_stress) if self.needs_stress else model(batch)
+            self._store(batch, out, model)
             hold_forces(batch)
             return
         # Several models: each system takes the forces (and stress) of its own stage's model.
         kwargs = {"compute_stress": True} if self.needs_stress else {}
         base = self.models[0](batch, **kwargs)
-        self._store(batch, base)
+        self._store(batch, base, self.models[0])
         for m in self.models[1:]:
             out = m(batch, **kwargs)
+            _check_shapes(m, out, batch)
             for s in self.subs:
                 if s.dynamics.model is m and s.sys_mask is not None:
                     nm = s.sys_mask.index_select(0, batch.batch_idx).unsqueeze(-1)
@@ -150,21 +153,29 @@ class StepLoop(Masks):
         return (flags[0] if len(flags) == 1 else torch.stack(flags).any()), unflagged
 
     @staticmethod
-    def _store(batch: Any, out: Any) -> None:
+    def _store(batch: Any, out: Any, model: Any) -> None:
+        """Copy ``model``'s results into the batch's fields (host-side shape comparisons only:
+        a copy would broadcast a result of another shape silently, or fail in torch)."""
         try:
             energy, forces = out["energy"], out["forces"]
         except (KeyError, TypeError):
             raise InvalidDataError(
-                "a model must return a mapping with 'energy' [B, 1] and 'forces' [V, 3]"
+                f"model {model_card(model).name!r} must return a mapping with 'energy' [B, 1] and 'forces' [V, 3]"
             ) from None
         f = batch.forces
         if forces is not f:
+            if forces.shape != f.shape:
+                _check_shapes(model, out, batch)
             f.copy_(forces)
         e = batch.energy
         if energy is not e:
+            if energy.numel() != e.numel():
+                _check_shapes(model, out, batch)
             e.copy_(energy.reshape(e.shape))
         stress = out.get("stress") if hasattr(out, "get") else None
         if stress is not None:
+            if stress.shape != (batch.num_graphs, 3, 3):
+                _check_shapes(model, out, batch)
             if "stress" in batch:
                 batch.stress.copy_(stress)
             else:
@@ -355,3 +366,21 @@ class StepLoop(Masks):
             return True
         return False
 
+
+def _check_shapes(model: Any, out: Any, batch: Any) -> None:
+    """Raise when ``model``'s energy, forces or stress has another shape than the batch needs.
+
+    Raises:
+        InvalidDataError: Names the model, the result, its shape and the shape expected.
+    """
+    n, v = batch.num_graphs, batch.num_nodes
+    expected = {"energy": ((n, 1), (n,), "one per system"), "forces": ((v, 3), None, "x, y, z per atom"),
+                "stress": ((n, 3, 3), None, "a 3 x 3 matrix per system")}
+    for name, (shape, flat, what) in expected.items():
+        value = out.get(name) if hasattr(out, "get") else None
+        got = tuple(getattr(value, "shape", ()))
+        if value is not None and got not in (shape, flat):
+            raise InvalidDataError(
+                f"model {model_card(model).name!r} returned {name} of shape {list(got)} for a batch of {n} "
+                f"systems and {v} atoms; a model must return {name} of shape {list(shape)} ({what})"
+            )

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from alchemi_core.models.base import BaseModel, model_card
+from alchemi_core.models.base import BaseModel, check_input, model_card
 
 
 class ExplodingModel(BaseModel):
@@ -63,7 +63,7 @@ class ExplodingModel(BaseModel):
         return out
 
     def check_batch(self, batch: Any) -> None:
-        getattr(self.inner, "check_batch", lambda b: None)(batch)
+        check_input(self.inner, batch)
 
     def verify(self, batch: Any) -> None:
         getattr(self.inner, "verify", lambda b: None)(batch)

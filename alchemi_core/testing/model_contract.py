@@ -12,7 +12,10 @@ model's precision asks for it. The inherited tests check:
   symmetric strain ``e`` applied to positions and cell (positive under tension, eV/Å³);
 * translation invariance (energy and forces) and permutation invariance (energy; forces permute
   with the atoms);
-* a system alone gives what it gives inside a batch of other systems.
+* a system alone gives what it gives inside a batch of other systems;
+* a direct call refuses what a run refuses, with the run's messages: an atomic number that is
+  no element, a periodic cell of zero volume (periodic models), and stress asked of a system
+  without a cell (models with stress).
 
 Finite differences build a new batch per displaced configuration (kept alive for the test's
 length, so no cache keyed on a batch's identity can mistake one for another) and copy every
@@ -210,6 +213,43 @@ class ModelContract:
             self._assert_same(together["energy"][k : k + 1], alone["energy"], f"energy of system {k}")
             self._assert_same(together["forces"][offset : offset + n], alone["forces"], f"forces of system {k}")
             offset += n
+
+    # ------------------------------------------------------------------ input checks
+    def test_a_direct_call_refuses_an_unknown_element(self) -> None:
+        from alchemi_core.errors import InvalidDataError
+
+        first, *rest = self.structures(torch.float64)
+        numbers = first.atomic_numbers.clone()
+        numbers[0] = 119
+        with pytest.raises(InvalidDataError, match=r"atomic numbers \[119\] are unknown elements"):
+            self.make_model()(self.batch([*rest, _with(first, atomic_numbers=numbers)]))
+
+    def test_a_direct_call_refuses_a_periodic_cell_of_zero_volume(self) -> None:
+        from alchemi_core.errors import InvalidDataError
+
+        model = self.make_model()
+        if not model_card(model).periodic:
+            pytest.skip("the model is not periodic (its card says periodic=False)")
+        first, *rest = self.structures(torch.float64)
+        cell = first.cell.reshape(3, 3).clone()
+        cell[2] = cell[0] + cell[1]  # coplanar rows: no volume
+        flat = _with(first, cell=cell.reshape(first.cell.shape), pbc=torch.ones_like(first.pbc, dtype=torch.bool))
+        with pytest.raises(InvalidDataError, match="zero volume"):
+            model(self.batch([*rest, flat]))
+
+    def test_stress_of_a_system_without_a_cell_is_refused_naming_it(self) -> None:
+        from alchemi_core.errors import InvalidDataError
+
+        model = self.make_model()
+        if not self.gives_stress(model):
+            pytest.skip("the model gives no stress (its card says stress=False)")
+        first, *rest = self.structures(torch.float64)
+        molecule = AtomicData(atomic_numbers=first.atomic_numbers, positions=first.positions,
+                              cell=torch.zeros_like(first.cell), pbc=torch.zeros_like(first.pbc, dtype=torch.bool))
+        batch = self.batch([*rest, molecule])
+        with pytest.raises(InvalidDataError, match=rf"stress was asked of systems \[{len(rest)}\]"):
+            model(batch, compute_stress=True)
+        assert torch.isfinite(_evaluate(model, batch)["energy"]).all()  # energy and forces are fine
 
     def _assert_same(self, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         scale = max(1.0, float(a.abs().max())) if a.numel() else 1.0

@@ -42,9 +42,6 @@ import torch
 from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.workflow.spec import ComponentSpec, Workflow, WorkflowError
 
-#: ``max_atoms`` of a batch when the file does not say (CPU); on a GPU the sampler sizes itself.
-CPU_MAX_ATOMS = 4096
-
 
 @attrs.define
 class Plan:
@@ -218,7 +215,7 @@ def execute(
     wf = plan.workflow
     opts = dict(wf.sampler)
     refill = int(opts.pop("refill_frequency", 10))
-    max_atoms = opts.pop("max_atoms", CPU_MAX_ATOMS if plan.device.type == "cpu" else None)
+    max_atoms = opts.pop("max_atoms", None)  # None: planned from the model and the memory
     sampler = SizeAwareSampler(_on_device(dataset, plan.device), max_atoms=max_atoms,
                                max_batch_size=opts.pop("max_batch_size", None), bin_width=opts.pop("bin_width", 16),
                                workers=opts.pop("workers", 0))

@@ -107,11 +107,12 @@ def test_slab_with_a_zero_open_axis_is_fine():
     batch = Batch.from_atoms([atoms], dtype=torch.float64)
     model = LennardJones(0.0104, 3.405, 8.5125, shift_energy=True)
     model.check_batch(batch)
-    out = model(batch, compute_stress=True)
+    out = model(batch)
     atoms.calc = AseLennardJones(epsilon=0.0104, sigma=3.405, rc=8.5125)
     assert out["energy"].item() == pytest.approx(atoms.get_potential_energy(), rel=1e-9)
     np.testing.assert_allclose(out["forces"].numpy(), atoms.get_forces(), atol=1e-9)
-    assert torch.isnan(out["stress"]).all()  # no volume, no stress (ASE refuses it too)
+    with pytest.raises(InvalidDataError, match=r"stress was asked of systems \[0\]"):
+        model(batch, compute_stress=True)  # no volume, no stress (ASE refuses it too)
 
 
 def test_open_axis_rows_may_hold_anything():
@@ -199,24 +200,25 @@ def test_molecule_without_cell_or_pbc():
     batch = Batch.from_data_list([data])
     model = LennardJones(0.0104, 3.405, 8.5)
     model.check_batch(batch)
-    out = model(batch, compute_stress=True)
+    out = model(batch)
     r = atoms.get_all_distances()[np.triu_indices(3, 1)]
     expected = (4 * 0.0104 * ((3.405 / r) ** 12 - (3.405 / r) ** 6)).sum()
     assert out["energy"].item() == pytest.approx(expected, rel=1e-12)
-    assert torch.isnan(out["stress"]).all()
+    with pytest.raises(InvalidDataError, match=r"stress was asked of systems \[0\] \(system_id \[0\]\) that have no cell"):
+        model(batch, compute_stress=True)
 
 
 def test_cell_measures_of_a_whole_batch_match_each_cell_alone():
     """The checks measure every system at once (a refill may bring thousands); each system's
     widths must be those of its own cell: the plane spacing 1/|reciprocal row| with three
     periodic axes, area over the other row's length with two, the row's length with one."""
-    from alchemi_potentials.neighbors.cell_list import _periodic_measures
+    from alchemi_core.data.cells import periodic_measures
 
     rng = np.random.default_rng(7)
     cells = rng.normal(size=(300, 3, 3)) + 3.0 * np.eye(3)
     pbc = rng.random((300, 3)) < 0.6
     pbc[:3] = [[True, True, True], [True, False, True], [False, True, False]]
-    size, _, widths = _periodic_measures(cells, pbc)
+    size, _, widths = periodic_measures(cells, pbc)
     for s in range(300):
         axes = np.nonzero(pbc[s])[0]
         rows = cells[s][axes]
@@ -233,3 +235,54 @@ def test_cell_measures_of_a_whole_batch_match_each_cell_alone():
         else:
             assert size[s] == 0.0
         np.testing.assert_allclose(widths[s], expected, rtol=1e-10)
+
+
+def test_a_run_that_needs_stress_refuses_a_molecule_naming_it_before_any_step():
+    """Stress of a system without a cell is NaN or infinite: a run that needs stress (a cell
+    filter, a barostat) refuses it when it enters, naming it, as a direct call does."""
+    from alchemi_core.dynamics import DemoDynamics, Hook
+    from alchemi_core.testing import rattled_argon
+
+    class NeedsStress(Hook):
+        needs_stress = True
+
+        def __call__(self, batch, dynamics):
+            pass
+
+    molecule = Atoms("Ar3", positions=[[0, 0, 0], [3.8, 0, 0], [0, 4.1, 0.3]])
+    structures = [AtomicData.from_atoms(a) for a in (*rattled_argon(2, 0.05, 0.0), molecule)]
+    batch = Batch.from_data_list(structures)
+    batch.set_field("system_id", torch.tensor([40, 41, 42]), "system")
+    model = LennardJones(0.0104, 3.405, 8.5)
+    stage = DemoDynamics(model=model, n_steps=2, dt=0.5, hooks=[NeedsStress()])
+    with pytest.raises(InvalidDataError, match=r"stress was asked of systems \[2\] \(system_id \[42\]\)"):
+        stage.run(batch)
+    assert torch.isfinite(model(batch)["forces"]).all()  # energy and forces alone are fine
+
+
+def test_an_edge_model_called_directly_checks_what_a_run_checks():
+    """Every edge model (MACE, SevenNet, D3 and the next) refuses on a direct call what a run
+    refuses: a periodic cell of zero volume, an atomic number it has no parameters for, one
+    that is no element."""
+    from alchemi_potentials.edge_model import EdgeModel
+
+    class Springs(EdgeModel):
+        def energies(self, batch, positions, cell, edges):
+            r2 = (edges.vectors(positions, cell) ** 2).sum(1)
+            live = torch.arange(edges.capacity) < edges.count
+            per_edge = torch.where(live, r2, torch.zeros_like(r2)) / 4
+            return torch.zeros(batch.num_graphs, dtype=r2.dtype).index_add(0, edges.system, per_edge)
+
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
+    model = Springs(cutoff=3.0, name="springs", species=(18,))
+    assert torch.isfinite(model(Batch.from_atoms([atoms]))["forces"]).all()
+    flat = atoms.copy()
+    flat.cell[2] = flat.cell[0] + flat.cell[1]
+    with pytest.raises(InvalidDataError, match=r"springs: systems \[0\] have a periodic cell with zero volume"):
+        model(Batch.from_atoms([flat]))
+    for z, message in ((29, r"no parameters for atomic numbers \[29\]; it knows \[18\]"),
+                       (119, r"atomic numbers \[119\] are unknown elements")):
+        batch = Batch.from_atoms([atoms])
+        batch.atomic_numbers[1] = z  # (ASE has no element 119)
+        with pytest.raises(InvalidDataError, match=message):
+            model(batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from alchemi_potentials.neighbors.cell_list import _periodic_measures
+from alchemi_core.data.cells import periodic_measures
 
 
 def _one_system(cell: np.ndarray, pbc: np.ndarray) -> tuple[float, float, list[float]]:
@@ -37,7 +37,7 @@ def test_measures_equal_numpys_linear_algebra_for_every_kind_of_periodicity():
     pbc = rng.random((400, 3)) < 0.6
     pbc[:8] = [[True] * 3, [True, True, False], [False, True, True], [True, False, True],
                [True, False, False], [False, False, True], [False] * 3, [True] * 3]
-    size, scale, widths = _periodic_measures(cells, pbc)
+    size, scale, widths = periodic_measures(cells, pbc)
     for s in range(len(cells)):
         want_size, want_scale, want_widths = _one_system(cells[s], pbc[s])
         assert np.isclose(size[s], want_size, rtol=1e-10), s
@@ -50,5 +50,5 @@ def test_degenerate_cells_measure_next_to_nothing_against_their_scale():
     cells[0, 2] = cells[0, 1]  # two equal rows
     cells[1, 2] = cells[1, 0] + cells[1, 1]  # three coplanar rows
     cells[2, 1] = 0.0  # a zero row on a periodic axis
-    size, scale, _ = _periodic_measures(cells, np.ones((3, 3), dtype=bool))
+    size, scale, _ = periodic_measures(cells, np.ones((3, 3), dtype=bool))
     assert (size <= 1e-10 * np.maximum(scale, 1.0)).all()

@@ -112,6 +112,28 @@ def test_padding_edges_add_nothing(seven_net):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
 
 
+def test_a_direct_call_refuses_what_a_run_refuses(seven_net):
+    """A zero-volume cell gave a finite, wrong energy and zero forces; an element 7net-0 lacks,
+    sevenn's "Class values must be non-negative"; 119 is no element at all."""
+    from alchemi_core.errors import InvalidDataError
+
+    si = bulk("Si", "diamond", a=5.43, cubic=True)
+    flat = si.copy()
+    flat.cell[2] = flat.cell[0] + flat.cell[1]
+    with pytest.raises(InvalidDataError, match=r"sevennet: systems \[0\] have a periodic cell with zero volume"):
+        seven_net(Batch.from_atoms([flat], dtype=torch.float32))
+    for z, message in ((86, r"no parameters for atomic numbers \[86\]"), (119, r"atomic numbers \[119\] are unknown")):
+        batch = Batch.from_atoms([si], dtype=torch.float32)
+        batch.atomic_numbers[0] = z
+        with pytest.raises(InvalidDataError, match=message):
+            seven_net(batch)
+    molecule = Batch.from_atoms([bulk("Si", "diamond", a=5.43)], dtype=torch.float32)
+    molecule.pbc.zero_()
+    molecule.cell.zero_()
+    with pytest.raises(InvalidDataError, match=r"stress was asked of systems \[0\]"):
+        seven_net(molecule, compute_stress=True)
+
+
 def test_bad_arguments_are_configuration_errors():
     with pytest.raises(ConfigurationError, match="float32 only"):
         registry.build("model:sevennet", dtype="float64")

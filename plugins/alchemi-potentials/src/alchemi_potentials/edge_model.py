@@ -37,7 +37,7 @@ import torch
 
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
-from alchemi_potentials.neighbors import EdgeList, check_cells
+from alchemi_potentials.neighbors import EdgeList
 from alchemi_potentials.neighbors.chunks import SystemChunk, SystemChunks
 from alchemi_potentials.neighbors.edges import Edges
 
@@ -169,8 +169,7 @@ class EdgeModel(BaseModel):
             raise InvalidDataError(
                 f"{self.card.name}: positions must be float32 or float64, got {batch.positions.dtype}"
             )
-        super().check_batch(batch)
-        check_cells(batch, self.card.name)
+        super().check_batch(batch)  # species and cells
 
     @property
     def chunk_atoms(self) -> int | None:

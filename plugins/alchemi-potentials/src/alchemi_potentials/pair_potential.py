@@ -20,7 +20,6 @@ Cutoff treatments (pick at most one):
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -122,6 +121,7 @@ class PairPotential(BaseModel):
 
     kind: ClassVar[int]
     name: ClassVar[str]
+    species_hint: ClassVar[str] = "add them to the model's per-element tables"
 
     def __init__(
         self,
@@ -174,29 +174,12 @@ class PairPotential(BaseModel):
         self._type_luts: dict[torch.device, tuple[torch.Tensor, Any]] = {}
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
-        #: Batches check_batch has passed, by id (weakly held): a direct call checks each new batch
-        #: object once. Keyed on the object, not its version, because a run changes the version
-        #: at every refill and graduation; the engine checks the systems that enter itself, and a
-        #: second, whole-batch check there (cells read back, a probe neighbour search) cost
-        #: W1 and W2 on the H200 more than the step (0.49 -> 0.84 ms/step at 256x1024).
-        self._checked: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-
-    def _was_checked(self, batch: Batch) -> bool:
-        return self._checked.get(id(batch)) is batch
-
-    def _mark_checked(self, batch: Batch) -> None:
-        self._checked[id(batch)] = batch
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={})
-        del state["_checked"]  # weak references do not pickle; a copy has checked no batch yet
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._checked = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ parameters
     @property
@@ -246,20 +229,9 @@ class PairPotential(BaseModel):
             InvalidDataError: Positions that are not float32 or float64.
         """
         self._check_list_cutoff()
-        direct = not self._was_checked(batch)
-        if direct:
-            # A direct call gets the checks a run makes when systems enter, once per batch
-            # object (the engine's own check_batch marks its batch, so it costs nothing there).
-            self.check_batch(batch)
         matrix = self.neighbor_list.update(batch)
         out = self._outputs_for(batch, matrix, compute_stress)
         out.launches.run(_warp.stream_for(batch.positions.device))
-        if direct:
-            try:
-                self.verify(batch)  # a fixed max_neighbors too small: raise rather than return wrong forces
-            except Exception:
-                self._checked.pop(id(batch), None)  # and again at the next call
-                raise
         return out.result()
 
     def _outputs_for(self, batch: Batch, matrix: NeighborMatrix, compute_stress: bool) -> _Outputs:
@@ -379,12 +351,11 @@ class PairPotential(BaseModel):
             raise InvalidDataError(
                 f"{self.name}: positions must be float32 or float64, got {batch.positions.dtype}"
             )
-        try:
-            super().check_batch(batch)  # species against card.species
-        except InvalidDataError as exc:
-            raise InvalidDataError(f"{exc}; add them to the model's per-element tables") from None
+        super().check_batch(batch)  # species, cells
+
+    def check_cells(self, batch: Batch) -> None:
+        """The base class's check, and periodic axes too thin for the neighbour list's images."""
         check_cells(batch, self.name, radius=self.neighbor_list.radius_on(batch.device.type))
-        self._mark_checked(batch)
 
     def memory_bytes(self) -> int:
         """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alchemi_core.errors import ConfigurationError
-from alchemi_core.models.base import BaseModel, ModelCard, model_card
+from alchemi_core.models.base import BaseModel, ModelCard, check_input, model_card
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -90,9 +90,7 @@ class SumModel(BaseModel):
 
     def check_batch(self, batch: Batch) -> None:
         for m in self.parts:
-            check = getattr(m, "check_batch", None)
-            if check is not None:
-                check(batch)
+            check_input(m, batch)  # remembered, so the parts' own calls check nothing again
 
     def verify(self, batch: Batch) -> None:
         for m in self.parts:
