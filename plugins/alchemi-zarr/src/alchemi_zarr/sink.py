@@ -84,8 +84,15 @@ class ZarrData(DataSink):
             raise ConfigurationError(f"ZarrData capacity must be >= 0 (or None for no limit), got {capacity}")
         self._capacity = UNLIMITED if capacity is None else int(capacity)
         self.units = dict(units or {})
-        self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._background: BackgroundWriter | ProcessWriter | None = None
+        self._mode: str | None = None
+        from alchemi_zarr.sharded import ShardedZarrReader, is_sharded
+
+        #: The root of a sharded store (a data-parallel run's) reads as one set; it takes no writes.
+        self._sharded = ShardedZarrReader(store, storage_options) if is_sharded(store, storage_options) else None
+        if self._sharded is not None:
+            return
+        self._store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._staging = HostStaging(1)  # host buffers of synchronous writes from a GPU
         mode = self._mode = _writer_mode(asynchronous, store)
         if mode == "thread":
@@ -102,6 +109,22 @@ class ZarrData(DataSink):
         if self._background is not None:
             # A sink dropped without close(): its writer still commits what is pending, then ends.
             weakref.finalize(self, self._background.close_quietly)
+
+    @property
+    def store(self) -> AtomicStore:
+        """The store written to.
+
+        Raises:
+            InvalidDataError: This sink reads the root of a sharded store, which has one store per
+                writing rank (``ShardedZarrStore(root).sink(rank)`` writes one).
+        """
+        if self._sharded is not None:
+            raise InvalidDataError(
+                f"ZarrData({self._sharded.root}) is the root of a sharded results store (a data-parallel run's): "
+                "it reads as one set (read(), reader(), len()), but each rank writes its own part. Write through "
+                "alchemi_zarr.ShardedZarrStore(root).sink(rank), or give ZarrData a new path"
+            )
+        return self._store
 
     # ------------------------------------------------------------------ DataSink
     @property
@@ -120,6 +143,8 @@ class ZarrData(DataSink):
     def __len__(self) -> int:
         if self._background is not None:
             return self._background.ledger.held()
+        if self._sharded is not None:
+            return self._sharded.refresh()
         return self.store.num_systems
 
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
@@ -153,11 +178,18 @@ class ZarrData(DataSink):
             self._background.submit_batch(selected, n)
 
     def read(self) -> Batch:
-        """Every stored system as one batch on the CPU (waits for pending writes first).
+        """Every stored system as one batch on the CPU (waits for pending writes first); for the
+        root of a sharded store, the records of every part.
 
         Raises:
             RuntimeError: The store holds no systems.
+            InvalidDataError: A record is not a valid structure, or a chunk is damaged (the
+                message names the record or the array).
         """
+        if self._sharded is not None:
+            if self._sharded.refresh() == 0:
+                raise CapacityError(f"ZarrData({self._sharded.root}) is empty: nothing to read")
+            return self._sharded.read_batch()
         self.flush()
         self.store.refresh()
         if self.store.num_systems == 0:
@@ -235,9 +267,13 @@ class ZarrData(DataSink):
 
     # ------------------------------------------------------------------ convenience
     def reader(self) -> Any:
-        """An ``AtomicDataZarrReader`` over this store (after flushing)."""
+        """A reader of every record (after flushing): an ``AtomicDataZarrReader``, or for the root
+        of a sharded store a ``ShardedZarrReader`` (the same interface, over all its parts)."""
         from alchemi_zarr.reader import AtomicDataZarrReader
 
+        if self._sharded is not None:
+            self._sharded.refresh()
+            return self._sharded
         self.flush()
         return AtomicDataZarrReader(self.store.zarr_store)
 
@@ -250,7 +286,8 @@ class ZarrData(DataSink):
     def __repr__(self) -> str:
         mode = f", asynchronous={self.writer!r}" if self.asynchronous else ""
         cap = "unlimited" if self._capacity == UNLIMITED else self._capacity
-        return f"ZarrData({self.store.where!r}, {len(self)}/{cap}{mode})"
+        where = self._sharded.root if self._sharded is not None else self.store.where
+        return f"ZarrData({where!r}, {len(self)}/{cap}{mode})"
 
 
 def _writer_mode(asynchronous: Any, store: Any) -> str | None:
