@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +116,56 @@ def test_inspect_and_export_read_a_sharded_store_as_one_set(tmp_path):
     assert result.exit_code == 0, result.output
     assert _ids(out) == [0, 1, 2, 3]
     assert ZarrData(root).read().system_id.tolist() == [3, 0, 1, 2]
+
+
+WORKFLOW = """\
+[model]
+component = "model:lennard-jones"
+epsilon = 0.0104
+sigma = 3.405
+cutoff = 8.5125
+
+[input]
+path = "cells.extxyz"
+
+[[stage]]
+component = "integrator:fire"
+n_steps = 5
+dt = 5.0
+
+[output]
+path = "{out}"
+"""
+
+
+def _a_file(tmp_path: Path) -> Path:
+    (tmp_path / "results.zarr").write_text("a file")
+    return tmp_path / "results.zarr"
+
+
+def _a_folder_of_user_files(tmp_path: Path) -> Path:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("my notes")
+    return tmp_path / "mine"
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (_a_file, "is a file, not a folder"),
+    (lambda tmp_path: Path("/proc/no-such-dir/results.zarr"), "cannot create the store folder"),
+    (_a_folder_of_user_files, "holds other files (notes.txt)"),
+])
+def test_a_bad_output_path_is_named_by_its_key_with_what_to_do(tmp_path, monkeypatch, make, says):
+    from alchemi_core.workflow.data_parallel import sharded_output
+    from alchemi_core.workflow.spec import WorkflowError, load_workflow
+
+    monkeypatch.chdir(tmp_path)
+    ase.io.write("cells.extxyz", rattled_argon(2, 0.05, 0.01))
+    out = make(tmp_path)
+    (tmp_path / "wf.toml").write_text(WORKFLOW.format(out=out))
+    result = CliRunner().invoke(main, ["run", "wf.toml", "--no-progress"])
+    assert result.exit_code != 0
+    text = " ".join(result.output.split())
+    assert "wf.toml: output" in text and str(out) in text and says in text, text
+    assert "path" in text.split(says)[1] and "Error:" not in text and "Errno" not in text, text
+    with pytest.raises(WorkflowError, match=rf"output.path: .*{re.escape(says)}"):  # the data-parallel run's store
+        sharded_output(load_workflow("wf.toml"))

@@ -41,7 +41,7 @@ from alchemi_core.data import AtomicData, Batch
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_zarr import layout
 from alchemi_zarr.reader import AtomicDataZarrReader
-from alchemi_zarr.storage import AtomicStore
+from alchemi_zarr.storage import AtomicStore, check_write_target
 
 SHARDED_KEY = "alchemi_sharded"
 SHARDED_FORMAT: dict[str, Any] = {"format": "alchemi.sharded", "version": 1}
@@ -77,7 +77,9 @@ def open_root(root: str, create: bool, storage_options: dict[str, Any] | None) -
 
     from alchemi_zarr.stores import resolve_store
 
-    store, where, _ = resolve_store(root, read_only=not create, storage_options=storage_options)
+    store, where, folder = resolve_store(root, read_only=not create, storage_options=storage_options)
+    if create:
+        check_write_target(store, where, folder)
     for attempt in range(_CREATE_ATTEMPTS):
         try:
             group = zarr.open_group(store, mode="a" if create else "r", zarr_format=3)

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,47 @@ def _raised_by_a_codec(exc: BaseException) -> bool:
     return False
 
 
+def check_write_target(zarr_store: Any, where: str, folder: Path | None) -> None:
+    """Refuse to write where a store cannot be, or where it would mix with someone else's data:
+    a regular file, a folder that cannot be made, a folder of other files, a Zarr v2 group.
+
+    Args:
+        zarr_store: The zarr store (see :func:`~alchemi_zarr.stores.resolve_store`).
+        where: Its name for messages.
+        folder: Its local folder (None for other stores); made when absent.
+
+    Raises:
+        InvalidDataError: Naming the path, what is there and what to do.
+    """
+    import zarr
+
+    new_path = "choose a new path for the store (a folder that does not exist yet), or the path of an alchemi store to continue it"
+    if folder is None:
+        try:
+            found = zarr.open_group(zarr_store, mode="r")
+        except Exception:  # noqa: BLE001 - nothing there yet (or nothing zarr reads): opening it decides
+            return
+        if found.metadata.zarr_format != 3:
+            raise InvalidDataError(f"{where} holds a Zarr v{found.metadata.zarr_format} group, not an alchemi store; {new_path}")
+        return
+    if folder.exists() and not folder.is_dir():
+        raise InvalidDataError(f"the store path {where} is a file, not a folder (a Zarr store is a folder); {new_path}")
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            pass  # another writer made it meanwhile
+        except OSError as exc:
+            raise InvalidDataError(
+                f"cannot create the store folder {where}: {exc.strerror or exc}; choose a path in a folder you can write"
+            ) from None
+    names = sorted(p.name for p in folder.iterdir())
+    if names and "zarr.json" not in names:
+        what = ("a Zarr v2 group (.zgroup), not an alchemi store" if {".zgroup", ".zarray"} & set(names)
+                else f"other files ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        raise InvalidDataError(f"{where} holds {what}; alchemi writes a store only into a new or empty folder: {new_path}")
+
+
 class AtomicStore:
     """An alchemi store opened for appending (``read_only=False``) or reading.
 
@@ -95,7 +137,7 @@ class AtomicStore:
         if read_only:
             self._group = self._open_group(zarr, "r")
         else:
-            self._check_target(zarr)
+            check_write_target(self.zarr_store, self.where, self._lock_path)
             # Under the writer lock: two writers creating one new store at once would otherwise
             # race between zarr's "no group here" and its write of one (ContainsGroupError).
             with writer_lock(self.where, self._lock_path):
@@ -119,39 +161,6 @@ class AtomicStore:
                 f"{self.where} is not an alchemi store, or a damaged one: its group metadata (zarr.json) is "
                 f"unreadable or not a group's ({type(exc).__name__}: {exc})"
             ) from None
-
-    def _check_target(self, zarr: Any) -> None:
-        """Refuse to write where a store cannot be, or where it would mix with someone else's data:
-        a regular file, a folder that cannot be made, a folder of other files, a Zarr v2 group."""
-        folder = self._lock_path
-        new_path = "choose a new path for the store (a folder that does not exist yet), or the path of an alchemi store to continue it"
-        if folder is not None:
-            if folder.exists() and not folder.is_dir():
-                raise InvalidDataError(f"the store path {self.where} is a file, not a folder (a Zarr store is a folder); {new_path}")
-            if not folder.exists():
-                try:
-                    folder.mkdir(parents=True)
-                except FileExistsError:
-                    pass  # another writer made it meanwhile
-                except OSError as exc:
-                    raise InvalidDataError(
-                        f"cannot create the store folder {self.where}: {exc.strerror or exc}; {new_path} "
-                        "in a folder you can write"
-                    ) from None
-            names = sorted(p.name for p in folder.iterdir())
-            if names and "zarr.json" not in names:
-                what = ("a Zarr v2 group (.zgroup), not an alchemi store" if {".zgroup", ".zarray"} & set(names)
-                        else f"other files ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
-                raise InvalidDataError(f"{self.where} holds {what}; alchemi writes a store only into a new or "
-                                       f"empty folder: {new_path}")
-            return
-        try:
-            found = zarr.open_group(self.zarr_store, mode="r")
-        except Exception:  # nothing there yet (or nothing zarr reads): _open_group decides
-            return
-        if found.metadata.zarr_format != 3:
-            raise InvalidDataError(f"{self.where} holds a Zarr v{found.metadata.zarr_format} group, not an "
-                                   f"alchemi store; {new_path}")
 
     def _initialise(self) -> None:
         """Mark an empty group as an alchemi store, or refuse a group that holds something else."""
