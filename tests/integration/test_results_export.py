@@ -119,22 +119,10 @@ def test_inspect_and_export_read_a_sharded_store_as_one_set(tmp_path):
 
 
 WORKFLOW = """\
-[model]
-component = "model:lennard-jones"
-epsilon = 0.0104
-sigma = 3.405
-cutoff = 8.5125
-
-[input]
-path = "cells.extxyz"
-
-[[stage]]
-component = "integrator:fire"
-n_steps = 5
-dt = 5.0
-
-[output]
-path = "{out}"
+model = {{ component = "model:lennard-jones", epsilon = 0.0104, sigma = 3.405, cutoff = 8.5125 }}
+input = {{ path = "cells.extxyz" }}
+stage = [{{ component = "integrator:fire", n_steps = 5, dt = 5.0 }}]
+output = {{ path = "{out}" }}
 """
 
 
