@@ -175,3 +175,30 @@ def test_zarr_data_reads_a_sharded_store_as_one_set(tmp_path):
         sink.write(batch_for([3]))
     results.sink(2).write(batch_for([3]))
     assert len(sink) == 4 and sink.read().system_id.tolist() == [0, 2, 1, 3]  # later parts are seen
+
+
+def _results(ids: list[int], status: int, steps: int):
+    batch = batch_for(ids)
+    batch.set_field("status", torch.full((len(ids),), status), "system")
+    batch.set_field("stage_steps", torch.full((len(ids),), steps), "system")
+    return batch
+
+
+def test_a_run_store_holding_a_structure_twice_is_refused_on_read(tmp_path):
+    """Frames of one structure (other status or step) read; the same record twice does not."""
+    url = memory_url()
+    sink = ZarrData(url)
+    sink.write(_results([0, 1], 0, 10))  # trajectory frames
+    sink.write(_results([0, 1], 0, 20))
+    sink.write(_results([0, 1], 1, 20))  # the results
+    assert sink.read().num_graphs == 6
+    sink.write(_results([1], 1, 20))  # stored again, as a rerun into the same store did
+    with pytest.raises(InvalidDataError, match=r"stored twice.*system_id 1 at records \[5, 6\]"):
+        ZarrData(url).read()
+    assert AtomicDataZarrReader(url).read_batch(0, 6).num_graphs == 6
+    root = tmp_path / "campaign.zarr"
+    results = ShardedZarrStore(root)
+    results.sink(0).write(_results([0, 2], 1, 5))
+    results.sink(1).write(_results([2], 1, 5))  # two ranks stored structure 2
+    with pytest.raises(InvalidDataError, match=r"system_id 2 at records \[1, 2\]"):
+        ZarrData(root).read()

@@ -36,7 +36,7 @@ from alchemi_zarr.chunks import read_local_chunk, write_pieces
 from alchemi_zarr.layout import FieldSpec, Header
 from alchemi_zarr.records import HostRecords, to_batch_indices, to_tensor
 from alchemi_zarr.stores import resolve_store, writer_lock
-from alchemi_zarr.validity import check_records
+from alchemi_zarr.validity import check_records, check_unique
 
 _LEVEL_INDEX = {Level.SYSTEM: 0, Level.NODE: 1, Level.EDGE: 2}
 
@@ -343,7 +343,13 @@ class AtomicStore:
         return self._read_checked(arr.path, arr, start, stop)
 
     def read_batch(self, start: int, stop: int, device: torch.device | str = "cpu") -> Batch:
-        """Committed systems ``start:stop`` as one batch (one read per field)."""
+        """Committed systems ``start:stop`` as one batch (one read per field).
+
+        Raises:
+            InvalidDataError: A record that is not a valid structure, or (in a run's records,
+                which have ``status``) one stored twice: the same ``system_id``, ``status`` and
+                ``stage_steps`` (see :mod:`alchemi_zarr.validity`).
+        """
         if not 0 <= start <= stop <= self.num_systems:
             raise IndexError(f"systems {start}:{stop} out of range for a store of {self.num_systems}")
         assert self.header is not None
@@ -356,6 +362,8 @@ class AtomicStore:
             lo, hi = bounds[spec.level]
             local[name] = to_tensor(self.read_rows(name, int(lo), int(hi)), spec.dtype)
         check_records(local, num_atoms, num_edges, start, self.where)
+        if "status" in local:  # a run's records: one structure at one status and step is stored once
+            check_unique(local, start, self.where)
         fields = {
             name: torch.from_numpy(to_batch_indices(t.numpy(), num_atoms, num_edges)) if name in INDEX_FIELDS else t
             for name, t in local.items()
