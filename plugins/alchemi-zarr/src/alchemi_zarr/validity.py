@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,36 +59,36 @@ def check_records(
     atom_owner = np.repeat(np.arange(len(num_atoms)), num_atoms)
     atom_start = np.concatenate(([0], np.cumsum(num_atoms)[:-1])).astype(np.int64)
     found: list[tuple[int, str]] = []  # (record, what is wrong)
+    # The checks run in numpy: on a busy CPU torch's threaded reductions took ~10 ms on 40,000 rows.
     z = fields["atomic_numbers"]
     if z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool or z.dim() != 1:
         found.append((0, f"atomic_numbers are stored as {z.dtype} rows of shape {list(z.shape[1:])}, not integers"))
-    elif z.numel() and int(z.min()) < 0:
-        row = int(torch.nonzero(z < 0)[0, 0])
+    elif z.numel() and int(_numpy(z).min()) < 0:
+        row = int(np.flatnonzero(_numpy(z) < 0)[0])
         found.append(_at(row, atom_owner, atom_start, f"atomic number {int(z[row])}", "(atomic numbers are 0 or more)"))
     for name in sorted(FINITE_FIELDS & fields.keys()):
         t = fields[name]
-        if t.dtype.is_floating_point and t.numel() and not bool(torch.isfinite(t).all()):
-            rows = ~torch.isfinite(t).reshape(t.shape[0], -1).all(dim=1)
-            row = int(torch.nonzero(rows)[0, 0])
+        if t.dtype.is_floating_point and t.numel() and not _all_finite(_numpy(t)):
+            row = int(np.flatnonzero(~np.isfinite(_numpy(t)).reshape(t.shape[0], -1).all(axis=1))[0])
             if name == "cell":
                 found.append((row, "cell holds NaN or infinite values"))
             else:
                 found.append(_at(row, atom_owner, atom_start, f"{name} hold NaN or infinite values", ""))
     masses = fields.get("atomic_masses")
     if masses is not None and masses.numel():
-        ok = (torch.isfinite(masses) & (masses > 0)).reshape(masses.shape[0], -1).all(dim=1)
-        if not bool(ok.all()):
-            row = int(torch.nonzero(~ok)[0, 0])
-            value = masses.reshape(masses.shape[0], -1)[row, 0].item()
-            found.append(_at(row, atom_owner, atom_start, f"atomic mass {value:g}", "(masses are finite and positive)"))
+        m = _numpy(masses).reshape(masses.shape[0], -1)
+        if not (_all_finite(m) and float(m.min()) > 0):
+            row = int(np.flatnonzero(~(np.isfinite(m) & (m > 0)).all(axis=1))[0])
+            found.append(_at(row, atom_owner, atom_start, f"atomic mass {m[row, 0]:g}", "(masses are finite and positive)"))
     pairs = fields.get("neighbor_list")
-    if pairs is not None and pairs.numel():
-        bound = torch.from_numpy(np.repeat(np.asarray(num_atoms, dtype=np.int64), num_edges)).unsqueeze(-1)
-        bad = ((pairs < 0) | (pairs >= bound)).any(dim=-1) if pairs.dim() == 2 else None
-        if bad is not None and bool(bad.any()):
-            row = int(torch.nonzero(bad)[0, 0])
+    if pairs is not None and pairs.numel() and pairs.dim() == 2 and not pairs.dtype.is_floating_point:
+        local = _numpy(pairs)
+        bound = np.repeat(np.asarray(num_atoms, dtype=np.int64), num_edges)[:, None]
+        bad = ((local < 0) | (local >= bound)).any(axis=1)
+        if bool(bad.any()):
+            row = int(np.flatnonzero(bad)[0])
             record = int(np.repeat(np.arange(len(num_edges)), num_edges)[row])
-            found.append((record, f"neighbor_list holds atom indices {pairs[row].tolist()} outside the record's "
+            found.append((record, f"neighbor_list holds atom indices {local[row].tolist()} outside the record's "
                                   f"{int(num_atoms[record])} atoms"))
     if found:
         record, what = min(found, key=lambda f: f[0])
@@ -148,6 +149,18 @@ def check_unique(columns: Mapping[str, Any], first: int, where: str) -> None:
         "Each structure of a results store is stored once; this one was written twice over (a rerun into "
         "the same store) or crafted. Copy one record of each to a new store (by index) to use it"
     )
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as numpy (half and bfloat16 widened to float32)."""
+    return (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy()
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """Every value finite, in one reduction on valid data (NaN and inf survive a sum; an infinite
+    sum of finite values, an overflow, sends it to the exact test)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return math.isfinite(float(a.sum())) or bool(np.isfinite(a).all())
 
 
 def _at(row: int, owner: np.ndarray, start: np.ndarray, what: str, why: str) -> tuple[int, str]:
