@@ -9,8 +9,8 @@ or in the order the structures were stored, and :func:`plot_results` draws the r
 (a sharded store) reads as one set everywhere here.
 
 A record is known by its ``system_id``, ``status`` and ``stage_steps``: a trajectory stores one
-structure at other statuses or steps, so the same three twice is one structure stored twice, which
-these functions refuse rather than pick one.
+structure at other statuses or steps, so a structure whose last record (its result) has the same
+three as another record was stored twice, which these functions refuse rather than pick one.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -72,7 +72,8 @@ def _structure_ids(reader: Any) -> np.ndarray | None:
     structure twice.
 
     Raises:
-        InvalidDataError: Records with the same ``system_id``, ``status`` and ``stage_steps``.
+        InvalidDataError: A structure whose last record is stored twice (the same ``system_id``,
+            ``status`` and ``stage_steps``; ``alchemi_zarr.validity.repeated_records``).
     """
     from alchemi_zarr.validity import IDENTITY, check_unique
 

@@ -184,18 +184,20 @@ def _results(ids: list[int], status: int, steps: int):
     return batch
 
 
-def test_a_run_store_holding_a_structure_twice_is_refused_on_read(tmp_path):
-    """Frames of one structure (other status or step) read; the same record twice does not."""
+def test_a_run_store_holding_a_result_twice_is_refused_on_read(tmp_path):
+    """Frames of one structure (other status or step) read, and so do frames repeated by a run
+    that was interrupted and run again; a structure's result stored twice does not."""
     url = memory_url()
     sink = ZarrData(url)
     sink.write(_results([0, 1], 0, 10))  # trajectory frames
     sink.write(_results([0, 1], 0, 20))
+    sink.write(_results([0], 0, 10))  # 0's trajectory again (the run was interrupted and rerun)
     sink.write(_results([0, 1], 1, 20))  # the results
-    assert sink.read().num_graphs == 6
-    sink.write(_results([1], 1, 20))  # stored again, as a rerun into the same store did
-    with pytest.raises(InvalidDataError, match=r"stored twice.*system_id 1 at records \[5, 6\]"):
+    assert sink.read().num_graphs == 7
+    sink.write(_results([1], 1, 20))  # 1's result again, as a rerun into the same store did
+    with pytest.raises(InvalidDataError, match=r"stored twice.*system_id 1 at records \[6, 7\]"):
         ZarrData(url).read()
-    assert AtomicDataZarrReader(url).read_batch(0, 6).num_graphs == 6
+    assert AtomicDataZarrReader(url).read_batch(0, 8).num_graphs == 8  # a range read gives the records as stored
     root = tmp_path / "campaign.zarr"
     results = ShardedZarrStore(root)
     results.sink(0).write(_results([0, 2], 1, 5))

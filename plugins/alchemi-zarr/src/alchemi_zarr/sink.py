@@ -42,6 +42,7 @@ from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
+from alchemi_zarr.validity import IDENTITY, check_unique
 
 if TYPE_CHECKING:
     from alchemi_zarr.background import BackgroundWriter
@@ -183,18 +184,24 @@ class ZarrData(DataSink):
 
         Raises:
             RuntimeError: The store holds no systems.
-            InvalidDataError: A record is not a valid structure, or a chunk is damaged (the
-                message names the record or the array).
+            InvalidDataError: A record is not a valid structure, a chunk is damaged, or (in a
+                run's records, which have ``status``) a structure's last record is stored twice
+                (see ``alchemi_zarr.validity.repeated_records``); the message names the records
+                or the array.
         """
         if self._sharded is not None:
             if self._sharded.refresh() == 0:
                 raise CapacityError(f"ZarrData({self._sharded.root}) is empty: nothing to read")
-            return self._sharded.read_batch()
-        self.flush()
-        self.store.refresh()
-        if self.store.num_systems == 0:
-            raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
-        return self.store.read_batch(0, self.store.num_systems)
+            batch, where = self._sharded.read_batch(), self._sharded.root
+        else:
+            self.flush()
+            self.store.refresh()
+            if self.store.num_systems == 0:
+                raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
+            batch, where = self.store.read_batch(0, self.store.num_systems), self.store.where
+        if "status" in batch:  # a run's records: each structure's result is stored once
+            check_unique({k: getattr(batch, k) for k in IDENTITY if k in batch}, 0, where)
+        return batch
 
     def zero(self) -> None:
         """Forget every record (the store becomes empty; its space is freed)."""

@@ -36,7 +36,7 @@ from alchemi_zarr.chunks import read_local_chunk, write_pieces
 from alchemi_zarr.layout import FieldSpec, Header
 from alchemi_zarr.records import HostRecords, to_batch_indices, to_tensor
 from alchemi_zarr.stores import resolve_store, writer_lock
-from alchemi_zarr.validity import check_records, check_unique
+from alchemi_zarr.validity import check_records
 
 _LEVEL_INDEX = {Level.SYSTEM: 0, Level.NODE: 1, Level.EDGE: 2}
 
@@ -346,9 +346,8 @@ class AtomicStore:
         """Committed systems ``start:stop`` as one batch (one read per field).
 
         Raises:
-            InvalidDataError: A record that is not a valid structure, or (in a run's records,
-                which have ``status``) one stored twice: the same ``system_id``, ``status`` and
-                ``stage_steps`` (see :mod:`alchemi_zarr.validity`).
+            InvalidDataError: A record that is not a valid structure (see
+                :func:`~alchemi_zarr.validity.check_records`).
         """
         if not 0 <= start <= stop <= self.num_systems:
             raise IndexError(f"systems {start}:{stop} out of range for a store of {self.num_systems}")
@@ -362,8 +361,6 @@ class AtomicStore:
             lo, hi = bounds[spec.level]
             local[name] = to_tensor(self.read_rows(name, int(lo), int(hi)), spec.dtype)
         check_records(local, num_atoms, num_edges, start, self.where)
-        if "status" in local:  # a run's records: one structure at one status and step is stored once
-            check_unique(local, start, self.where)
         fields = {
             name: torch.from_numpy(to_batch_indices(t.numpy(), num_atoms, num_edges)) if name in INDEX_FIELDS else t
             for name, t in local.items()

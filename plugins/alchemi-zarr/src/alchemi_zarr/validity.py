@@ -100,19 +100,21 @@ def check_records(
 
 
 #: Fields that tell a structure's records apart: a trajectory stores one structure (one
-#: ``system_id``) many times, at other statuses or stage steps; the same three values twice are
-#: one record stored twice.
+#: ``system_id``) many times, at other statuses or stage steps.
 IDENTITY = ("system_id", "status", "stage_steps")
 
 
 def repeated_records(columns: Mapping[str, np.ndarray]) -> list[list[int]]:
-    """Groups of record indices that hold one record twice or more (same ``system_id``, and the
-    same ``status`` and ``stage_steps`` where the store has them); [] when there are none or no
-    ``system_id``.
+    """Groups of record indices where a structure's last record (its result, or its latest frame)
+    is stored twice or more: the same ``system_id``, and the same ``status`` and ``stage_steps``
+    where the store has them. [] when there are none or no ``system_id``. Earlier frames that
+    repeat (a trajectory run again after an interruption) are not counted: the structure's result
+    is still there once.
 
     Example:
-        >>> repeated_records({"system_id": np.array([0, 1, 0]), "status": np.array([2, 2, 2])})
-        [[0, 2]]
+        >>> ids, status = np.array([0, 1, 0, 0, 1, 1]), np.array([0, 0, 0, 2, 2, 2])
+        >>> repeated_records({"system_id": ids, "status": status})   # 0's frame twice, 1's result twice
+        [[4, 5]]
     """
     present = [np.asarray(columns[k]).reshape(len(columns[k]), -1)[:, 0] for k in IDENTITY if k in columns]
     if "system_id" not in columns or not len(present[0]):
@@ -122,7 +124,11 @@ def repeated_records(columns: Mapping[str, np.ndarray]) -> list[list[int]]:
     inverse = inverse.reshape(-1)
     if (counts < 2).all():
         return []
-    return [np.nonzero(inverse == g)[0].tolist() for g in np.nonzero(counts > 1)[0]]
+    ids = present[0]
+    _, from_end = np.unique(ids[::-1], return_index=True)
+    last = len(ids) - 1 - from_end  # each structure's last record
+    groups = np.unique(inverse[last][counts[inverse[last]] > 1])
+    return [np.nonzero(inverse == g)[0].tolist() for g in groups]
 
 
 def check_unique(columns: Mapping[str, Any], first: int, where: str) -> None:
