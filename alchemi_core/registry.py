@@ -86,6 +86,16 @@ def available(kind: str | None = None) -> list[ComponentRecord]:
     return sorted(out, key=lambda r: (r.kind, r.name))
 
 
+def engine_state_fields() -> frozenset[str]:
+    """Every batch field that is engine state rather than data about a structure: the engine's
+    own (``alchemi_core.data.fields.ENGINE_STATE_FIELDS``) and those each registered component
+    names as its state (an integrator's ``fire_dt``). ``to_atoms`` and exports leave them out."""
+    from alchemi_core.data.fields import ENGINE_STATE_FIELDS
+
+    named = (f for recs in manager().components.values() for r in recs for f in r.state_fields)
+    return ENGINE_STATE_FIELDS.union(named)
+
+
 def _split(spec: str) -> tuple[str, str]:
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ComponentNotFoundError(

@@ -7,6 +7,7 @@ Example::
     $ alchemi inspect results.zarr --plot plots/
     $ alchemi export results.zarr relaxed.extxyz
     $ alchemi export results.zarr trajectories.traj --frames all
+    $ alchemi export results.zarr finished.extxyz --order stored
 """
 
 from __future__ import annotations
@@ -78,14 +79,17 @@ def inspect_store(store: str, as_json: bool, plot_dir: str | None, limit: int) -
               help="Each structure's last frame, or every stored frame (trajectories).")
 @click.option("--format", "fmt", type=click.Choice(["extxyz", "traj"]), default=None,
               help="Output format (default: from OUT's suffix: .extxyz/.xyz or .traj).")
+@click.option("--order", type=click.Choice(["input", "stored"]), default="input", show_default=True,
+              help="Structures by system_id (the input's order), or in the order they were stored (finished).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 @reported
-def export_store(store: str, out: str, frames: str, fmt: str | None, as_json: bool) -> None:
+def export_store(store: str, out: str, frames: str, fmt: str | None, order: str, as_json: bool) -> None:
     """Write the structures of STORE to OUT (extended XYZ or ASE .traj), with their info, tags,
-    charges, magnetic moments and constraints."""
+    charges, magnetic moments and constraints (engine state such as an optimiser's step size is
+    left out). A data-parallel run's store reads as one set."""
     from alchemi_core.workflow.results import export_structures
 
-    n = export_structures(store, out, frames=frames, format=fmt)
+    n = export_structures(store, out, frames=frames, format=fmt, order=order)
     if as_json:
         click.echo(json.dumps({"schema_version": 1, "store": store, "out": out, "frames": n}))
     else:

@@ -229,7 +229,8 @@ def atoms_from_fields(
 
     Fields it has no ASE place for go to ``atoms.arrays`` (atom fields, renamed ``alchemi_<name>``
     where ASE uses the name) and ``atoms.info`` (system fields: ``system_id``, ``status``, ``fmax``,
-    ...); edge fields and ``exclude`` are left out.
+    ...); edge fields, engine state (``stage_steps``, an integrator's ``fire_dt``: see
+    ``alchemi_core.registry.engine_state_fields``) and ``exclude`` are left out.
 
     Raises:
         InvalidDataError: A field of a dtype ASE files cannot hold (complex).
@@ -262,7 +263,9 @@ def atoms_from_fields(
     constraints = _constraints(f)
     if constraints:
         atoms.set_constraint(constraints)
-    skip = set(exclude)
+    from alchemi_core.registry import engine_state_fields
+
+    skip = set(exclude) | engine_state_fields()
     for name, value in f.items():
         level = str(getattr((levels or {}).get(name), "value", (levels or {}).get(name)))
         if name in PLACED or name in skip or name.startswith(_INFO_PREFIXES) or level not in _EXTRA_LEVELS:

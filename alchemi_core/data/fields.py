@@ -66,6 +66,12 @@ KNOWN_LEVELS: dict[str, Level] = {
 #: Edge fields that hold atom indices: batching offsets them by each system's first atom.
 INDEX_FIELDS: frozenset[str] = frozenset({"neighbor_list"})
 
+#: Fields the engine keeps per system for itself (steps used in the current stage, the energy at
+#: the last check): engine state, not data about the structure. Components name their own state
+#: fields when they register (``Registrar.add(state_fields=...)``); ``registry.engine_state_fields()``
+#: gives the union.
+ENGINE_STATE_FIELDS: frozenset[str] = frozenset({"stage_steps", "energy_prev"})
+
 _registered: dict[str, Level] = {}
 
 

@@ -31,6 +31,9 @@ class ComponentRecord:
     summary: str = ""
     exports: tuple[str, ...] = ()  # public names, e.g. "alchemi_core.dynamics.GPUBuffer"
     requires: tuple[tuple[str, str], ...] = ()  # (import name, what to pip install)
+    #: Batch fields the component keeps for itself while it runs (an integrator's per-system
+    #: state): stored with a record, never handed to ASE (``to_atoms`` leaves them out).
+    state_fields: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
@@ -68,6 +71,7 @@ class Registrar:
         summary: str = "",
         exports: list[str] | tuple[str, ...] = (),
         requires: dict[str, str] | None = None,
+        state_fields: list[str] | tuple[str, ...] = (),
     ) -> None:
         """Register ``kind:name`` as the object at ``target``.
 
@@ -78,6 +82,8 @@ class Registrar:
             exports: Public names under ``alchemi_core`` that resolve to this component.
             requires: Optional packages it imports, as ``{import name: pip requirement}``, so a
                 missing one is reported with what to install.
+            state_fields: Batch fields the component creates for its own state (an integrator's
+                ``fire_dt``): engine state, which ``to_atoms`` and exports leave out.
 
         Raises:
             ConfigurationError: A malformed name or target.
@@ -101,6 +107,7 @@ class Registrar:
                 summary=summary,
                 exports=tuple(exports),
                 requires=tuple((requires or {}).items()),
+                state_fields=tuple(state_fields),
             )
         )
         for public in exports:

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from alchemi_core.errors import InvalidDataError
 from alchemi_core.parallel import RankContext, run_data_parallel
 from alchemi_core.workflow.plan import build_plan, execute
 from alchemi_core.workflow.run import NumberedDataset, log_path_for, open_input
@@ -84,7 +85,10 @@ def sharded_output(workflow: Workflow) -> Any:
     # Trajectory frames carry a stage's status; only records at the exit status (or a failure
     # status) are results, so a structure with frames but no result is run again.
     frames = range(len(workflow.stages)) if out.trajectory_every else ()
-    return ShardedZarrStore(out.path, frame_statuses=frames, **params)
+    try:
+        return ShardedZarrStore(out.path, frame_statuses=frames, **params)
+    except InvalidDataError as exc:  # a file, a folder of other files, a foreign group: named by key
+        raise WorkflowError("output.path", " ".join(str(exc).split()), workflow.source) from None
 
 
 def _rank_device(workflow: Workflow, device: str | torch.device | None, ctx: RankContext) -> torch.device:

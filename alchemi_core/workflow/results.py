@@ -3,8 +3,14 @@
 A results store holds records; a structure (one ``system_id``) has one record per stored frame:
 its final state, and trajectory frames when the run stored them. :func:`structure_table` has one
 row per structure (its last record), :func:`export_structures` writes the last frame of each
-structure or every frame to extended XYZ or an ASE ``.traj``, and :func:`plot_results` draws the
-run's log (``<store>.log.csv``) or, without one, the store's final values.
+structure or every frame to extended XYZ or an ASE ``.traj``, in input order (by ``system_id``)
+or in the order the structures were stored, and :func:`plot_results` draws the run's log
+(``<store>.log.csv``) or, without one, the store's final values. A store of a data-parallel run
+(a sharded store) reads as one set everywhere here.
+
+A record is known by its ``system_id``, ``status`` and ``stage_steps``: a trajectory stores one
+structure at other statuses or steps, so a structure whose last record (its result) has the same
+three as another record was stored twice, which these functions refuse rather than pick one.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -31,6 +37,9 @@ from alchemi_core.errors import ConfigurationError, InvalidDataError
 PLOTS = ("energy", "temperature", "fmax", "throughput")
 #: Export formats by file suffix.
 FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
+#: Orders :func:`export_structures` writes structures in: by ``system_id`` (the order of the
+#: input, which a run numbers from 0), or the order their last records were stored (completion).
+ORDERS = ("input", "stored")
 
 
 def open_store(path: Any) -> Any:
@@ -45,30 +54,43 @@ def open_store(path: Any) -> Any:
     if isinstance(path, (str, os.PathLike)) and "://" not in str(path) and not Path(path).exists():
         raise InvalidDataError(f"no results store at {str(path)!r}; give the path of a .zarr store a run wrote")
     reader_cls = registry.resolve_export("alchemi_core.data.datapipes", "AtomicDataZarrReader")
-    if isinstance(path, reader_cls) or hasattr(path, "parts"):
-        return path
-    from alchemi_zarr.sharded import ShardedZarrReader, is_sharded  # alchemi-zarr is there: reader_cls is
+    from alchemi_zarr.sharded import ShardedZarrReader, open_reader  # alchemi-zarr is there: reader_cls is
 
-    return ShardedZarrReader(path) if is_sharded(path) else reader_cls(path)
+    if isinstance(path, reader_cls | ShardedZarrReader):
+        return path
+    return open_reader(path)
 
 
 def _column(reader: Any, name: str) -> np.ndarray | None:
     if name not in reader.fields:
         return None
-    column = getattr(reader, "column", None)
-    if column is not None:  # a sharded store: every part's rows, in reader order
-        return column(name)
-    store = reader.store
-    return store.read_rows(name, 0, store.num_systems)
+    return np.asarray(reader.column(name))
+
+
+def _structure_ids(reader: Any) -> np.ndarray | None:
+    """Every record's ``system_id`` (None without the field), once the store is known to hold no
+    structure twice.
+
+    Raises:
+        InvalidDataError: A structure whose last record is stored twice (the same ``system_id``,
+            ``status`` and ``stage_steps``; ``alchemi_zarr.validity.repeated_records``).
+    """
+    from alchemi_zarr.validity import IDENTITY, check_unique
+
+    ids = _column(reader, "system_id")
+    if ids is None or "status" not in reader.fields:  # not a run's results: no claim on repeats
+        return ids
+    check_unique({k: _column(reader, k) for k in IDENTITY if k in reader.fields}, 0, reader.where)
+    return ids
 
 
 def last_records(reader: Any) -> np.ndarray:
     """Index of each structure's last record, in order of first appearance."""
-    ids = _column(reader, "system_id")
+    ids = _structure_ids(reader)
     if ids is None:
         return np.arange(len(reader))
     last: dict[int, int] = {}
-    for i, sid in enumerate(ids.tolist()):
+    for i, sid in enumerate(ids.reshape(-1).tolist()):
         last[sid] = i
     return np.fromiter(last.values(), dtype=np.int64, count=len(last))
 
@@ -118,7 +140,7 @@ def store_summary(store: Any) -> dict[str, Any]:
             statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
     energies = np.array([r["energy_per_atom_eV"] for r in table if "energy_per_atom_eV" in r])
     out: dict[str, Any] = {
-        "store": str(getattr(getattr(reader, "store", None), "where", store)),
+        "store": str(reader.where),
         "records": len(reader),
         "structures": len(table),
         "atoms": int(sum(r["atoms"] for r in table)),
@@ -131,21 +153,28 @@ def store_summary(store: Any) -> dict[str, Any]:
     return out
 
 
-def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "last", format: str | None = None) -> int:
+def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "last", format: str | None = None,
+                      order: str = "input") -> int:
     """Write structures of ``store`` to ``out`` (replaced): each structure's last frame, or every
-    frame (``frames="all"``, grouped by structure in the order they were stored).
+    frame (``frames="all"``, grouped by structure, each structure's frames in the order stored).
+
+    Each frame is ``to_atoms()`` of its record: the structure's data and results, without engine
+    state (``stage_steps``, an optimiser's ``fire_dt``; ``alchemi_core.registry.engine_state_fields``).
 
     Args:
-        store: A results store (path, URL or reader).
+        store: A results store (path, URL or reader; the root of a sharded store reads as one set).
         out: An ``.extxyz``/``.xyz`` file (extended XYZ) or ``.traj`` (ASE trajectory).
         frames: ``"last"`` or ``"all"``.
         format: ``"extxyz"`` or ``"traj"`` (default: from the suffix of ``out``).
+        order: ``"input"``: structures by ``system_id``, the order of the run's input;
+            ``"stored"``: in the order their last records were stored (the order they finished).
 
     Returns:
         Frames written.
 
     Raises:
-        ConfigurationError: An unknown format or ``frames`` value.
+        ConfigurationError: An unknown format, ``frames`` or ``order`` value.
+        InvalidDataError: The store holds a structure twice (see the module docstring).
     """
     import ase.io
 
@@ -157,11 +186,9 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
         )
     if frames not in ("last", "all"):
         raise ConfigurationError(f"frames must be 'last' or 'all', got {frames!r}")
-    if frames == "last":
-        indices = last_records(reader).tolist()
-    else:
-        ids = _column(reader, "system_id")
-        indices = list(range(len(reader))) if ids is None else np.argsort(ids, kind="stable").tolist()
+    if order not in ORDERS:
+        raise ConfigurationError(f"order must be one of {list(ORDERS)}, got {order!r}")
+    indices = _export_order(reader, frames, order)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).unlink(missing_ok=True)
     if fmt == "traj":
@@ -176,6 +203,22 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
         chunk = [reader[i].to_atoms(exclude=EDGE_FIELDS) for i in indices[lo:lo + block]]
         ase.io.write(str(out), chunk, format="extxyz", append=lo > 0)
     return len(indices)
+
+
+def _export_order(reader: Any, frames: str, order: str) -> list[int]:
+    """The records to export, in the order to write them."""
+    last = last_records(reader)
+    ids = _column(reader, "system_id")
+    if ids is None:
+        return last.tolist()
+    ids = ids.reshape(-1)
+    # Structures in the order asked: by id, or by where their last record lies.
+    chosen = last[np.argsort(ids[last], kind="stable")] if order == "input" else np.sort(last)
+    if frames == "last":
+        return chosen.tolist()
+    by_id = np.argsort(ids[chosen], kind="stable")  # positions in `chosen`, by id
+    record_rank = by_id[np.searchsorted(ids[chosen][by_id], ids)]  # each record's structure's position
+    return np.lexsort((np.arange(len(ids)), record_rank)).tolist()
 
 
 def plot_results(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] = PLOTS,

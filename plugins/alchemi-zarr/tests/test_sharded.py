@@ -57,7 +57,7 @@ def test_roots_and_single_stores_are_not_confused(tmp_path: Path) -> None:
     root = tmp_path / "root.zarr"
     ShardedZarrStore(root)
     with pytest.raises(InvalidDataError, match="sharded results store"):
-        ZarrData(root)
+        ZarrData(root).write(make_batch([1]))  # it reads as one set, but each rank writes its part
     ShardedZarrStore(root).sink(0).write(make_batch([2]))
     with pytest.raises(InvalidDataError, match="ShardedZarrReader"):
         AtomicDataZarrReader(root)

@@ -9,6 +9,24 @@ from alchemi_core.plugin import hookimpl
 if TYPE_CHECKING:
     from alchemi_core.plugin.registrar import Registrar
 
+#: The per-system state fields each integrator keeps in the batch (its modules name them:
+#: ``fire.FIRE_DT``, ``cell_filter.CELL_DOF``, ...). Registered with the integrator, so exports and
+#: ``to_atoms`` leave them out without importing it; a test runs every integrator and checks the
+#: fields it creates against these.
+_FIRE_STATE = ("fire_dt", "fire_alpha", "fire_positive_steps", "fire_steps",
+               "cell_filter_reference", "cell_filter_dof", "cell_filter_velocity")
+_MTK_STATE = ("npt_strain_rate", "npt_thermostat_positions", "npt_thermostat_velocities",
+              "npt_barostat_chain_positions", "npt_barostat_chain_velocities")
+STATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "velocity-verlet": (),
+    "langevin": ("langevin_noise_step",),
+    "nose-hoover": ("nhc_positions", "nhc_velocities"),
+    "fire": _FIRE_STATE,
+    "fire2": _FIRE_STATE,
+    "npt-mtk": _MTK_STATE,
+    "npt-crescale": (),
+}
+
 _INTEGRATORS = (
     ("velocity-verlet", "verlet:VelocityVerlet", "NVE velocity Verlet (symplectic, time-reversible)"),
     ("langevin", "langevin:Langevin", "NVT Langevin dynamics, BAOAB splitting"),
@@ -29,4 +47,5 @@ def alchemi_register_integrators(registrar: Registrar) -> None:
             f"alchemi_integrators.{target}",
             summary=summary,
             exports=[f"alchemi_core.dynamics.{cls}"],
+            state_fields=STATE_FIELDS[name],
         )

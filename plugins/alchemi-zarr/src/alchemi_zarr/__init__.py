@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from alchemi_zarr.export import export_extxyz
     from alchemi_zarr.pending import BackgroundWriteError
     from alchemi_zarr.reader import AtomicDataZarrReader
-    from alchemi_zarr.sharded import ShardedZarrReader, ShardedZarrStore, open_reader
+    from alchemi_zarr.sharded import ShardedZarrReader, open_reader
+    from alchemi_zarr.sharded_store import ShardedZarrStore
     from alchemi_zarr.sink import ZarrData
     from alchemi_zarr.writer import AtomicDataZarrWriter
 
@@ -36,7 +37,7 @@ _WHERE = {
     "BackgroundWriteError": "alchemi_zarr.pending",
     "export_extxyz": "alchemi_zarr.export",
     "ShardedZarrReader": "alchemi_zarr.sharded",
-    "ShardedZarrStore": "alchemi_zarr.sharded",
+    "ShardedZarrStore": "alchemi_zarr.sharded_store",
     "open_reader": "alchemi_zarr.sharded",
 }
 __all__ = sorted(_WHERE)

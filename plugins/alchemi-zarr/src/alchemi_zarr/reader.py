@@ -125,6 +125,15 @@ class AtomicDataZarrReader:
         """Atoms and edges of every structure, as two int64 arrays."""
         return np.diff(self._atom_ptr), np.diff(self._edge_ptr)
 
+    @property
+    def where(self) -> str:
+        """The store, as messages name it."""
+        return self.store.where
+
+    def column(self, name: str) -> np.ndarray:
+        """Every record's rows of system field ``name`` (e.g. ``energy``), in reader order."""
+        return self.store.read_rows(name, 0, len(self))
+
     def get_all_system_ids(self) -> np.ndarray:
         """Every structure's ``system_id`` (one read of that field), or its index when the store
         has no such field."""

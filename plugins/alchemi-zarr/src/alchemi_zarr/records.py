@@ -27,6 +27,7 @@ from alchemi_core.data import Batch
 from alchemi_core.data.fields import INDEX_FIELDS, Level
 from alchemi_core.data.staging import StagingSlot
 from alchemi_core.dynamics.capture import gpu_index
+from alchemi_core.errors import InvalidDataError
 from alchemi_zarr.layout import FieldSpec
 
 T = TypeVar("T")
@@ -186,8 +187,21 @@ class HostRecords:
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, units: Mapping[str, str] | None = None) -> HostRecords:
-        """Records of a (finished) snapshot; ``units`` name the units of custom fields."""
+        """Records of a (finished) snapshot; ``units`` name the units of custom fields.
+
+        Raises:
+            InvalidDataError: The snapshot holds one ``system_id`` twice (one write stores each
+                system once; a trajectory writes a system again in later writes).
+        """
         snap.wait()
+        if snap.system_ids is not None:
+            ids = snap.system_ids.reshape(-1)
+            if len(ids) > 1 and len(torch.unique(ids)) != len(ids):
+                values, counts = torch.unique(ids, return_counts=True)
+                raise InvalidDataError(
+                    f"the systems written hold system_id {values[counts > 1][:10].tolist()} more than once; nothing "
+                    "was written. Give each system of a batch its own system_id"
+                )
         units = units or {}
         fields: dict[str, np.ndarray] = {}
         specs: dict[str, FieldSpec] = {}

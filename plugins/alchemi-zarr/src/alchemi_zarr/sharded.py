@@ -1,11 +1,14 @@
-"""One results store for many writing processes: a root group whose parts are alchemi stores.
+"""One results store for many writing processes: a root group whose parts are alchemi stores,
+and :class:`ShardedZarrReader`, which reads it as one set.
 
 A data-parallel run (``alchemi_core.parallel``) gives each rank its own part, ``<root>/part-00003``
 for rank 3: an ordinary alchemi store (docs/storage.md) that only that rank appends to, so no
 lock is needed and no two ranks can interleave a record, on a local disk, a shared file system
 or an object store alike. A part's records commit as any store's do (whole or not at all), so a
 killed rank leaves its committed records intact. :class:`ShardedZarrReader` reads the union of
-the parts as one dataset; :func:`open_reader` opens a root or a single store alike.
+the parts as one dataset, with the interface of ``AtomicDataZarrReader``; :func:`open_reader`
+opens a root or a single store alike, and so does ``ZarrData(root).read()``. The ranks write
+through :class:`alchemi_zarr.sharded_store.ShardedZarrStore`.
 
 The root is a Zarr group whose attribute ``alchemi_sharded`` marks it
 (``{"format": "alchemi.sharded", "version": 1}``). Parts are found by listing the root, so a
@@ -14,19 +17,20 @@ appends to part *r*.
 
 Example:
     >>> from alchemi_core.testing import make_batch
-    >>> from alchemi_zarr.sharded import ShardedZarrStore
+    >>> from alchemi_zarr import ShardedZarrStore
     >>> root = ShardedZarrStore("memory://sharded-doc")
     >>> root.sink(0).write(make_batch([3, 2]))
     >>> root.sink(1).write(make_batch([4]))
-    >>> sorted(root.committed_ids().tolist()), len(root.reader())
-    ([0, 0, 1], 3)
+    >>> reader = open_reader("memory://sharded-doc")
+    >>> type(reader).__name__, len(reader), reader.read_batch().num_nodes
+    ('ShardedZarrReader', 3, 9)
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +41,7 @@ from alchemi_core.data import AtomicData, Batch
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_zarr import layout
 from alchemi_zarr.reader import AtomicDataZarrReader
-from alchemi_zarr.sink import ZarrData
-from alchemi_zarr.storage import AtomicStore
+from alchemi_zarr.storage import AtomicStore, check_write_target
 
 SHARDED_KEY = "alchemi_sharded"
 SHARDED_FORMAT: dict[str, Any] = {"format": "alchemi.sharded", "version": 1}
@@ -50,7 +53,7 @@ def part_name(rank: int) -> str:
     return f"{PART_PREFIX}{int(rank):05d}"
 
 
-def _root_text(root: str | os.PathLike[str]) -> str:
+def root_text(root: str | os.PathLike[str]) -> str:
     if isinstance(root, os.PathLike):
         return os.fspath(root)
     if not isinstance(root, str):
@@ -60,7 +63,7 @@ def _root_text(root: str | os.PathLike[str]) -> str:
     return root
 
 
-def _join(root: str, name: str) -> str:
+def join_part(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if "://" in root else str(Path(root) / name)
 
 
@@ -68,13 +71,15 @@ def _join(root: str, name: str) -> str:
 _CREATE_ATTEMPTS = 5
 
 
-def _open_root(root: str, create: bool, storage_options: dict[str, Any] | None) -> Any:
+def open_root(root: str, create: bool, storage_options: dict[str, Any] | None) -> Any:
     import zarr
     from zarr.errors import ContainsGroupError
 
     from alchemi_zarr.stores import resolve_store
 
-    store, where, _ = resolve_store(root, read_only=not create, storage_options=storage_options)
+    store, where, folder = resolve_store(root, read_only=not create, storage_options=storage_options)
+    if create:
+        check_write_target(store, where, folder)
     for attempt in range(_CREATE_ATTEMPTS):
         try:
             group = zarr.open_group(store, mode="a" if create else "r", zarr_format=3)
@@ -113,95 +118,17 @@ def is_sharded(root: Any, storage_options: dict[str, Any] | None = None) -> bool
     if not isinstance(root, str | os.PathLike):
         return False
     try:
-        _open_root(_root_text(root), False, storage_options)
-    except InvalidDataError:
+        open_root(root_text(root), False, storage_options)
+    except Exception:  # noqa: BLE001 - not a readable root; opened as a single store, the damage is named
         return False
     return True
 
 
-def _part_names(group: Any) -> list[str]:
+def part_names(group: Any) -> list[str]:
     return sorted(k for k in group.group_keys() if k.startswith(PART_PREFIX))
 
 
-class ShardedZarrStore:
-    """The results store of a data-parallel run (an ``alchemi_core.parallel.ResultsStore``).
-
-    Args:
-        root: A local path or an fsspec URL; created when absent, continued when present.
-        asynchronous: Passed to each part's ``ZarrData`` (write in the background).
-        frame_statuses: Statuses of records that are trajectory frames, not results (e.g. the
-            stage codes ``range(n_stages)`` when a run also snapshots into the store):
-            ``committed_ids`` leaves them out, so a structure with frames but no result is not
-            taken as done.
-        storage_options: fsspec options for URLs.
-        **sink_options: Other ``ZarrData`` options of the parts (``units``, ``max_pending``).
-
-    Raises:
-        InvalidDataError: ``root`` holds something other than a sharded store.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        asynchronous: bool | str = False,
-        frame_statuses: Iterable[int] = (),
-        storage_options: dict[str, Any] | None = None,
-        **sink_options: Any,
-    ) -> None:
-        self.root = _root_text(root)
-        self.asynchronous = asynchronous
-        self.frame_statuses = np.asarray(sorted(int(s) for s in frame_statuses), dtype=np.int64)
-        self.storage_options = storage_options
-        self.sink_options = sink_options
-        self._group = _open_root(self.root, True, storage_options)
-
-    def part(self, rank: int) -> str:
-        """Where rank ``rank``'s part lives."""
-        return _join(self.root, part_name(rank))
-
-    def sink(self, rank: int) -> ZarrData:
-        """Rank ``rank``'s part, as a sink (only that rank may write it)."""
-        return ZarrData(self.part(rank), asynchronous=self.asynchronous,  # type: ignore[arg-type]
-                        storage_options=self.storage_options, **self.sink_options)
-
-    def _parts(self) -> list[AtomicStore]:
-        group = _open_root(self.root, True, self.storage_options)
-        return [AtomicStore(_join(self.root, name), read_only=True, storage_options=self.storage_options)
-                for name in _part_names(group)]
-
-    def committed_ids(self) -> np.ndarray:
-        """The ``system_id`` of every committed result (frames left out), over all parts (one
-        column read per part, two with ``frame_statuses``).
-
-        Raises:
-            InvalidDataError: A part's records carry no ``system_id`` (or no ``status``).
-        """
-        ids = [self._results(part) for part in self._parts()]
-        return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-
-    def _results(self, part: AtomicStore) -> np.ndarray:
-        ids = _system_ids(part)
-        if not len(self.frame_statuses) or not len(ids):
-            return ids
-        status = _column(part, "status")
-        return ids[~np.isin(status, self.frame_statuses)]
-
-    def committed_count(self) -> int:
-        """Results committed over all parts (one small read per part without ``frame_statuses``)."""
-        if len(self.frame_statuses):
-            return len(self.committed_ids())
-        return sum(part.num_systems for part in self._parts())
-
-    def reader(self) -> ShardedZarrReader:
-        """The union of the parts, as one dataset."""
-        return ShardedZarrReader(self.root, storage_options=self.storage_options)
-
-    def __repr__(self) -> str:
-        return f"ShardedZarrStore({self.root!r})"
-
-
-def _column(part: AtomicStore, name: str) -> np.ndarray:
+def column_of(part: AtomicStore, name: str) -> np.ndarray:
     if part.num_systems == 0:
         return np.zeros(0, dtype=np.int64)
     if part.header is None or name not in part.header.fields:
@@ -209,8 +136,8 @@ def _column(part: AtomicStore, name: str) -> np.ndarray:
     return np.asarray(part.read_rows(name, 0, part.num_systems), dtype=np.int64).reshape(-1)
 
 
-def _system_ids(part: AtomicStore) -> np.ndarray:
-    return _column(part, "system_id")
+def system_ids_of(part: AtomicStore) -> np.ndarray:
+    return column_of(part, "system_id")
 
 
 class ShardedZarrReader:
@@ -225,17 +152,17 @@ class ShardedZarrReader:
 
     def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None,
                  cache_chunks: int = 4) -> None:
-        self.root = _root_text(root)
+        self.root = root_text(root)
         self.storage_options = storage_options
         self.cache_chunks = int(cache_chunks)
         self._open()
 
     def _open(self) -> None:
-        group = _open_root(self.root, False, self.storage_options)
+        group = open_root(self.root, False, self.storage_options)
         self.parts = [
-            AtomicDataZarrReader(_join(self.root, name), storage_options=self.storage_options,
+            AtomicDataZarrReader(join_part(self.root, name), storage_options=self.storage_options,
                                  cache_chunks=self.cache_chunks)
-            for name in _part_names(group)
+            for name in part_names(group)
         ]
         self._offsets = np.cumsum([0] + [len(p) for p in self.parts]).astype(np.int64)
 
@@ -274,10 +201,19 @@ class ShardedZarrReader:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate([m[0] for m in metas]), np.concatenate([m[1] for m in metas])
 
+    @property
+    def where(self) -> str:
+        """The root, as messages name it."""
+        return self.root
+
     def system_ids(self) -> np.ndarray:
         """The ``system_id`` of every record, in reader order."""
-        ids = [_system_ids(p.store) for p in self.parts]
+        ids = [system_ids_of(p.store) for p in self.parts]
         return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+
+    def get_all_system_ids(self) -> np.ndarray:
+        """Every record's ``system_id``, as ``AtomicDataZarrReader.get_all_system_ids`` gives it."""
+        return self.system_ids()
 
     def column(self, name: str) -> np.ndarray:
         """Every record's rows of system field ``name`` (e.g. ``energy``), in reader order."""

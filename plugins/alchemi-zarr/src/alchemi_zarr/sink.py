@@ -42,6 +42,7 @@ from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
+from alchemi_zarr.validity import IDENTITY, check_unique
 
 if TYPE_CHECKING:
     from alchemi_zarr.background import BackgroundWriter
@@ -84,8 +85,15 @@ class ZarrData(DataSink):
             raise ConfigurationError(f"ZarrData capacity must be >= 0 (or None for no limit), got {capacity}")
         self._capacity = UNLIMITED if capacity is None else int(capacity)
         self.units = dict(units or {})
-        self.store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._background: BackgroundWriter | ProcessWriter | None = None
+        self._mode: str | None = None
+        from alchemi_zarr.sharded import ShardedZarrReader, is_sharded
+
+        #: The root of a sharded store (a data-parallel run's) reads as one set; it takes no writes.
+        self._sharded = ShardedZarrReader(store, storage_options) if is_sharded(store, storage_options) else None
+        if self._sharded is not None:
+            return
+        self._store = AtomicStore(store, read_only=False, storage_options=storage_options)
         self._staging = HostStaging(1)  # host buffers of synchronous writes from a GPU
         mode = self._mode = _writer_mode(asynchronous, store)
         if mode == "thread":
@@ -102,6 +110,22 @@ class ZarrData(DataSink):
         if self._background is not None:
             # A sink dropped without close(): its writer still commits what is pending, then ends.
             weakref.finalize(self, self._background.close_quietly)
+
+    @property
+    def store(self) -> AtomicStore:
+        """The store written to.
+
+        Raises:
+            InvalidDataError: This sink reads the root of a sharded store, which has one store per
+                writing rank (``ShardedZarrStore(root).sink(rank)`` writes one).
+        """
+        if self._sharded is not None:
+            raise InvalidDataError(
+                f"ZarrData({self._sharded.root}) is the root of a sharded results store (a data-parallel run's): "
+                "it reads as one set (read(), reader(), len()), but each rank writes its own part. Write through "
+                "alchemi_zarr.ShardedZarrStore(root).sink(rank), or give ZarrData a new path"
+            )
+        return self._store
 
     # ------------------------------------------------------------------ DataSink
     @property
@@ -120,6 +144,8 @@ class ZarrData(DataSink):
     def __len__(self) -> int:
         if self._background is not None:
             return self._background.ledger.held()
+        if self._sharded is not None:
+            return self._sharded.refresh()
         return self.store.num_systems
 
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
@@ -153,16 +179,29 @@ class ZarrData(DataSink):
             self._background.submit_batch(selected, n)
 
     def read(self) -> Batch:
-        """Every stored system as one batch on the CPU (waits for pending writes first).
+        """Every stored system as one batch on the CPU (waits for pending writes first); for the
+        root of a sharded store, the records of every part.
 
         Raises:
             RuntimeError: The store holds no systems.
+            InvalidDataError: A record is not a valid structure, a chunk is damaged, or (in a
+                run's records, which have ``status``) a structure's last record is stored twice
+                (see ``alchemi_zarr.validity.repeated_records``); the message names the records
+                or the array.
         """
-        self.flush()
-        self.store.refresh()
-        if self.store.num_systems == 0:
-            raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
-        return self.store.read_batch(0, self.store.num_systems)
+        if self._sharded is not None:
+            if self._sharded.refresh() == 0:
+                raise CapacityError(f"ZarrData({self._sharded.root}) is empty: nothing to read")
+            batch, where = self._sharded.read_batch(), self._sharded.root
+        else:
+            self.flush()
+            self.store.refresh()
+            if self.store.num_systems == 0:
+                raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
+            batch, where = self.store.read_batch(0, self.store.num_systems), self.store.where
+        if "status" in batch:  # a run's records: each structure's result is stored once
+            check_unique({k: getattr(batch, k) for k in IDENTITY if k in batch}, 0, where)
+        return batch
 
     def zero(self) -> None:
         """Forget every record (the store becomes empty; its space is freed)."""
@@ -235,9 +274,13 @@ class ZarrData(DataSink):
 
     # ------------------------------------------------------------------ convenience
     def reader(self) -> Any:
-        """An ``AtomicDataZarrReader`` over this store (after flushing)."""
+        """A reader of every record (after flushing): an ``AtomicDataZarrReader``, or for the root
+        of a sharded store a ``ShardedZarrReader`` (the same interface, over all its parts)."""
         from alchemi_zarr.reader import AtomicDataZarrReader
 
+        if self._sharded is not None:
+            self._sharded.refresh()
+            return self._sharded
         self.flush()
         return AtomicDataZarrReader(self.store.zarr_store)
 
@@ -250,7 +293,8 @@ class ZarrData(DataSink):
     def __repr__(self) -> str:
         mode = f", asynchronous={self.writer!r}" if self.asynchronous else ""
         cap = "unlimited" if self._capacity == UNLIMITED else self._capacity
-        return f"ZarrData({self.store.where!r}, {len(self)}/{cap}{mode})"
+        where = self._sharded.root if self._sharded is not None else self.store.where
+        return f"ZarrData({where!r}, {len(self)}/{cap}{mode})"
 
 
 def _writer_mode(asynchronous: Any, store: Any) -> str | None:

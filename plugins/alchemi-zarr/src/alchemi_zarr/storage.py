@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from alchemi_zarr.chunks import read_local_chunk, write_pieces
 from alchemi_zarr.layout import FieldSpec, Header
 from alchemi_zarr.records import HostRecords, to_batch_indices, to_tensor
 from alchemi_zarr.stores import resolve_store, writer_lock
+from alchemi_zarr.validity import check_records
 
 _LEVEL_INDEX = {Level.SYSTEM: 0, Level.NODE: 1, Level.EDGE: 2}
 
@@ -69,6 +71,47 @@ def _raised_by_a_codec(exc: BaseException) -> bool:
     return False
 
 
+def check_write_target(zarr_store: Any, where: str, folder: Path | None) -> None:
+    """Refuse to write where a store cannot be, or where it would mix with someone else's data:
+    a regular file, a folder that cannot be made, a folder of other files, a Zarr v2 group.
+
+    Args:
+        zarr_store: The zarr store (see :func:`~alchemi_zarr.stores.resolve_store`).
+        where: Its name for messages.
+        folder: Its local folder (None for other stores); made when absent.
+
+    Raises:
+        InvalidDataError: Naming the path, what is there and what to do.
+    """
+    import zarr
+
+    new_path = "choose a new path for the store (a folder that does not exist yet), or the path of an alchemi store to continue it"
+    if folder is None:
+        try:
+            found = zarr.open_group(zarr_store, mode="r")
+        except Exception:  # noqa: BLE001 - nothing there yet (or nothing zarr reads): opening it decides
+            return
+        if found.metadata.zarr_format != 3:
+            raise InvalidDataError(f"{where} holds a Zarr v{found.metadata.zarr_format} group, not an alchemi store; {new_path}")
+        return
+    if folder.exists() and not folder.is_dir():
+        raise InvalidDataError(f"the store path {where} is a file, not a folder (a Zarr store is a folder); {new_path}")
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            pass  # another writer made it meanwhile
+        except OSError as exc:
+            raise InvalidDataError(
+                f"cannot create the store folder {where}: {exc.strerror or exc}; choose a path in a folder you can write"
+            ) from None
+    names = sorted(p.name for p in folder.iterdir())
+    if names and "zarr.json" not in names:
+        what = ("a Zarr v2 group (.zgroup), not an alchemi store" if {".zgroup", ".zarray"} & set(names)
+                else f"other files ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        raise InvalidDataError(f"{where} holds {what}; alchemi writes a store only into a new or empty folder: {new_path}")
+
+
 class AtomicStore:
     """An alchemi store opened for appending (``read_only=False``) or reading.
 
@@ -94,6 +137,7 @@ class AtomicStore:
         if read_only:
             self._group = self._open_group(zarr, "r")
         else:
+            check_write_target(self.zarr_store, self.where, self._lock_path)
             # Under the writer lock: two writers creating one new store at once would otherwise
             # race between zarr's "no group here" and its write of one (ContainsGroupError).
             with writer_lock(self.where, self._lock_path):
@@ -125,7 +169,7 @@ class AtomicStore:
                 f"{self.where} is the root of a sharded results store (a data-parallel run's); open its "
                 "records with alchemi_zarr.ShardedZarrReader (or open_reader) and write through ShardedZarrStore"
             )
-        if any(True for _ in self._group.keys()):
+        if any(True for _ in self._group.keys()) or self._group.attrs.asdict():
             raise InvalidDataError(
                 f"{self.where} holds a Zarr group that is not an alchemi store; "
                 "choose a new path for alchemi data"
@@ -284,15 +328,27 @@ class AtomicStore:
         if self.num_systems == 0:
             return np.zeros(1, np.int64), np.zeros(1, np.int64)
         return (
-            np.asarray(self.array(layout.ATOM_PTR)[start : stop + 1], dtype=np.int64),
-            np.asarray(self.array(layout.EDGE_PTR)[start : stop + 1], dtype=np.int64),
+            self.read_rows(layout.ATOM_PTR, start, stop + 1).astype(np.int64, copy=False),
+            self.read_rows(layout.EDGE_PTR, start, stop + 1).astype(np.int64, copy=False),
         )
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self.array(name)[start:stop])
+        """Rows ``start:stop`` of field (or pointer) ``name``.
+
+        Raises:
+            InvalidDataError: A chunk fails its checksum or does not decode (naming the store and
+                the array).
+        """
+        arr = self.array(name)
+        return self._read_checked(arr.path, arr, start, stop)
 
     def read_batch(self, start: int, stop: int, device: torch.device | str = "cpu") -> Batch:
-        """Committed systems ``start:stop`` as one batch (one read per field)."""
+        """Committed systems ``start:stop`` as one batch (one read per field).
+
+        Raises:
+            InvalidDataError: A record that is not a valid structure (see
+                :func:`~alchemi_zarr.validity.check_records`).
+        """
         if not 0 <= start <= stop <= self.num_systems:
             raise IndexError(f"systems {start}:{stop} out of range for a store of {self.num_systems}")
         assert self.header is not None
@@ -300,24 +356,31 @@ class AtomicStore:
         num_atoms, num_edges = np.diff(atom_ptr), np.diff(edge_ptr)
         bounds = {Level.SYSTEM: (start, stop), Level.NODE: (atom_ptr[0], atom_ptr[-1]),
                   Level.EDGE: (edge_ptr[0], edge_ptr[-1])}
-        fields = {}
+        local = {}
         for name, spec in self.header.fields.items():
             lo, hi = bounds[spec.level]
-            rows = self.read_rows(name, int(lo), int(hi))
-            if name in INDEX_FIELDS:
-                rows = to_batch_indices(rows, num_atoms, num_edges)
-            fields[name] = to_tensor(rows, spec.dtype)
+            local[name] = to_tensor(self.read_rows(name, int(lo), int(hi)), spec.dtype)
+        check_records(local, num_atoms, num_edges, start, self.where)
+        fields = {
+            name: torch.from_numpy(to_batch_indices(t.numpy(), num_atoms, num_edges)) if name in INDEX_FIELDS else t
+            for name, t in local.items()
+        }
         levels = {k: v.level for k, v in self.header.fields.items()}
         return Batch.from_segments(fields, levels, num_atoms, num_edges, device=device)
 
     def read_structure(self, rows: Mapping[str, np.ndarray], index: int) -> AtomicData:
-        """One structure from its rows (local indices), validated like any new ``AtomicData``.
+        """One structure from its rows (local indices), checked as :meth:`read_batch` checks
+        records (:func:`~alchemi_zarr.validity.check_records`) and validated like any new
+        ``AtomicData``.
 
         Raises:
             InvalidDataError: The stored record is not a valid structure (the message names it).
         """
         assert self.header is not None
         fields = {name: to_tensor(a, self.header.fields[name].dtype) for name, a in rows.items()}
+        counts = {spec.level: len(rows[name]) for name, spec in self.header.fields.items()}
+        check_records(fields, np.array([counts.get(Level.NODE, 0)]), np.array([counts.get(Level.EDGE, 0)]), index,
+                      self.where)
         levels = {k: v.level.value for k, v in self.header.fields.items()}
         try:
             return AtomicData(levels=levels, **fields)
