@@ -95,6 +95,15 @@ path = "results.zarr"
     text = CliRunner().invoke(main, ["run", "wf.toml", "--device", "cpu", "--no-progress"]).stdout
     assert "4 / 2 + 2 quarantined (each exactly once)" in text
     assert "quarantined            2 structures quarantined (2: " in text and "system_id 1, 3" in text
+    # The store reads back whole, failures included; export writes the others and names the failures.
+    from alchemi_zarr import ZarrData
+
+    stored = ZarrData("results.zarr").read()
+    assert sorted(stored.status.view(-1).tolist()) == [-3, -3, 1, 1]
+    done = CliRunner().invoke(main, ["export", "results.zarr", "out.extxyz", "--json"], catch_exceptions=False)
+    assert json.loads(done.stdout) == {"schema_version": 1, "store": "results.zarr", "out": "out.extxyz",
+                                       "frames": 2, "quarantined_not_written": [1, 3]}
+    assert sorted(a.info["system_id"] for a in ase.io.read("out.extxyz", ":")) == [0, 2]
 
 
 def test_an_in_process_pipeline_warns_once_for_all_its_ranks():

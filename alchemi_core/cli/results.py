@@ -86,11 +86,17 @@ def inspect_store(store: str, as_json: bool, plot_dir: str | None, limit: int) -
 def export_store(store: str, out: str, frames: str, fmt: str | None, order: str, as_json: bool) -> None:
     """Write the structures of STORE to OUT (extended XYZ or ASE .traj), with their info, tags,
     charges, magnetic moments and constraints (engine state such as an optimiser's step size is
-    left out). A data-parallel run's store reads as one set."""
-    from alchemi_core.workflow.results import export_structures
+    left out). Quarantined structures are not written, and are named. A data-parallel run's store
+    reads as one set."""
+    from alchemi_core.workflow.results import export_structures, quarantined_ids
 
     n = export_structures(store, out, frames=frames, format=fmt, order=order)
+    failed = quarantined_ids(store)
     if as_json:
-        click.echo(json.dumps({"schema_version": 1, "store": store, "out": out, "frames": n}))
-    else:
-        click.echo(f"wrote {n} frames to {out}")
+        click.echo(json.dumps({"schema_version": 1, "store": store, "out": out, "frames": n,
+                               "quarantined_not_written": failed}))
+        return
+    click.echo(f"wrote {n} frames to {out}")
+    if failed:
+        click.echo(f"not written: {len(failed)} quarantined structures (system_id {', '.join(map(str, failed))}); "
+                   f"`alchemi inspect {store}` lists them with their status")

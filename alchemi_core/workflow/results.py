@@ -160,6 +160,8 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
 
     Each frame is ``to_atoms()`` of its record: the structure's data and results, without engine
     state (``stage_steps``, an optimiser's ``fire_dt``; ``alchemi_core.registry.engine_state_fields``).
+    Quarantined records (negative status: the non-finite values that failed) are not written;
+    :func:`quarantined_ids` names their structures.
 
     Args:
         store: A results store (path, URL or reader; the root of a sharded store reads as one set).
@@ -189,6 +191,9 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
     if order not in ORDERS:
         raise ConfigurationError(f"order must be one of {list(ORDERS)}, got {order!r}")
     indices = _export_order(reader, frames, order)
+    status = _column(reader, "status")
+    if status is not None:
+        indices = [i for i in indices if status.reshape(-1)[i] >= 0]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).unlink(missing_ok=True)
     if fmt == "traj":
@@ -203,6 +208,16 @@ def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "la
         chunk = [reader[i].to_atoms(exclude=EDGE_FIELDS) for i in indices[lo:lo + block]]
         ase.io.write(str(out), chunk, format="extxyz", append=lo > 0)
     return len(indices)
+
+
+def quarantined_ids(store: Any) -> list[int]:
+    """``system_id`` of each structure whose last record is quarantined (negative status)."""
+    reader = open_store(store)
+    status, ids = _column(reader, "status"), _column(reader, "system_id")
+    if status is None or ids is None:
+        return []
+    last = last_records(reader)
+    return sorted(int(ids.reshape(-1)[i]) for i in last if status.reshape(-1)[i] < 0)
 
 
 def _export_order(reader: Any, frames: str, order: str) -> list[int]:

@@ -66,10 +66,18 @@ def check_records(
     elif z.numel() and int(_numpy(z).min()) < 0:
         row = int(np.flatnonzero(_numpy(z) < 0)[0])
         found.append(_at(row, atom_owner, atom_start, f"atomic number {int(z[row])}", "(atomic numbers are 0 or more)"))
+    # A quarantined record (negative status) holds the values that failed, as evidence: only the
+    # records of structures that did not fail must be finite.
+    failed = _quarantined(fields, len(num_atoms))
     for name in sorted(FINITE_FIELDS & fields.keys()):
         t = fields[name]
         if t.dtype.is_floating_point and t.numel() and not _all_finite(_numpy(t)):
-            row = int(np.flatnonzero(~np.isfinite(_numpy(t)).reshape(t.shape[0], -1).all(axis=1))[0])
+            rows_ok = np.isfinite(_numpy(t)).reshape(t.shape[0], -1).all(axis=1)
+            if failed is not None:
+                rows_ok |= failed[atom_owner] if t.shape[0] == len(atom_owner) else failed
+            if bool(rows_ok.all()):
+                continue
+            row = int(np.flatnonzero(~rows_ok)[0])
             if name == "cell":
                 found.append((row, "cell holds NaN or infinite values"))
             else:
@@ -97,6 +105,14 @@ def check_records(
             "the store holds it as written. Read the records around it by index, or its raw columns with "
             "store.read_rows(name, start, stop)"
         )
+
+
+def _quarantined(fields: Mapping[str, torch.Tensor], records: int) -> np.ndarray | None:
+    """``[records]`` bool: records stored with a negative status (quarantined), or None."""
+    status = fields.get("status")
+    if status is None or status.shape[0] != records:
+        return None
+    return np.asarray(_numpy(status)).reshape(records, -1)[:, 0] < 0
 
 
 #: Fields that tell a structure's records apart: a trajectory stores one structure (one
