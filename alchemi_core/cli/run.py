@@ -4,7 +4,9 @@ The file is validated before anything runs (see :mod:`alchemi_core.workflow.spec
 is one line naming the key and the fix, with exit status 2. ``--dry-run`` prints the resolved
 plan and stops. Started by torchrun (``torchrun --nproc-per-node=4 alchemi run workflow.toml``),
 every rank runs the workflow on its shard of the input into one sharded store and rank 0 prints
-the summary (:mod:`alchemi_core.workflow.data_parallel`).
+the summary (:mod:`alchemi_core.workflow.data_parallel`). A rerun into the same store continues
+it, in one process as under torchrun; ``--fresh`` starts over. SIGINT and SIGTERM stop the run
+after its next check (:mod:`alchemi_core.workflow.stopping`), with exit status 128 + the signal.
 
 Example::
 
@@ -65,14 +67,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan or the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--fresh", is_flag=True,
-              help="Start over: empty the results store and drop the checkpoint (default: continue them).")
+              help="Start over: empty the results store, remove the checkpoint and replace the log "
+                   "(default: continue them).")
 @reported
 def run(workflow: str, device: str | None, dry_run: bool, as_json: bool, no_progress: bool, fresh: bool) -> None:
-    """Run the workflow file WORKFLOW (TOML): model, input, stages, output.
-
-    Running it again into the same store continues it: structures whose result is stored are
-    skipped, and a [checkpoint] continues the ones it held. Ctrl-C (SIGINT) or SIGTERM stops
-    after the next check, with the finished structures stored and the checkpoint written.
+    """Run the workflow file WORKFLOW (TOML): model, input, stages, output. The same command again
+    continues in the same store (structures whose result is stored are skipped, a [checkpoint]
+    continues those it held); Ctrl-C or SIGTERM stops after the next check, saving what is
+    finished and the checkpoint.
     """
     from alchemi_core.workflow import build_plan, load_workflow, run_workflow_detailed
     from alchemi_core.workflow.stopping import StopRequest

@@ -348,7 +348,7 @@ def check_against_sinks(engine: Engine, state: dict[str, Any]) -> None:
         InvalidDataError: What differs: the ids on each side.
     """
     from alchemi_core.data.datapipes import all_system_ids
-    from alchemi_core.dynamics.sinks import stored_results
+    from alchemi_core.dynamics.stored import stored_results
 
     saved, sampler = state["sampler"], engine.sampler
     if saved is None or sampler is None or not engine.sinks or all_system_ids(sampler.dataset) is None:

@@ -18,9 +18,7 @@ Example:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 
-import numpy as np
 import torch
 
 from alchemi_core.data import Batch
@@ -101,43 +99,6 @@ class SavesContents:
         self.zero()  # type: ignore[attr-defined]
         if state.get("batch") is not None:
             self.write(batch_from_state(state["batch"], self.restore_device))  # type: ignore[attr-defined]
-
-
-def stored_results(sink: DataSink, frame_statuses: Iterable[int] = ()) -> np.ndarray | None:
-    """The ``system_id`` of every result ``sink`` holds (an id twice if it was written twice):
-    its records less those whose ``status`` is one of ``frame_statuses`` (trajectory frames).
-    None when the sink cannot tell (it keeps no ``system_id`` or cannot be read back).
-
-    A sink with a ``store`` that reads columns (``ZarrData``) is read two columns at a time;
-    any other through ``read()``. Pending asynchronous writes are waited for first.
-    """
-    flush = getattr(sink, "flush", None)
-    if callable(flush):
-        flush()
-    frames = np.asarray(sorted(int(s) for s in frame_statuses), dtype=np.int64)
-    store = getattr(sink, "store", None)
-    if store is not None and callable(getattr(store, "read_rows", None)):
-        store.refresh()
-        n = int(store.num_systems)
-        header = getattr(store, "header", None)
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        if header is None or "system_id" not in header.fields or "status" not in header.fields:
-            return None
-        ids = np.asarray(store.read_rows("system_id", 0, n), dtype=np.int64).reshape(-1)
-        status = np.asarray(store.read_rows("status", 0, n), dtype=np.int64).reshape(-1)
-    else:
-        if len(sink) == 0:
-            return np.zeros(0, dtype=np.int64)
-        read = getattr(sink, "read", None)
-        if not callable(read):
-            return None
-        batch = read()
-        if "system_id" not in batch or "status" not in batch:
-            return None
-        ids = batch.system_id.reshape(-1).cpu().numpy().astype(np.int64)
-        status = batch.status.reshape(-1).cpu().numpy().astype(np.int64)
-    return ids[~np.isin(status, frames)] if len(frames) else ids
 
 
 def selected_count(batch: Batch, mask: torch.Tensor | None, who: str) -> tuple[int, torch.Tensor | None]:

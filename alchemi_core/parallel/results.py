@@ -21,7 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from alchemi_core.dynamics.sinks import DataSink, HostMemory, stored_results
+from alchemi_core.dynamics.sinks import DataSink, HostMemory
+from alchemi_core.dynamics.stored import stored_results
 from alchemi_core.errors import ConfigurationError
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from alchemi_core.comm.inprocess import InProcessBackend
-from alchemi_core.dynamics.sinks import stored_results
+from alchemi_core.dynamics.stored import stored_results
 from alchemi_core.errors import AlchemiError
 from alchemi_core.parallel import DataParallelError, RankContext, SinkResults, run_data_parallel
 from alchemi_core.workflow.plan import Plan, Summary, build_plan, execute
