@@ -44,7 +44,7 @@ import torch
 
 from alchemi_core.comm.inprocess import InProcessBackend
 from alchemi_core.dynamics.stored import stored_results
-from alchemi_core.errors import AlchemiError
+from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.parallel import DataParallelError, RankContext, SinkResults, run_data_parallel
 from alchemi_core.workflow.plan import Plan, Summary, build_plan, execute
 from alchemi_core.workflow.spec import Workflow, WorkflowError
@@ -78,8 +78,6 @@ class NumberedDataset:
         return all_metadata(self.dataset)
 
     def get_all_system_ids(self) -> Any:
-        import numpy as np
-
         return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
 
 
@@ -191,12 +189,15 @@ def run_workflow_detailed(
     data = NumberedDataset(dataset if dataset is not None else open_input(workflow), 0)
     sink = open_output(plan)
     out = workflow.output
-    first = data[0] if len(data) else None
-    if sink is None:  # results kept in memory: nothing to continue
-        summary = execute(plan, data, [], progress=progress, extra_hooks=stage_hooks(plan, first, None), stop=stop)
-        return RunResult(summary=summary, store=None, log=None)
+    if len(data) == 0:
+        raise ConfigurationError("the workflow's input holds no structures")
+    first = data[0]
     check = workflow.checkpoint or {}
     checkpoint, every = check.get("path"), int(check.get("every", 0))
+    if sink is None:  # results kept in memory: nothing to continue
+        summary = execute(plan, data, [], progress=progress, extra_hooks=stage_hooks(plan, first, None),
+                          checkpoint=checkpoint, checkpoint_every=every, stop=stop)
+        return RunResult(summary=summary, store=None, log=None)
     if fresh:
         _start_over(sink, checkpoint)
     _check_same_input(sink, len(data), workflow)
