@@ -33,8 +33,9 @@ pytestmark = pytest.mark.multiprocess
 
 STRUCTURES = 60
 
-#: FIRE to a threshold no cell reaches (each uses its 150 steps), then 60 NVE steps: a few
-#: seconds of small argon cells, eight at a time, checked every 10 steps.
+#: FIRE to a threshold no cell reaches (each uses its 300 steps), then 100 NVE steps, two small
+#: argon cells at a time, checked every 10 steps: about ten seconds of steps in all, so that
+#: twenty interruptions a fraction of a second into each run leave work to every rerun.
 WORKFLOW = """\
 [model]
 component = "model:lennard-jones"
@@ -47,17 +48,17 @@ path = "structures.extxyz"
 
 [[stage]]
 component = "integrator:fire"
-n_steps = 150
+n_steps = 300
 dt = 5.0
 converge = {{ fmax = 1e-6 }}
 
 [[stage]]
 component = "integrator:velocity-verlet"
-n_steps = 60
+n_steps = 100
 dt = 5.0
 
 [sampler]
-max_batch_size = 8
+max_batch_size = 2
 {extra}
 [output]
 path = "results.zarr"
@@ -101,7 +102,7 @@ def _interrupt(folder: Path, ranks: int, rng: random.Random) -> tuple[int, str]:
     deadline = time.monotonic() + 120
     while proc.poll() is None and _logged(folder) <= before and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 1.5))
+    time.sleep(rng.uniform(0.0, 0.5))
     if proc.poll() is None:
         if ranks == 1:
             proc.send_signal(signal.SIGINT)
@@ -126,11 +127,11 @@ def _run_rounds(folder: Path, ranks: int, rounds: int, seed: int) -> None:
         if "stopped by SIGINT" in out:
             stopped += 1
             assert "run the same command again" in out, out[-2000:]
-        elif ranks == 1:
-            assert code == 0, f"round {r}: exit {code}\n{out[-3000:]}"
+        elif ranks == 1:  # it finished first (a SIGINT after its end stops the interpreter)
+            assert code in (0, -signal.SIGINT) and "each exactly once" in out, f"round {r}: exit {code}\n{out[-3000:]}"
         ids = _stored_ids(folder) if (folder / "results.zarr").exists() else []
         assert len(ids) == len(set(ids)), f"round {r}: stored twice: {sorted({i for i in ids if ids.count(i) > 1})}"
-    assert stopped >= max(1, rounds // 3), f"only {stopped} of {rounds} rounds were stopped by SIGINT mid-run"
+    assert stopped >= max(1, rounds // 2), f"only {stopped} of {rounds} rounds were stopped by SIGINT mid-run"
     done = subprocess.run([*_command(ranks), "--json"], cwd=folder, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -174,8 +175,8 @@ def test_a_killed_run_keeps_the_log_of_what_it_stored(project):
 
     # Two structures at a time, four logged steps each: the log of the first stored structures
     # is a few hundred bytes, which a buffered file would keep in memory when the run is killed.
-    small = WORKFLOW.format(extra="").replace("n_steps = 150", "n_steps = 30").replace("n_steps = 60", "n_steps = 10")
-    (project / "workflow.toml").write_text(small.replace("max_batch_size = 8", "max_batch_size = 2"))
+    small = WORKFLOW.format(extra="").replace("n_steps = 300", "n_steps = 30").replace("n_steps = 100", "n_steps = 10")
+    (project / "workflow.toml").write_text(small)
     proc = subprocess.Popen(_command(1), cwd=project, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
