@@ -88,3 +88,41 @@ def test_checkpoints_are_written_atomically_and_read_as_data(tmp_path):
     (tmp_path / "other.ckpt").write_text("something else\n")
     with pytest.raises(InvalidDataError, match="not an alchemi checkpoint"):
         ckpt.load(tmp_path / "other.ckpt")
+
+
+def test_a_stopped_run_ends_after_a_check_and_resumes_over_the_structures_not_stored(tmp_path):
+    from alchemi_core.dynamics.stored import stored_results
+    from alchemi_core.parallel import ShardDataset
+
+    sizes = [3, 5, 4, 2, 6, 3, 4, 5, 2, 3, 4, 6] * 2
+    dataset = ListDataset(random_structures(sizes, dtype=torch.float64))
+    reference = HostMemory(capacity=None)
+    _fused(dataset, reference).run()
+    expected = reference.read()
+
+    asked = []
+
+    def stop():  # as a signal would: from the 12th time it is asked
+        asked.append(1)
+        return len(asked) >= 12
+
+    sink = HostMemory(capacity=None)
+    stopped = _fused(dataset, sink)
+    stopped.run(checkpoint=tmp_path / "c.ckpt", checkpoint_every=50, stop=stop)
+    assert not stopped.done and 0 < stopped.step_count < 50
+    assert stopped.step_count % 2 == 1  # after the step that made a check (every 2 steps: 0, 2, ...)
+    stored = sorted(stored_results(sink, range(2)).tolist())
+    assert 0 < len(stored) < len(dataset) and ckpt.load(tmp_path / "c.ckpt")["step_count"] == stopped.step_count
+
+    # A rerun gives the sampler only the structures not stored (as alchemi run does): the
+    # checkpoint's position is matched by system_id, and the rest continues where it stopped.
+    ids = [i for i in range(len(sizes)) if i not in stored]
+    rest = ShardDataset(dataset, ids, ids)
+    resumed = _fused(rest, sink)
+    resumed.run(resume_from=tmp_path / "c.ckpt")
+    assert resumed.done
+    got = sink.read()
+    assert sorted(got.system_id.tolist()) == list(range(len(sizes)))
+    a, b = got.index_select(torch.argsort(got.system_id)), expected.index_select(torch.argsort(expected.system_id))
+    for field in ("positions", "velocities", "status"):
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0)

@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from alchemi_core.data import Batch
@@ -148,18 +149,32 @@ def write_state(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load(path: str | os.PathLike[str], allow_unverified: bool = False) -> dict[str, Any]:
     """Read and check a checkpoint written by :func:`save` (data only: ``weights_only=True``).
+
+    Args:
+        path: The file.
+        allow_unverified: Also read a version 1 checkpoint, which has no checksum: changed bytes
+            in it cannot be detected (refused without this). Pass the state it returns as a
+            run's ``resume_from``.
 
     Raises:
         DamagedCheckpointError: The file is empty, truncated, fails its checksum, holds objects
             other than data, or its counts contradict each other.
-        InvalidDataError: The file is not an alchemi checkpoint, or is of a newer version.
+        InvalidDataError: The file is not an alchemi checkpoint, is of a newer version, or has
+            no checksum and ``allow_unverified`` is off.
     """
     raw = Path(path).read_bytes()
     if not raw:
         raise DamagedCheckpointError(f"checkpoint {path} is damaged: the file is empty (0 bytes)")
     if raw.startswith(b"PK"):
+        if not allow_unverified:
+            raise InvalidDataError(
+                f"checkpoint {path} has no checksum (a version 1 checkpoint of an older alchemi), so "
+                "changed bytes in it cannot be detected; it is refused. If you trust the file, load it with "
+                "alchemi_core.dynamics.checkpoint.load(path, allow_unverified=True) and pass the state as "
+                "resume_from, or start the run anew"
+            )
         return _load_version_1(path, raw)
     if not raw.startswith(MAGIC):
         if _looks_like_magic(raw):
@@ -266,7 +281,10 @@ def check_consistent(state: dict[str, Any], what: str, who: str) -> None:
         raise damaged(f"its batch does not fit together ({exc})") from None
     active = batch.num_graphs
     loaded, written = int(state["loaded_count"]), int(state["written_count"])
-    if min(loaded, written, int(state["step_count"])) < 0 or loaded != written + active:
+    negative = [k for k in ("step_count", "loaded_count", "written_count") if int(state[k]) < 0]
+    if negative:
+        raise damaged(", ".join(f"its {k} is negative ({int(state[k])})" for k in negative))
+    if loaded != written + active:
         raise damaged(
             f"it counts {loaded} systems taken in but {written} written and {active} active "
             f"({written + active})"
@@ -302,12 +320,84 @@ def restore(engine: Engine, state: dict[str, Any]) -> None:
         if held is not None:
             held.write(batch_from_state(state["host_results"], "cpu"))
     _load_each(state["sinks"], engine.sinks, "sinks")
+    check_against_sinks(engine, state)
     engine.step_count = int(state["step_count"])
     engine.loaded_count = int(state["loaded_count"])
     engine.written_count = int(state["written_count"])
     if int(state.get("sampled_count", -1)) >= 0:
         engine.sampled_count = int(state["sampled_count"])
+    if engine.sampler is not None:
+        # A sampler over fewer structures than the saved one (a rerun that left out those
+        # stored since) has handed out fewer: later checkpoints count from what it holds.
+        engine.sampled_count = len(engine.sampler.state_dict()["handed_out"])
     engine.run_id = state.get("run_id") or getattr(engine, "run_id", None)
+
+
+#: System ids a message lists before it says how many more there are.
+_IDS_SHOWN = 10
+
+
+def check_against_sinks(engine: Engine, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose sampler position contradicts what the sinks hold (after their
+    ``load_state_dict``): a structure the checkpoint has not run yet, or holds in its batch, must
+    not be among the stored results (it would be stored twice), and one it counts as written
+    must be (it would be lost). Sinks that cannot list their ``system_id``s, and samplers whose
+    dataset does not name its structures' ids, are not checked.
+
+    Raises:
+        InvalidDataError: What differs: the ids on each side.
+    """
+    from alchemi_core.data.datapipes import all_system_ids
+    from alchemi_core.dynamics.stored import stored_results
+
+    saved, sampler = state["sampler"], engine.sampler
+    if saved is None or sampler is None or not engine.sinks or all_system_ids(sampler.dataset) is None:
+        return
+    frames = range(int(engine.entry_status), int(engine.exit_status))
+    found = [stored_results(sink, frames) for sink in engine.sinks]
+    if any(f is None for f in found):
+        return
+    stored = set(np.concatenate(found).tolist())  # type: ignore[arg-type]
+    dataset = sampler.system_ids
+    handed_ids = saved.get("handed_out_ids")
+    if handed_ids is None:
+        positions = [int(i) for i in saved["handed_out"]]
+        if any(not 0 <= i < len(dataset) for i in positions):
+            raise InvalidDataError(
+                f"the checkpoint's sampler handed out positions beyond the {len(dataset)} structures of this "
+                "run's dataset: resume with the dataset the checkpointed run used"
+            )
+        handed_ids = dataset[positions].tolist()
+    handed = {int(i) for i in handed_ids}
+    fields = state["batch"]["fields"]
+    active = set(fields["system_id"].reshape(-1).tolist()) if "system_id" in fields else set()
+    held_state = state.get("host_results")
+    held = set(held_state["fields"]["system_id"].reshape(-1).tolist()) if held_state else set()
+    waiting = {int(i) for i in dataset.tolist()} - handed
+    problems = []
+    twice = sorted(waiting & stored)
+    if twice:
+        problems.append(f"the sinks hold {_listed(twice)}, which the checkpoint's sampler has not handed out "
+                        "yet (resuming would store them twice)")
+    running = sorted(active & stored)
+    if running:
+        problems.append(f"the sinks hold {_listed(running)}, which the checkpoint's batch is still running "
+                        "(resuming would store them twice)")
+    lost = sorted(handed - active - held - stored)
+    if lost:
+        problems.append(f"the checkpoint counts {_listed(lost)} as written, but no sink holds them (they would "
+                        "be lost)")
+    if problems:
+        raise InvalidDataError(
+            "the checkpoint's sampler position disagrees with the stored results: " + "; ".join(problems)
+            + ". Resume with the sinks and dataset of the checkpointed run, or start the run anew"
+        )
+
+
+def _listed(ids: list[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:_IDS_SHOWN])
+    more = f" and {len(ids) - _IDS_SHOWN} more" if len(ids) > _IDS_SHOWN else ""
+    return f"{len(ids)} structures (system_id {shown}{more})"
 
 
 def _load_each(saved: list[Any], parts: list[Any], what: str) -> None:

@@ -19,7 +19,7 @@ it and calls the once-per-run hooks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -161,11 +161,17 @@ class Engine(Admission):
         return batch
 
     # ------------------------------------------------------------------ running
-    def run(self, max_steps: int | None, checkpoint: Any = None, checkpoint_every: int = 0) -> None:
+    def run(
+        self, max_steps: int | None, checkpoint: Any = None, checkpoint_every: int = 0,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         """Step until done (every system graduated and the sampler empty) or ``max_steps``.
 
         With ``checkpoint`` (a path) and ``checkpoint_every``, a checkpoint is written after
         every ``checkpoint_every``-th step (its checks included) and when the run stops.
+        ``stop`` (a host-side callable, asked between steps) ends the run early once it returns
+        True: after the next step that made a check, so the graduates of that check reach the
+        sinks; ``done`` then stays False.
         """
         every = int(checkpoint_every) if checkpoint is not None else 0
         self._flush_graduates()
@@ -174,11 +180,15 @@ class Engine(Admission):
             # then resumes from here and cuts the sinks back, instead of starting over on top.
             ckpt.save(self, checkpoint)
         # A checkpoint holds the state after its step: no step may be queued ahead of it.
-        self._ahead_on, self._ahead_until = not every and self._may_run_ahead(), max_steps
+        # (Nor may one be queued ahead of a stop, which a checkpoint may follow.)
+        self._ahead_on = not every and stop is None and self._may_run_ahead()
+        self._ahead_until = max_steps
         in_step = self._masks_in_step = self._may_write_masks_in_step()
         try:
             while not self.done:
                 if max_steps is not None and self.step_count >= max_steps:
+                    break
+                if stop is not None and self._after_check() and stop():
                     break
                 self.step()
                 if every and self.step_count % every == 0:
@@ -194,6 +204,11 @@ class Engine(Admission):
             self.settle_health()
         if checkpoint is not None:
             ckpt.save(self, checkpoint)
+
+    def _after_check(self) -> bool:
+        """Whether the last step made a check (or none was made yet): a place to stop at."""
+        k = self.step_count - 1
+        return k < 0 or not self.check_interval or k % self.check_interval == 0
 
     def start_hooks(self) -> None:
         """Every hook's ``on_run_start``; masks are then refreshed, as a hook may have marked

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics import composition
@@ -154,14 +154,19 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         *,
         checkpoint: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 0,
-        resume_from: str | os.PathLike[str] | None = None,
+        resume_from: str | os.PathLike[str] | dict[str, Any] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Batch | None:
         """Run until every system has graduated and the sampler (if any) is drained.
 
         Args:
             batch: The systems (None: build them from the sampler).
             checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end.
-            resume_from: Continue the run saved in this checkpoint (same stages and sampler).
+            resume_from: Continue the run saved in this checkpoint (same stages and sampler), a
+                path or the state ``alchemi_core.dynamics.checkpoint.load`` returned.
+            stop: Asked between steps (on the host); once it returns True the run ends after
+                its next check, graduates written and the checkpoint (if any) saved, so that
+                ``resume_from`` continues it. ``done`` tells whether the run finished.
 
         Returns:
             Without a sampler, the batch (graduated systems not sent to sinks stay in it, at
@@ -169,7 +174,7 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
             with a sampler and sinks, None.
         """
         return execute(self, self.make_engine(), batch, None, checkpoint=checkpoint,
-                       checkpoint_every=checkpoint_every, resume_from=resume_from)
+                       checkpoint_every=checkpoint_every, resume_from=resume_from, stop=stop)
 
     def _attach_owner(self, engine: Engine, context: StepContext) -> None:
         self._engine = engine
@@ -178,6 +183,11 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
     @property
     def active_batch(self) -> Batch | None:
         return self._engine.batch if self._engine is not None else None
+
+    @property
+    def done(self) -> bool:
+        """Whether the last run finished (False when ``stop`` ended it early)."""
+        return self._engine is not None and bool(self._engine.done)
 
     @property
     def step_count(self) -> int:

@@ -49,7 +49,7 @@ class StageRun:
         *,
         checkpoint: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 0,
-        resume_from: str | os.PathLike[str] | None = None,
+        resume_from: str | os.PathLike[str] | dict[str, Any] | None = None,
     ) -> Batch | None:
         """Integrate ``batch`` in place (or stream from the sampler) and return it.
 
@@ -61,7 +61,8 @@ class StageRun:
         Args:
             checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end
                 (see ``alchemi_core.dynamics.checkpoint``).
-            resume_from: Continue the run saved in this checkpoint (same stages, same sampler);
+            resume_from: Continue the run saved in this checkpoint (same stages, same sampler), a
+                path or the state ``alchemi_core.dynamics.checkpoint.load`` returned;
                 the result is the one the uninterrupted run would give.
         """
         engine = self._make_engine()
@@ -91,9 +92,10 @@ def execute(
     checkpoint: Any = None,
     checkpoint_every: int = 0,
     resume_from: Any = None,
+    stop: Any = None,
 ) -> Batch | None:
-    """Prepare ``batch`` (or resume a checkpoint), step ``engine`` until it is done, and return
-    the run's result.
+    """Prepare ``batch`` (or resume a checkpoint), step ``engine`` until it is done (or ``stop()``
+    says so, see ``Engine.run``), and return the run's result.
 
     The plugin lifecycle hooks (``alchemi_run_start``/``_end``/``_error``) run here, once; the
     per-step path never goes through pluggy.
@@ -108,8 +110,8 @@ def execute(
             import torch
 
             with torch.cuda.stream(stream):
-                return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from)
-        return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from)
+                return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
+        return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
     except BaseException as exc:
         pm.lifecycle("alchemi_run_error", run=owner, error=exc)
         raise
@@ -117,16 +119,19 @@ def execute(
 
 def _execute(
     owner: Any, engine: Engine, batch: Batch | None, max_steps: int | None, pm: Any,
-    checkpoint: Any, checkpoint_every: int, resume_from: Any,
+    checkpoint: Any, checkpoint_every: int, resume_from: Any, stop: Any = None,
 ) -> Batch | None:
     resume = None
-    if resume_from is not None:
+    if isinstance(resume_from, dict):  # a state from ckpt.load (e.g. with allow_unverified=True)
+        resume = resume_from
+        ckpt.check_consistent(resume, "the checkpoint state given as resume_from", "it was loaded by the caller")
+    elif resume_from is not None:
         resume = ckpt.load(resume_from)
     engine.prepare(batch, resume=resume)
     pm.lifecycle("alchemi_run_start", run=owner)
     engine.start_hooks()
     try:
-        engine.run(max_steps, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+        engine.run(max_steps, checkpoint=checkpoint, checkpoint_every=checkpoint_every, stop=stop)
     finally:
         # A finished run's CUDA graphs (and the stages' per-run caches) go now: a loop of runs
         # (or a larger batch next) would otherwise hold every earlier run's graph memory until the

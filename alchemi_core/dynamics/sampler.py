@@ -131,6 +131,8 @@ class SizeAwareSampler:
         ids = all_system_ids(dataset)
         if ids is not None:
             check_dataset_ids(ids, f"the dataset {type(dataset).__name__}")
+        #: The ``system_id`` of each structure (its position when the dataset does not say).
+        self.system_ids = ids if ids is not None else np.arange(len(self._atoms), dtype=np.int64)
         self._reset_bins()
 
     # ------------------------------------------------------------------ setup
@@ -225,13 +227,24 @@ class SizeAwareSampler:
         return self.remaining == 0
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to resume the sampler (plain data)."""
-        return {"handed_out": list(self._handed), "seed": self.seed, "shuffle": self.shuffle}
+        """What a checkpoint needs to resume the sampler (plain data): the positions handed out
+        and their ``system_id``s."""
+        handed = np.asarray(self._handed, dtype=np.int64)
+        return {"handed_out": list(self._handed), "handed_out_ids": self.system_ids[handed].tolist(),
+                "seed": self.seed, "shuffle": self.shuffle}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``. Structures are matched by ``system_id`` where the state names
+        them, so the sampler may hold fewer structures than the one that was saved (a rerun that
+        left out those stored since): the handed-out ones it does not hold are skipped."""
         self.seed = int(state["seed"])
         self.shuffle = bool(state["shuffle"])
-        self._reset_bins(np.asarray(state["handed_out"], dtype=np.int64))
+        handed = np.asarray(state["handed_out"], dtype=np.int64)
+        ids = state.get("handed_out_ids")
+        if ids is not None:
+            position = {int(sid): i for i, sid in enumerate(self.system_ids.tolist())}
+            handed = np.asarray([position[i] for i in map(int, ids) if i in position], dtype=np.int64)
+        self._reset_bins(handed)
 
     # ------------------------------------------------------------------ handing out
     def _take(self, num_atoms: int, num_edges: int | None) -> int | None:

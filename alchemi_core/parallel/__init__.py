@@ -9,7 +9,7 @@ Example:
 
 from __future__ import annotations
 
-from alchemi_core.parallel.results import MemoryResults, ResultsStore, committed_count
+from alchemi_core.parallel.results import MemoryResults, ResultsStore, SinkResults, committed_count
 from alchemi_core.parallel.runner import (
     DataParallelError,
     DataParallelSummary,
@@ -31,6 +31,7 @@ __all__ = [
     "RankContext",
     "ResultsStore",
     "ShardDataset",
+    "SinkResults",
     "balanced_shards",
     "committed_count",
     "dataset_ids",

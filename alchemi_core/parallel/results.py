@@ -16,11 +16,14 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from alchemi_core.dynamics.sinks import DataSink, HostMemory
+from alchemi_core.dynamics.stored import stored_results
+from alchemi_core.errors import ConfigurationError
 
 
 @runtime_checkable
@@ -58,3 +61,45 @@ class MemoryResults:
 
     def committed_count(self) -> int:
         return sum(len(part) for part in self.parts.values())
+
+
+class SinkResults:
+    """One sink as the results store of a single process (a ``ResultsStore`` of one part): what
+    ``alchemi run`` without torchrun writes, so that a rerun skips what is stored the way a
+    data-parallel one does.
+
+    Args:
+        sink: The sink (``ZarrData``, ``HostMemory``, ...): its records carry ``system_id`` and
+            ``status``.
+        frame_statuses: Statuses of records that are trajectory frames, not results.
+
+    Raises:
+        ConfigurationError: On ``committed_ids``, a sink that cannot list its ``system_id``s.
+
+    Example:
+        >>> from alchemi_core.dynamics import HostMemory
+        >>> from alchemi_core.parallel.results import SinkResults
+        >>> from alchemi_core.testing import make_batch
+        >>> results = SinkResults(HostMemory(capacity=None))
+        >>> results.sink(0).write(make_batch([2, 3]))
+        >>> results.committed_ids().tolist()
+        [0, 1]
+    """
+
+    def __init__(self, sink: DataSink, frame_statuses: Iterable[int] = ()) -> None:
+        self._sink = sink
+        self.frame_statuses = tuple(int(s) for s in frame_statuses)
+
+    def sink(self, rank: int) -> DataSink:
+        if int(rank) != 0:
+            raise ConfigurationError(f"SinkResults holds the results of one process, not of rank {rank}")
+        return self._sink
+
+    def committed_ids(self) -> np.ndarray:
+        ids = stored_results(self._sink, self.frame_statuses)
+        if ids is None:
+            raise ConfigurationError(
+                f"{type(self._sink).__name__} cannot list the system_id of what it holds, so a rerun cannot skip "
+                "what is stored; use sink:zarr"
+            )
+        return ids

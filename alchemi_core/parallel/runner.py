@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -123,6 +123,8 @@ class DataParallelSummary:
         committed: Records in the store at the end (rank 0; -1 on the others).
         missing: Ids of the dataset not in the store at the end (rank 0).
         duplicated: Ids stored more than once (rank 0).
+        stopped: A rank was asked to stop early (``stop``): ``ran`` counts its whole shard,
+            stored or not.
     """
 
     rank: int
@@ -135,6 +137,7 @@ class DataParallelSummary:
     committed: int = -1
     missing: tuple[int, ...] = ()
     duplicated: tuple[int, ...] = ()
+    stopped: bool = False
 
     @property
     def complete(self) -> bool:
@@ -193,6 +196,7 @@ def run_data_parallel(
     device: torch.device | str | None = None,
     progress: bool | Callable[[Progress], None] = False,
     progress_every_s: float = 10.0,
+    stop: Callable[[], bool] | None = None,
 ) -> DataParallelSummary:
     """Run ``make_run(context).run()`` on this rank's shard of ``dataset`` (see the module docstring).
 
@@ -214,6 +218,10 @@ def run_data_parallel(
             beyond the GPU count sharing them in turn, else the CPU).
         progress: On rank 0, report the store's progress every ``progress_every_s`` seconds
             (True: a line on stderr; a callable: called with a :class:`Progress`).
+        stop: The request to stop early that ``make_run`` gives its run (e.g. a
+            ``alchemi_core.workflow.stopping.StopRequest``, which then handles SIGTERM too); the
+            summary's ``stopped`` says whether any rank was asked. Without it SIGTERM raises, and
+            the rank saves what it finished and reports what it did not.
 
     Returns:
         The run's :class:`DataParallelSummary` (rank 0's holds the store check).
@@ -226,7 +234,7 @@ def run_data_parallel(
     owned = backend is None
     backend = _join(timeout_s) if backend is None else backend
     try:
-        return _run(make_run, dataset, results, backend, device, progress, progress_every_s, start)
+        return _run(make_run, dataset, results, backend, device, progress, progress_every_s, start, stop)
     finally:
         if owned:
             backend.shutdown()
@@ -258,7 +266,7 @@ def rank_device(local_rank: int) -> torch.device:
 def _run(
     make_run: Callable[[RankContext], Any], dataset: Any, results: ResultsStore, backend: CommBackend,
     device: torch.device | str | None, progress: bool | Callable[[Progress], None], progress_every_s: float,
-    start: float,
+    start: float, stop: Callable[[], bool] | None = None,
 ) -> DataParallelSummary:
     rank, world = backend.rank, backend.world_size
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -273,7 +281,7 @@ def _run(
     dev = torch.device(device) if device is not None else rank_device(local_rank)
     report = _reporter(progress, results, len(ids), start) if rank == 0 else None
     try:
-        with _stop_on_sigterm():
+        with _stop_on_sigterm() if stop is None else nullcontext():
             if len(shard):
                 watch = PeerWatch(backend, report, progress_every_s)
                 runnable = make_run(RankContext(rank, world, local_rank, dev, shard, sink, watch))
@@ -291,9 +299,11 @@ def _run(
             ran = backend.all_reduce_sum(len(shard))
             ran_atoms = backend.all_reduce_sum(shard.num_atoms)
             wall = backend.all_reduce_max(int(1000 * (time.monotonic() - start))) / 1000.0
+            stopped = bool(backend.all_reduce_max(int(stop is not None and stop())))
     except BaseException as exc:
         raise _failure(exc, backend, results, ids, shards, sink) from exc
-    summary = DataParallelSummary(rank, world, len(ids), len(ids) - len(todo), ran, ran_atoms, wall)
+    summary = DataParallelSummary(rank, world, len(ids), len(ids) - len(todo), ran, ran_atoms, wall,
+                                  stopped=stopped)
     if rank == 0:
         summary = _checked(summary, ids, results.committed_ids())
         if report is not None:

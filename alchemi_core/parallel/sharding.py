@@ -139,6 +139,9 @@ class ShardDataset:
     def system_ids(self) -> np.ndarray:
         return self.ids
 
+    def get_all_system_ids(self) -> np.ndarray:
+        return self.ids
+
     @property
     def num_atoms(self) -> int:
         """Atoms in the shard."""

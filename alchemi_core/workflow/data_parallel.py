@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ import torch
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.parallel import RankContext, run_data_parallel
 from alchemi_core.workflow.plan import build_plan, execute
-from alchemi_core.workflow.run import NumberedDataset, log_path_for, open_input
+from alchemi_core.workflow.run import NumberedDataset, log_path_for, open_input, stage_hooks
 from alchemi_core.workflow.spec import Workflow, WorkflowError
 
 
@@ -105,6 +106,7 @@ def run_workflow_data_parallel(
     progress: bool = True,
     dataset: Any = None,
     timeout_s: float = 120.0,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Run ``workflow`` as this rank of a data-parallel job (see the module docstring).
 
@@ -114,6 +116,8 @@ def run_workflow_data_parallel(
         progress: Rank 0 prints the store's progress every 10 s.
         dataset: The structures (default: the workflow's ``[input]``), the same on every rank.
         timeout_s: Longest wait for the other ranks, and the heartbeat staleness bound.
+        stop: Asked between steps; once True this rank ends after its next check with what it
+            finished stored (see :class:`~alchemi_core.workflow.stopping.StopRequest`).
 
     Returns:
         The summary ``alchemi run`` prints (rank 0 holds the store check; ``structures_out``
@@ -123,8 +127,6 @@ def run_workflow_data_parallel(
         WorkflowError: The workflow cannot run data parallel (named by key).
         DataParallelError: A rank failed or was lost (the structures not stored are named).
     """
-    from alchemi_core import registry
-
     if workflow.checkpoint:
         print("[alchemi] checkpoint is not used in a data-parallel run: run the same command again to finish "
               "what a stopped run left", file=sys.stderr)
@@ -138,14 +140,6 @@ def run_workflow_data_parallel(
     def make_run(ctx: RankContext) -> None:
         plan = build_plan(workflow, _rank_device(workflow, device, ctx))
         devices.append(str(plan.device))
-        hooks: list[list[Any]] = [[] for _ in plan.stages]
-        hooks[0].append(ctx.watch)
-        if "frozen" in ctx.dataset[0]:
-            for h in hooks:
-                h.append(registry.build("hook:freeze-atoms"))
-        if out.trajectory_every:
-            for h in hooks:
-                h.append(registry.build("hook:snapshot", sink=ctx.sink, frequency=out.trajectory_every))
         collector = None
         if out.log and out.path is not None and "://" not in out.path:
             from alchemi_core.workflow.logs import LogCollector
@@ -153,16 +147,16 @@ def run_workflow_data_parallel(
             base = log_path_for(out.path)
             log = base.with_name(base.name.replace(".log.csv", f".{Path(results.part(ctx.rank)).name}.log.csv"))
             collector = LogCollector(log, append=log.exists())
-            for i, (stage, h) in enumerate(zip(plan.stages, hooks, strict=True)):
-                h.append(collector.hook(i, stage))
+        hooks = stage_hooks(plan, ctx.dataset[0], ctx.sink, collector)
+        hooks[0].append(ctx.watch)
         try:
-            summary = execute(plan, ctx.dataset, [ctx.sink], progress=False, extra_hooks=hooks)
+            summary = execute(plan, ctx.dataset, [ctx.sink], progress=False, extra_hooks=hooks, stop=stop)
         finally:
             if collector is not None:
                 collector.close()
         steps.append(summary.steps)
 
-    dp = run_data_parallel(make_run, data, results, timeout_s=timeout_s, progress=progress)
+    dp = run_data_parallel(make_run, data, results, timeout_s=timeout_s, progress=progress, stop=stop)
     return {
         "device": devices[0] if devices else str(device if device is not None else workflow.device),
         "ranks": dp.world_size,
@@ -174,6 +168,9 @@ def run_workflow_data_parallel(
         "every_structure_once": dp.complete if dp.rank == 0 else True,
         "missing": len(dp.missing),
         "duplicated": len(dp.duplicated),
+        "already_stored": dp.skipped,
+        "written": dp.committed - dp.skipped if dp.rank == 0 else None,
+        "stopped": (getattr(stop, "signal_name", None) or "a stop request") if dp.stopped else None,
         "steps": sum(steps),
         "wall_s": dp.wall_s,
         "structures_per_hour": dp.ran / dp.wall_s * 3600.0 if dp.wall_s > 0 else 0.0,

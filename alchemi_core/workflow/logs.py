@@ -54,6 +54,7 @@ class LogCollector:
         self._file: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8", newline="")  # noqa: SIM115
         if not append:
             self._file.write(",".join(COLUMNS) + "\n")
+            self._file.flush()
         self._start = time.perf_counter()
         self._hooks: list[Any] = []
         self._names: dict[int, str] = {}
@@ -100,6 +101,8 @@ class LogCollector:
         with self._lock:
             if self._file is not None and lines:
                 self._file.write("\n".join(lines) + "\n")
+                # Each logged step reaches the file at once: a run that is killed keeps its log.
+                self._file.flush()
 
     def close(self) -> None:
         """Flush every hook's pending rows and close the file."""

@@ -72,9 +72,16 @@ class Plan:
 class Summary:
     """What a run did: counts, steps, time, the results' energies.
 
-    ``structures_out`` counts the structures that finished every stage; ``quarantined`` those
-    the run took out because they went bad (``system_id``, ``step``, ``status``, ``reason``),
-    written out too, with their negative status.
+    Attributes:
+        structures_in: Structures of the input.
+        structures_out: Of those, the ones whose result is stored (by this run or an earlier);
+            quarantined structures are counted apart.
+        written: Results this run stored (None: not counted, results kept in memory).
+        already_stored: Structures skipped because the store held their result already.
+        duplicated: Results stored more than once.
+        stopped: What stopped the run early (``"SIGINT"``), or None when it ran to its end.
+        quarantined: The structures the run took out because they went bad (``system_id``,
+            ``step``, ``status``, ``reason``), written out too, with their negative status.
     """
 
     structures_in: int
@@ -85,15 +92,21 @@ class Summary:
     mean_energy_per_atom_eV: float | None
     output: str | None
     quarantined: tuple[dict[str, Any], ...] = ()
+    written: int | None = None
+    already_stored: int = 0
+    duplicated: int = 0
+    stopped: str | None = None
 
     @property
     def structures_per_hour(self) -> float:
-        return self.structures_out / self.wall_s * 3600.0 if self.wall_s > 0 else 0.0
+        done = self.structures_out if self.written is None else self.written
+        return done / self.wall_s * 3600.0 if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "quarantined": [dict(q) for q in self.quarantined],
                 "structures_per_hour": self.structures_per_hour,
-                "every_structure_once": self.structures_in == self.structures_out + len(self.quarantined)}
+                "every_structure_once": (self.structures_in == self.structures_out + len(self.quarantined)
+                                         and not self.duplicated)}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -188,6 +201,8 @@ def execute(
     extra_hooks: Sequence[Sequence[Any]] = (),
     checkpoint: str | None = None,
     checkpoint_every: int = 0,
+    resume_from: Any = None,
+    stop: Any = None,
 ) -> Summary:
     """Run the plan's stages, fused into one inflight stage, over ``dataset`` into ``sinks``.
 
@@ -199,6 +214,9 @@ def execute(
         progress: Show a progress bar (structures done of ``len(dataset)``).
         extra_hooks: Per stage, hooks added for this run (loggers, trajectory snapshots).
         checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end.
+        resume_from: Continue from this checkpoint (a path or a loaded state) instead.
+        stop: Asked between steps; once True the run ends after its next check
+            (``FusedStage.run``), with what it finished in the sinks.
 
     Returns:
         The run's :class:`Summary`.
@@ -241,7 +259,7 @@ def execute(
     start = time.perf_counter()
     try:
         with fused:
-            fused.run(checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+            fused.run(checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume_from=resume_from, stop=stop)
         for s in sinks:
             flush = getattr(s, "flush", None)
             if callable(flush):

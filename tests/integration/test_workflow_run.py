@@ -114,13 +114,29 @@ def test_structures_read_by_worker_processes_give_the_same_results(project):
     assert np.array_equal(plain.positions.numpy(), built.positions.numpy())
 
 
-def test_runs_appended_to_one_store_keep_ids_unique(project):
+def test_a_rerun_into_its_store_stores_nothing_twice_and_fresh_starts_over(project):
     from alchemi_zarr import AtomicDataZarrReader
 
-    assert _invoke("run", "workflow.toml", "--no-progress").exit_code == 0
-    assert _invoke("run", "workflow.toml", "--no-progress").exit_code == 0
+    first = _invoke("run", "workflow.toml", "--no-progress")
+    assert first.exit_code == 0 and "stored 6; 0 were already in the store" in first.output, first.output
+    again = _invoke("run", "workflow.toml", "--no-progress")
+    assert again.exit_code == 0 and "stored 0; 6 were already in the store" in again.output, again.output
+    assert "(each exactly once)" in again.output
     ids = AtomicDataZarrReader(project / "results.zarr").read_batch().system_id.tolist()
-    assert sorted(ids) == list(range(12))
+    assert sorted(ids) == list(range(6))
+    fresh = _invoke("run", "workflow.toml", "--no-progress", "--fresh", "--json")
+    assert fresh.exit_code == 0, fresh.output
+    assert (json.loads(fresh.stdout)["written"], json.loads(fresh.stdout)["already_stored"]) == (6, 0)
+    ids = AtomicDataZarrReader(project / "results.zarr").read_batch().system_id.tolist()
+    assert sorted(ids) == list(range(6))
+
+
+def test_a_store_of_another_input_is_refused_naming_fresh(project):
+    assert _invoke("run", "workflow.toml", "--no-progress").exit_code == 0
+    (project / "structures" / "ar1.extxyz").unlink()  # the input is now 3 structures
+    refused = _invoke("run", "workflow.toml", "--no-progress")
+    assert refused.exit_code == 2, refused.output
+    assert "output.path" in refused.output and "--fresh" in refused.output
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(project):
