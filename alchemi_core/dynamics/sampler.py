@@ -136,18 +136,10 @@ class SizeAwareSampler:
         self._reset_bins()
 
     # ------------------------------------------------------------------ setup
-    @property
-    def device(self) -> torch.device:
-        """The device the batches are planned for: the dataset's ``device``, else a GPU when
-        there is one."""
-        device = self._device()
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return torch.device(device)
-
     def _auto_max_atoms(self, chunk_atoms: int | None = None, needed_by: str = "a simulation") -> int:
-        self.memory = MemoryPlan.of(self.device, self.max_gpu_memory_fraction, self.bytes_per_atom,
-                                    chunk_atoms, needed_by)
+        # Planned for the dataset's device, else a GPU when there is one.
+        device = torch.device(self._device() or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.memory = MemoryPlan.of(device, self.max_gpu_memory_fraction, self.bytes_per_atom, chunk_atoms, needed_by)
         return self.memory.max_atoms(int(self._atoms.max()) if len(self._atoms) else 1)
 
     def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
@@ -177,18 +169,14 @@ class SizeAwareSampler:
 
     def _check_fits(self) -> None:
         too_big = np.nonzero(self._atoms > self.max_atoms)[0]
-        if len(too_big) and self.sized_from_memory:
-            i = int(too_big[0])
-            raise InvalidDataError(
-                f"structure {i} has {int(self._atoms[i])} atoms but a batch of at most {self.max_atoms} "
-                f"atoms fits the memory of {self.memory} ({len(too_big)} structures are too large); "
-                "free memory, run on a device with more, or remove them"
-            )
         if len(too_big):
             i = int(too_big[0])
+            limit, fix = ((f"a batch of at most {self.max_atoms} atoms fits the memory of {self.memory}",
+                           "free memory, run on a device with more") if self.sized_from_memory else
+                          (f"max_atoms is {self.max_atoms}", "raise max_atoms"))
             raise InvalidDataError(
-                f"structure {i} has {int(self._atoms[i])} atoms but max_atoms is {self.max_atoms} "
-                f"({len(too_big)} structures are too large); raise max_atoms or remove them"
+                f"structure {i} has {int(self._atoms[i])} atoms but {limit} ({len(too_big)} structures are "
+                f"too large); {fix}, or remove them"
             )
         if self.max_edges is not None:
             too_many = np.nonzero(self._edges > self.max_edges)[0]
