@@ -96,3 +96,17 @@ def test_warp_launches_go_through_the_one_runtime():
         if path.name not in RUNTIME and ("stream_from_torch" in text or "record_cmd=True" in text):
             owners.append(str(path.relative_to(ROOT)))
     assert not owners, f"Warp stream caches or launch recording outside alchemi_core.warp_runtime: {owners}"
+
+
+def test_core_imports_no_plugin():
+    """Core reaches plugins through the registry (components and public names), never by import:
+    a plugin can then be replaced, disabled or missing without core breaking at import."""
+    plugins = {init.parent.name for init in ROOT.glob("plugins/*/src/*/__init__.py")}
+    found = []
+    for path in sorted((ROOT / "alchemi_core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[0] in plugins]
+    assert not found, "core imports plugins by name (use registry.resolve / resolve_export): " + "; ".join(found)

@@ -84,7 +84,8 @@ PLUGINS: tuple[FirstParty, ...] = (
         "alchemi-zarr",
         (
             "sink:zarr", "alchemi_core.dynamics.ZarrData",
-            *_exports("alchemi_core.data.datapipes", "AtomicDataZarrReader", "AtomicDataZarrWriter"),
+            *_exports("alchemi_core.data.datapipes", "AtomicDataZarrReader", "AtomicDataZarrWriter", "ShardedZarrStore",
+                     "open_results_reader", "check_unique_results"),
         ),
         "`sink:zarr` (`ZarrData` on any fsspec URL), Zarr readers and writers for datasets",
     ),

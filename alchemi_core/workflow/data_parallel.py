@@ -78,7 +78,7 @@ def sharded_output(workflow: Workflow) -> Any:
     from alchemi_core import registry
 
     registry.resolve("sink:zarr")  # a clear error when alchemi-zarr is missing
-    from alchemi_zarr import ShardedZarrStore
+    ShardedZarrStore = registry.resolve_export("alchemi_core.data.datapipes", "ShardedZarrStore")  # noqa: N806
 
     params = dict(out.sink.params) if out.sink is not None else {}
     params.pop("store", None)

@@ -40,6 +40,8 @@ FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
 #: Orders :func:`export_structures` writes structures in: by ``system_id`` (the order of the
 #: input, which a run numbers from 0), or the order their last records were stored (completion).
 ORDERS = ("input", "stored")
+#: The fields that tell a structure's records apart (see the module docstring).
+RECORD_IDENTITY = ("system_id", "status", "stage_steps")
 
 
 def open_store(path: Any) -> Any:
@@ -53,12 +55,9 @@ def open_store(path: Any) -> Any:
 
     if isinstance(path, (str, os.PathLike)) and "://" not in str(path) and not Path(path).exists():
         raise InvalidDataError(f"no results store at {str(path)!r}; give the path of a .zarr store a run wrote")
-    reader_cls = registry.resolve_export("alchemi_core.data.datapipes", "AtomicDataZarrReader")
-    from alchemi_zarr.sharded import ShardedZarrReader, open_reader  # alchemi-zarr is there: reader_cls is
-
-    if isinstance(path, reader_cls | ShardedZarrReader):
+    if not isinstance(path, (str, os.PathLike)):  # a reader already
         return path
-    return open_reader(path)
+    return registry.resolve_export("alchemi_core.data.datapipes", "open_results_reader")(path)
 
 
 def _column(reader: Any, name: str) -> np.ndarray | None:
@@ -73,14 +72,15 @@ def _structure_ids(reader: Any) -> np.ndarray | None:
 
     Raises:
         InvalidDataError: A structure whose last record is stored twice (the same ``system_id``,
-            ``status`` and ``stage_steps``; ``alchemi_zarr.validity.repeated_records``).
+            ``status`` and ``stage_steps``).
     """
-    from alchemi_zarr.validity import IDENTITY, check_unique
+    from alchemi_core import registry
 
     ids = _column(reader, "system_id")
     if ids is None or "status" not in reader.fields:  # not a run's results: no claim on repeats
         return ids
-    check_unique({k: _column(reader, k) for k in IDENTITY if k in reader.fields}, 0, reader.where)
+    check_unique = registry.resolve_export("alchemi_core.data.datapipes", "check_unique_results")
+    check_unique({k: _column(reader, k) for k in RECORD_IDENTITY if k in reader.fields}, 0, reader.where)
     return ids
 
 

@@ -23,3 +23,7 @@ def alchemi_register_sinks(registrar: Registrar) -> None:
     )
     registrar.export("alchemi_core.data.datapipes.AtomicDataZarrReader", "alchemi_zarr.reader:AtomicDataZarrReader")
     registrar.export("alchemi_core.data.datapipes.AtomicDataZarrWriter", "alchemi_zarr.writer:AtomicDataZarrWriter")
+    # What core's workflows ask of a results store, by public name (core imports no plugin).
+    registrar.export("alchemi_core.data.datapipes.ShardedZarrStore", "alchemi_zarr.sharded_store:ShardedZarrStore")
+    registrar.export("alchemi_core.data.datapipes.open_results_reader", "alchemi_zarr.sharded:open_reader")
+    registrar.export("alchemi_core.data.datapipes.check_unique_results", "alchemi_zarr.validity:check_unique")
