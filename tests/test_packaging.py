@@ -52,3 +52,18 @@ def test_the_umbrella_installs_core_and_every_first_party_plugin():
     in_extras = {d.split("[")[0].split("=")[0].strip() for deps in extras.values() for d in deps}
     others = {p.distribution for p in first_party.PLUGINS if p.env != "main"}
     assert others <= in_extras, f"first-party plugins missing from the umbrella's extras: {sorted(others - in_extras)}"
+
+
+def test_core_lists_every_folder_it_ships():
+    """alchemi-core lists its packages explicitly: a folder of code or templates left out of the
+    list breaks `pip install` (an editable install of an older list hides it)."""
+    listed = set(_load(ROOT / "pyproject.toml")["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(f.parent.relative_to(ROOT).parts)
+        for f in (ROOT / "alchemi_core").rglob("*")
+        if f.is_file() and f.suffix in (".py", ".tmpl") and "__pycache__" not in f.parts
+        and "fake_dists" not in f.parts
+    }
+    assert not folders - listed, f"pyproject.toml's [tool.setuptools] packages lacks {sorted(folders - listed)}"
+    gone = {p for p in listed if not (ROOT / p.replace(".", "/")).is_dir()}
+    assert not gone, f"pyproject.toml's [tool.setuptools] packages names folders that do not exist: {sorted(gone)}"
