@@ -10,6 +10,7 @@ from ase.neighborlist import neighbor_list
 
 from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.models import check_input
 from alchemi_potentials import LennardJones
 from alchemi_potentials.neighbors import BatchedNeighborList
 
@@ -273,7 +274,7 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     with pytest.raises(CapacityError, match="max_neighbors is 40"):
         model(batch)  # and again: a failed check does not mark the batch as checked
     engine_batch = ref.batch([atoms])
-    model.check_batch(engine_batch)  # what the engine does: check, then forwards that never read back ...
+    check_input(model, engine_batch)  # what the engine does: check, then forwards that never read back ...
     model(engine_batch)
     with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
         model.verify(engine_batch)  # ... until it verifies
