@@ -85,9 +85,9 @@ def warp_device(device: torch.device) -> Any:
 
 #: Warp devices by torch device: Warp's own lookup costs more than the rest of a view.
 _devices: dict[tuple[str, int | None], Any] = {}
-#: For each (torch dtype, Warp dtype or None) that ``from_torch`` accepted once: the Warp dtype,
+#: For each (torch dtype, Warp dtype or None) that ``from_torch`` accepted once: the Warp dtype
 #: and its inner shape (``(3,)`` for a vector, ``()`` for a scalar).
-_view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, int, tuple[int, ...]]] = {}
+_view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, tuple[int, ...]]] = {}
 
 
 def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
