@@ -67,7 +67,8 @@ def filtered_stderr(drop: Sequence[str]) -> Iterator[None]:
 
 def configure(warp: Any) -> None:
     """Lower ``warp``'s log level (or set ``quiet`` on releases before 1.10) and initialise it
-    without the driver notice. Does nothing when verbose or when Warp is already initialised."""
+    without the driver notice (``warp.init()`` does nothing once Warp is initialised). Does
+    nothing when verbose."""
     if verbose():
         return
     config = warp.config
@@ -76,17 +77,8 @@ def configure(warp: Any) -> None:
             config.log_level = warp.LOG_WARNING
     else:
         config.quiet = True
-    if not _initialised(warp):
-        with filtered_stderr(DRIVER_NOTICES):
-            warp.init()
-
-
-def _initialised(warp: Any) -> bool:
-    for name in ("warp._src.context", "warp.context"):  # where releases keep the runtime
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "runtime"):
-            return module.runtime is not None
-    return False
+    with filtered_stderr(DRIVER_NOTICES):
+        warp.init()
 
 
 class _WarpLoader(importlib.abc.Loader):

@@ -11,9 +11,7 @@ replay rules:
 * :func:`stream_for`: torch's current stream on a device as a Warp stream, wrapped once per
   torch stream (wrapping costs more than a launch).
 * :class:`LaunchSequence`: launches recorded for fixed arrays and sizes and replayed in order
-  (a model's forward); on a CPU a long kernel can be cut into :data:`CPU_CHUNKS` ranges that run
-  on as many threads as torch uses (:meth:`LaunchSequence.add_chunked`). A kernel recorded
-  before is recorded again from that recording (:mod:`alchemi_core.warp_recordings`).
+  (a model's forward).
 * :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
   objects (an integrator's updates).
 * :func:`launch_args` (and :func:`launch_tensors`): one kernel on torch tensors and scalars, its
@@ -34,15 +32,12 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 import threading
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from alchemi_core import cpu_executor, warp_recordings
 from alchemi_core.errors import AlchemiError, MissingDependencyError
 
 _lock = threading.Lock()
@@ -52,26 +47,6 @@ _streams: dict[tuple[int, int], Any] = {}
 MAX_STREAMS = 32
 # Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
 _local = threading.local()
-#: How many ranges a chunked CPU kernel is cut into. Fixed, not the thread count, so that results
-#: (sums over per-chunk buffers) are the same whatever the number of threads. Ranges of a kernel
-#: without such buffers then merge into one per thread (``LaunchSequence.add_chunked``).
-CPU_CHUNKS = 8
-#: Below this many threads of work a CPU kernel runs as one launch (the split costs 100-200 us
-#: on a 2-core virtual machine, ``python -m benchmarks.cpu_dispatch``).
-MIN_CHUNKED_DIM = 4096
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-
-
-def _forget_pool() -> None:
-    # A forked child has the pool object but none of its threads: it must start its own.
-    global _pool, _pool_size
-    _pool, _pool_size = None, 0
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
 class KernelLaunchError(AlchemiError, RuntimeError):
     """Warp could not prepare a kernel for a device (its module failed to build or load)."""
 
@@ -110,9 +85,9 @@ def warp_device(device: torch.device) -> Any:
 
 #: Warp devices by torch device: Warp's own lookup costs more than the rest of a view.
 _devices: dict[tuple[str, int | None], Any] = {}
-#: For each (torch dtype, Warp dtype or None) that ``from_torch`` accepted once: the Warp dtype,
-#: the bytes of its scalar and its inner shape (``(3,)`` for a vector, ``()`` for a scalar).
-_view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, int, tuple[int, ...]]] = {}
+#: For each (torch dtype, Warp dtype or None) that ``from_torch`` accepted once: the Warp dtype
+#: and its inner shape (``(3,)`` for a vector, ``()`` for a scalar).
+_view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, tuple[int, ...]]] = {}
 
 
 def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
@@ -135,9 +110,10 @@ def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
     kind = _view_kinds.get((tensor.dtype, dtype))
     if kind is None or tensor.requires_grad or tensor.dim() == 0:
         made = wp.from_torch(tensor, dtype=dtype) if dtype is not None else wp.from_torch(tensor)
-        _view_kinds.setdefault((tensor.dtype, dtype), (made.dtype, _scalar_bytes(made.dtype), _inner_shape(made.dtype)))
+        _view_kinds.setdefault((tensor.dtype, dtype), (made.dtype, tuple(tensor.shape[made.ndim:])))
         return made
-    wtype, size, inner = kind
+    wtype, inner = kind
+    size = tensor.element_size()
     shape, strides = tuple(tensor.shape), tensor.stride()
     if inner:
         k = len(inner)
@@ -148,20 +124,9 @@ def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
     device = _devices.get((tensor.device.type, tensor.device.index))
     if device is None:
         device = _devices[(tensor.device.type, tensor.device.index)] = warp_device(tensor.device)
-    made = wp.array(ptr=tensor.data_ptr(), dtype=wtype, shape=shape, strides=tuple(s * size for s in strides),
-                    device=device, copy=False)
-    made._tensor = tensor  # as from_torch does: the memory lives as long as the view
-    return made
-
-
-def _scalar_bytes(dtype: Any) -> int:
-    import ctypes
-
-    return ctypes.sizeof(dtype._type_)
-
-
-def _inner_shape(dtype: Any) -> tuple[int, ...]:
-    return tuple(getattr(dtype, "_shape_", ()))
+    # The deleter holds the tensor, so its memory lives as long as the view (as from_torch's does).
+    return wp.array(ptr=tensor.data_ptr(), dtype=wtype, shape=shape, strides=tuple(s * size for s in strides),
+                    device=device, copy=False, deleter=lambda ptr, size, held=tensor: None)
 
 
 def can_launch(device: torch.device) -> bool:
@@ -213,106 +178,6 @@ def _threads(dim: int | Sequence[int]) -> int:
     return math.prod(dim) if isinstance(dim, Sequence) else int(dim)
 
 
-def chunks_for(device: Any, dim: int, min_dim: int | None = None) -> int:
-    """Into how many ranges :meth:`LaunchSequence.add_chunked` cuts a kernel of ``dim`` threads
-    on ``device`` (a Warp or torch device): :data:`CPU_CHUNKS` for CPU kernels of at least
-    ``min_dim`` threads (default :data:`MIN_CHUNKED_DIM`), else 1."""
-    on_cpu = str(device).startswith("cpu")
-    return CPU_CHUNKS if on_cpu and dim >= (MIN_CHUNKED_DIM if min_dim is None else min_dim) else 1
-
-
-def cpu_workers() -> int:
-    """Threads that run the chunks of a CPU kernel: torch's intra-op thread count (set it with
-    ``torch.set_num_threads`` or ``OMP_NUM_THREADS``), at most :data:`CPU_CHUNKS`."""
-    return max(1, min(CPU_CHUNKS, torch.get_num_threads()))
-
-
-class Ranges(tuple):
-    """The recorded launches of one CPU kernel's ranges (a tuple), and what runs them on the
-    native executor once it has been prepared (:mod:`alchemi_core.cpu_executor`)."""
-
-    prepared: Any = None  # None: not tried yet; False: the executor cannot run them
-
-
-def _pool_for(workers: int) -> ThreadPoolExecutor:
-    """The worker threads' pool, with at least ``workers - 1`` threads."""
-    global _pool, _pool_size
-    with _lock:
-        if _pool is None or _pool_size < workers - 1:
-            _pool, _pool_size = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="alchemi-cpu"), workers - 1
-        return _pool
-
-
-def range_handoff() -> str:
-    """How a CPU kernel's ranges reach the worker threads: ``"spinning"`` (the native executor, a
-    few microseconds a kernel) or ``"sleeping"`` (the thread pool, 100-200 us on a 2-core virtual
-    machine). A kernel short enough to run alone under the second pays ranges under the first, so
-    thresholds for ranges are kept by these names."""
-    return "spinning" if cpu_executor.runs_ranges(warp()) else "sleeping"
-
-
-def _run_chunks(commands: Sequence[Any]) -> None:
-    """Launch the chunks of one CPU kernel on the worker threads (Warp releases the GIL while a
-    CPU kernel runs) and wait for all of them; the calling thread works too. Each thread takes
-    the next chunk when it is done with one, so uneven chunks even out (where there are more
-    chunks than threads: kernels with per-chunk buffers). Recorded ranges (:class:`Ranges`) go
-    to the native executor where it can take them (:mod:`alchemi_core.cpu_executor`), the others
-    to the thread pool."""
-    workers = min(cpu_workers(), len(commands))
-    if workers <= 1:
-        _launch_all(commands)
-        return
-    if isinstance(commands, Ranges):
-        if commands.prepared is None:
-            commands.prepared = cpu_executor.prepare(warp(), commands, workers - 1) or False
-        if commands.prepared and commands.prepared.run():
-            return
-    pool = _pool_for(workers)
-    queue = iter(commands)  # shared: a list iterator hands each item out once, also across threads
-    futures = [pool.submit(_launch_all, queue) for _ in range(workers - 1)]
-    _launch_all(queue)
-    for f in futures:
-        f.result()
-
-
-def _one_range_per_thread(bounds: Sequence[int], threads: int | None = None) -> list[int]:
-    """The cuts ``bounds`` (``CPU_CHUNKS`` ranges, or cuts at system boundaries) merged into one
-    range of consecutive ones per worker thread (``threads``, default :func:`cpu_workers`).
-
-    Each range's launch is a call into Warp, and the calling thread then waits for the
-    interpreter's lock; while the other thread holds it (its Python between launches) that wait
-    sleeps, and waking a thread costs 100-200 us on a 2-core virtual machine
-    (``python -m benchmarks.cpu_dispatch``). W6's step took 2.65-3.29 ms cut in 2 ranges against
-    3.01-3.21 in 8 and 3.19-4.44 in 16 (five rounds each, ``CPU_CHUNKS``). Ranges of independent
-    items can merge without changing a result; uneven work per item loses the next-range-when-done
-    balancing, so the kernels cut this way spread theirs evenly (a listed neighbour search strides
-    its rebuilding slots over the threads; the pair kernel's cuts fall near even shares of atoms).
-
-    Example:
-        >>> _one_range_per_thread([0, 2, 4, 6, 8], threads=2), _one_range_per_thread([0, 2, 4, 6, 8], threads=3)
-        ([0, 4, 8], [0, 2, 4, 8])
-    """
-    n = len(bounds) - 1
-    groups = min(cpu_workers() if threads is None else threads, n)
-    return [bounds[g * n // groups] for g in range(groups)] + [bounds[n]]
-
-
-def _launch_all(commands: Iterable[Any]) -> None:
-    for cmd in commands:
-        cmd.launch()
-
-
-def _argument_index(kernel: Any, arg: int | str) -> int:
-    """Position of ``kernel``'s parameter ``arg`` (a name, or already a position)."""
-    if isinstance(arg, int):
-        return arg
-    labels = [a.label for a in kernel.adj.args]
-    try:
-        return labels.index(arg)
-    except ValueError:
-        raise ValueError(f"kernel {kernel.key!r} has no parameter {arg!r}; it has {labels}") from None
-
-
 class LaunchSequence:
     """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order.
 
@@ -333,7 +198,6 @@ class LaunchSequence:
     def __init__(self, device: Any, who: str = "alchemi") -> None:
         self.device = warp().get_device(device)
         self.who = who
-        #: A recorded launch, or a tuple of them: the chunks of one kernel (CPU only).
         self._commands: list[Any] = []
         self.names: list[str] = []
 
@@ -349,58 +213,8 @@ class LaunchSequence:
         self._commands.append(self._record(kernel, dim, inputs))
         self.names.append(kernel.key)
 
-    def add_chunked(self, kernel: Any, dim: int, inputs: Sequence[Any], start_at: int | str = "start",
-                    per_chunk: dict[int | str, Sequence[Any]] | None = None, min_dim: int | None = None,
-                    bounds: Sequence[int] | None = None) -> None:
-        """Record a kernel whose thread ``t`` does item ``start + t``, cut into
-        :func:`chunks_for` ranges: on a CPU the ranges run on several threads; on a GPU it is
-        one launch with ``start = 0``.
-
-        Without ``per_chunk`` the items are independent, and each thread gets one range of
-        consecutive chunks (:func:`_one_range_per_thread`): the same results in one call into
-        Warp per thread. The threads are counted when the launch is recorded (a sequence is
-        recorded again when its arrays or sizes change).
-
-        Args:
-            kernel: A kernel with an argument (``start_at``) that is the first item's index.
-            dim: Items in all.
-            inputs: The arguments (the start argument's value is replaced).
-            start_at: The start argument, by name (the kernel's parameter) or position.
-            per_chunk: Arguments that differ by chunk (name or position -> one value per
-                chunk), such as a buffer each chunk adds into alone; a chunk's writes must not
-                meet another's.
-            min_dim: Cut only from this many threads on (default :data:`MIN_CHUNKED_DIM`); a
-                kernel of a few threads that each do much (a strided walk) is cut from fewer.
-            bounds: Where a CPU cuts (``0 = bounds[0] < ... < bounds[-1] = dim``) instead of
-                :func:`chunks_for` even ranges, such as at system boundaries so that ranges
-                never write the same items; a GPU still launches once.
-        """
-        if dim <= 0:
-            return
-        start = _argument_index(kernel, start_at)
-        chunked = {_argument_index(kernel, k): v for k, v in (per_chunk or {}).items()}
-        n = chunks_for(self.device, dim, min_dim)
-        if bounds is not None and n > 1:
-            n = len(bounds) - 1
-            assert bounds[0] == 0 and bounds[-1] == dim and all(a < b for a, b in zip(bounds, bounds[1:])), bounds
-        else:
-            bounds = [dim * c // n for c in range(n + 1)]
-        if not chunked and n > 1:
-            bounds = _one_range_per_thread(bounds)
-            n = len(bounds) - 1
-        commands = []
-        for c in range(n):
-            args = list(inputs)
-            args[start] = bounds[c]
-            for index, values in chunked.items():
-                args[index] = values[c]
-            if bounds[c + 1] > bounds[c]:
-                commands.append(self._record(kernel, bounds[c + 1] - bounds[c], args))
-        self._commands.append(commands[0] if len(commands) == 1 else Ranges(commands))
-        self.names.append(kernel.key)
-
     def _record(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> Any:
-        cmd = warp_recordings.record(warp(), kernel, dim, inputs, self.device)
+        cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=self.device, record_cmd=True)
         if cmd is None:
             raise KernelLaunchError(
                 f"{self.who}: Warp could not prepare kernel {kernel.key!r} for device {self.device}: "
@@ -410,13 +224,9 @@ class LaunchSequence:
         return cmd
 
     def run(self, stream: Any = None) -> None:
-        """Launch every recorded kernel, in order, on ``stream`` (the device's default if None);
-        the chunks of a CPU kernel run on the worker threads, all finished before the next kernel."""
+        """Launch every recorded kernel, in order, on ``stream`` (the device's default if None)."""
         for cmd in self._commands:
-            if type(cmd) is Ranges:
-                _run_chunks(cmd)
-            else:
-                cmd.launch(stream)
+            cmd.launch(stream)
 
     def __len__(self) -> int:
         return len(self._commands)
@@ -451,16 +261,10 @@ class RecordedLaunches:
         self.vector_args = vector_args
         self._recorded: dict[str, tuple[int | tuple[int, ...], tuple[Any, ...], LaunchSequence]] = {}
 
-    def launch(self, name: str, kernel: Any, dim: int | tuple[int, ...], args: Sequence[Any], device: torch.device,
-               start_at: str | None = None, min_dim: int | None = None) -> None:
+    def launch(self, name: str, kernel: Any, dim: int | tuple[int, ...], args: Sequence[Any],
+               device: torch.device) -> None:
         """Launch ``kernel`` over ``dim`` threads (a grid with a tuple) on torch's current stream
-        of ``device``.
-
-        With ``start_at``, the name of the kernel's argument that is the first item's index (its
-        thread ``t`` doing item ``start + t``; pass 0 for it), a CPU runs the launch in
-        :func:`chunks_for` ranges on its worker threads, as :meth:`LaunchSequence.add_chunked`
-        does (from ``min_dim`` threads on); the items' writes must not meet. A GPU launches once.
-        """
+        of ``device``."""
         if _threads(dim) == 0:
             return
         stream = stream_for(device)
@@ -471,11 +275,7 @@ class RecordedLaunches:
         labels = [arg.label for arg in kernel.adj.args]
         inputs = [self._to_warp(label, a) for label, a in zip(labels, args)]
         seq = LaunchSequence(warp_device(device))
-        if start_at is None:
-            seq.add(kernel, dim, inputs)
-        else:
-            assert isinstance(dim, int), "a launch in ranges is one-dimensional"
-            seq.add_chunked(kernel, dim, inputs, start_at=start_at, min_dim=min_dim)
+        seq.add(kernel, dim, inputs)
         seq.run(stream)
         self._recorded[name] = (dim, tuple(args), seq)
 

@@ -7,7 +7,7 @@ Two atom fields hold atoms in place, as ASE's constraints do:
   ``FixCartesian(indices, mask=(True, False, True))``: x and z held, y free).
 
 The engine applies them around every stage's update, whatever the integrator and its backend
-(torch, Warp, Langevin's Warp tiles and SIMD lanes): before the stages' ``pre_update`` it keeps
+(torch or Warp): before the stages' ``pre_update`` it keeps
 the positions (and, where a stage moves cells, the cells); after them it puts every held
 component back and zeroes its velocity; after ``post_update`` it zeroes those velocities again.
 The forces on held components are zeroed after each model forward, so ``fmax`` and optimisers

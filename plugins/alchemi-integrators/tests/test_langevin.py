@@ -12,7 +12,6 @@ from integrators_testkit.recording import Record, integrated_autocorrelation_tim
 from integrators_testkit.resume import resumed_run
 
 from alchemi_core.data import AtomicData, Batch
-from alchemi_core.testing.fixtures import CPU_AND_GPU
 from alchemi_core.units import KB
 from alchemi_integrators import Langevin, VelocityVerlet
 from alchemi_integrators.base import warp_available
@@ -176,58 +175,3 @@ def test_resume_from_checkpoint_gives_the_same_trajectory(backend: str) -> None:
     assert differs == (backend == "torch")
 
 
-@pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
-@pytest.mark.parametrize("fix_com", [True, False])
-def test_warp_backend_in_ranges_on_a_cpu_gives_the_one_launch_trajectory(monkeypatch, fix_com: bool) -> None:
-    """On a CPU the Warp backend's per-atom kernels run in ranges on the worker threads
-    (``RecordedLaunches.launch(start_at=)``); each atom draws its noise from its own counter, so
-    the trajectory is bit for bit the one of a single launch. A range that ignored its start (every
-    range updating the first atoms) or skipped one fails this."""
-    from alchemi_core import warp_runtime
-    from alchemi_integrators import langevin_lanes
-
-    monkeypatch.setitem(langevin_lanes.BY_DEVICE, "cpu", False)  # the general path (a CPU's default: the lanes)
-    finals = {}
-    for cut in (False, True):
-        # Ranges from any size (uneven ones: 5 systems of 32 atoms in 8 ranges), on 2 threads.
-        monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1 if cut else 10**9)
-        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-        batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(5)])
-        start = batch.positions.clone()
-        Langevin(ReferenceLJ(), n_steps=15, dt=5.0, temperature=80.0, friction=0.05, random_seed=3,
-                 fix_com=fix_com, backend="warp").run(batch)
-        finals[cut] = (batch.positions.clone(), batch.velocities.clone())
-        assert (batch.positions - start).abs().amin(dim=1).gt(0).all()  # every atom moved
-    for a, b in zip(finals[False], finals[True]):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
-@pytest.mark.parametrize("device", CPU_AND_GPU)
-def test_one_block_per_system_gives_the_general_paths_trajectory(monkeypatch, device: str) -> None:
-    """With the centre of mass held, batches of small systems take one launch, a block of threads
-    per system summing its noise momentum (``langevin_blocks``); the general path takes four
-    launches and a per-atom buffer. Same noise, same arithmetic: the same trajectory to the
-    rounding of the momentum sums' order, each system's centre of mass at rest."""
-    from alchemi_integrators import langevin_blocks, langevin_lanes
-
-    monkeypatch.setitem(langevin_lanes.BY_DEVICE, "cpu", False)  # a CPU's default: the lanes
-    if langevin_blocks.WARP_VERSION < langevin_blocks.SINCE:
-        pytest.skip(f"the block path needs warp-lang >= {langevin_blocks.SINCE}")
-    sizes = (1, 2, 1, 5)  # argon(n) holds 4 n^3 atoms: 4, 32, 4, 500 (two atoms per thread of a GPU block)
-    finals = {}
-    for blocks in (False, True):
-        monkeypatch.setitem(langevin_blocks.BY_DEVICE, torch.device(device).type, blocks)
-        batch = Batch.from_data_list([argon(n, rattle=0.05, seed=s) for s, n in enumerate(sizes)]).to(device)
-        start = batch.positions.clone()
-        dyn = Langevin(ReferenceLJ(), n_steps=12, dt=5.0, temperature=80.0, friction=0.05, random_seed=3,
-                       fix_com=True, backend="warp")
-        dyn.run(batch)
-        launched = {name for name in dyn._warp_launches._recorded}
-        assert ("baoa_block" in launched) == blocks and ("baoa" in launched) != blocks
-        assert ("kicks" in dyn.work._buffers) != blocks  # the block path needs no per-atom buffer
-        finals[blocks] = (batch.positions.cpu(), batch.velocities.cpu(), batch)
-        assert (batch.positions - start).abs().amin(dim=1).gt(0).all()  # every atom moved
-    for a, b in zip(finals[False][:2], finals[True][:2]):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
-    assert center_of_mass_velocity(finals[True][2]).abs().max() < 1e-12  # at rest from the start

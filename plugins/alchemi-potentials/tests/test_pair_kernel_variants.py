@@ -117,30 +117,6 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_cpu_kernels_cut_in_ranges_give_the_reference_whatever_the_thread_count(ref, rng, monkeypatch,
-                                                                                 torch_threads, half):
-    """On a CPU the neighbour search and the pair kernel run in CPU_CHUNKS ranges of slots, on as
-    many threads as torch uses (here forced for 46 atoms, so ranges cut systems in pieces): the
-    reference holds, and one thread or two give the same bits. A full list's ranges merge into
-    one per thread (one launch on one thread); a half list's keep their own force buffers."""
-    from alchemi_core import warp_runtime
-
-    monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1)
-    structures = systems(ref, rng)
-    outs = []
-    for threads in (1, 2):
-        torch_threads(threads)
-        model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half))
-        out = model(ref.batch(structures), compute_stress=True)
-        in_ranges = isinstance(model._outputs.launches._commands[1], tuple)  # the pair kernel
-        assert in_ranges == (threads > 1 or half)
-        check_against_reference(ref, structures, out, lennard_jones_reference(ref))
-        outs.append(out)
-    for name in ("energy", "forces", "stress"):
-        assert torch.equal(outs[0][name], outs[1][name]), name
-
-
 def _max_threads_per_block(module_tag: str) -> list[int]:
     """The largest block each compiled CUDA pair kernel whose Warp module ends in ``module_tag``
     may be launched with, as the driver reports it: 1,024 on current GPUs, or the launch bounds'

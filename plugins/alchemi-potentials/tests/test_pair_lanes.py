@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from alchemi_core import warp_runtime
 from alchemi_potentials import LennardJones, pair_lanes, pair_potential
 from alchemi_potentials.neighbors import BatchedNeighborList, layout
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
@@ -90,35 +89,6 @@ def test_lanes_in_float32_from_either_matrix_order(ref, rng, monkeypatch, half, 
     out = evaluate(ref, structures, half, dtype=torch.float32)
     assert out["forces"].dtype == torch.float32
     check_against_reference(ref, structures, out, False, 2e-5)
-
-
-@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "warp"])
-@pytest.mark.parametrize("sizes", ["uneven", "even"])
-@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_kernels_cut_in_ranges_give_the_same_bits_on_one_thread_or_two(ref, rng, monkeypatch, half, sizes, lanes):
-    """Systems of uneven sizes cannot be cut at their boundaries into even ranges: a half list's
-    ranges then add into buffers of their own; eight systems of one size are cut at their
-    boundaries, and each range adds its neighbours' forces straight into the forces."""
-    monkeypatch.setattr(warp_runtime, "MIN_CHUNKED_DIM", 1)
-    if sizes == "uneven":
-        structures = systems(ref, rng)
-    else:
-        structures = [ref.atoms(rng, 12, ref.cell(rng, (9.0, 9.5, 10.0), 0.2), True, min_distance=2.5)
-                      for _ in range(8)]
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            out = evaluate(ref, structures, half, lanes=lanes)
-            check_against_reference(ref, structures, out, False, 1e-9)
-            buffers = "chunk_forces" in out["model"]._scratch_buffers
-            assert buffers == (half and sizes == "uneven"), buffers
-            outs.append(out)
-    finally:
-        torch.set_num_threads(before)
-    for name in ("energy", "forces", "stress"):
-        assert torch.equal(outs[0][name], outs[1][name]), name
 
 
 def test_lanes_cover_one_species_lennard_jones_unswitched_only():

@@ -72,14 +72,11 @@ def test_launches_over_no_threads_are_dropped():
 def test_a_launch_warp_cannot_prepare_raises_instead_of_recording_none(monkeypatch):
     """Warp returns no launch when a kernel's module failed to build for the device (e.g. a
     Warp without its CPU compiler): the sequence must say so, not replay None later."""
-    from alchemi_core import warp_recordings
     from alchemi_potentials.pair_kernels import zero_forces
 
     wp = _warp.warp()
     forces = wp.zeros(3, dtype=wp.vec3f, device="cpu")
     monkeypatch.setattr(wp, "launch", lambda *args, **kwargs: None)
-    # As in a process where the kernel never launched (else its earlier recording is copied).
-    monkeypatch.setattr(warp_recordings, "_recordings", {})
     seq = _warp.LaunchSequence(forces.device)
     with pytest.raises(_warp.KernelLaunchError, match="could not prepare kernel .*zero_forces.* building or loading"):
         seq.add(zero_forces, 3, [forces])

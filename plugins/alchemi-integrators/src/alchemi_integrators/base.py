@@ -13,9 +13,8 @@ entering systems in ``init_state``, and whose step runs on one of two backends:
 
 ``backend="auto"`` (the default) picks Warp on CUDA devices when ``warp-lang`` is installed. On a
 CPU it picks what measured faster there (:attr:`Integrator.cpu_backend`): torch for velocity
-Verlet (a few vectorised operations); Warp for Langevin, whose CPU step takes a system's atoms in
-SIMD lanes, Gaussian draws included (:mod:`~alchemi_integrators.langevin_lanes`; Warp's scalar
-draws lost to torch's sampler before it), and for Nose-Hoover chains, FIRE and both NPT
+Verlet (a few vectorised operations); Warp for Langevin (one kernel per half-step, its Gaussian
+draws inside it, the same kernels as on a GPU), and for Nose-Hoover chains, FIRE and both NPT
 integrators, whose per-system bookkeeping is one Warp kernel instead of tens of tiny torch
 operations (about 3x and 8x faster for 64 argon cells of 108 atoms on one core; MTK 3.3x for 12
 cells of 256 atoms on two, C-rescale 2x for 4 cells of 256).

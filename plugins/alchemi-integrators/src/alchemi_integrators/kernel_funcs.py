@@ -1,5 +1,5 @@
 """What the integrators' Warp kernels share (:mod:`~alchemi_integrators.warp_kernels`,
-:mod:`~alchemi_integrators.langevin_blocks`, :mod:`~alchemi_integrators.npt_common`): the
+:mod:`~alchemi_integrators.npt_common`): the
 half-kick, the idle-system test, the per-atom Gaussian draws, a Nose-Hoover chain's half step, and
 :func:`declare_overloads`, which types their generic arguments."""
 

@@ -26,8 +26,8 @@ Random numbers come from this integrator's generator, seeded by ``random_seed``,
 backend. The Warp backend draws them inside its kernel from a counter-based generator keyed by
 (seed, ``system_id``, the system's step count, atom index within the system), so a system's noise
 does not depend on which other systems share the batch, and a checkpoint needs no generator
-state. It is the default wherever warp-lang is installed, on a CPU too: there a system's atoms are
-stepped in SIMD lanes (:mod:`~alchemi_integrators.langevin_lanes`, the same draws).
+state. It is the default wherever warp-lang is installed, on a CPU too (the same kernels as on a
+GPU).
 
 Example:
     >>> from alchemi_core import registry
@@ -78,8 +78,7 @@ class Langevin(MDIntegrator):
 
     #: The system field counting each system's noise draws (the Warp kernels read it by name).
     noise_field = NOISE_COUNTER
-    #: On a CPU too: the lanes' step (W6, 64 cells of 108 argon atoms on two cores: 3.42 -> 3.08 ms
-    #: per step against torch's, ``benchmarks/compare_commits.py`` with 05bd1af, six rounds).
+    #: On a CPU too: the one Warp path, the same kernels as on a GPU.
     cpu_backend = "warp"
 
     def __init__(

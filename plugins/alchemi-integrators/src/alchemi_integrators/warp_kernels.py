@@ -30,7 +30,6 @@ import warp as wp
 
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
-from alchemi_integrators import langevin_blocks, langevin_lanes
 from alchemi_integrators.kernel_funcs import (
     VECTOR_ARGS,
     chain_walk,
@@ -47,12 +46,6 @@ from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
     from alchemi_integrators.base import Integrator
-
-#: Atoms from which a CPU runs Langevin's last half-kick in ranges on its threads. Handing ranges
-#: to a worker thread and waiting for it costs 100-200 us on a 2-core virtual machine (a thread
-#: woken from idle; 14 us for one launch of a trivial kernel over 6,912 atoms, 180-220 us for the
-#: same in 8 ranges on 2 threads), and the kick costs about 8 ns an atom: below this, one launch.
-KICK_CHUNKED_FROM = 65536
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -115,14 +108,12 @@ def _langevin_baoa(
     seed: wp.int32,
     fix_com: wp.int32,
     kicks: wp.array(dtype=Any),
-    start: int,
 ):
     # B, A, O and (without fix_com) the second A of BAOAB. With fix_com each atom's noise
     # momentum goes to kicks[i] (summed per system by system_sums, not by an atomic add per atom
     # onto one address) and the second A waits for _langevin_remove_com_drift. Idle atoms leave
-    # their kick unwritten: it only adds to their own (idle, unread) system's total. A CPU runs
-    # ranges of the atoms on its threads (start: the range's first); every atom writes its own.
-    i = wp.tid() + start
+    # their kick unwritten: it only adds to their own (idle, unread) system's total.
+    i = wp.tid()
     b = system[i]
     if idle(active, b):
         return
@@ -152,10 +143,9 @@ def _langevin_remove_com_drift(
     total_mass: wp.array(dtype=Any),
     dt: wp.array(dtype=Any),
     active: wp.array(dtype=Any),
-    start: int,
 ):
-    # Take the noise's COM velocity out, then the second A of BAOAB (atoms start + tid).
-    i = wp.tid() + start
+    # Take the noise's COM velocity out, then the second A of BAOAB.
+    i = wp.tid()
     b = system[i]
     if idle(active, b):
         return
@@ -174,11 +164,10 @@ def _langevin_kick_count(
     noise_step: wp.array(dtype=wp.int32),
     dt: wp.array(dtype=Any),
     active: wp.array(dtype=Any),
-    start: int,
 ):
     # The last B of BAOAB; each system's first atom also advances the system's noise counter
-    # (read by _langevin_baoa in an earlier launch, so there is no race; atoms start + tid).
-    i = wp.tid() + start
+    # (read by _langevin_baoa in an earlier launch, so there is no race).
+    i = wp.tid()
     b = system[i]
     if idle(active, b):
         return
@@ -519,49 +508,28 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
     seed = int(dyn.random_seed % (2**31 - 1))
     friction, temperature = dyn.per_system("friction", batch), dyn.per_system("temperature", batch)
     noise_step = getattr(batch, dyn.noise_field)
-    if langevin_lanes.fits(batch.device):
-        # A CPU: one thread per system, its atoms in SIMD lanes, the COM held in the same pass.
-        root = dyn.cached("warp_root_inv_mass", batch, lambda: im.sqrt(), reads_fields=False, masks=False)
-        langevin_lanes.launch(launches, batch, (
-            x, v, f, im, root, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
-            _typed(KB, batch), seed, int(dyn.fix_com),
-        ))
-        return
-    if dyn.fix_com and langevin_blocks.fits(batch.device, _largest_system(dyn, batch)):
-        # One launch, the COM held in each block: neither the per-atom kicks nor the momentum sums.
-        langevin_blocks.launch(launches, batch, (
-            x, v, f, im, mass, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act, total,
-            _typed(KB, batch), seed,
-        ))
-        return
     momentum = dyn.work.get("momentum", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
     # Each atom's noise momentum, when the centre of mass is held (else never written).
     kicks = (dyn.work.get("kicks", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
              if dyn.fix_com else momentum)
     args = (
         x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act,
-        _typed(KB, batch), seed, int(dyn.fix_com), kicks, 0,
+        _typed(KB, batch), seed, int(dyn.fix_com), kicks,
     )
-    # In ranges on a CPU's threads (one launch on a GPU): each atom's noise is drawn from its own
-    # counter, so the ranges change no result.
-    launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device, start_at="start")
+    launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
     if dyn.fix_com:
         momentum.zero_()
         system_sums(launches, dyn.work, "momentum", kicks, sys, momentum, _largest_system(dyn, batch))
         launches.launch(
-            "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act, 0),
-            batch.device, start_at="start",
+            "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
+            batch.device,
         )
 
 
 def langevin_post(dyn: Any, batch: Batch) -> None:
-    if langevin_lanes.fits(batch.device):
-        dyn.torch_post_update(batch)  # the lanes counted the step; see langevin_lanes
-        return
     _, v, f, im, sys, dt, act = _common(dyn, batch)
-    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act, 0)
-    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device, start_at="start",
-                          min_dim=KICK_CHUNKED_FROM)
+    args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act)
+    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
 
 
 def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:

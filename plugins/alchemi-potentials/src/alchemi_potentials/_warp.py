@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from alchemi_core import warp_runtime
-from alchemi_core.warp_runtime import KernelLaunchError, chunks_for, range_handoff, stream_for, view, warp
+from alchemi_core.warp_runtime import KernelLaunchError, stream_for, view, warp
 
-__all__ = ["KernelLaunchError", "LaunchSequence", "chunks_for", "range_handoff", "require_device", "stream_for",
-           "view", "warp"]
+__all__ = ["KernelLaunchError", "LaunchSequence", "require_device", "stream_for", "view", "warp"]
 
 WHO = "alchemi-potentials"
 

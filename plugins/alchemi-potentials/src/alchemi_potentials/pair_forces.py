@@ -174,9 +174,8 @@ def pair_kernel(options: PairOptions) -> Any:
         virial: wp.array(dtype=Any),
         slot_energy: wp.array(dtype=Any),
         slot_virial: wp.array(dtype=Any),
-        start: int,
     ):
-        t = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
+        t = wp.tid()
         if wp.static(LANES):
             # One species: the slot's own row holds every pair's parameters (NaN for an unknown
             # element, as below).

@@ -66,18 +66,6 @@ def zero_forces(forces: wp.array(dtype=Any)):
     forces[i] = type(forces[i])()
 
 
-@wp.kernel
-def sum_chunk_forces(chunk_forces: wp.array2d(dtype=Any), forces: wp.array(dtype=Any), start: int):
-    """Forces of atom ``start + tid`` summed over the chunks of a CPU pair launch, in chunk order
-    (each chunk adds into its own row of ``chunk_forces``), which are left zero for the next step."""
-    i = wp.tid() + start
-    f = type(forces[i])()
-    for c in range(chunk_forces.shape[0]):
-        f += chunk_forces[c, i]
-        chunk_forces[c, i] = type(f)()
-    forces[i] = f
-
-
 @wp.func
 def type_of(lut: wp.array(dtype=wp.int32), z: int, unknown: int):
     """The parameter type of atomic number ``z`` (``unknown``, a NaN row, beyond the table)."""
@@ -132,7 +120,6 @@ def virial_to_stress(cell: wp.array(dtype=Any), virial: wp.array(dtype=Any), str
 for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
     wp.overload(zero_totals, {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)})
     wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
-    wp.overload(sum_chunk_forces, {"chunk_forces": wp.array2d(dtype=_vec), "forces": wp.array(dtype=_vec)})
     _totals = {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)}
     wp.overload(fold_totals, {"slot_energy": wp.array(dtype=_scalar), "slot_virial": wp.array(dtype=_mat), **_totals})
     wp.overload(virial_to_stress, {"cell": wp.array(dtype=_mat), "virial": wp.array(dtype=_mat), "stress": wp.array(dtype=_mat)})

@@ -20,7 +20,6 @@ Cutoff treatments (pick at most one):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -277,24 +276,15 @@ class PairPotential(BaseModel):
         scalar, vec, mat = (wp.float64, wp.vec3d, wp.mat33d) if f64 else (wp.float32, wp.vec3f, wp.mat33f)
         C, E, W = _warp.view(cell, mat), _warp.view(energy.view(-1), scalar), _warp.view(virial, mat)
         F = _warp.view(forces, vec)
-        # On a CPU the pair kernel runs in ranges of slots on several threads (add_chunked): the
-        # systems' totals then come from per-slot values, and with a half list each range adds
-        # its forces (which reach other ranges' atoms) into a buffer of its own, summed after.
-        pieces = _warp.chunks_for(pos.device, n_atoms)
-        chunks = _fold_chunks(batch.num_nodes_per_system, pos.device, always=pieces > 1)
+        chunks = _fold_chunks(batch.num_nodes_per_system, pos.device)
         per_slot = chunks is not None
         slots = n_atoms if per_slot else 1
         slot_energy = self._scratch("slot_energy", (slots,), pos)
         slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
         SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
-        # With a half list a range also adds forces into its neighbours' atoms: ranges cut at
-        # system boundaries never meet (a system's neighbours are its own), so they add into the
-        # forces directly; where no such cut exists (one large system) each range has a buffer.
-        bounds = _system_bounds(batch.num_nodes_per_system, pieces) if matrix.half and pieces > 1 else None
-        split_forces = matrix.half and pieces > 1 and bounds is None
         seq = _warp.LaunchSequence(F.device)
         seq.add(k.zero_totals, n_sys, [E, W])
-        if matrix.half and not split_forces:
+        if matrix.half:
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
@@ -306,17 +296,11 @@ class PairPotential(BaseModel):
         )
         if LANES.get(pos.device.type, False) and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
-        forces_of: dict[int | str, Sequence[Any]] | None = None
-        if split_forces:
-            chunk_forces = self._scratch("chunk_forces", (pieces, n_atoms, 3), pos)
-            forces_of = {"forces": [_warp.view(chunk_forces[c], vec) for c in range(pieces)]}
-        seq.add_chunked(pair_kernel(options), n_atoms, [
+        seq.add(pair_kernel(options), n_atoms, [
             matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
             self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
-            F, E, W, SE, SW, 0,
-        ], per_chunk=forces_of, bounds=bounds)
-        if split_forces:
-            seq.add_chunked(k.sum_chunk_forces, n_atoms, [_warp.view(chunk_forces, vec), F, 0])
+            F, E, W, SE, SW,
+        ])
         held = []
         if chunks is not None:
             seq.add(k.fold_totals, chunks.shape[0], [_warp.view(chunks), SE, SW, int(compute_stress), E, W])
@@ -384,35 +368,11 @@ class PairPotential(BaseModel):
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
 
 
-def _system_bounds(atoms_per_system: np.ndarray, pieces: int) -> list[int] | None:
-    """Cuts of the slots into at most ``pieces`` ranges at system boundaries, each near an even
-    cut, or None where some range would exceed twice an even share (a system too large).
-
-    Example:
-        >>> _system_bounds(np.array([108] * 64), 8)
-        [0, 864, 1728, 2592, 3456, 4320, 5184, 6048, 6912]
-        >>> _system_bounds(np.array([10, 1000, 10]), 8) is None
-        True
-    """
-    ends = np.cumsum(np.asarray(atoms_per_system, dtype=np.int64))
-    total = int(ends[-1]) if len(ends) else 0
-    if total == 0:
-        return None
-    targets = np.arange(1, pieces) * total / pieces
-    nearest = np.clip(np.searchsorted(ends, targets), 0, len(ends) - 1)
-    below = np.clip(nearest - 1, 0, len(ends) - 1)
-    chosen = np.where(np.abs(ends[below] - targets) <= np.abs(ends[nearest] - targets), ends[below], ends[nearest])
-    bounds = sorted({0, total, *(int(c) for c in chosen if 0 < c < total)})
-    if max(b - a for a, b in zip(bounds, bounds[1:])) > 2 * total / pieces:
-        return None
-    return bounds
-
-
-def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device, always: bool = False) -> torch.Tensor | None:
+def _fold_chunks(atoms_per_system: np.ndarray, device: torch.device) -> torch.Tensor | None:
     """``[chunks, 3]`` int32 (first slot, end slot, system) of the per-slot fold, or None when
-    every system is small enough for direct atomic adds (and ``always`` is not set)."""
+    every system is small enough for direct atomic adds."""
     counts = np.asarray(atoms_per_system, dtype=np.int64)
-    if len(counts) == 0 or (counts.max() <= DIRECT_TOTALS_UP_TO and not always):
+    if len(counts) == 0 or counts.max() <= DIRECT_TOTALS_UP_TO:
         return None
     per_system = -(-counts // FOLD_CHUNK)
     system = np.repeat(np.arange(len(counts)), per_system)

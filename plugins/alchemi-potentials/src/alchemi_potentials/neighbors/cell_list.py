@@ -63,10 +63,6 @@ if TYPE_CHECKING:
 HEADROOM = 1.2
 #: |det| of a periodic binning frame below this times the product of its row lengths is no volume.
 DEGENERATE_CELL = 1e-10
-#: Atoms from which a CPU checks how far they moved in ranges on its threads, by how ranges are
-#: handed over (``warp_runtime.range_handoff``): the check costs about 10 ns an atom, a worker that
-#: spins a few us, a sleeping one 100-200 us.
-CHECK_IN_RANGES_FROM = {"spinning": 4096, "sleeping": 1 << 40}
 
 
 class BatchedNeighborList:
@@ -289,8 +285,7 @@ class BatchedNeighborList:
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(skin),
                                            layout.warp_image_cell])
             join = layout.join_fraction
-            before.add_chunked(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join), 0],
-                               min_dim=CHECK_IN_RANGES_FROM[_warp.range_handoff()])
+            before.add(k.check_moved, na, [positions, ref, wrapped, g, a, wp.float64(join * join)])
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])
@@ -305,15 +300,13 @@ class BatchedNeighborList:
             if layout.listed:
                 after.add(k.list_work, na, [g, a, work_slot])
                 threads = listed_threads(pos.device, parts * na)
-                for write in passes:
-                    # In ranges on a CPU's threads (one launch on a GPU), each thread striding the list.
-                    after.add_chunked(search_kernel, threads, [*search, write, na, 0, work_slot, ns - 1, threads],
-                                      min_dim=1)
+                for write in passes:  # each thread striding the list
+                    after.add(search_kernel, threads, [*search, write, na, work_slot, ns - 1, threads])
             elif parts > 1:
                 for write in passes:
-                    after.add(search_kernel, parts * na, [*search, write, na, 0, work_slot, ns - 1, 0])
+                    after.add(search_kernel, parts * na, [*search, write, na, work_slot, ns - 1, 0])
             else:
-                after.add_chunked(search_kernel, na, [*search, 1, na, 0, work_slot, ns - 1, 0])
+                after.add(search_kernel, na, [*search, 1, na, work_slot, ns - 1, 0])
             seqs = layout.launches[key] = (before, after)
         stream = _warp.stream_for(pos.device)
         before, after = seqs
@@ -443,11 +436,7 @@ class BatchedNeighborList:
         return layout.errors[:, : layout.num_systems].any()
 
     def _exact_need(self, batch: Batch) -> int:
-        """The most neighbours of any atom, from a list that sizes itself (the error path only).
-
-        The recorded count can fall short on a CPU: where a system's atoms are searched in two
-        ranges at once, their plain (non-atomic) maxima may overwrite each other.
-        """
+        """The most neighbours of any atom, from a list that sizes itself (the error path only)."""
         sized = BatchedNeighborList(self._cutoff, self._skin, half_list=self._half_list)
         sized.update(batch)
         return int(sized.most_neighbors(batch).max())

@@ -214,11 +214,9 @@ def check_moved(
     g: SystemState,
     a: AtomState,
     join_sq: wp.float64,
-    start: int,
 ):
     # join_sq: join_fraction squared, the share of allowed_sq past which an atom's system is near.
-    # Slot t = start + thread (a CPU checks in ranges; the flags' stores are of one value).
-    t = wp.tid() + start
+    t = wp.tid()
     s = a.system[t]
     x = vec3d_of(positions[a.order[t]])
     d = x * g.deform[s] - vec3d_of(reference[t])

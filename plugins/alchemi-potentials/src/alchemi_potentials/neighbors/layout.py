@@ -91,9 +91,7 @@ SEARCH_LISTED = {"cuda": True, "cpu": True}
 FORCED_LISTED: bool | None = None
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
-#: Threads of a listed search on a CPU: 8 for each of the launch's ranges (``CPU_CHUNKS``; they
-#: merge into one range per worker thread), each walking the list in strides, so that every range
-#: gets its share of the rebuilding slots.
+#: Threads of a listed search on a CPU (``FORCED_LISTED`` only), each walking the list in strides.
 LISTED_THREADS_CPU = 64
 #: ``BatchedNeighborList``'s default ``join_fraction`` by device type. When some system of a
 #: batch rebuilds, every system with an atom past this fraction of skin/2 rebuilds with it, so
@@ -142,17 +140,16 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: 
 
 def search_listed(device_type: str, atoms: int) -> bool:
     """Whether the neighbour search of a batch of ``atoms`` walks a list of the rebuilding slots
-    on this device type. A CPU lists only batches whose kernels it cuts in ranges
-    (``warp_runtime.chunks_for``): in one launch the list's own kernels cost more than the idle
-    slots they spare (W6's 1 x 864: 0.75-0.76 against 0.72-0.73 ms per step).
+    on this device type. A CPU never lists: in its one launch the list's own kernels cost more
+    than the idle slots they spare (W6's 1 x 864: 0.75-0.76 against 0.72-0.73 ms per step).
 
     Example:
         >>> search_listed("cuda", 100), search_listed("cpu", 100), search_listed("cpu", 10_000)
-        (True, False, True)
+        (True, False, False)
     """
     if FORCED_LISTED is not None:
         return FORCED_LISTED
-    if device_type == "cpu" and _warp.chunks_for("cpu", atoms) == 1:
+    if device_type == "cpu":
         return False
     return SEARCH_LISTED.get(device_type, False)
 

@@ -297,7 +297,6 @@ def search_kernel(trim: bool) -> Any:
         half: int,
         write: int,
         slots: int,
-        start: int,
         work_slot: wp.array(dtype=wp.int32),
         last_system: int,
         threads: int,
@@ -315,7 +314,7 @@ def search_kernel(trim: bool) -> Any:
         (:func:`list_work`; ``g.work_end[last_system]`` of them) and the launch's ``threads`` threads
         stride over (part, listed slot) pairs, so no thread is launched for a slot that keeps its list.
         """
-        tid = wp.tid() + start  # a CPU launch may cover a range of the slots (LaunchSequence.add_chunked)
+        tid = wp.tid()
         if threads == 0:
             search_slot(wrapped, g, a, radius_sq, entries, count, found_in_part, half, write, tid % slots, tid / slots)
         else:
