@@ -12,6 +12,7 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError, ConfigurationError
+from alchemi_core.models import check_input
 from alchemi_potentials.edge_model import EdgeModel
 from alchemi_potentials.neighbors import EdgeList
 from alchemi_potentials.neighbors.chunks import SystemChunks, group_systems
@@ -176,6 +177,9 @@ def test_an_edge_list_that_overflows_is_reported_not_read_past_its_capacity():
     range: a device-side assert on a GPU), and the edge list's error names the max_edges to use."""
     batch = Batch.from_atoms(copper_cells(3), dtype=torch.float64)  # 1,296 edges a cell
     model = TwoHop(cutoff=CUTOFF, name="two-hop", max_edges=1600, chunk_atoms=108)
+    with pytest.raises(CapacityError, match=r"max_edges=4666"):
+        model(batch)  # a direct call reads its error back at once
+    check_input(model, batch)  # a run's forwards read nothing back until the check verifies
     out = model(batch)
     assert bool(model.error_flag(batch))
     for c in model.chunking.chunks:
