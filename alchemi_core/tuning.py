@@ -48,21 +48,25 @@ class CoreTuning:
     def for_device(cls, device: str | torch.device) -> CoreTuning:
         """The measured choices for ``device`` (``"cuda"``, ``"cpu"``, a ``torch.device``); a
         device type without measurements gets every choice off (torch's paths)."""
-        kind = _device_type(device)
+        kind = cls.device_type(device)
         if kind == "cuda":
             return cls(run_ahead=True, masks_in_step=True, force_max_kernel=True)
         if kind == "cpu":
             return cls(run_ahead=False, masks_in_step=False, force_max_kernel=True)
         return cls(run_ahead=False, masks_in_step=False, force_max_kernel=False)
 
-
-def _device_type(device: str | torch.device) -> str:
-    """``"cuda"`` for ``"cuda:1"`` or ``torch.device("cuda", 1)``, and so on."""
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        return torch.device(device).type
-    raise ConfigurationError(f"a tuning's device must be a str or torch.device, got {type(device).__name__}")
+    @staticmethod
+    def device_type(device: str | torch.device) -> str:
+        """``"cuda"`` for ``"cuda:1"`` or ``torch.device("cuda", 1)``, and so on (every plugin's
+        ``for_device`` reads its argument so)."""
+        if isinstance(device, torch.device):
+            return device.type
+        if isinstance(device, str):
+            try:
+                return torch.device(device).type
+            except RuntimeError as exc:
+                raise ConfigurationError(f"a tuning's device must name a torch device, got {device!r}") from exc
+        raise ConfigurationError(f"a tuning's device must be a str or torch.device, got {type(device).__name__}")
 
 
 def check_tuning(name: str, tuning: object, kind: type) -> None:
