@@ -83,21 +83,23 @@ def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
     assert el.capacity == capacity
 
 
-def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng, monkeypatch):
+def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng):
     """A GPU's lists rebuild in cohorts (join_fraction 0.8 there); here on the CPU at 0.5,
     against 1.0 on the same moves: systems join others' rebuilds (more builds), and the edges
     equal ASE's at every step either way."""
-    from alchemi_potentials.neighbors import layout
+    import attrs
+
+    from alchemi_potentials.tuning import PotentialsTuning
 
     atoms_list = systems(ref, rng)
     start = [a.positions.copy() for a in atoms_list]
     builds = {}
     for join in (1.0, 0.5):
-        monkeypatch.setitem(layout.JOIN_FRACTION, "cpu", join)
+        tuning = attrs.evolve(PotentialsTuning.for_device("cpu"), join_fraction=join)
         for a, x in zip(atoms_list, start, strict=True):
             a.positions = x.copy()
         batch = ref.batch(atoms_list)
-        el = EdgeList(RC, skin=1.0)
+        el = EdgeList(RC, skin=1.0, tuning=tuning)
         el.update(batch)
         move_and_check(el, batch, atoms_list, steps=6, scale=0.12, largest=0.2, seed=5)
         builds[join] = el.neighbor_list.builds(batch).clone()

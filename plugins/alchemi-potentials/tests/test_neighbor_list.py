@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -12,6 +13,7 @@ from alchemi_core.data import Batch
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_potentials import LennardJones
 from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
 RC = 6.0
 
@@ -128,18 +130,20 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monk
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
-def test_a_list_without_a_skin_takes_its_devices(ref, rng, monkeypatch):
-    """skin=None reads ``layout.SKIN`` for the batch's device: pairs out to cutoff + that skin
-    (ASE's), a rebuild past half of it, and ``radius`` that of the device of the last build."""
-    from alchemi_potentials.neighbors import layout
-
+def test_a_list_without_a_skin_takes_its_tunings(ref, rng):
+    """skin=None reads the tuning's skin: pairs out to cutoff + that skin (ASE's), a rebuild past
+    half of it, and ``radius`` that of the device of the last build."""
     systems = some_systems(ref, rng)[:2]
     batch = ref.batch(systems)
     device = batch.positions.device.type
-    monkeypatch.setitem(layout.SKIN, device, 0.7)
-    nl = BatchedNeighborList(cutoff=RC, half_list=False)
+    default = BatchedNeighborList(cutoff=RC)
+    assert default.skin_on(device) == PotentialsTuning.for_device(device).skin
+    # No build yet: the largest any device uses.
+    assert default.radius == RC + max(PotentialsTuning.for_device(d).skin for d in ("cpu", "cuda"))
+    nl = BatchedNeighborList(cutoff=RC, half_list=False,
+                             tuning=attrs.evolve(PotentialsTuning.for_device(device), skin=0.7))
     assert nl.skin is None and nl.skin_on(device) == 0.7 and "skin=by device" in repr(nl)
-    assert nl.radius == RC + max(layout.SKIN.values())  # no build yet: the largest any device uses
+    assert nl.radius == RC + 0.7
     nl.update(batch)
     assert nl.radius == nl.radius_on(device) == RC + 0.7
     i, j, shifts = neighbor_list("ijS", systems[0], RC + 0.7)
@@ -457,17 +461,15 @@ def _matrix(nl, batch):
 
 @pytest.mark.parametrize("parts", [2, 5, 7, 13])  # 13: more counts than the build's scratch holds
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, monkeypatch):
+def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts):
     """A GPU searches each slot's box in parts (a count pass, then a write pass at the counted
     offsets); run here on the CPU, it gives the one-thread search's matrix bit for bit: many
     images, open axes, atoms outside their cell, parts with no bin columns (7 of 25 and more)."""
-    from alchemi_potentials.neighbors import layout
-
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
     whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
-    monkeypatch.setattr(layout, "FORCED_PARTS", parts)  # these systems are small and differ in size
-    split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    # These systems are small and differ in size: parts only when forced.
+    split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=_cpu(force_search_parts=parts))
     split = _matrix(split_list, batch)
     assert split_list._layout.search_parts == parts
     assert torch.equal(whole[0], split[0]) and int(whole[0].sum()) > 0
@@ -475,8 +477,8 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     # A later partial rebuild (one system moved) in parts equals a fresh one-thread build.
     moved = ref.batch(systems)
     moved.positions[:5] += 0.3
-    monkeypatch.setattr(layout, "FORCED_PARTS", 1)
-    fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), moved)
+    fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=_cpu(force_search_parts=1)),
+                    moved)
     batch.positions[:5] += 0.3
     again = _matrix(split_list, batch)
     assert torch.equal(fresh[0], again[0])
@@ -485,22 +487,19 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
 
 @pytest.mark.parametrize("parts", [1, 5])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, rng, half, parts, monkeypatch):
+def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, rng, half, parts):
     """A GPU's search walks only the slots of the systems that rebuild, listed on the device;
     run here on the CPU (a few threads striding over the list), its matrix equals the search of
     every slot bit for bit, at the first build and after rebuilds of some systems only, while
     the systems that keep their lists keep their entries."""
-    from alchemi_potentials.neighbors import layout
-
     systems = some_systems(ref, rng)
     batch, listed_batch = ref.batch(systems), ref.batch(systems)
-    monkeypatch.setattr(layout, "FORCED_PARTS", parts)
-    plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
-    monkeypatch.setattr(layout, "FORCED_LISTED", True)
-    listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
+                                tuning=_cpu(force_search_parts=parts, force_search_listed=False))
+    listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
+                                 tuning=_cpu(force_search_parts=parts, force_search_listed=True))
     first = _matrix(listed, listed_batch)
     assert listed._layout.listed and listed._layout.search_parts == parts
-    monkeypatch.setattr(layout, "FORCED_LISTED", False)
     expected = _matrix(plain, batch)
     assert not plain._layout.listed
     assert torch.equal(expected[0], first[0]) and int(first[0].sum()) > 0
@@ -516,32 +515,27 @@ def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, r
     assert int(builds.min()) == 1 and int(builds.max()) == 2  # only the moved systems rebuilt
 
 
-def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng, monkeypatch):
+def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng):
     """The counts of a search in parts (int16 per slot and part) live in the memory where a
     build keeps each atom's bin, place and wrap until the sort: up to ten parts cost nothing."""
-    from alchemi_potentials.neighbors import layout
-
     batch = ref.batch(some_systems(ref, rng))
     held = {}
     for parts in (1, 9, 11):
-        monkeypatch.setattr(layout, "FORCED_PARTS", parts)
-        nl = BatchedNeighborList(cutoff=RC, skin=0.4)
+        nl = BatchedNeighborList(cutoff=RC, skin=0.4, tuning=_cpu(force_search_parts=parts))
         nl.update(batch)
         held[parts] = nl.memory_bytes()
     assert held[9] == held[1]
     assert held[11] == held[1] + 2 * 11 * batch.num_nodes  # its own int16 counts
 
 
-def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
-    from alchemi_potentials.neighbors import layout
-
+def test_a_search_in_parts_reports_overflow_with_the_true_count():
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = Batch.from_atoms([atoms])
     exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5)
     exact_list.update(batch)
     exact = int(exact_list.most_neighbors(batch).max())
-    monkeypatch.setattr(layout, "FORCED_PARTS", 5)  # one system of 108 atoms
-    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    # One system of 108 atoms: parts only when forced.
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=_cpu(force_search_parts=5))
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
     with pytest.raises(CapacityError, match=rf"had up to {exact} neighbours"):
@@ -554,15 +548,21 @@ def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
     (large batches, one large system, cohorts), measured on the H200 (layout.py)."""
     from alchemi_potentials.neighbors.layout import search_parts
 
-    assert search_parts("cuda", np.full(1024, 256)) == 9
-    assert search_parts("cuda", np.full(16, 256)) == 9
-    assert search_parts("cuda", np.full(2048, 108)) == 9  # small systems too, with the listed search
-    assert search_parts("cuda", np.full(2048, 256)) == 1  # 524,288 atoms
-    assert search_parts("cuda", np.full(65536, 256)) == 1
-    assert search_parts("cuda", np.array([1 << 20])) == 1
-    assert search_parts("cuda", np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
-    assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 9
-    assert search_parts("cpu", np.full(1024, 256)) == 1
+    gpu, cpu = PotentialsTuning.for_device("cuda"), PotentialsTuning.for_device("cpu")
+    assert search_parts(gpu, np.full(1024, 256)) == 9
+    assert search_parts(gpu, np.full(16, 256)) == 9
+    assert search_parts(gpu, np.full(2048, 108)) == 9  # small systems too, with the listed search
+    assert search_parts(gpu, np.full(2048, 256)) == 1  # 524,288 atoms
+    assert search_parts(gpu, np.full(65536, 256)) == 1
+    assert search_parts(gpu, np.array([1 << 20])) == 1
+    assert search_parts(gpu, np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
+    assert search_parts(gpu, np.zeros(0, dtype=np.int64)) == 9
+    assert search_parts(cpu, np.full(1024, 256)) == 1
     # Rebuilds in cohorts: one pass of one thread per slot, whatever the batch.
-    assert search_parts("cuda", np.full(1024, 256), join_fraction=0.8) == 1
-    assert search_parts("cuda", np.full(2048, 108), join_fraction=0.99) == 1
+    assert search_parts(gpu, np.full(1024, 256), join_fraction=0.8) == 1
+    assert search_parts(gpu, np.full(2048, 108), join_fraction=0.99) == 1
+
+
+def _cpu(**changes: object) -> PotentialsTuning:
+    """A CPU's tuning with ``changes``."""
+    return attrs.evolve(PotentialsTuning.for_device("cpu"), **changes)
