@@ -16,10 +16,15 @@ Example:
 
 from __future__ import annotations
 
+import ast
+from typing import Any, TypeVar
+
 import attrs
 import torch
 
 from alchemi_core.errors import ConfigurationError
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -77,3 +82,34 @@ def check_tuning(name: str, tuning: object, kind: type) -> None:
             f"{name} tuning must be a {kind.__name__} (e.g. {kind.__name__}.for_device('cuda')), "
             f"got {type(tuning).__name__}"
         )
+
+
+def evolve_from_text(tuning: T, text: str) -> T:
+    """``tuning`` with the settings of ``text``, ``"name=value,name=value"`` (values are Python
+    literals: ``True``, ``4``, ``0.5``, ``'rows'``): what a benchmark's ``--tuning`` gives.
+
+    Example:
+        >>> evolve_from_text(CoreTuning.for_device("cpu"), "run_ahead=True, masks_in_step=True")
+        CoreTuning(run_ahead=True, masks_in_step=True, force_max_kernel=True)
+
+    Raises:
+        ConfigurationError: A setting that is not ``name=value``, a name that is not a field of the
+            tuning, a value that is not a literal or that the field rejects.
+    """
+    fields = [f.name for f in attrs.fields(type(tuning))]
+    changes: dict[str, Any] = {}
+    for setting in filter(None, (s.strip() for s in text.split(","))):
+        name, eq, value = (part.strip() for part in setting.partition("="))
+        if not eq or name not in fields:
+            raise ConfigurationError(
+                f"tuning setting {setting!r}: write name=value with a name among {', '.join(fields)}")
+        try:
+            changes[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ConfigurationError(
+                f"tuning setting {setting!r}: the value must be a Python literal (True, 4, 0.5, 'rows')") from None
+    try:
+        return attrs.evolve(tuning, **changes)
+    except (TypeError, ValueError) as exc:
+        why = exc.args[0] if exc.args else exc
+        raise ConfigurationError(f"tuning settings {text!r}: {why}") from None

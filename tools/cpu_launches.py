@@ -10,9 +10,10 @@ those totals can exceed their share of the step's wall time. ``--optimization-le
 ``--cpu-flags`` set Warp's CPU compiler options before anything is compiled; ``--pair-masked``
 chooses how the pair kernel treats listed pairs past the cutoff, ``--pair-lanes`` whether it takes
 neighbours in SIMD lanes (``alchemi_potentials.pair_lanes``), ``--list`` a half or a full
-neighbour list (``layout.HALF_LIST``), ``--search-trim`` whether the search skips
-bins beyond the list radius (``layout.SEARCH_TRIM``), ``--search-listed`` whether it walks a list
-of the rebuilding slots (``layout.SEARCH_LISTED``), ``--langevin-backend`` the Langevin step's backend.
+neighbour list (``PotentialsTuning.half_list``), ``--search-trim`` whether the search skips
+bins beyond the list radius (``PotentialsTuning.search_trim``), ``--search-listed`` whether it walks
+a list of the rebuilding slots (``PotentialsTuning.force_search_listed``), ``--langevin-backend``
+the Langevin step's backend.
 
     python -m tools.cpu_launches --atoms 108 --systems 64 --steps 500
 
@@ -65,17 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimization-level", type=int, default=None, help="Warp's, for CPU kernels (default 2)")
     parser.add_argument("--cpu-flags", default=None, help="Warp's CPU compiler flags (default -march=native)")
     parser.add_argument("--pair-masked", choices=("on", "off"), default=None,
-                        help="pairs past the cutoff masked or branched around (default: pair_potential.MASKED)")
+                        help="pairs past the cutoff masked or branched around (default: PotentialsTuning.masked)")
     parser.add_argument("--pair-lanes", choices=("on", "off"), default=None,
-                        help="neighbours in SIMD lanes or one at a time (default: pair_potential.LANES)")
+                        help="neighbours in SIMD lanes or one at a time (default: PotentialsTuning.lanes)")
     parser.add_argument("--list", choices=("half", "full"), default=None,
-                        help="the neighbour list a CPU makes (default: layout.HALF_LIST)")
+                        help="the neighbour list a CPU makes (default: PotentialsTuning.half_list)")
     parser.add_argument("--search-trim", choices=("on", "off"), default=None,
                         help="the search skips bins beyond the list radius or walks the whole box "
-                             "(default: layout.SEARCH_TRIM)")
+                             "(default: PotentialsTuning.search_trim)")
     parser.add_argument("--search-listed", choices=("on", "off"), default=None,
                         help="the search walks a list of the rebuilding slots or every slot "
-                             "(default: layout.SEARCH_LISTED)")
+                             "(default: PotentialsTuning.search_listed)")
     parser.add_argument("--langevin-backend", choices=("torch", "warp"), default=None,
                         help="the Langevin step's backend on a CPU (default: Langevin.cpu_backend)")
     args = parser.parse_args(argv)
@@ -88,23 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from alchemi_integrators.langevin import Langevin
-    from alchemi_potentials import pair_potential
-    from alchemi_potentials.neighbors import layout
     from benchmarks.adapters.alchemi import Alchemi
     from benchmarks.structures import replicated_crystal
 
-    given = (
-        (pair_potential.MASKED, "cpu", args.pair_masked and args.pair_masked == "on"),
-        (pair_potential.LANES, "cpu", args.pair_lanes and args.pair_lanes == "on"),
-        (layout.HALF_LIST, "cpu", args.list and args.list == "half"),
-        (layout.SEARCH_TRIM, "cpu", args.search_trim and args.search_trim == "on"),
-        (layout.SEARCH_LISTED, "cpu", args.search_listed and args.search_listed == "on"),
-        (Langevin, "cpu_backend", args.langevin_backend),
-    )
+    flags = {"masked": args.pair_masked, "lanes": args.pair_lanes, "half_list": args.list and args.list == "half",
+             "search_trim": args.search_trim, "force_search_listed": args.search_listed}
+    tuning = ",".join(f"{name}={value in (True, 'on')}" for name, value in flags.items() if value is not None)
+    given = [(Langevin, "cpu_backend", args.langevin_backend)] if args.langevin_backend is not None else []
     timer = LaunchTimer()
-    with chosen([(owner, key, value) for owner, key, value in given if value is not None]):
+    with chosen(given):
         try:
-            sim = Alchemi().md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0), "cpu")
+            sim = Alchemi(tuning).md(replicated_crystal(args.atoms, args.systems, spec.LANGEVIN.temperature, seed=0),
+                                     "cpu")
             sim.run(args.equilibrate)
             timer.install()
             start = time.perf_counter()
