@@ -193,6 +193,15 @@ def _is_mutable(value: ast.expr | None) -> bool:
     return False
 
 
+def _written(node: ast.AST) -> list[ast.expr]:
+    """What an assignment, augmented assignment or ``del`` writes (tuples unpacked)."""
+    if isinstance(node, ast.Assign):
+        return [t for t in node.targets for t in (t.elts if isinstance(t, ast.Tuple) else [t])]
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    return list(node.targets) if isinstance(node, ast.Delete) else []
+
+
 def _device_keyed(value: ast.expr | None) -> bool:
     """A dict literal keyed by device types: the shape of a per-device switch."""
     return isinstance(value, ast.Dict) and any(
@@ -230,14 +239,7 @@ def mutable_globals(source: str, module: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             rebound += node.names
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = [t for t in node.targets for t in (t.elts if isinstance(t, ast.Tuple) else [t])]
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Delete):
-            targets = node.targets
-        for t in targets:
+        for t in _written(node):
             while isinstance(t, (ast.Subscript, ast.Attribute)):
                 t = t.value
                 if isinstance(t, ast.Name):
@@ -290,14 +292,7 @@ def patched_globals(source: str, product: set[str]) -> list[tuple[int, str]]:
 
     hits = []
     for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = [t for t in node.targets for t in (t.elts if isinstance(t, ast.Tuple) else [t])]
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Delete):
-            targets = node.targets
-        for t in targets:
+        for t in _written(node):
             if isinstance(t, (ast.Attribute, ast.Subscript)) and (name := module_attr(t)):
                 hits.append((node.lineno, name))
         if not isinstance(node, ast.Call):
