@@ -302,9 +302,11 @@ def patched_globals(source: str, product: set[str]) -> list[tuple[int, str]]:
         if method == "setattr" and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) \
                 and node.args[0].id in aliases and isinstance(node.args[1], ast.Constant):
             hits.append((node.lineno, f"{aliases[node.args[0].id]}:{node.args[1].value}"))
-        elif method in ("setitem", "delitem") and node.args and (name := module_attr(node.args[0])):
-            hits.append((node.lineno, name))
-        elif method in _MUTATORS and isinstance(func, ast.Attribute) and (name := module_attr(func.value)):
+            continue
+        # monkeypatch.setitem(mod.NAME, ...), or mod.NAME.update(...): the container changed.
+        changed = (node.args[0] if method in ("setitem", "delitem") and node.args
+                   else func.value if method in _MUTATORS and isinstance(func, ast.Attribute) else None)
+        if changed is not None and (name := module_attr(changed)):
             hits.append((node.lineno, name))
     return sorted((line, name) for line, name in hits if _switch_name(name.split(":")[1]))
 
