@@ -45,9 +45,9 @@ def listed_pairs(nl, batch, first: int, n: int):
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
+def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half, tuning):
     systems = some_systems(ref, rng)
-    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning)
     batch = ref.batch(systems)
     matrix = nl.update(batch)
     assert matrix.half is half
@@ -64,7 +64,7 @@ def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
+def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half, tuning):
     """Open axes have no extent to cut into bins: their bins are hashed, so clusters hundreds of
     Å apart, a lone atom 10^4 Å out and a slab's atoms spread along its normal share bins; the
     distance test keeps exactly ASE's pairs."""
@@ -81,7 +81,7 @@ def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
     wire = ref.atoms(rng, 12, ref.cell(rng, (6.0, 6.0, 7.0), 0.0), (False, False, True), min_distance=2.0)
     wire.positions[:4, 0] -= 150.0
     structures = [gas, slab, wire]
-    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning)
     batch = ref.batch(structures)
     nl.update(batch)
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
@@ -95,7 +95,7 @@ def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
 
 
 @pytest.mark.parametrize("in_ranges", [False, True], ids=["one-launch", "ranges"])
-def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monkeypatch, in_ranges):
+def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monkeypatch, in_ranges, tuning):
     """(In ranges: the CPU's check of how far atoms moved cut in two, on two threads.)"""
     from alchemi_core import warp_runtime
     from alchemi_potentials.neighbors import cell_list
@@ -105,7 +105,7 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monk
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     systems = some_systems(ref, rng)[:3]
     batch = ref.batch(systems)
-    nl = BatchedNeighborList(cutoff=RC, skin=1.0)
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0, tuning=tuning)
     nl.update(batch)
     check = next(iter(nl._layout.launches.values()))[0]._commands[1]  # follow_cell, then check_moved
     assert isinstance(check, warp_runtime.Ranges) == in_ranges
@@ -130,13 +130,13 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, monk
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
-def test_a_list_without_a_skin_takes_its_tunings(ref, rng):
+def test_a_list_without_a_skin_takes_its_tunings(ref, rng, tuning):
     """skin=None reads the tuning's skin: pairs out to cutoff + that skin (ASE's), a rebuild past
     half of it, and ``radius`` that of the device of the last build."""
     systems = some_systems(ref, rng)[:2]
     batch = ref.batch(systems)
     device = batch.positions.device.type
-    default = BatchedNeighborList(cutoff=RC)
+    default = BatchedNeighborList(cutoff=RC, tuning=tuning)
     assert default.skin_on(device) == PotentialsTuning.for_device(device).skin
     # No build yet: the largest any device uses.
     assert default.radius == RC + max(PotentialsTuning.for_device(d).skin for d in ("cpu", "cuda"))
@@ -154,18 +154,18 @@ def test_a_list_without_a_skin_takes_its_tunings(ref, rng):
         batch.positions[atom] = start + torch.tensor([distance, 0.0, 0.0], dtype=start.dtype)
         nl.update(batch)
         assert nl.builds(batch).tolist() == expected, distance
-    assert BatchedNeighborList(RC, 0.2).skin_on(device) == 0.2  # a given skin holds everywhere
+    assert BatchedNeighborList(RC, 0.2, tuning=tuning).skin_on(device) == 0.2  # a given skin holds everywhere
     with pytest.raises(ConfigurationError, match="skin >= 0"):
-        BatchedNeighborList(RC, -0.1)
+        BatchedNeighborList(RC, -0.1, tuning=tuning)
 
 
 @pytest.mark.parametrize(("join", "expected"), [(0.8, [2, 2, 1]), (1.0, [1, 2, 1])])
-def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected):
+def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected, tuning):
     """skin/2 = 0.5: with join_fraction 0.8 a system whose atom moved 0.45 rebuilds only when
     another system must (one moved 0.51); one that moved 0.3 never joins; the batch's flag does
     not outlive its step."""
     batch = ref.batch(some_systems(ref, rng)[:3])
-    nl = BatchedNeighborList(cutoff=RC, skin=1.0, join_fraction=join)
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0, join_fraction=join, tuning=tuning)
     nl.update(batch)
     direction = torch.tensor([0.0, 0.6, 0.8], dtype=torch.float64)
     atoms = [int(batch.batch_ptr[s]) + 1 for s in range(3)]
@@ -183,23 +183,23 @@ def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, joi
 
 
 @pytest.mark.parametrize("join_fraction", [0.0, -0.5, 1.5, float("nan")])
-def test_join_fraction_outside_zero_to_one_is_refused(join_fraction):
+def test_join_fraction_outside_zero_to_one_is_refused(join_fraction, tuning):
     with pytest.raises(ConfigurationError, match="join_fraction in \\(0, 1\\]"):
-        BatchedNeighborList(RC, 0.5, join_fraction=join_fraction)
+        BatchedNeighborList(RC, 0.5, join_fraction=join_fraction, tuning=tuning)
 
 
 @pytest.mark.parametrize("join", [None, 0.5], ids=["join-default", "join-0.5"])
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join):
+def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join, tuning):
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    nl = BatchedNeighborList(RC, 0.8, half_list=half, join_fraction=join)
-    model = LennardJones(0.01, 2.3, RC, neighbor_list=nl)
+    nl = BatchedNeighborList(RC, 0.8, half_list=half, join_fraction=join, tuning=tuning)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=nl, tuning=tuning)
     g = torch.Generator().manual_seed(7)
     for step in range(25):
         batch.positions.add_(0.04 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
         out = model(batch, compute_stress=True)
-        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0, tuning=tuning)(ref.batch(batch.to_atoms()), compute_stress=True)
         for key in ("energy", "forces", "stress"):
             torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
     builds = model.neighbor_list.builds(batch)
@@ -207,13 +207,13 @@ def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join):
 
 
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_kept_list_follows_a_deforming_cell(ref, rng, half):
+def test_kept_list_follows_a_deforming_cell(ref, rng, half, tuning):
     """Cells strained a little every step (atoms with them, plus thermal-like moves) give the
     forces, energies and stress of a fresh build, while fully periodic systems rebuild only when
     the accumulated deformation and displacements exceed what the skin covers."""
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half, tuning=tuning), tuning=tuning)
     g = torch.Generator().manual_seed(8)
     ptr = batch.batch_ptr.tolist()
     eye = torch.eye(3, dtype=torch.float64)
@@ -226,7 +226,7 @@ def test_kept_list_follows_a_deforming_cell(ref, rng, half):
             batch.cell[s] = batch.cell[s] @ strain
         batch.positions.add_(0.01 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
         out = model(batch, compute_stress=True)
-        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0, tuning=tuning)(ref.batch(batch.to_atoms()), compute_stress=True)
         for key in ("energy", "forces", "stress"):
             torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
     builds = model.neighbor_list.builds(batch)
@@ -235,9 +235,9 @@ def test_kept_list_follows_a_deforming_cell(ref, rng, half):
     assert builds[2].item() == steps  # the slab (an open axis) rebuilds whenever its cell changes
 
 
-def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
+def test_systems_do_not_depend_on_their_batch_mates(ref, rng, tuning):
     systems = some_systems(ref, rng)
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     alone = [model(ref.batch([a]), compute_stress=True) for a in systems]
     order = [3, 0, 4, 2, 1]
     together = model(ref.batch([systems[k] for k in order]), compute_stress=True)
@@ -249,12 +249,12 @@ def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
         torch.testing.assert_close(together["stress"][pos], alone[k]["stress"][0], rtol=1e-12, atol=1e-14)
 
 
-def test_buffers_follow_the_set_of_systems(ref, rng):
+def test_buffers_follow_the_set_of_systems(ref, rng, tuning):
     """A pre-allocated batch that gains and loses systems: every version gives fresh results."""
     systems = some_systems(ref, rng)
     source = ref.batch(systems)
     buf = Batch.empty(num_systems=8, num_nodes=200, num_edges=0, template=source)
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     buf.put(source, torch.tensor([True, False, True, True, False]))
     first = model(buf)
     expected = model(ref.batch([systems[0], systems[2], systems[3]]))
@@ -267,10 +267,10 @@ def test_buffers_follow_the_set_of_systems(ref, rng):
     torch.testing.assert_close(again["forces"], expected["forces"])
 
 
-def test_fixed_columns_overflow_is_reported_not_hidden(ref):
+def test_fixed_columns_overflow_is_reported_not_hidden(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = ref.batch([atoms])
-    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40)
+    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40, tuning=tuning)
     # The first direct call of a batch checks what it found on the device, and says what to pass.
     with pytest.raises(CapacityError, match=r"max_neighbors is 40, so pairs were dropped.*pass max_neighbors=\d+"):
         model(batch)
@@ -282,7 +282,7 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
         model.verify(engine_batch)  # ... until it verifies
     assert bool(model.error_flag(engine_batch))  # what a check reads instead of verifying
-    roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120)
+    roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120, tuning=tuning)
     assert roomy.error_flag(batch) is None  # nothing built yet
     roomy.check_batch(batch)
     roomy(batch)
@@ -291,10 +291,10 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
 
 
 @pytest.mark.parametrize("record", ["bad_cell", "overflow", "image_out_of_range", "far_atoms"])
-def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record):
+def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = Batch.from_atoms([atoms, atoms])
-    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     nl.update(batch)
     assert not bool(nl.error_flag(batch))
     nl.verify(batch)
@@ -304,7 +304,7 @@ def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record
         nl.verify(batch)
 
 
-def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges():
+def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges(tuning):
     """A batch large enough for the CPU search to run in ranges on several threads: the count the
     error suggests is the true most-neighbours (plain maxima of two ranges could undercount)."""
     import re
@@ -314,10 +314,10 @@ def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges():
         a.rattle(0.1, seed=i)
     batch = Batch.from_atoms(cells)
     assert batch.num_nodes >= 4096  # chunked on a CPU (warp_runtime.MIN_CHUNKED_DIM)
-    sized = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    sized = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     sized.update(batch)
     exact = int(sized.most_neighbors(batch).max())
-    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=tuning)
     tight.update(batch)
     for recorded in ("as searched", "one past the columns"):
         if recorded != "as searched":  # what a lost update between two ranges leaves behind
@@ -328,7 +328,7 @@ def test_overflow_names_the_exact_need_when_the_search_runs_in_ranges():
         assert int(re.search(r"had up to (\d+) neighbours", str(err.value)).group(1)) == exact, recorded
 
 
-def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
+def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps(tuning):
     """A structure that enters by refill with more neighbours than a fixed ``max_neighbors``
     allows raises at the refill (after its first forward, before any step uses it), naming it;
     what graduated before is in the sink."""
@@ -338,9 +338,9 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
 
     loose, dense = (bulk("Ar", "fcc", a=a, cubic=True).repeat(3) for a in (5.26, 4.4))
     most = {}
-    half = LennardJones(0.0104, 3.405, 8.5125).neighbor_list.half_list  # the kind of list the model makes
+    half = LennardJones(0.0104, 3.405, 8.5125, tuning=tuning).neighbor_list.half_list  # the kind of list the model makes
     for name, atoms in (("loose", loose), ("dense", dense)):
-        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=half)
+        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=half, tuning=tuning)
         b = Batch.from_atoms([atoms])
         nl.update(b)
         most[name] = int(nl.most_neighbors(b).max())
@@ -350,46 +350,46 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
         d.system_id = torch.tensor([i])
     sampler = SizeAwareSampler(ListDataset(data), max_atoms=108, max_batch_size=1, bin_width=1)
     sink = HostMemory(capacity=None)
-    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=most["loose"])
+    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=most["loose"], tuning=tuning)
     stage = DemoDynamics(model=model, n_steps=2, dt=0.5, sampler=sampler, sinks=[sink], refill_frequency=1)
     with pytest.raises(CapacityError, match=r"systems \[2\] had up to \d+ neighbours.*pass max_neighbors="):
         stage.run()
     assert sorted(sink.read().system_id.tolist()) == [0, 1]
 
 
-def test_self_sizing_list_fits_the_densest_atom(ref):
+def test_self_sizing_list_fits_the_densest_atom(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
-    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False, tuning=tuning)
     assert nl.max_neighbors == 32
     matrix = nl.update(ref.batch([atoms]))
     # FCC shells within 9.0125 Å at a = 5.26: a/sqrt2, a, a sqrt1.5, a sqrt2, a sqrt2.5 (a sqrt3 = 9.11 out).
     assert matrix.count.tolist() == [12 + 6 + 24 + 12 + 24] * len(atoms)
     assert nl.max_neighbors >= 78
     assert nl.memory_bytes() > 0
-    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True)
+    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True, tuning=tuning)
     counts = half.update(ref.batch([atoms])).count
     assert counts.sum().item() == 78 * len(atoms) // 2
     assert counts.max().item() <= 45  # rows about equally long, so the matrix halves too
     assert half.max_neighbors < 0.6 * nl.max_neighbors
 
 
-def test_atoms_far_outside_the_cell_are_wrapped_exactly(ref):
+def test_atoms_far_outside_the_cell_are_wrapped_exactly(ref, tuning):
     """Positions are wrapped into the cell at each build, so an atom 600 cells away (in float64)
     has the same neighbours and forces as its image inside the cell."""
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
     atoms.rattle(0.05, seed=4)
     far = atoms.copy()
     far.positions[0] += 600 * atoms.cell[0] - 250 * atoms.cell[2]
-    model = LennardJones(0.0104, 3.405, 8.5125)
+    model = LennardJones(0.0104, 3.405, 8.5125, tuning=tuning)
     near_out, far_out = model(ref.batch([atoms])), model(ref.batch([far]))
     torch.testing.assert_close(far_out["energy"], near_out["energy"], rtol=1e-12, atol=0.0)
     torch.testing.assert_close(far_out["forces"], near_out["forces"], rtol=1e-9, atol=1e-12)
 
 
-def test_non_finite_positions_are_reported(ref):
+def test_non_finite_positions_are_reported(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
     batch = ref.batch([atoms, atoms])
-    nl = BatchedNeighborList(cutoff=6.0)
+    nl = BatchedNeighborList(cutoff=6.0, tuning=tuning)
     nl.update(batch)
     nl.verify(batch)
     batch.positions[5, 1] = float("nan")
@@ -398,7 +398,7 @@ def test_non_finite_positions_are_reported(ref):
         nl.verify(batch)
 
 
-def test_images_beyond_what_an_entry_holds_are_reported(ref):
+def test_images_beyond_what_an_entry_holds_are_reported(ref, tuning):
     """A chain of 4 atoms in a periodic cell 0.03 Å long sees images 300 cells away, beyond
     the +-255 its entries hold (9 image bits): verify() says so instead of dropping them."""
     import ase
@@ -406,16 +406,16 @@ def test_images_beyond_what_an_entry_holds_are_reported(ref):
     chain = ase.Atoms("Ar4", positions=[[0.0, 0, 0], [0.01, 3, 0], [0.02, 0, 3], [0.005, 3, 3]],
                       cell=[[0.03, 0, 0], [0, 0, 0], [0, 0, 0]], pbc=(True, False, False))
     batch = ref.batch([chain])
-    nl = BatchedNeighborList(cutoff=8.0, skin=1.0)
+    nl = BatchedNeighborList(cutoff=8.0, skin=1.0, tuning=tuning)
     nl.update(batch)
     with pytest.raises(InvalidDataError, match="periodic images further away than their neighbour entries hold"):
         nl.verify(batch)
 
 
-def test_a_cell_that_loses_its_volume_is_reported(ref):
+def test_a_cell_that_loses_its_volume_is_reported(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
     batch = ref.batch([atoms])
-    nl = BatchedNeighborList(cutoff=6.0)
+    nl = BatchedNeighborList(cutoff=6.0, tuning=tuning)
     nl.update(batch)
     nl.verify(batch)
     batch.cell[0, 2] = batch.cell[0, 0] + batch.cell[0, 1]  # coplanar rows
@@ -424,12 +424,12 @@ def test_a_cell_that_loses_its_volume_is_reported(ref):
         nl.verify(batch)
 
 
-def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
+def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng, tuning):
     """Batches made and dropped in a loop (their ids get reused) with the same sizes but other
     systems: every result is that of a fresh model."""
     small = [ref.atoms(rng, 5, ref.cell(rng, (6.0, 6.5, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
     large = [ref.atoms(rng, 9, ref.cell(rng, (7.5, 8.0, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     rounds = [[small[k % 2], large[(k // 2) % 2]] if k % 3 else [large[k % 2], small[(k // 2) % 2]] for k in range(12)]
     results = []
     for pair in rounds:
@@ -437,16 +437,16 @@ def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
         results.append(model(batch)["forces"])
         del batch
     for k, pair in enumerate(rounds):
-        expected = LennardJones(0.01, 2.3, RC)(ref.batch(pair))
+        expected = LennardJones(0.01, 2.3, RC, tuning=tuning)(ref.batch(pair))
         torch.testing.assert_close(results[k], expected["forces"], msg=f"round {k}")
 
 
-def test_models_copy_and_pickle_without_device_state(ref):
+def test_models_copy_and_pickle_without_device_state(ref, tuning):
     import copy
     import pickle
 
     batch = ref.batch([bulk("Ar", "fcc", a=5.26, cubic=True)])
-    model = LennardJones(0.0104, 3.405, 8.5)
+    model = LennardJones(0.0104, 3.405, 8.5, tuning=tuning)
     expected = model(batch)["energy"]
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         torch.testing.assert_close(clone(batch)["energy"], expected)
@@ -461,13 +461,13 @@ def _matrix(nl, batch):
 
 @pytest.mark.parametrize("parts", [2, 5, 7, 13])  # 13: more counts than the build's scratch holds
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts):
+def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, tuning):
     """A GPU searches each slot's box in parts (a count pass, then a write pass at the counted
     offsets); run here on the CPU, it gives the one-thread search's matrix bit for bit: many
     images, open axes, atoms outside their cell, parts with no bin columns (7 of 25 and more)."""
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
+    whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning), batch)
     # These systems are small and differ in size: parts only when forced.
     split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=_cpu(force_search_parts=parts))
     split = _matrix(split_list, batch)
@@ -528,14 +528,14 @@ def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng):
     assert held[11] == held[1] + 2 * 11 * batch.num_nodes  # its own int16 counts
 
 
-def test_a_search_in_parts_reports_overflow_with_the_true_count():
+def test_a_search_in_parts_reports_overflow_with_the_true_count(tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = Batch.from_atoms([atoms])
-    exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     exact_list.update(batch)
     exact = int(exact_list.most_neighbors(batch).max())
     # One system of 108 atoms: parts only when forced.
-    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=_cpu(force_search_parts=5))
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=_cpu(tuning, force_search_parts=5))
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
     with pytest.raises(CapacityError, match=rf"had up to {exact} neighbours"):
@@ -563,6 +563,6 @@ def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
     assert search_parts(gpu, np.full(2048, 108), join_fraction=0.99) == 1
 
 
-def _cpu(**changes: object) -> PotentialsTuning:
-    """A CPU's tuning with ``changes``."""
-    return attrs.evolve(PotentialsTuning.for_device("cpu"), **changes)
+def _cpu(base: PotentialsTuning | None = None, **changes: object) -> PotentialsTuning:
+    """``base`` (default: a CPU's tuning) with ``changes``."""
+    return attrs.evolve(base or PotentialsTuning.for_device("cpu"), **changes)
