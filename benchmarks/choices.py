@@ -49,7 +49,7 @@ def chosen(choices: list[Choice]) -> Iterator[None]:
 
 
 def parse_variant(text: str) -> list[Choice]:
-    """``"pair_potential:UNROLL[cuda]=2,neighbors.layout:SEARCH_TRIM[cuda]=True"`` -> choices for
+    """``"benchmarks.spec:COLUMNS_HEADROOM=1.3,benchmarks.spec:SKIN=1.0"`` -> choices for
     :func:`chosen` (an empty text: the defaults)."""
     out: list[Choice] = []
     for setting in filter(None, (s.strip() for s in text.split(","))):
