@@ -17,14 +17,15 @@ Example:
 from __future__ import annotations
 
 import ast
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 import torch
+from attrs import AttrsInstance
 
 from alchemi_core.errors import ConfigurationError
 
-T = TypeVar("T")
+T = TypeVar("T", bound=AttrsInstance)
 
 
 @attrs.frozen
@@ -109,7 +110,7 @@ def evolve_from_text(tuning: T, text: str) -> T:
             raise ConfigurationError(
                 f"tuning setting {setting!r}: the value must be a Python literal (True, 4, 0.5, 'rows')") from None
     try:
-        return attrs.evolve(tuning, **changes)
+        return cast(T, attrs.evolve(cast(Any, tuning), **changes))
     except (TypeError, ValueError) as exc:
         why = exc.args[0] if exc.args else exc
         raise ConfigurationError(f"tuning settings {text!r}: {why}") from None

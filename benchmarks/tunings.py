@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from alchemi_core.tuning import CoreTuning, evolve_from_text
@@ -23,8 +25,10 @@ class Tunings:
     """The three plugins' choices for one run (see the module docstring)."""
 
     core: CoreTuning
-    potentials: object
-    zarr: object
+    #: A ``PotentialsTuning`` (alchemi-potentials is imported only when one is parsed).
+    potentials: Any
+    #: A ``ZarrTuning``.
+    zarr: Any
 
     @classmethod
     def parse(cls, device: str, text: str = "") -> Tunings:
@@ -32,7 +36,7 @@ class Tunings:
         from alchemi_potentials.tuning import PotentialsTuning
         from alchemi_zarr.tuning import ZarrTuning
 
-        bases = {"core": CoreTuning.for_device(device), "potentials": PotentialsTuning.for_device(device),
+        bases: dict[str, Any] = {"core": CoreTuning.for_device(device), "potentials": PotentialsTuning.for_device(device),
                  "zarr": ZarrTuning.for_device(device)}
         settings: dict[str, list[str]] = {k: [] for k in bases}
         for setting in filter(None, (s.strip() for s in text.split(","))):
