@@ -152,8 +152,10 @@ class AlchemiMD(ObservedMD):
 
     def nve(self) -> MDRun:
         model = self._plain.model
+        tuned = {"tuning": self._plain.tuning} if getattr(self._plain, "tuning", None) is not None else {}
         return AlchemiMD(
-            self.batch, lambda hooks, seed: VelocityVerlet(model, dt=spec.LANGEVIN.dt_fs, hooks=hooks).compile()
+            self.batch,
+            lambda hooks, seed: VelocityVerlet(model, dt=spec.LANGEVIN.dt_fs, hooks=hooks, **tuned).compile(),
         )
 
     def snapshots_written(self) -> int:
