@@ -1,19 +1,19 @@
-"""Settings chosen for one measurement and put back afterwards: the per-device defaults that live in
-dicts (``pair_potential.UNROLL``, ``layout.SEARCH_TRIM``, ...) or attributes, so one process can
-compare variants row by row.
+"""Settings of the benchmarks' own modules chosen for one measurement and put back afterwards
+(``benchmarks.spec``'s values that the adapters read), so one process can compare variants row by
+row. alchemi's per-device choices are not set here: ``--tuning`` builds a ``Tuning`` the adapters
+pass to what they build (``benchmarks.tunings``).
 
 A variant is written ``module:NAME[key]=value`` (or ``module:NAME.attr=value``), with ``module``
-under ``alchemi_potentials`` unless it is dotted from a package root (``alchemi_core``, ``alchemi_zarr``,
-``alchemi_integrators``, ``benchmarks``), and ``value`` a Python literal;
-several settings of one variant are joined by ``,``.
+dotted from ``benchmarks``, and ``value`` a Python literal; several settings of one variant are
+joined by ``,``.
 
 Example:
-    >>> from alchemi_potentials import pair_potential
-    >>> before = pair_potential.UNROLL["cuda"]
-    >>> with chosen(parse_variant("pair_potential:UNROLL[cuda]=2")):
-    ...     pair_potential.UNROLL["cuda"]
-    2
-    >>> pair_potential.UNROLL["cuda"] == before
+    >>> from benchmarks import spec
+    >>> before = spec.COLUMNS_HEADROOM
+    >>> with chosen(parse_variant("benchmarks.spec:COLUMNS_HEADROOM=1.5")):
+    ...     spec.COLUMNS_HEADROOM
+    1.5
+    >>> spec.COLUMNS_HEADROOM == before
     True
 """
 
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 Choice = tuple[Any, str, Any]
-#: Packages a variant's module may be named from; any other module is under alchemi_potentials.
-_ROOTS = ("alchemi_potentials", "alchemi_integrators", "alchemi_core", "alchemi_zarr", "benchmarks")
+#: The package a variant's module must be in (alchemi's own choices go through a Tuning).
+_ROOTS = ("benchmarks",)
 
 _SETTING = re.compile(r"^\s*(?P<module>[\w.]+):(?P<name>\w+)(?:\[(?P<key>[^\]]+)\]|\.(?P<attr>\w+))?\s*=\s*(?P<value>.+?)\s*$")
 
@@ -49,7 +49,7 @@ def chosen(choices: list[Choice]) -> Iterator[None]:
 
 
 def parse_variant(text: str) -> list[Choice]:
-    """``"pair_potential:UNROLL[cuda]=2,neighbors.layout:SEARCH_TRIM[cuda]=True"`` -> choices for
+    """``"benchmarks.spec:COLUMNS_HEADROOM=1.3,benchmarks.spec:SKIN=1.0"`` -> choices for
     :func:`chosen` (an empty text: the defaults)."""
     out: list[Choice] = []
     for setting in filter(None, (s.strip() for s in text.split(","))):
@@ -57,7 +57,10 @@ def parse_variant(text: str) -> list[Choice]:
         if m is None:
             raise ValueError(f"variant setting {setting!r}: write module:NAME[key]=value or module:NAME.attr=value")
         name = m["module"]
-        module = importlib.import_module(name if name.split(".")[0] in _ROOTS else f"alchemi_potentials.{name}")
+        if name.split(".")[0] not in _ROOTS:
+            raise ValueError(f"variant setting {setting!r}: only benchmarks.* modules; alchemi's per-device choices "
+                             "are --tuning name=value settings (benchmarks.tunings)")
+        module = importlib.import_module(name)
         owner = getattr(module, m["name"])
         value = ast.literal_eval(m["value"])
         if m["key"] is not None:

@@ -5,7 +5,7 @@
     python -m benchmarks --workloads W1:108x1,W2 --budget-s 120
     python -m benchmarks --quick --device cpu                     # tiny sizes, seconds
     python -m benchmarks --w4-json w4.json --w4-json w3.json      # report W4 (two-rank pipeline)
-    python -m benchmarks --workloads W1:256x1024 --variant "neighbors.layout:SKIN[cuda]=0.5"
+    python -m benchmarks --workloads W1:256x1024 --tuning "skin=0.5,join_fraction=1.0"
 
 The JSON is rewritten after every case, so a run stopped by its time limit keeps what it did.
 """
@@ -23,12 +23,14 @@ from typing import Any
 
 import torch
 
+from alchemi_core.errors import AlchemiError
 from benchmarks import choices, spec, w1_nvt, w2_relax, w3_inflight, w4_report, w5_snapshots
 from benchmarks.adapters import FRAMEWORKS, load
 from benchmarks.harness import Context
 from benchmarks.report import render, write_json
 from benchmarks.structures import repeat_for
 from benchmarks.timing import Budget
+from benchmarks.tunings import Tunings
 
 #: Most important first (BENCHMARKS.md targets): what runs when --workloads is not given.
 GPU_ORDER = ("W1:256x1024", "W1:108x1", "W2", "W1:108x2048", "W1:55296x1", "W3", "W5",
@@ -96,15 +98,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--frameworks", default=",".join(FRAMEWORKS), help="comma-separated subset of " + ", ".join(FRAMEWORKS)
     )
     p.add_argument(
+        "--tuning", default="",
+        help="alchemi's per-device choices for the whole run, name=value,... of the fields of CoreTuning, "
+        "PotentialsTuning and ZarrTuning (benchmarks.tunings; recorded in the JSON)",
+    )
+    p.add_argument(
         "--variant", default="",
-        help="settings for the whole run, module:NAME[key]=value,...: alchemi's per-device choices, or "
-        "values of benchmarks.spec that the adapters read (benchmarks.choices; recorded in the JSON)",
+        help="values of benchmarks.spec that the adapters read for the whole run, module:NAME=value,... "
+        "(benchmarks.choices; recorded in the JSON)",
     )
     args = p.parse_args(argv)
     try:
         args.choices = choices.parse_variant(args.variant)
     except (ValueError, ImportError, AttributeError) as e:
         p.error(f"--variant: {e}")
+    try:
+        Tunings.parse(args.device, args.tuning)
+    except (ValueError, AlchemiError) as e:
+        p.error(f"--tuning: {e}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
     unknown = set(args.frameworks.split(",")) - set(FRAMEWORKS)
@@ -154,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         else list(QUICK_ORDER if args.quick else GPU_ORDER if args.device == "cuda" else CPU_ORDER)
     )
     frameworks = {name: load(name) for name in args.frameworks.split(",")}
+    if args.tuning and not isinstance(frameworks.get("alchemi", ""), str):
+        frameworks["alchemi"].tuning = args.tuning  # type: ignore[union-attr]  # the Alchemi adapter
     for name, fw in frameworks.items():
         print(f"{name:<10} {fw if isinstance(fw, str) else fw.version}", file=sys.stderr)
     info = meta(args, frameworks)

@@ -27,7 +27,7 @@ LATTICE = 5.26
 ARGON_MASS = 39.948
 ARGON_Z = 18
 #: Verlet skin (Å) for nvalchemi's neighbour list, and for alchemi's where the installed alchemi
-#: has no skin by device (a comparison's base); alchemi's own: ``neighbors.layout.SKIN``.
+#: has no skin by device (a comparison's base); alchemi's own: ``PotentialsTuning.skin``.
 SKIN = 0.5
 
 #: The time unit of eV, Å and amu, sqrt(amu Å² / eV), in fs (10.18 fs): nvalchemi's kernels and

@@ -45,16 +45,10 @@ def test_a_system_with_a_non_finite_force_gets_infinity_and_the_others_their_own
     torch.testing.assert_close(out[[0, 2]], torch.full((2,), 3.0**0.5))
 
 
-def test_other_layouts_and_devices_switched_off_are_left_to_torch(monkeypatch):
-    """Wrong dtypes or shapes, or a device type ``ON`` leaves to torch: nothing written, False
-    (the caller measures in torch)."""
-    from alchemi_core.dynamics import force_max
-
+def test_other_layouts_are_left_to_torch():
+    """Wrong dtypes or shapes: nothing written, False (the caller measures in torch)."""
     system = torch.zeros(4, dtype=torch.int64)
     out = torch.full((1,), 7.0)
-    monkeypatch.setitem(force_max.ON, "cpu", False)
-    assert not system_force_max(torch.ones(4, 3), system, out)
-    monkeypatch.undo()
     assert not system_force_max(torch.ones(4, 3, dtype=torch.float64), system, out)  # out is float32
     assert not system_force_max(torch.ones(4, 2), system, out)
     assert not system_force_max(torch.ones(4, 3), system.int(), out)
@@ -69,13 +63,15 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
     from alchemi_core.data import Batch
     from alchemi_core.dynamics import ConvergenceHook, measure
     from alchemi_core.testing import rattled_argon
+    from alchemi_core.tuning import CoreTuning
 
-    def relaxed() -> Batch:
+    def relaxed(kernel: bool) -> Batch:
         cells = rattled_argon(5, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))  # different starts: different steps
         batch = Batch.from_atoms(cells, dtype=torch.float32)
         model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
         fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0,
-                              convergence_hook=ConvergenceHook.from_fmax(0.05, frequency=1))
+                              convergence_hook=ConvergenceHook.from_fmax(0.05, frequency=1),
+                              tuning=CoreTuning(run_ahead=False, masks_in_step=False, force_max_kernel=kernel))
         fire.run(batch)
         return batch
 
@@ -86,10 +82,11 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
         return measured[-1]
 
     monkeypatch.setattr(measure, "system_force_max", counted)
-    kernel = relaxed()
+    kernel = relaxed(True)
     assert measured and all(measured)  # every check measured with the kernel
-    monkeypatch.setattr(measure, "system_force_max", lambda *args: False)
-    reference = relaxed()
+    measured.clear()
+    reference = relaxed(False)
+    assert not measured  # the tuning without the kernel measures in torch
     assert kernel.status.tolist() == reference.status.tolist() == [1] * 5
     assert len(set(kernel.fire_steps.tolist())) >= 3
     assert kernel.fire_steps.tolist() == reference.fire_steps.tolist()

@@ -1,11 +1,11 @@
-"""Checks that queue the next step before their read-back (``step.RUN_AHEAD``), and steps that
-rewrite the masks at their start (``masks.MASKS_IN_STEP``), alone or together, give the run that
+"""Checks that queue the next step before their read-back (``CoreTuning.run_ahead``), and steps that
+rewrite the masks at their start (``CoreTuning.masks_in_step``), alone or together, give the run that
 does neither, to the last bit: FIRE relaxations converging at different checks, a structure that
 fails, a step budget, hooks after the step. Runs where something the host does after a check
 would change the next step do not run ahead.
 
 On a CPU nothing overlaps (the host does the device work itself), so both are off there by
-default; these tests switch them on to compare the orders of the same work.
+default; these tests pass a tuning that switches them on to compare the orders of the same work.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import torch
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook, masks, step
+from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook, masks
 from alchemi_core.testing import rattled_argon
 from alchemi_core.testing.exploding import ExplodingModel
+from alchemi_core.tuning import CoreTuning
 
 pytest.importorskip("warp")
 
@@ -33,9 +34,15 @@ def _lj() -> Any:
     return registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
 
 
-def _fire(model: Any = None, n_steps: int = 400, hooks: tuple[Any, ...] = (), **conv: Any) -> Any:
+def _tuning(ahead: bool, in_step: bool = False) -> CoreTuning:
+    return CoreTuning(run_ahead=ahead, masks_in_step=in_step, force_max_kernel=True)
+
+
+def _fire(model: Any = None, n_steps: int = 400, hooks: tuple[Any, ...] = (), tuning: CoreTuning | None = None,
+          **conv: Any) -> Any:
     return registry.build("integrator:fire", model=model or _lj(), n_steps=n_steps, dt=5.0, dt_max=50.0,
-                          hooks=list(hooks), convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1, **conv))
+                          hooks=list(hooks), convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1, **conv),
+                          tuning=tuning)
 
 
 #: (run ahead, masks in the step): each way of running against the run that does neither.
@@ -46,10 +53,8 @@ MODES = [(True, False), (False, True), (True, True)]
 _WRITE_MASKS = masks.Masks._write_masks
 
 
-def _switch(monkeypatch: pytest.MonkeyPatch, ahead: bool, in_step: bool) -> list[int]:
-    """Both settings for the CPU; the list that gets one entry per rewrite of the masks in a step."""
-    monkeypatch.setitem(step.RUN_AHEAD, "cpu", ahead)
-    monkeypatch.setitem(masks.MASKS_IN_STEP, "cpu", in_step)
+def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The list that gets one entry per rewrite of the masks in a step."""
     writes: list[int] = []
     monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), _WRITE_MASKS(self)))
     return writes
@@ -57,8 +62,9 @@ def _switch(monkeypatch: pytest.MonkeyPatch, ahead: bool, in_step: bool) -> list
 
 def _run(make: Any, ahead: bool, monkeypatch: pytest.MonkeyPatch, in_step: bool = False,
          **run: Any) -> tuple[Batch, Any]:
-    writes = _switch(monkeypatch, ahead, in_step)
+    writes = _count_writes(monkeypatch)
     stage = make()
+    stage.tuning = _tuning(ahead, in_step)
     batch = _cells()
     stage.run(batch, **run)
     stage.masks_written_in_step = len(writes)
@@ -184,25 +190,23 @@ def test_runs_whose_checks_may_change_the_next_step_do_not_run_ahead(
         case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """A hook on convergence may read or change what the next step reads; a fused stage's next
     stage sets up the systems that enter it; a checkpoint holds the state after its step."""
-    monkeypatch.setitem(step.RUN_AHEAD, "cpu", True)
     batch = _cells(3)
     if case == "on-converge hook":
-        stage = _fire(hooks=(_OnConverge(),))
+        stage = _fire(hooks=(_OnConverge(),), tuning=_tuning(True))
         stage.run(batch)
     elif case == "fused stages":
         md = registry.build("integrator:velocity-verlet", model=_lj(), n_steps=5, dt=1.0)
-        stage = FusedStage([(0, _fire()), (1, md)])
+        stage = FusedStage([(0, _fire()), (1, md)], tuning=_tuning(True))
         stage.run(batch)
     else:
-        stage = _fire()
+        stage = _fire(tuning=_tuning(True))
         stage.run(batch, checkpoint=tmp_path / "run.ckpt", checkpoint_every=5)
     assert stage._engine.step_count > 5
     assert stage._engine.steps_run_ahead == 0
 
 
 def test_steps_taken_one_at_a_time_do_not_run_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(step.RUN_AHEAD, "cpu", True)
-    stage, batch = _fire(), _cells(2)
+    stage, batch = _fire(tuning=_tuning(True)), _cells(2)
     for _ in range(6):
         stage.step(batch)
     assert stage._engine.step_count == 6 and stage._engine.steps_run_ahead == 0
@@ -221,11 +225,12 @@ def test_inflight_relaxations_through_a_sampler_rewrite_their_masks_in_the_step_
     structures = [AtomicData.from_atoms(atoms, dtype=torch.float64) for atoms in cells]
 
     def run(in_step: bool) -> tuple[Batch, int]:
-        writes = _switch(monkeypatch, True, in_step)
+        writes = _count_writes(monkeypatch)
         sampler = SizeAwareSampler(ListDataset(structures), max_atoms=130, max_batch_size=6, bin_width=32)
         sink = HostMemory(capacity=None)
         fire = registry.build("integrator:fire", model=_lj(), n_steps=300, dt=5.0, dt_max=50.0, sampler=sampler,
-                              sinks=[sink], convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
+                              sinks=[sink], convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1),
+                              tuning=_tuning(True, in_step))
         fire.run()
         assert fire._engine.steps_run_ahead == 0
         return sink.read(), len(writes)

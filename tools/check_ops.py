@@ -8,7 +8,7 @@ This counts those operations with torch's dispatcher over one relaxation (``--ce
 108 argon atoms rattled as W2's, FIRE to 0.05 eV/Å, a check every step) and prints each part's
 operations per check at which some system converged. Counts, not times: the host-written flow's,
 which CPUs run; on a GPU a compiled relaxation's step rewrites the masks itself
-(``masks.MASKS_IN_STEP``), so the mask and cache parts there are inside the step's graph.
+(``CoreTuning.masks_in_step``), so the mask and cache parts there are inside the step's graph.
 
     python -m tools.check_ops --cells 64
 

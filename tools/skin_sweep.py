@@ -12,7 +12,7 @@ neighbour-matrix width, the peak memory per atom and the final temperature.
     python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --lists full,half --profile 40
     python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --joins 1.0,0.9,0.8,0.7
     python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --search-trim off,on --profile 40
-    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --variants ";pair_potential:UNROLL[cuda]=2"
+    python -m tools.skin_sweep --shapes 256x1024 --skins 0.5 --variants ";unroll=2"
 
 Example:
     >>> from tools.skin_sweep import parse_shapes
@@ -28,14 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from alchemi_core.dynamics import DynamicsStage, Hook
 from benchmarks import spec
 from benchmarks.adapters.alchemi import to_batch
-from benchmarks.choices import chosen, parse_variant
 from benchmarks.structures import replicated_crystal
 from benchmarks.timing import DeviceMemory, median, synchronize
+from benchmarks.tunings import Tunings
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -92,9 +93,10 @@ def kernel_profile(run: Any, steps: int, top: int = 14) -> list[dict[str, Any]]:
 
 def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repeats: int,
             equilibrate: int, headroom: float, profile_steps: int = 0, half: bool | None = None,
-            join: float | None = None) -> dict[str, Any]:
+            join: float | None = None, tunings: Tunings | None = None) -> dict[str, Any]:
     """One shape at one skin (see the module's docstring); ``half``: a half or full neighbour
-    list, ``join``: the list's ``join_fraction`` (None: the device's default for either)."""
+    list, ``join``: the list's ``join_fraction`` (None: the tuning's for either), ``tunings``:
+    the choices of the model and the run (default: the device's)."""
     from alchemi_integrators import Langevin
     from alchemi_integrators.thermo import temperature
     from alchemi_potentials import LennardJones
@@ -107,14 +109,15 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
     memory = DeviceMemory(device)
     memory.start()
     batch = to_batch(crystal, device)
-    nl = BatchedNeighborList(spec.CUTOFF, skin, columns, half_list=half, join_fraction=join)
-    model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, neighbor_list=nl)
+    tunings = tunings or Tunings.parse(device)
+    nl = BatchedNeighborList(spec.CUTOFF, skin, columns, half_list=half, join_fraction=join, tuning=tunings.potentials)
+    model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, neighbor_list=nl, tuning=tunings.potentials)
     trace = _BuildTrace(nl, steps, device)
     p = spec.LANGEVIN
 
     def dynamics(seed: int, hooks: list[Any] | None = None, compiled: bool = True) -> Any:
         md = Langevin(model, dt=p.dt_fs, temperature=p.temperature, friction=p.friction_per_fs,
-                      random_seed=seed, hooks=hooks or [])
+                      random_seed=seed, hooks=hooks or [], tuning=tunings.core)
         return md.compile() if compiled else md
 
     plain = dynamics(1)
@@ -144,6 +147,7 @@ def measure(atoms: int, systems: int, skin: float, device: str, steps: int, repe
         "columns": columns,
         "search_parts": nl._layout.search_parts if nl._layout is not None else 1,
         "search_listed": bool(nl._layout.listed) if nl._layout is not None else False,
+        "search_trim": nl.tuning_on(torch.device(device).type).search_trim,
         "most_neighbors": int(nl.most_neighbors(batch).max()),
         "ms_per_step": ms,
         "atom_steps_per_s": total_atoms / (ms * 1e-3),
@@ -175,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the device's)")
     p.add_argument("--search-trim", default=None,
                    help="comma-separated on/off: whether the search skips bins beyond the list radius "
-                        "(layout.SEARCH_TRIM; default: the device's)")
+                        "(PotentialsTuning.search_trim; default: the device's)")
     p.add_argument("--variants", default=None,
-                   help="';'-separated variants of the code's per-device choices, each a ','-separated list of "
-                        "module:NAME[key]=value (benchmarks.choices); an empty variant is the defaults")
+                   help="';'-separated variants of the per-device choices, each a --tuning text: a ','-separated "
+                        "list of name=value of the Tuning fields (benchmarks.tunings); an empty variant is the defaults")
     p.add_argument("--joins", default=None,
                    help="comma-separated join fractions of the neighbour list to compare (default: the device's)")
     p.add_argument("--headroom", type=float, default=1.3, help="neighbour columns over the expected count")
@@ -186,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="also profile this many eager steps on a GPU: the costliest kernels per step")
     p.add_argument("--json", default=None, help="write the rows here (rewritten after each)")
     args = p.parse_args(argv)
-    from alchemi_potentials.neighbors import layout
-
     rows = []
     for atoms, systems in parse_shapes(args.shapes):
         parts_list = [None] if args.search_parts is None else [int(x) for x in args.search_parts.split(",")]
@@ -201,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
                 (float(s), k, n, li, tr, j, v) for s in args.skins.split(",") for k in args.lists.split(",")
                 for n in parts_list for li in listed_list for tr in trims for j in joins for v in variants):
             half = {"default": None, "full": False, "half": True}[kind]
-            layout.FORCED_PARTS = parts  # None: the count search_parts picks for the batch
-            layout.FORCED_LISTED = listed  # None: the device's default
-            # The trim and the variant's settings hold for this row only.
-            trimmed = [] if trim is None else [(layout.SEARCH_TRIM, args.device, trim)]
-            with chosen(trimmed + parse_variant(variant)):
-                row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
-                              args.headroom, args.profile, half, join)
-                row["search_trim"] = layout.SEARCH_TRIM[args.device]
+            tunings = Tunings.parse(args.device, variant)
+            # Parts and listing None: the rule picks them for the batch; trim None: the variant's.
+            forced = {"force_search_parts": parts, "force_search_listed": listed}
+            if trim is not None:
+                forced["search_trim"] = trim
+            tunings = attrs.evolve(tunings, potentials=attrs.evolve(tunings.potentials, **forced))
+            row = measure(atoms, systems, skin, args.device, args.steps, args.repeats, args.equilibrate,
+                          args.headroom, args.profile, half, join, tunings)
             row["variant"] = variant
             rows.append(row)
             print(

@@ -1,7 +1,7 @@
 """Does work queued after a background snapshot wait for its host copies? (GPU only)
 
 A snapshot for a background writer (``alchemi_zarr.records.snapshot(..., copy=True)``) queues
-device-to-host copies of every field. With ``alchemi_zarr.records.COPY_STREAM`` on, it first
+device-to-host copies of every field. With ``ZarrTuning.copy_stream`` on (``alchemi_zarr.tuning``), it first
 copies the fields on the device (current stream) and copies those to the host on a stream of
 its own, so that the next step need not wait for the bytes to cross PCIe. This measures whether
 it does: on a batch of ``--atoms`` (20 bytes per atom, 320 MB at the default), it takes a
@@ -41,35 +41,32 @@ def _trial(copy_stream: bool, own_stream: bool, atoms: int, repeats: int) -> dic
     from alchemi_core.data.staging import HostStaging
     from alchemi_core.testing import make_batch
     from alchemi_zarr import records
+    from alchemi_zarr.tuning import ZarrTuning
 
-    saved = records.COPY_STREAM.get("cuda", False)
-    records.COPY_STREAM["cuda"] = copy_stream
-    try:
-        batch = make_batch([atoms // 4] * 4).to("cuda")
-        nbytes = sum(getattr(batch, k).numel() * getattr(batch, k).element_size() for k in batch.keys())
-        slot = HostStaging(1).acquire()
-        stream = torch.cuda.Stream() if own_stream else torch.cuda.current_stream()
-        rows: list[dict[str, Any]] = []
-        for i in range(repeats + 2):  # two warm-ups: pinned buffers, the stream's memory pool
-            with torch.cuda.stream(stream):
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-                t0 = time.perf_counter()
-                snap = records.snapshot(batch, copy=True, slot=slot)
-                t1 = time.perf_counter()
-                batch.positions.add_(1.0)  # the next step
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-            end.synchronize()
-            pending = not snap.event.query() if snap.event is not None else False
-            snap.wait()
-            t2 = time.perf_counter()
-            if i >= 2:
-                rows.append({"pending": pending, "next_step_ms": start.elapsed_time(end),
-                             "copies_ms": 1e3 * (t2 - t0), "snapshot_host_ms": 1e3 * (t1 - t0)})
-        torch.cuda.synchronize()
-    finally:
-        records.COPY_STREAM["cuda"] = saved
+    tuning = ZarrTuning(copy_stream=copy_stream)
+    batch = make_batch([atoms // 4] * 4).to("cuda")
+    nbytes = sum(getattr(batch, k).numel() * getattr(batch, k).element_size() for k in batch.keys())
+    slot = HostStaging(1).acquire()
+    stream = torch.cuda.Stream() if own_stream else torch.cuda.current_stream()
+    rows: list[dict[str, Any]] = []
+    for i in range(repeats + 2):  # two warm-ups: pinned buffers, the stream's memory pool
+        with torch.cuda.stream(stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            snap = records.snapshot(batch, copy=True, slot=slot, tuning=tuning)
+            t1 = time.perf_counter()
+            batch.positions.add_(1.0)  # the next step
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        end.synchronize()
+        pending = not snap.event.query() if snap.event is not None else False
+        snap.wait()
+        t2 = time.perf_counter()
+        if i >= 2:
+            rows.append({"pending": pending, "next_step_ms": start.elapsed_time(end),
+                         "copies_ms": 1e3 * (t2 - t0), "snapshot_host_ms": 1e3 * (t1 - t0)})
+    torch.cuda.synchronize()
     return {
         "copy_stream": copy_stream,
         "stream": "own" if own_stream else "legacy default",

@@ -122,7 +122,7 @@ class Admission(Measuring):
             if converged:  # as in nvalchemi, ON_CONVERGE hooks run only when something converged
                 dispatch(s.hooks[ON_CONVERGE], batch, k)
         # The masks follow the statuses from the host unless the step ahead rewrote them already,
-        # or the run's steps rewrite them at their start (masks.MASKS_IN_STEP).
+        # or the run's steps rewrite them at their start (CoreTuning.masks_in_step).
         if any_changed and not (ahead or self._masks_in_step):
             self._masks_stale = True
         if any_moved:  # checks may read back; integrators' resets are not free

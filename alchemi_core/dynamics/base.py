@@ -47,6 +47,7 @@ from alchemi_core.dynamics.quarantine import DEFAULT_MAX_EXTENT, Quarantined
 from alchemi_core.dynamics.runner import StageRun
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import AlchemiError, ConfigurationError
+from alchemi_core.tuning import CoreTuning, check_tuning
 from alchemi_core.validation import finite_number, whole_number
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         strict: Raise when a structure goes bad (non-finite values, atoms flying apart) instead of
             quarantining it (see ``alchemi_core.dynamics.quarantine``).
         max_extent: Largest bounding-box side (Å) of a structure before its atoms count as flown apart.
+        tuning: The engine's per-device choices for this stage's runs (default:
+            ``CoreTuning.for_device`` of the batch's device; see ``alchemi_core.tuning``).
 
     Raises:
         ConfigurationError: A value that cannot work (negative steps, unknown comm mode, ...).
@@ -121,6 +124,7 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         name: str | None = None,
         strict: bool = False,
         max_extent: float = DEFAULT_MAX_EXTENT,
+        tuning: CoreTuning | None = None,
     ) -> None:
         if model is None or not callable(model):
             raise ConfigurationError(f"{type(self).__name__} needs a callable model, got {model!r}")
@@ -156,6 +160,8 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         self.name = name or type(self).__name__
         self.strict = bool(strict)
         self.max_extent = finite_number("max_extent", max_extent, above=0.0, unit=" Å")
+        check_tuning(type(self).__name__, tuning, CoreTuning)
+        self.tuning = tuning
         #: What this stage owns in the current run (the engine replaces it at each run's start).
         self.context = StepContext()
         #: ``[B]`` bool after each convergence check: the systems that just converged.
@@ -209,7 +215,7 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """Rebuild, in place, every value this stage derived from its masks; True if it did.
 
         Where each stage says it can (``mask_values_in_step``), the engine captures the mask
-        rewrite at the start of the step (``masks.MASKS_IN_STEP``) and calls this right after it,
+        rewrite at the start of the step (``CoreTuning.masks_in_step``) and calls this right after it,
         inside the capture: a check that moves systems then costs the host nothing before the next
         replay. The default does nothing and returns False: the engine rewrites the masks on the
         host after each check that moved systems and asks :meth:`refresh_for_replay`.

@@ -15,7 +15,8 @@ quarantine, which runs before convergence, has already failed it.
 
 Warp is not a dependency of alchemi-core: :func:`system_force_max` returns False where its path
 does not apply (no warp-lang, a CPU without Warp's CPU compiler, other dtypes or shapes, a device
-type :data:`ON` leaves to torch), and the caller uses torch.
+Warp does not run on), and the caller uses torch. The engine calls it where its
+``CoreTuning.force_max_kernel`` says so (``alchemi_core.tuning``: on for CPUs and CUDA).
 
 Example:
     >>> import torch
@@ -33,13 +34,6 @@ from __future__ import annotations
 
 import torch
 
-#: Device types that measure with the kernel. On for CPUs: W2's check on 2,048 cells of 108 atoms,
-#: 1.26-1.28 against 1.40-1.43 ms in torch on this workplace's 2 cores. On for CUDA: the kernel
-#: takes 20 us of an H200 per W2 check where torch's scatter takes 53 us, and on an H100 in one
-#: visit, alternating (``--variant "alchemi_core.dynamics.force_max:ON[cuda]=False"``), W2 took
-#: 21.6-22.9 ms against 22.9-23.0 with torch and W3 3.23 against 3.31-3.34 s.
-ON = {"cpu": True, "cuda": True}
-
 
 def system_force_max(forces: torch.Tensor, system: torch.Tensor, out: torch.Tensor) -> bool:
     """Write each system's largest force norm into ``out`` ``[B]`` (``forces`` ``[V, 3]``,
@@ -47,7 +41,7 @@ def system_force_max(forces: torch.Tensor, system: torch.Tensor, out: torch.Tens
     Warp path does not apply and torch must do it. No host synchronisation: a check's graph
     captures it."""
     dtype = forces.dtype
-    if not ON.get(forces.device.type, False):
+    if forces.device.type not in ("cpu", "cuda"):
         return False
     if (dtype not in (torch.float32, torch.float64) or out.dtype != dtype or forces.dim() != 2
             or forces.shape[1] != 3 or out.dim() != 1 or system.dtype != torch.int64

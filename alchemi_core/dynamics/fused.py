@@ -33,6 +33,7 @@ from alchemi_core.dynamics.runner import execute
 from alchemi_core.dynamics.status_flow import check_status_flow
 from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import ConfigurationError
+from alchemi_core.tuning import CoreTuning, check_tuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -54,6 +55,8 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
             sub-stage asks for it).
         max_extent: Largest bounding-box side (Å) before atoms count as flown apart (default: the
             smallest of the sub-stages').
+        tuning: The engine's per-device choices (default: the first sub-stage's that has one, else
+            ``CoreTuning.for_device`` of the batch's device; see ``alchemi_core.tuning``).
 
     Raises:
         ConfigurationError: Status codes that lead nowhere (an entry status that is no stage's, a
@@ -71,6 +74,7 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         hooks: Sequence[Any] | None = None,
         strict: bool | None = None,
         max_extent: float | None = None,
+        tuning: CoreTuning | None = None,
     ) -> None:
         subs = [(int(c), s) for c, s in sub_stages]
         if not subs:
@@ -97,6 +101,8 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         self.strict = any(s.strict for _, s in subs) if strict is None else bool(strict)
         self.max_extent = min(s.max_extent for _, s in subs) if max_extent is None else float(max_extent)
         self.compile_step = bool(compile_step)
+        check_tuning("FusedStage", tuning, CoreTuning)
+        self.tuning = tuning if tuning is not None else next((s.tuning for _, s in subs if s.tuning is not None), None)
         self.compile_kwargs = dict(compile_kwargs or {})
         self.own_sinks: list[DataSink] = list(sinks or [])
         self.hooks: list[Any] = list(hooks or [])
@@ -233,7 +239,7 @@ def fuse(left: Any, right: Any) -> Any:
             return NotImplemented
         subs = [(i, s) for i, (_, s) in enumerate(left.sub_stages)] + extra
         return FusedStage(subs, entry_status=0, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
-                          sinks=left.own_sinks, hooks=left.hooks)
+                          sinks=left.own_sinks, hooks=left.hooks, tuning=left.tuning)
     if isinstance(left, BaseDynamics):
         if isinstance(right, FusedStage):
             return FusedStage([(0, left)] + [(i + 1, s) for i, (_, s) in enumerate(right.sub_stages)])

@@ -12,7 +12,7 @@ Where every stage can rebuild what it derives from the masks on the device alone
 (``BaseDynamics.mask_values_in_step``: FIRE), a run's step rewrites them itself, at its start
 (:meth:`Masks._write_masks`, captured with the step on a GPU): a check whose systems converged
 then leaves the masks to the next step, instead of rewriting them and the stages' values from the
-host before it (``MASKS_IN_STEP``, per device type; :meth:`Masks._may_write_masks_in_step` says
+host before it (``CoreTuning.masks_in_step``, per device type; :meth:`Masks._may_write_masks_in_step` says
 when it applies).
 """
 
@@ -25,10 +25,6 @@ from alchemi_core.dynamics.context import next_version
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.state import NEVER, EngineState, SubStage
 from alchemi_core.units import ACCELERATION
-
-#: Per device type: whether a run's step rewrites the masks itself where it may (the module
-#: docstring). A dict, so a benchmark's ``--variant`` or a test can switch it.
-MASKS_IN_STEP = {"cpu": False, "cuda": True}
 
 
 class Masks(EngineState):
@@ -102,7 +98,7 @@ class Masks(EngineState):
         # The device part of ``_may_write_masks_in_step`` (the rest changes from check to check),
         # also what tells stages to keep the means to rebuild their mask-derived values.
         device = self.batch.device.type if self.batch is not None else "cpu"
-        return MASKS_IN_STEP.get(device, False) and (device != "cuda" or self.graph_requested)
+        return self.tuning().masks_in_step and (device != "cuda" or self.graph_requested)
 
     def _may_write_masks_in_step(self) -> bool:
         """Whether this run's steps may rewrite the masks themselves: every stage can rebuild what

@@ -34,7 +34,7 @@ class Measuring(StepLoop):
         """Each system's largest force norm, in a Warp kernel where it applies (``force_max``)."""
         b = self.batch
         assert b is not None
-        if system_force_max(b.forces, b.batch_idx, b.fmax):
+        if self.tuning().force_max_kernel and system_force_max(b.forces, b.batch_idx, b.fmax):
             return
         norms = torch.linalg.vector_norm(b.forces, dim=-1)
         b.fmax.zero_().scatter_reduce_(0, b.batch_idx, norms, reduce="amax", include_self=False)

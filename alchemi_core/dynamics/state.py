@@ -34,6 +34,7 @@ from alchemi_core.dynamics.readback import FlagReadBack
 from alchemi_core.dynamics.status_flow import check_status_flow
 from alchemi_core.dynamics.weak import alive, ref_to
 from alchemi_core.errors import ConfigurationError
+from alchemi_core.tuning import CoreTuning
 
 if TYPE_CHECKING:
     import torch
@@ -187,6 +188,8 @@ class EngineState:
             getattr(m, "cuda_graphs", True) for m in self.models
         )
         self.graph_captures = 0
+        #: The owner's per-device choices, if it was given some (:meth:`tuning`).
+        self._given_tuning: CoreTuning | None = getattr(owner, "tuning", None)
         #: The checks' device work, captured too where it can be (``check_capture``).
         self._check_capture = CheckCapture()
         self._flags = FlagReadBack()
@@ -234,6 +237,13 @@ class EngineState:
     def _rewrites_masks_in_steps(self) -> bool:
         """Whether a step may rewrite the masks itself (the masks' part of the engine says)."""
         return False
+
+    def tuning(self) -> CoreTuning:
+        """This run's per-device choices: the owner's ``tuning``, else those measured for the
+        batch's device (a CPU's before there is a batch)."""
+        if self._given_tuning is not None:
+            return self._given_tuning
+        return CoreTuning.for_device(self.batch.device if self.batch is not None else "cpu")
 
     @property
     def owner(self) -> Any:

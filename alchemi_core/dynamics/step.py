@@ -12,7 +12,7 @@ them; with checks every step (a relaxation) the GPU then idles while the host ac
 while the GPU works. Where nothing the host does after a check can change what the next step
 computes, the check queues the next step's device work before it waits for its flags
 (:meth:`StepLoop._step_ahead`): the masks are rewritten from the statuses the check just set (by
-the step itself where it rewrites them, ``masks.MASKS_IN_STEP``), so systems that converged or
+the step itself where it rewrites them, ``CoreTuning.masks_in_step``), so systems that converged or
 failed do not step, and the step is launched. That holds for a run (``run()``, no checkpoints) of
 stages that systems only leave (no fused stage's next stage, no sampler, no sinks), with no
 ``ON_CONVERGE`` hook, no hook before or inside the next step, checks not scheduled by budgets and
@@ -20,7 +20,7 @@ no ``energy_change`` criterion (:meth:`StepLoop._may_run_ahead`). The result is 
 gives without running ahead, with two differences: the step after the last check is queued too
 and does nothing to any system (every mask is False; its forces are evaluated again at the same
 positions), and a run that raises at a check (a model's error) has taken the next step first.
-``RUN_AHEAD`` says where it is on, per device type: on a CPU the host does the device work itself
+``CoreTuning.run_ahead`` (``alchemi_core.tuning``) says where it is on, per device type: on a CPU the host does the device work itself
 and nothing overlaps. W2 on an H100 host with slow Python, in one process, alternating: 28.6 ms
 (median) with neither, 25.4 running ahead, 24.5 with the masks in the step as well
 (docs/performance.md, twenty-eighth session).
@@ -57,11 +57,6 @@ BEFORE_POST_UPDATE = int(DynamicsStage.BEFORE_POST_UPDATE)
 AFTER_POST_UPDATE = int(DynamicsStage.AFTER_POST_UPDATE)
 AFTER_STEP = int(DynamicsStage.AFTER_STEP)
 ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
-
-#: Per device type: whether checks queue the next step before their read-back (the module
-#: docstring). A dict, so a benchmark's ``--variant`` or a test can turn it on or off.
-RUN_AHEAD = {"cpu": False, "cuda": True}
-
 
 class StepLoop(Masks):
     """The step layer of the engine (see the module docstring)."""
@@ -214,7 +209,7 @@ class StepLoop(Masks):
 
     def _body(self, k: int, hooks: bool) -> None:
         """A step's device work, eager or captured: the masks rewritten where the run's steps do
-        that (``masks.MASKS_IN_STEP``), then the integrators and the model (:meth:`_core`)."""
+        that (``CoreTuning.masks_in_step``), then the integrators and the model (:meth:`_core`)."""
         if self._masks_in_step:
             self._write_masks()
         self._core(k, hooks)
@@ -224,7 +219,7 @@ class StepLoop(Masks):
         """Whether this run's checks may queue the next step before their read-back: nothing the
         host does after one changes what that step computes (the module docstring)."""
         batch = self.batch
-        return (batch is not None and RUN_AHEAD.get(batch.device.type, False) and self.masked
+        return (batch is not None and self.tuning().run_ahead and self.masked
                 and not self._moves_enter_stages and self.sampler is None and not self.sinks
                 and self.graduate_to_sinks and not self._schedule_budgets and not self.track_energy_change
                 and not self.table[ON_CONVERGE])

@@ -152,8 +152,10 @@ class AlchemiMD(ObservedMD):
 
     def nve(self) -> MDRun:
         model = self._plain.model
+        tuned = {"tuning": self._plain.tuning} if getattr(self._plain, "tuning", None) is not None else {}
         return AlchemiMD(
-            self.batch, lambda hooks, seed: VelocityVerlet(model, dt=spec.LANGEVIN.dt_fs, hooks=hooks).compile()
+            self.batch,
+            lambda hooks, seed: VelocityVerlet(model, dt=spec.LANGEVIN.dt_fs, hooks=hooks, **tuned).compile(),
         )
 
     def snapshots_written(self) -> int:
@@ -174,27 +176,42 @@ class Alchemi(Framework):
 
     name = "alchemi"
 
-    def __init__(self) -> None:
+    def __init__(self, tuning: str = "") -> None:
+        #: ``--tuning``'s settings (``benchmarks.tunings``): empty, the components' own defaults (and
+        #: no ``tuning=`` passed, so an alchemi from before tunings, a comparison's base, runs too).
+        self.tuning = tuning
         self.version = metadata.version("alchemi-core")
         self.notes = (
-            "LennardJones(alchemi's skin for the device, neighbors.layout.SKIN; max_neighbors fixed at "
+            "LennardJones(alchemi's skin for the device, PotentialsTuning.skin; max_neighbors fixed at "
             "spec.COLUMNS_HEADROOM x the expected count) + Langevin/FIRE; BaseDynamics.run and "
             "FusedStage + SizeAwareSampler (W3: its cells built by 4 worker processes, refills at every "
             "REFILL_EVERY_CHECKS-th check); compile() + `with stage:` (CUDA graph on GPUs)"
         )
 
+    def tuned(self, part: str, device: str) -> dict[str, Any]:
+        """``{"tuning": ...}``: the ``part`` (``"core"``, ``"potentials"``, ``"zarr"``) of
+        ``--tuning``'s choices for ``device``, to pass to a component; empty without ``--tuning``."""
+        if not self.tuning:
+            return {}
+        from benchmarks.tunings import Tunings
+
+        return {"tuning": getattr(Tunings.parse(torch.device(device).type, self.tuning), part)}
+
     def model(self, device: str = "cuda") -> LennardJones:
         """W1's Lennard-Jones at alchemi's own skin for ``device`` (what a user gets without
-        choosing one: ``layout.SKIN``), with columns fixed for it (no read-back, for graphs)."""
+        choosing one: ``PotentialsTuning.skin``), with columns fixed for it (no read-back, for graphs)."""
+        tuned = self.tuned("potentials", device)
         skin_on = getattr(BatchedNeighborList(spec.CUTOFF, spec.SKIN), "skin_on", None)
         # An alchemi from before skins by device (a comparison's base) had 0.5 Å everywhere.
-        skin = spec.SKIN if skin_on is None else BatchedNeighborList(spec.CUTOFF).skin_on(torch.device(device).type)
+        skin = spec.SKIN if skin_on is None else BatchedNeighborList(spec.CUTOFF, **tuned).skin_on(
+            torch.device(device).type)
         return LennardJones(
             spec.EPSILON,
             spec.SIGMA,
             spec.CUTOFF,
             skin=skin,
             max_neighbors=spec.neighbor_columns(spec.CUTOFF + skin),
+            **tuned,
         )
 
     def md(self, systems: Systems, device: str, snapshots: Path | None = None, every: int = 0) -> MDRun:
@@ -209,7 +226,7 @@ class Alchemi(Framework):
             except ImportError as exc:
                 raise Unavailable(f"W5 needs alchemi-hooks and alchemi-zarr ({exc})") from exc
             path = snapshots / "alchemi.zarr"
-            sink = ZarrData(str(path), asynchronous=True)
+            sink = ZarrData(str(path), asynchronous=True, **self.tuned("zarr", device))
             log = LoggingHook(backend="csv", log_path=snapshots / "alchemi_log.csv", frequency=every)
             hooks = [SnapshotHook(sink, frequency=every), log]
         p = spec.LANGEVIN
@@ -222,6 +239,7 @@ class Alchemi(Framework):
                 friction=p.friction_per_fs,
                 random_seed=seed,
                 hooks=[*hooks, *extra],
+                **self.tuned("core", device),
             ).compile()
 
         return AlchemiMD(batch, make, sink, path)
@@ -239,6 +257,7 @@ class Alchemi(Framework):
             maxstep_scope="system",
             hooks=[_Deadline(deadline)],
             convergence_hook=ConvergenceHook.from_fmax(f.fmax, frequency=CHECK_EVERY_RELAX),
+            **self.tuned("core", device),
         ).compile()
 
         def go() -> None:
@@ -290,7 +309,7 @@ class Alchemi(Framework):
             sinks=[tally],
             refill_frequency=check_every * REFILL_EVERY_CHECKS,
         )
-        fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)])
+        fused = FusedStage([(0, relax), (1, md)], hooks=[_Deadline(deadline)], **self.tuned("core", device))
         if compile_step:
             fused.compile()
 

@@ -185,7 +185,7 @@ class NvAlchemi(Framework):
     def __init__(self) -> None:
         self.version = metadata.version("nvalchemi-toolkit")
         self.notes = (
-            "LennardJonesModelWrapper + NeighborListHook(skin=spec.SKIN, 0.5 unless --variant sets it) at "
+            "LennardJonesModelWrapper + NeighborListHook(skin=spec.SKIN, 0.5 unless --variant benchmarks.spec:SKIN=... sets it) at "
             "BEFORE_COMPUTE; NVTLangevin/NVE/FIRE via BaseDynamics.run; W3: FusedStage(sampler=SizeAwareSampler)"
         )
         if torch.cuda.is_available() and importlib.util.find_spec("triton") is None:

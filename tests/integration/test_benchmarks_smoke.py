@@ -225,27 +225,31 @@ def test_workload_names_expand_and_reject_typos() -> None:
         cli.expand(["W1:108"])
 
 
-def test_a_variant_holds_for_the_whole_run_and_is_put_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from alchemi_potentials.neighbors import layout
-
+def test_a_variant_and_a_tuning_hold_for_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--variant`` sets benchmarks.spec's values for the run and puts them back; ``--tuning``
+    reaches the alchemi adapter, which passes its Tuning to the model it builds."""
     seen: list[tuple[float, float, int]] = []
 
     def fake_run_one(ctx: Context, item: str, args: object) -> dict:
-        seen.append((layout.SKIN["cpu"], spec.COLUMNS_HEADROOM, spec.neighbor_columns(spec.CUTOFF + 1.0)))
+        model = ctx.frameworks["alchemi"].model("cpu")
+        seen.append((model.neighbor_list.skin, spec.COLUMNS_HEADROOM, spec.neighbor_columns(spec.CUTOFF + 1.0)))
         return {"id": "W6", "case": item, "title": item, "params": {}, "metric": "ms_per_step", "results": {},
                 "ratios": {}}
 
     monkeypatch.setattr(cli, "run_one", fake_run_one)
-    skin, headroom = layout.SKIN["cpu"], spec.COLUMNS_HEADROOM
+    headroom = spec.COLUMNS_HEADROOM
     out = tmp_path / "v.json"
-    variant = "neighbors.layout:SKIN[cpu]=0.7,benchmarks.spec:COLUMNS_HEADROOM=1.3"
+    variant, tuning = "benchmarks.spec:COLUMNS_HEADROOM=1.3", "skin=0.7,run_ahead=True"
     argv = ["--device", "cpu", "--frameworks", "alchemi", "--workloads", "W6:108x4,W6:864x1", "--json", str(out)]
-    assert cli.main([*argv, "--variant", variant]) == 0
+    assert cli.main([*argv, "--variant", variant, "--tuning", tuning]) == 0
     assert seen == [(0.7, 1.3, 136)] * 2  # both cases; 112 columns at the default headroom
-    assert (layout.SKIN["cpu"], spec.COLUMNS_HEADROOM) == (skin, headroom)
-    assert json.loads(out.read_text())["meta"]["args"]["variant"] == variant
-    with pytest.raises(SystemExit):
-        cli.main([*argv, "--variant", "neighbors.layout:NO_SUCH_NAME=1"])
+    assert spec.COLUMNS_HEADROOM == headroom
+    args = json.loads(out.read_text())["meta"]["args"]
+    assert (args["variant"], args["tuning"]) == (variant, tuning)
+    for bad in (["--variant", "neighbors.layout:SKIN[cpu]=1"], ["--tuning", "no_such_name=1"],
+                ["--tuning", "unroll=3"]):
+        with pytest.raises(SystemExit):
+            cli.main([*argv, *bad])
 
 
 def test_w4_json_is_reported_with_its_speedup(tmp_path: Path) -> None:

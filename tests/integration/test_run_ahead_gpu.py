@@ -1,5 +1,5 @@
-"""On a GPU: checks that queue the next step before their read-back (``step.RUN_AHEAD``) and a
-captured step that rewrites the masks at its start (``masks.MASKS_IN_STEP``), both on for CUDA,
+"""On a GPU: checks that queue the next step before their read-back (``CoreTuning.run_ahead``) and a
+captured step that rewrites the masks at its start (``CoreTuning.masks_in_step``), both on for CUDA,
 alone or together, end a captured relaxation where the run that does neither ends, and a
 structure that fails is quarantined at the same check."""
 
@@ -12,9 +12,10 @@ import torch
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, masks, step
+from alchemi_core.dynamics import ConvergenceHook, masks
 from alchemi_core.testing import rattled_argon
 from alchemi_core.testing.exploding import ExplodingModel
+from alchemi_core.tuning import CoreTuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -27,8 +28,7 @@ MODES = [(True, False), (False, True), (True, True)]
 
 def _relaxed(mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch,
              explode: list[int] | None = None) -> tuple[Batch, Any]:
-    monkeypatch.setitem(step.RUN_AHEAD, "cuda", mode[0])
-    monkeypatch.setitem(masks.MASKS_IN_STEP, "cuda", mode[1])
+    tuning = CoreTuning(run_ahead=mode[0], masks_in_step=mode[1], force_max_kernel=True)
     cells = rattled_argon(8, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))  # different starts: different checks
     batch = Batch.from_atoms(cells, dtype=torch.float64).to(CUDA)
     model: Any = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
@@ -36,7 +36,7 @@ def _relaxed(mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch,
         # NaN from the first call: a captured step calls the model's Python once, at its capture.
         model = ExplodingModel(model, explode=explode)
     fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0, backend="warp",
-                          convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1)).compile()
+                          convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1), tuning=tuning).compile()
     writes: list[int] = []
     original = masks.Masks._write_masks
     monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), original(self)))

@@ -55,7 +55,7 @@ def _ase_fire(data, fmax: float | None = None, steps: int = 0) -> tuple[np.ndarr
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fire_reproduces_ase_step_by_step(backend: str) -> None:
+def test_fire_reproduces_ase_step_by_step(backend: str, core_tuning) -> None:
     """With ASE's cap (the norm of each system's step) and its time step converted to fs
     (ASE's FIRE is massless: dt_ASE = dt_fs sqrt(ACCELERATION / m)), every system of a batch
     follows ASE's trajectory, adaptive time step included, to rounding."""
@@ -64,7 +64,7 @@ def test_fire_reproduces_ase_step_by_step(backend: str) -> None:
     batch = Batch.from_data_list(data)
     steps = 60
     FIRE(ReferenceLJ(), n_steps=steps, dt=0.1 / to_ase, dt_max=1.0 / to_ase, maxstep=0.2, maxstep_scope="system",
-         backend=backend).run(batch)
+         backend=backend, tuning=core_tuning).run(batch)
     for i, d in enumerate(data):
         positions, _, dt, _ = _ase_fire(d, steps=steps)
         np.testing.assert_allclose(batch.positions[32 * i : 32 * (i + 1)].numpy(), positions, rtol=0, atol=1e-10)
@@ -188,14 +188,14 @@ def test_fire2_without_half_step_back_or_initial_delay() -> None:
     np.testing.assert_allclose(getattr(batch, FIRE_DT).numpy(), 1.0)
 
 
-def test_bad_fire_settings_are_errors() -> None:
+def test_bad_fire_settings_are_errors(core_tuning) -> None:
     model = ReferenceLJ()
     with pytest.raises(ConfigurationError, match="maxstep_scope"):
-        FIRE(model, maxstep_scope="everything")
+        FIRE(model, maxstep_scope="everything", tuning=core_tuning)
     with pytest.raises(ConfigurationError, match="f_dec must be > 0 and <= 1"):
-        FIRE2(model, f_dec=1.5)
+        FIRE2(model, f_dec=1.5, tuning=core_tuning)
     with pytest.raises(ConfigurationError, match="maxstep must be > 0"):
-        FIRE(model, maxstep=0.0)
+        FIRE(model, maxstep=0.0, tuning=core_tuning)
 
 
 @pytest.mark.parametrize("cls", [FIRE, FIRE2])
@@ -209,6 +209,6 @@ def test_a_largest_step_below_the_step_is_an_error(cls: type) -> None:
     cls(model, dt=1.0, dt_max=1.0)  # equal is allowed: a fixed step
 
 
-def test_fire2_smallest_step_above_the_step_is_an_error() -> None:
+def test_fire2_smallest_step_above_the_step_is_an_error(core_tuning) -> None:
     with pytest.raises(ConfigurationError, match=r"dt_min \(2 fs\) is larger than dt \(1 fs\)"):
-        FIRE2(ReferenceLJ(), dt=1.0, dt_min=2.0)
+        FIRE2(ReferenceLJ(), dt=1.0, dt_min=2.0, tuning=core_tuning)

@@ -18,7 +18,7 @@ BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_each_stage_moves_only_its_systems(backend: str) -> None:
+def test_each_stage_moves_only_its_systems(backend: str, core_tuning) -> None:
     """System 0 starts in a velocity Verlet stage, system 1 in a Langevin stage (30 steps each).
     For its first 30 steps system 0 follows a plain velocity Verlet run exactly, although
     Langevin's noisy update runs on the same batch; system 1, once graduated, never moves again."""
@@ -27,26 +27,26 @@ def test_each_stage_moves_only_its_systems(backend: str) -> None:
     batch = start.clone()
     batch.set_field("status", torch.tensor([0, 1]), "system")
     positions = Record(lambda b, d: b.positions.view(-1))
-    nve = VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, hooks=[positions])
-    nvt = Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=300.0, friction=0.1, backend=backend)
+    nve = VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, hooks=[positions], tuning=core_tuning)
+    nvt = Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=300.0, friction=0.1, backend=backend, tuning=core_tuning)
     (nve + nvt).run(batch)
     track = torch.tensor(positions.array()).view(-1, 8, 3)
     alone = start.index_select([0])
-    VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend).run(alone)
+    VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, tuning=core_tuning).run(alone)
     torch.testing.assert_close(track[29, :4], alone.positions, rtol=0, atol=1e-12)
     assert not torch.allclose(track[40, :4], track[29, :4])  # then it moved on in Langevin
     assert (track[29, 4:] - track[0, 4:]).abs().max() > 1e-3  # system 1 moved while in Langevin
     assert torch.equal(track[30, 4:], track[-1, 4:])  # and never after it graduated
 
 
-def test_relaxed_systems_enter_md_at_the_initial_temperature() -> None:
+def test_relaxed_systems_enter_md_at_the_initial_temperature(core_tuning) -> None:
     """FIRE then Langevin with initial_temperature: each system gets Maxwell-Boltzmann velocities
     with no COM motion when it enters MD (at its own step), instead of FIRE's near-zero ones."""
     batch = Batch.from_data_list([argon(2, rattle=0.1, seed=s) for s in range(4)])
     temps = Record(lambda b, d: temperature(b) * (b.status == d.status_code).to(b.positions.dtype))
-    relax = FIRE(ReferenceLJ(), n_steps=500, dt=5.0, dt_max=50.0, convergence_hook=ConvergenceHook.from_fmax(0.05))
+    relax = FIRE(ReferenceLJ(), n_steps=500, dt=5.0, dt_max=50.0, convergence_hook=ConvergenceHook.from_fmax(0.05), tuning=core_tuning)
     md = Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=40.0, friction=0.01, initial_temperature=40.0,
-                  random_seed=1, hooks=[temps])
+                  random_seed=1, hooks=[temps], tuning=core_tuning)
     out = (relax + md).run(batch)
     assert out.status.tolist() == [2, 2, 2, 2]
     t = temps.array()
@@ -58,15 +58,15 @@ def test_relaxed_systems_enter_md_at_the_initial_temperature() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backend: str) -> None:
+def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backend: str, core_tuning) -> None:
     """A captured step keeps reading the tensors it was captured with. After system 0 leaves the
     Langevin stage, ``refresh_for_replay`` rewrites those same tensors to what a stage that
     started with system 0 already gone computes. (The stage is compiled: only a run that may
     replay a captured step keeps what refreshing needs; on a CPU it steps eagerly all the same.)"""
 
     def stages() -> tuple[Langevin, object]:
-        nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, backend=backend)
-        return nvt, (nvt + VelocityVerlet(ReferenceLJ(), n_steps=50, dt=5.0, backend=backend)).compile()
+        nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, backend=backend, tuning=core_tuning)
+        return nvt, (nvt + VelocityVerlet(ReferenceLJ(), n_steps=50, dt=5.0, backend=backend, tuning=core_tuning)).compile()
 
     def start(status: list[int]) -> Batch:
         batch = Batch.from_data_list([argon(1, rattle=0.1, seed=0), argon(1, rattle=0.1, seed=1)])
@@ -102,11 +102,11 @@ def _flat(value: object) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def test_values_that_do_not_read_the_masks_outlive_a_mask_rewrite_but_not_a_change_of_systems() -> None:
+def test_values_that_do_not_read_the_masks_outlive_a_mask_rewrite_but_not_a_change_of_systems(core_tuning) -> None:
     """``cached(masks=False)`` (parameter broadcasts, masses) is rebuilt when the batch's systems
     change, not when the engine rewrites the masks; a value that reads the masks is rebuilt then."""
     batch = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(3)])
-    fire = FIRE(ReferenceLJ(), n_steps=10, dt=5.0)
+    fire = FIRE(ReferenceLJ(), n_steps=10, dt=5.0, tuning=core_tuning)
     builds: list[str] = []
 
     def value(name: str, masks: bool) -> torch.Tensor:

@@ -9,8 +9,8 @@ import pytest
 from integrators_testkit.lj_reference import ReferenceLJ, argon
 
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import masks
 from alchemi_core.testing.lifetime import collector_off, still_alive, watch
+from alchemi_core.tuning import CoreTuning
 from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
 
 STAGES = {
@@ -50,12 +50,11 @@ def test_a_stage_driven_by_step_alone_on_a_gpu_is_freed_with_its_batch(name):
     _stepped_and_dropped(name, "cuda")
 
 
-def test_a_run_that_rewrites_masks_in_its_steps_keeps_the_builds(monkeypatch):
+def test_a_run_that_rewrites_masks_in_its_steps_keeps_the_builds():
     """There the engine rebuilds the values in place each step; the run's end drops them."""
-    monkeypatch.setitem(masks.MASKS_IN_STEP, "cpu", True)
     with collector_off():
         batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(3)])
-        fire = FIRE(ReferenceLJ(), dt=1.0)
+        fire = FIRE(ReferenceLJ(), dt=1.0, tuning=CoreTuning(run_ahead=False, masks_in_step=True, force_max_kernel=True))
         fire.step(batch)
         assert fire._cache and all(build is not None for _, _, build, _ in fire._cache.values())
         fire.run(batch, n_steps=3)

@@ -99,7 +99,7 @@ def profile_forward(forward: Callable[[], None], label: str, out) -> None:
 
 
 def bench_shape(atoms: int, systems: int, device: str, dtype: torch.dtype, steps: int, repeats: int,
-                skin: float, profile_out=None) -> dict:
+                skin: float, profile_out=None, tuning=None) -> dict:
     from alchemi_potentials import LennardJones
 
     batch = w1_batch(atoms, systems, device, dtype)
@@ -108,7 +108,7 @@ def bench_shape(atoms: int, systems: int, device: str, dtype: torch.dtype, steps
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    model = LennardJones(EPSILON, SIGMA, CUTOFF, skin=skin)
+    model = LennardJones(EPSILON, SIGMA, CUTOFF, skin=skin, tuning=tuning)
     model(batch)  # sizes the neighbour list (one read-back), compiles or loads the kernels
     columns = model.neighbor_list.max_neighbors
     result: dict = {"atoms": atoms, "systems": systems, "total_atoms": total, "device": device,
@@ -132,7 +132,7 @@ def bench_shape(atoms: int, systems: int, device: str, dtype: torch.dtype, steps
         profile_forward(lambda: model(batch), "steady", profile_out)
         profile_forward(moved_forward, "rebuild", profile_out)
     if device == "cuda":
-        fixed = LennardJones(EPSILON, SIGMA, CUTOFF, skin=skin, max_neighbors=columns)
+        fixed = LennardJones(EPSILON, SIGMA, CUTOFF, skin=skin, max_neighbors=columns, tuning=tuning)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -166,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="GPU time of every kernel (each shape's first variant)")
     parser.add_argument("--json", nargs="?", const="-", default=None, help="write JSON to a file ('-': stdout)")
     args = parser.parse_args(argv)
-    from alchemi_potentials import pair_potential
-    from alchemi_potentials.neighbors import layout
+    import attrs
 
-    unrolls = [int(u) for u in args.unroll.split(",")] if args.unroll else [pair_potential.UNROLL.get(args.device, 1)]
-    orders = args.order.split(",") if args.order else [layout.MATRIX_ORDER.get(args.device, "rows")]
+    from alchemi_potentials.tuning import PotentialsTuning
+
+    default = PotentialsTuning.for_device(args.device)
+    unrolls = [int(u) for u in args.unroll.split(",")] if args.unroll else [default.unroll]
+    orders = args.order.split(",") if args.order else [default.matrix_order]
     variants = [(u, o) for o in orders for u in unrolls]
     steps = args.steps or (50 if args.device == "cuda" else 5)
     dtype = getattr(torch, args.dtype)
@@ -182,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         atoms, systems = (int(v) for v in shape.lower().split("x"))
         for k, (unroll, order) in enumerate(variants):
-            pair_potential.UNROLL[args.device] = unroll
-            layout.MATRIX_ORDER[args.device] = order
+            tuning = attrs.evolve(default, unroll=unroll, matrix_order=order)
             profile_out = out if args.profile and k == 0 else None
-            rows.append(bench_shape(atoms, systems, args.device, dtype, steps, args.repeats, args.skin, profile_out))
+            rows.append(bench_shape(atoms, systems, args.device, dtype, steps, args.repeats, args.skin, profile_out,
+                                    tuning))
             r = rows[-1]
             r.update(unroll=unroll, order=order)
             graph = f"{r['graph_s'] * 1e6:10.1f} {r['graph_atom_steps_per_s']:10.3g}" if "graph_s" in r else " " * 21

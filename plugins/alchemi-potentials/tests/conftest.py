@@ -188,6 +188,17 @@ def ref() -> SimpleNamespace:
     )
 
 
+@pytest.fixture
+def tuning(request):
+    """The potentials' tuning for the models and lists a test builds (``tuning=tuning``): None,
+    the device's own, unless ``--tuning=cuda`` asks for a GPU's (its code paths on a CPU)."""
+    from alchemi_core.testing.fixtures import tuning_device
+    from alchemi_potentials.tuning import PotentialsTuning
+
+    device = tuning_device(request.config)
+    return None if device is None else PotentialsTuning.for_device(device)
+
+
 #: Test modules that never run a Warp kernel on the CPU.
 _WITHOUT_CPU_WARP = {"test_registration.py", "test_ase_model.py", "test_gpu.py"}
 

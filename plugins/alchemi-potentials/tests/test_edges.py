@@ -52,10 +52,10 @@ def check_against_ase(edges, batch, atoms_list):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_edges_are_ase_pairs_within_the_cutoff(ref, rng, dtype):
+def test_edges_are_ase_pairs_within_the_cutoff(ref, rng, dtype, tuning):
     atoms_list = systems(ref, rng)
     batch = ref.batch(atoms_list, dtype=dtype)
-    el = EdgeList(RC, skin=0.5)
+    el = EdgeList(RC, skin=0.5, tuning=tuning)
     edges = el.update(batch)
     check_against_ase(edges, batch, atoms_list)
     vec = edges.vectors(batch.positions, batch.cell)
@@ -71,10 +71,10 @@ def test_edges_are_ase_pairs_within_the_cutoff(ref, rng, dtype):
     assert torch.equal(edges.system[count:], batch.batch_idx[pad])
 
 
-def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
+def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng, tuning):
     atoms_list = systems(ref, rng)
     batch = ref.batch(atoms_list)
-    el = EdgeList(RC, skin=1.0)
+    el = EdgeList(RC, skin=1.0, tuning=tuning)
     el.update(batch)
     builds = el.neighbor_list.builds(batch).clone()
     capacity = el.capacity
@@ -83,21 +83,23 @@ def test_edges_follow_atoms_inside_the_skin_without_a_rebuild(ref, rng):
     assert el.capacity == capacity
 
 
-def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng, monkeypatch):
+def test_edges_stay_exact_when_systems_rebuild_in_cohorts(ref, rng):
     """A GPU's lists rebuild in cohorts (join_fraction 0.8 there); here on the CPU at 0.5,
     against 1.0 on the same moves: systems join others' rebuilds (more builds), and the edges
     equal ASE's at every step either way."""
-    from alchemi_potentials.neighbors import layout
+    import attrs
+
+    from alchemi_potentials.tuning import PotentialsTuning
 
     atoms_list = systems(ref, rng)
     start = [a.positions.copy() for a in atoms_list]
     builds = {}
     for join in (1.0, 0.5):
-        monkeypatch.setitem(layout.JOIN_FRACTION, "cpu", join)
+        tuning = attrs.evolve(PotentialsTuning.for_device("cpu"), join_fraction=join)
         for a, x in zip(atoms_list, start, strict=True):
             a.positions = x.copy()
         batch = ref.batch(atoms_list)
-        el = EdgeList(RC, skin=1.0)
+        el = EdgeList(RC, skin=1.0, tuning=tuning)
         el.update(batch)
         move_and_check(el, batch, atoms_list, steps=6, scale=0.12, largest=0.2, seed=5)
         builds[join] = el.neighbor_list.builds(batch).clone()
@@ -121,22 +123,22 @@ def _bounds(batch):
     return ptr[:-1], ptr[1:]
 
 
-def test_fixed_capacity_overflow_is_an_error(ref, rng):
+def test_fixed_capacity_overflow_is_an_error(ref, rng, tuning):
     atoms_list = systems(ref, rng)
     batch = ref.batch(atoms_list)
-    el = EdgeList(RC, skin=0.5, max_edges=100)
+    el = EdgeList(RC, skin=0.5, max_edges=100, tuning=tuning)
     edges = el.update(batch)
     assert edges.capacity == 100
     assert bool(el.error_flag(batch))
     with pytest.raises(CapacityError, match="max_edges="):
         el.verify(batch)
-    roomy = EdgeList(RC, skin=0.5)
+    roomy = EdgeList(RC, skin=0.5, tuning=tuning)
     roomy.update(batch)
     assert not bool(roomy.error_flag(batch))
 
 
-def test_one_system_alone_has_the_edges_it_has_in_a_batch(ref, rng):
+def test_one_system_alone_has_the_edges_it_has_in_a_batch(ref, rng, tuning):
     atoms_list = systems(ref, rng)
     alone = Batch.from_atoms([atoms_list[0]], dtype=torch.float64)
-    edges = EdgeList(RC).update(alone)
+    edges = EdgeList(RC, tuning=tuning).update(alone)
     check_against_ase(edges, alone, atoms_list[:1])

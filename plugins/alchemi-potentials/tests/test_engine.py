@@ -14,17 +14,17 @@ from alchemi_core.dynamics import DemoDynamics
 from alchemi_potentials import LennardJones
 
 
-def test_forward_writes_into_the_batch_fields():
+def test_forward_writes_into_the_batch_fields(tuning):
     batch = Batch.from_atoms([bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)], dtype=torch.float64)
     batch.set_field("forces", torch.zeros_like(batch.positions), "node")
     batch.set_field("energy", torch.zeros(1, 1, dtype=torch.float64), "system")
     batch.set_field("stress", torch.zeros(1, 3, 3, dtype=torch.float64), "system")
-    out = LennardJones(0.0104, 3.405, 8.5125)(batch, compute_stress=True)
+    out = LennardJones(0.0104, 3.405, 8.5125, tuning=tuning)(batch, compute_stress=True)
     assert out["forces"] is batch.forces and out["energy"] is batch.energy and out["stress"] is batch.stress
     assert batch.energy.item() < 0
 
 
-def test_velocity_verlet_trajectory_matches_ase():
+def test_velocity_verlet_trajectory_matches_ase(tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
     atoms.rattle(0.05, seed=4)
     # Maxwell-Boltzmann momenta at 60 K: p = sqrt(m kT) * N(0, 1) per component.
@@ -32,7 +32,7 @@ def test_velocity_verlet_trajectory_matches_ase():
     normal = np.random.default_rng(3).standard_normal((len(atoms), 3))
     atoms.set_momenta(normal * np.sqrt(atoms.get_masses() * kt)[:, None])
     batch = Batch.from_atoms([atoms], dtype=torch.float64)
-    model = LennardJones(0.0104, 3.405, 8.5125, shift_energy=True, skin=0.3)
+    model = LennardJones(0.0104, 3.405, 8.5125, shift_energy=True, skin=0.3, tuning=tuning)
     steps, dt = 40, 5.0
     DemoDynamics(model=model, n_steps=steps, dt=dt).run(batch)
 

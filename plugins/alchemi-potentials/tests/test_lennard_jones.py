@@ -42,10 +42,11 @@ def ase_results(atoms, calc):
 
 
 @pytest.mark.parametrize("half", [True, False], ids=["half-list", "full-list"])
-def test_matches_ase_in_one_batch(ref, rng, half):
+def test_matches_ase_in_one_batch(ref, rng, half, tuning):
     """Shifted LJ equals ASE's LennardJones (which shifts) for every system of one batch."""
     systems = structures(ref, rng)
-    model = LennardJones(EPS, SIG, RC, shift_energy=True, neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half))
+    model = LennardJones(EPS, SIG, RC, shift_energy=True, tuning=tuning,
+                         neighbor_list=BatchedNeighborList(RC, 0.5, half_list=half, tuning=tuning))
     batch = ref.batch(list(systems.values()))
     out = model(batch, compute_stress=True)
     calc = AseLennardJones(epsilon=EPS, sigma=SIG, rc=RC, smooth=False)
@@ -58,9 +59,9 @@ def test_matches_ase_in_one_batch(ref, rng, half):
         assert np.abs(f).max() > 1e-3, f"{name} has no forces to compare"
 
 
-def test_unshifted_matches_numpy_reference(ref, rng):
+def test_unshifted_matches_numpy_reference(ref, rng, tuning):
     systems = structures(ref, rng)
-    model = LennardJones(EPS, SIG, RC)
+    model = LennardJones(EPS, SIG, RC, tuning=tuning)
     batch = ref.batch(list(systems.values()))
     out = model(batch, compute_stress=True)
     pair = ref.lennard_jones(lambda a, b: EPS, lambda a, b: SIG, RC, shift=False)
@@ -72,11 +73,11 @@ def test_unshifted_matches_numpy_reference(ref, rng):
         ref.close(out["stress"][s], w / abs(np.linalg.det(atoms.cell.array)), what=f"{name} stress")
 
 
-def test_mixed_species_lorentz_berthelot_and_pair_override(ref, rng):
+def test_mixed_species_lorentz_berthelot_and_pair_override(ref, rng, tuning):
     eps = {18: 0.0104, 36: 0.0141, 10: 0.0031}
     sig = {18: 3.405, 36: 3.65, 10: 2.75}
     override = {(36, 18): 0.02}
-    model = LennardJones(eps, sig, 9.0, pair_epsilon=override)
+    model = LennardJones(eps, sig, 9.0, pair_epsilon=override, tuning=tuning)
     systems = [ref.atoms(rng, 18, ref.cell(rng, (11.0, 12.0, 10.5), 0.3), True, species=(10, 18, 36), min_distance=2.5),
                ref.atoms(rng, 10, ref.cell(rng, (9.0, 9.5, 12.0), 0.2), (True, False, True), species=(18, 36))]
 
@@ -97,13 +98,13 @@ def test_mixed_species_lorentz_berthelot_and_pair_override(ref, rng):
         assert abs(out["energy"][s, 0].item() - e) <= 1e-6 * abs(e)
         ref.close(out["forces"][ptr[s] : ptr[s + 1]], f)
     # Geometric mixing changes the Ne-Ar sigma, so the energy must change too.
-    geo = LennardJones(eps, sig, 9.0, pair_epsilon=override, mixing="geometric")(batch)
+    geo = LennardJones(eps, sig, 9.0, pair_epsilon=override, mixing="geometric", tuning=tuning)(batch)
     assert not torch.allclose(geo["energy"], out["energy"])
 
 
-def test_forces_and_stress_are_derivatives_of_the_energy(ref, rng):
+def test_forces_and_stress_are_derivatives_of_the_energy(ref, rng, tuning):
     atoms = ref.atoms(rng, 16, ref.cell(rng, (10.0, 11.0, 10.5), 0.3), True)
-    model = LennardJones(EPS, SIG, RC, shift_energy=True)
+    model = LennardJones(EPS, SIG, RC, shift_energy=True, tuning=tuning)
 
     def energy(positions, cell):
         a = atoms.copy()
@@ -131,22 +132,22 @@ def test_forces_and_stress_are_derivatives_of_the_energy(ref, rng):
         assert abs(out["stress"][0, a, b].item() - fd) < 1e-6 * np.abs(out["stress"].numpy()).max()
 
 
-def test_float32_agrees_with_float64(ref, rng):
+def test_float32_agrees_with_float64(ref, rng, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     atoms.rattle(0.1, seed=5)
-    out64 = LennardJones(EPS, SIG, RC)(ref.batch([atoms], dtype=torch.float64), compute_stress=True)
-    out32 = LennardJones(EPS, SIG, RC)(ref.batch([atoms], dtype=torch.float32), compute_stress=True)
+    out64 = LennardJones(EPS, SIG, RC, tuning=tuning)(ref.batch([atoms], dtype=torch.float64), compute_stress=True)
+    out32 = LennardJones(EPS, SIG, RC, tuning=tuning)(ref.batch([atoms], dtype=torch.float32), compute_stress=True)
     assert out32["forces"].dtype == torch.float32 and out32["energy"].dtype == torch.float32
     ref.close(out32["energy"], out64["energy"], rtol=1e-5)
     ref.close(out32["forces"], out64["forces"], rtol=1e-4)
     ref.close(out32["stress"], out64["stress"], rtol=1e-4)
 
 
-def test_switch_makes_energy_and_forces_continuous_at_the_cutoff(ref):
+def test_switch_makes_energy_and_forces_continuous_at_the_cutoff(ref, tuning):
     import ase
 
     onset = 7.0
-    model = LennardJones(EPS, SIG, RC, switch_onset=onset)
+    model = LennardJones(EPS, SIG, RC, switch_onset=onset, tuning=tuning)
     rs = [onset - 1e-3, onset + 1e-3, RC - 1e-3, RC + 1e-3, 6.0]
     dimers = [ase.Atoms("Ar2", positions=[[0, 0, 0], [r, 0, 0]], cell=np.eye(3) * 40, pbc=False) for r in rs]
     out = model(ref.batch(dimers))

@@ -22,9 +22,9 @@ def systems(ref, rng):
     ]
 
 
-def test_matches_ase_morse_with_its_smooth_cutoff(ref, rng):
+def test_matches_ase_morse_with_its_smooth_cutoff(ref, rng, tuning):
     atoms_list = systems(ref, rng)
-    model = Morse(D=D, alpha=RHO0 / R0, r0=R0, cutoff=RCUT2 * R0, switch_onset=RCUT1 * R0)
+    model = Morse(D=D, alpha=RHO0 / R0, r0=R0, cutoff=RCUT2 * R0, switch_onset=RCUT1 * R0, tuning=tuning)
     batch = ref.batch(atoms_list)
     out = model(batch, compute_stress=True)
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
@@ -37,12 +37,12 @@ def test_matches_ase_morse_with_its_smooth_cutoff(ref, rng):
         ref.close(out["stress"][s], a.get_stress(voigt=False), what=f"system {s} stress")
 
 
-def test_hard_and_shifted_cutoffs_match_numpy_reference(ref, rng):
+def test_hard_and_shifted_cutoffs_match_numpy_reference(ref, rng, tuning):
     atoms_list = systems(ref, rng)
     batch = ref.batch(atoms_list)
     cutoff = 7.0
     for shift in (False, True):
-        out = Morse(D=D, alpha=1.3, r0=R0, cutoff=cutoff, shift_energy=shift)(batch)
+        out = Morse(D=D, alpha=1.3, r0=R0, cutoff=cutoff, shift_energy=shift, tuning=tuning)(batch)
         pair = ref.morse(lambda a, b: D, lambda a, b: 1.3, lambda a, b: R0, cutoff, shift)
         ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
         for s, atoms in enumerate(atoms_list):
@@ -51,9 +51,9 @@ def test_hard_and_shifted_cutoffs_match_numpy_reference(ref, rng):
             ref.close(out["forces"][ptr[s] : ptr[s + 1]], f)
 
 
-def test_per_species_tables_with_override(ref, rng):
+def test_per_species_tables_with_override(ref, rng, tuning):
     depth, alpha, r0 = {29: 0.34, 47: 0.32}, {29: 1.36, 47: 1.37}, {29: 2.87, 47: 3.1}
-    model = Morse(D=depth, alpha=alpha, r0=r0, cutoff=8.0, pair_r0={(29, 47): 2.95})
+    model = Morse(D=depth, alpha=alpha, r0=r0, cutoff=8.0, pair_r0={(29, 47): 2.95}, tuning=tuning)
     atoms = ref.atoms(rng, 16, ref.cell(rng, (9.0, 10.0, 9.5), 0.3), True, species=(29, 47), min_distance=2.4)
     out = model(ref.batch([atoms]))
 
@@ -78,10 +78,10 @@ def test_per_species_tables_with_override(ref, rng):
     ref.close(out["forces"], f)
 
 
-def test_registry_builds_morse_in_float32(ref, rng):
+def test_registry_builds_morse_in_float32(ref, rng, tuning):
     model = registry.build("model:morse", D=D, alpha=1.3, r0=R0, cutoff=7.0)
     atoms = systems(ref, rng)[0]
     out32 = model(ref.batch([atoms], dtype=torch.float32))
-    out64 = Morse(D=D, alpha=1.3, r0=R0, cutoff=7.0)(ref.batch([atoms]))
+    out64 = Morse(D=D, alpha=1.3, r0=R0, cutoff=7.0, tuning=tuning)(ref.batch([atoms]))
     ref.close(out32["forces"], out64["forces"], rtol=1e-4)
     ref.close(out32["energy"], out64["energy"], rtol=1e-5)

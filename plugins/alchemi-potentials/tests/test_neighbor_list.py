@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataEr
 from alchemi_core.models import check_input
 from alchemi_potentials import LennardJones
 from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
 RC = 6.0
 
@@ -44,9 +46,9 @@ def listed_pairs(nl, batch, first: int, n: int):
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
+def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half, tuning):
     systems = some_systems(ref, rng)
-    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning)
     batch = ref.batch(systems)
     matrix = nl.update(batch)
     assert matrix.half is half
@@ -63,7 +65,7 @@ def test_pairs_equal_ase_neighbor_list_with_shifts(ref, rng, half):
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
+def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half, tuning):
     """Open axes have no extent to cut into bins: their bins are hashed, so clusters hundreds of
     Å apart, a lone atom 10^4 Å out and a slab's atoms spread along its normal share bins; the
     distance test keeps exactly ASE's pairs."""
@@ -80,7 +82,7 @@ def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
     wire = ref.atoms(rng, 12, ref.cell(rng, (6.0, 6.0, 7.0), 0.0), (False, False, True), min_distance=2.0)
     wire.positions[:4, 0] -= 150.0
     structures = [gas, slab, wire]
-    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    nl = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning)
     batch = ref.batch(structures)
     nl.update(batch)
     ptr = np.concatenate(([0], np.cumsum(batch.num_nodes_per_system)))
@@ -93,10 +95,10 @@ def test_open_axes_hash_far_flung_atoms_exactly(ref, rng, half):
     assert len(neighbor_list("i", gas, nl.radius)) > 0
 
 
-def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
+def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng, tuning):
     systems = some_systems(ref, rng)[:3]
     batch = ref.batch(systems)
-    nl = BatchedNeighborList(cutoff=RC, skin=1.0)
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0, tuning=tuning)
     nl.update(batch)
     assert nl.builds(batch).tolist() == [1, 1, 1]
     atom = int(batch.batch_ptr[1]) + 2  # an atom of system 1
@@ -119,18 +121,20 @@ def test_rebuilds_exactly_when_an_atom_moves_beyond_half_the_skin(ref, rng):
     assert nl.builds(batch).tolist() == [2, 2, 2]
 
 
-def test_a_list_without_a_skin_takes_its_devices(ref, rng, monkeypatch):
-    """skin=None reads ``layout.SKIN`` for the batch's device: pairs out to cutoff + that skin
-    (ASE's), a rebuild past half of it, and ``radius`` that of the device of the last build."""
-    from alchemi_potentials.neighbors import layout
-
+def test_a_list_without_a_skin_takes_its_tunings(ref, rng, tuning):
+    """skin=None reads the tuning's skin: pairs out to cutoff + that skin (ASE's), a rebuild past
+    half of it, and ``radius`` that of the device of the last build."""
     systems = some_systems(ref, rng)[:2]
     batch = ref.batch(systems)
     device = batch.positions.device.type
-    monkeypatch.setitem(layout.SKIN, device, 0.7)
-    nl = BatchedNeighborList(cutoff=RC, half_list=False)
+    default = BatchedNeighborList(cutoff=RC, tuning=tuning)
+    assert default.skin_on(device) == PotentialsTuning.for_device(device).skin
+    # No build yet: the largest any device uses.
+    assert default.radius == RC + max(PotentialsTuning.for_device(d).skin for d in ("cpu", "cuda"))
+    nl = BatchedNeighborList(cutoff=RC, half_list=False,
+                             tuning=attrs.evolve(PotentialsTuning.for_device(device), skin=0.7))
     assert nl.skin is None and nl.skin_on(device) == 0.7 and "skin=by device" in repr(nl)
-    assert nl.radius == RC + max(layout.SKIN.values())  # no build yet: the largest any device uses
+    assert nl.radius == RC + 0.7
     nl.update(batch)
     assert nl.radius == nl.radius_on(device) == RC + 0.7
     i, j, shifts = neighbor_list("ijS", systems[0], RC + 0.7)
@@ -141,18 +145,18 @@ def test_a_list_without_a_skin_takes_its_devices(ref, rng, monkeypatch):
         batch.positions[atom] = start + torch.tensor([distance, 0.0, 0.0], dtype=start.dtype)
         nl.update(batch)
         assert nl.builds(batch).tolist() == expected, distance
-    assert BatchedNeighborList(RC, 0.2).skin_on(device) == 0.2  # a given skin holds everywhere
+    assert BatchedNeighborList(RC, 0.2, tuning=tuning).skin_on(device) == 0.2  # a given skin holds everywhere
     with pytest.raises(ConfigurationError, match="skin >= 0"):
-        BatchedNeighborList(RC, -0.1)
+        BatchedNeighborList(RC, -0.1, tuning=tuning)
 
 
 @pytest.mark.parametrize(("join", "expected"), [(0.8, [2, 2, 1]), (1.0, [1, 2, 1])])
-def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected):
+def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, join, expected, tuning):
     """skin/2 = 0.5: with join_fraction 0.8 a system whose atom moved 0.45 rebuilds only when
     another system must (one moved 0.51); one that moved 0.3 never joins; the batch's flag does
     not outlive its step."""
     batch = ref.batch(some_systems(ref, rng)[:3])
-    nl = BatchedNeighborList(cutoff=RC, skin=1.0, join_fraction=join)
+    nl = BatchedNeighborList(cutoff=RC, skin=1.0, join_fraction=join, tuning=tuning)
     nl.update(batch)
     direction = torch.tensor([0.0, 0.6, 0.8], dtype=torch.float64)
     atoms = [int(batch.batch_ptr[s]) + 1 for s in range(3)]
@@ -170,23 +174,23 @@ def test_a_system_near_its_threshold_joins_another_systems_rebuild(ref, rng, joi
 
 
 @pytest.mark.parametrize("join_fraction", [0.0, -0.5, 1.5, float("nan")])
-def test_join_fraction_outside_zero_to_one_is_refused(join_fraction):
+def test_join_fraction_outside_zero_to_one_is_refused(join_fraction, tuning):
     with pytest.raises(ConfigurationError, match="join_fraction in \\(0, 1\\]"):
-        BatchedNeighborList(RC, 0.5, join_fraction=join_fraction)
+        BatchedNeighborList(RC, 0.5, join_fraction=join_fraction, tuning=tuning)
 
 
 @pytest.mark.parametrize("join", [None, 0.5], ids=["join-default", "join-0.5"])
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join):
+def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join, tuning):
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    nl = BatchedNeighborList(RC, 0.8, half_list=half, join_fraction=join)
-    model = LennardJones(0.01, 2.3, RC, neighbor_list=nl)
+    nl = BatchedNeighborList(RC, 0.8, half_list=half, join_fraction=join, tuning=tuning)
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=nl, tuning=tuning)
     g = torch.Generator().manual_seed(7)
     for step in range(25):
         batch.positions.add_(0.04 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
         out = model(batch, compute_stress=True)
-        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0, tuning=tuning)(ref.batch(batch.to_atoms()), compute_stress=True)
         for key in ("energy", "forces", "stress"):
             torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
     builds = model.neighbor_list.builds(batch)
@@ -194,13 +198,13 @@ def test_kept_list_gives_the_same_forces_as_a_fresh_build(ref, rng, half, join):
 
 
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_kept_list_follows_a_deforming_cell(ref, rng, half):
+def test_kept_list_follows_a_deforming_cell(ref, rng, half, tuning):
     """Cells strained a little every step (atoms with them, plus thermal-like moves) give the
     forces, energies and stress of a fresh build, while fully periodic systems rebuild only when
     the accumulated deformation and displacements exceed what the skin covers."""
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half))
+    model = LennardJones(0.01, 2.3, RC, neighbor_list=BatchedNeighborList(RC, 0.8, half_list=half, tuning=tuning), tuning=tuning)
     g = torch.Generator().manual_seed(8)
     ptr = batch.batch_ptr.tolist()
     eye = torch.eye(3, dtype=torch.float64)
@@ -213,7 +217,7 @@ def test_kept_list_follows_a_deforming_cell(ref, rng, half):
             batch.cell[s] = batch.cell[s] @ strain
         batch.positions.add_(0.01 * torch.randn(batch.positions.shape, generator=g, dtype=torch.float64))
         out = model(batch, compute_stress=True)
-        fresh = LennardJones(0.01, 2.3, RC, skin=0.0)(ref.batch(batch.to_atoms()), compute_stress=True)
+        fresh = LennardJones(0.01, 2.3, RC, skin=0.0, tuning=tuning)(ref.batch(batch.to_atoms()), compute_stress=True)
         for key in ("energy", "forces", "stress"):
             torch.testing.assert_close(out[key], fresh[key], rtol=1e-10, atol=1e-12, msg=f"{key} step {step}")
     builds = model.neighbor_list.builds(batch)
@@ -222,9 +226,9 @@ def test_kept_list_follows_a_deforming_cell(ref, rng, half):
     assert builds[2].item() == steps  # the slab (an open axis) rebuilds whenever its cell changes
 
 
-def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
+def test_systems_do_not_depend_on_their_batch_mates(ref, rng, tuning):
     systems = some_systems(ref, rng)
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     alone = [model(ref.batch([a]), compute_stress=True) for a in systems]
     order = [3, 0, 4, 2, 1]
     together = model(ref.batch([systems[k] for k in order]), compute_stress=True)
@@ -236,12 +240,12 @@ def test_systems_do_not_depend_on_their_batch_mates(ref, rng):
         torch.testing.assert_close(together["stress"][pos], alone[k]["stress"][0], rtol=1e-12, atol=1e-14)
 
 
-def test_buffers_follow_the_set_of_systems(ref, rng):
+def test_buffers_follow_the_set_of_systems(ref, rng, tuning):
     """A pre-allocated batch that gains and loses systems: every version gives fresh results."""
     systems = some_systems(ref, rng)
     source = ref.batch(systems)
     buf = Batch.empty(num_systems=8, num_nodes=200, num_edges=0, template=source)
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     buf.put(source, torch.tensor([True, False, True, True, False]))
     first = model(buf)
     expected = model(ref.batch([systems[0], systems[2], systems[3]]))
@@ -254,10 +258,10 @@ def test_buffers_follow_the_set_of_systems(ref, rng):
     torch.testing.assert_close(again["forces"], expected["forces"])
 
 
-def test_fixed_columns_overflow_is_reported_not_hidden(ref):
+def test_fixed_columns_overflow_is_reported_not_hidden(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = ref.batch([atoms])
-    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40)
+    model = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=40, tuning=tuning)
     # The first direct call of a batch checks what it found on the device, and says what to pass.
     with pytest.raises(CapacityError, match=r"max_neighbors is 40, so pairs were dropped.*pass max_neighbors=\d+"):
         model(batch)
@@ -269,7 +273,7 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
     with pytest.raises(CapacityError, match="overflow.*forces are wrong"):
         model.verify(engine_batch)  # ... until it verifies
     assert bool(model.error_flag(engine_batch))  # what a check reads instead of verifying
-    roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120)
+    roomy = LennardJones(0.0104, 3.405, 8.5125, max_neighbors=120, tuning=tuning)
     assert roomy.error_flag(batch) is None  # nothing built yet
     roomy.check_batch(batch)
     roomy(batch)
@@ -278,10 +282,10 @@ def test_fixed_columns_overflow_is_reported_not_hidden(ref):
 
 
 @pytest.mark.parametrize("record", ["bad_cell", "overflow", "image_out_of_range", "far_atoms"])
-def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record):
+def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = Batch.from_atoms([atoms, atoms])
-    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     nl.update(batch)
     assert not bool(nl.error_flag(batch))
     nl.verify(batch)
@@ -291,7 +295,7 @@ def test_the_error_flag_is_set_exactly_when_verify_has_something_to_raise(record
         nl.verify(batch)
 
 
-def test_overflow_names_the_exact_need():
+def test_overflow_names_the_exact_need(tuning):
     """The count the error suggests is the true most-neighbours, also where the recorded one
     fell short."""
     import re
@@ -300,10 +304,10 @@ def test_overflow_names_the_exact_need():
     for i, a in enumerate(cells):
         a.rattle(0.1, seed=i)
     batch = Batch.from_atoms(cells)
-    sized = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    sized = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     sized.update(batch)
     exact = int(sized.most_neighbors(batch).max())
-    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=tuning)
     tight.update(batch)
     for recorded in ("as searched", "one past the columns"):
         if recorded != "as searched":  # what a lost update between two ranges leaves behind
@@ -314,7 +318,7 @@ def test_overflow_names_the_exact_need():
         assert int(re.search(r"had up to (\d+) neighbours", str(err.value)).group(1)) == exact, recorded
 
 
-def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
+def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps(tuning):
     """A structure that enters by refill with more neighbours than a fixed ``max_neighbors``
     allows raises at the refill (after its first forward, before any step uses it), naming it;
     what graduated before is in the sink."""
@@ -324,9 +328,9 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
 
     loose, dense = (bulk("Ar", "fcc", a=a, cubic=True).repeat(3) for a in (5.26, 4.4))
     most = {}
-    half = LennardJones(0.0104, 3.405, 8.5125).neighbor_list.half_list  # the kind of list the model makes
+    half = LennardJones(0.0104, 3.405, 8.5125, tuning=tuning).neighbor_list.half_list  # the kind of list the model makes
     for name, atoms in (("loose", loose), ("dense", dense)):
-        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=half)
+        nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=half, tuning=tuning)
         b = Batch.from_atoms([atoms])
         nl.update(b)
         most[name] = int(nl.most_neighbors(b).max())
@@ -336,46 +340,46 @@ def test_a_refill_that_needs_more_columns_stops_the_run_before_it_steps():
         d.system_id = torch.tensor([i])
     sampler = SizeAwareSampler(ListDataset(data), max_atoms=108, max_batch_size=1, bin_width=1)
     sink = HostMemory(capacity=None)
-    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=most["loose"])
+    model = LennardJones(0.0104, 3.405, 8.5125, skin=0.5, max_neighbors=most["loose"], tuning=tuning)
     stage = DemoDynamics(model=model, n_steps=2, dt=0.5, sampler=sampler, sinks=[sink], refill_frequency=1)
     with pytest.raises(CapacityError, match=r"systems \[2\] had up to \d+ neighbours.*pass max_neighbors="):
         stage.run()
     assert sorted(sink.read().system_id.tolist()) == [0, 1]
 
 
-def test_self_sizing_list_fits_the_densest_atom(ref):
+def test_self_sizing_list_fits_the_densest_atom(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
-    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False)
+    nl = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=False, tuning=tuning)
     assert nl.max_neighbors == 32
     matrix = nl.update(ref.batch([atoms]))
     # FCC shells within 9.0125 Å at a = 5.26: a/sqrt2, a, a sqrt1.5, a sqrt2, a sqrt2.5 (a sqrt3 = 9.11 out).
     assert matrix.count.tolist() == [12 + 6 + 24 + 12 + 24] * len(atoms)
     assert nl.max_neighbors >= 78
     assert nl.memory_bytes() > 0
-    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True)
+    half = BatchedNeighborList(cutoff=8.5125, skin=0.5, half_list=True, tuning=tuning)
     counts = half.update(ref.batch([atoms])).count
     assert counts.sum().item() == 78 * len(atoms) // 2
     assert counts.max().item() <= 45  # rows about equally long, so the matrix halves too
     assert half.max_neighbors < 0.6 * nl.max_neighbors
 
 
-def test_atoms_far_outside_the_cell_are_wrapped_exactly(ref):
+def test_atoms_far_outside_the_cell_are_wrapped_exactly(ref, tuning):
     """Positions are wrapped into the cell at each build, so an atom 600 cells away (in float64)
     has the same neighbours and forces as its image inside the cell."""
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
     atoms.rattle(0.05, seed=4)
     far = atoms.copy()
     far.positions[0] += 600 * atoms.cell[0] - 250 * atoms.cell[2]
-    model = LennardJones(0.0104, 3.405, 8.5125)
+    model = LennardJones(0.0104, 3.405, 8.5125, tuning=tuning)
     near_out, far_out = model(ref.batch([atoms])), model(ref.batch([far]))
     torch.testing.assert_close(far_out["energy"], near_out["energy"], rtol=1e-12, atol=0.0)
     torch.testing.assert_close(far_out["forces"], near_out["forces"], rtol=1e-9, atol=1e-12)
 
 
-def test_non_finite_positions_are_reported(ref):
+def test_non_finite_positions_are_reported(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
     batch = ref.batch([atoms, atoms])
-    nl = BatchedNeighborList(cutoff=6.0)
+    nl = BatchedNeighborList(cutoff=6.0, tuning=tuning)
     nl.update(batch)
     nl.verify(batch)
     batch.positions[5, 1] = float("nan")
@@ -384,7 +388,7 @@ def test_non_finite_positions_are_reported(ref):
         nl.verify(batch)
 
 
-def test_images_beyond_what_an_entry_holds_are_reported(ref):
+def test_images_beyond_what_an_entry_holds_are_reported(ref, tuning):
     """A chain of 4 atoms in a periodic cell 0.03 Å long sees images 300 cells away, beyond
     the +-255 its entries hold (9 image bits): verify() says so instead of dropping them."""
     import ase
@@ -392,16 +396,16 @@ def test_images_beyond_what_an_entry_holds_are_reported(ref):
     chain = ase.Atoms("Ar4", positions=[[0.0, 0, 0], [0.01, 3, 0], [0.02, 0, 3], [0.005, 3, 3]],
                       cell=[[0.03, 0, 0], [0, 0, 0], [0, 0, 0]], pbc=(True, False, False))
     batch = ref.batch([chain])
-    nl = BatchedNeighborList(cutoff=8.0, skin=1.0)
+    nl = BatchedNeighborList(cutoff=8.0, skin=1.0, tuning=tuning)
     nl.update(batch)
     with pytest.raises(InvalidDataError, match="periodic images further away than their neighbour entries hold"):
         nl.verify(batch)
 
 
-def test_a_cell_that_loses_its_volume_is_reported(ref):
+def test_a_cell_that_loses_its_volume_is_reported(ref, tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True)
     batch = ref.batch([atoms])
-    nl = BatchedNeighborList(cutoff=6.0)
+    nl = BatchedNeighborList(cutoff=6.0, tuning=tuning)
     nl.update(batch)
     nl.verify(batch)
     batch.cell[0, 2] = batch.cell[0, 0] + batch.cell[0, 1]  # coplanar rows
@@ -410,12 +414,12 @@ def test_a_cell_that_loses_its_volume_is_reported(ref):
         nl.verify(batch)
 
 
-def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
+def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng, tuning):
     """Batches made and dropped in a loop (their ids get reused) with the same sizes but other
     systems: every result is that of a fresh model."""
     small = [ref.atoms(rng, 5, ref.cell(rng, (6.0, 6.5, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
     large = [ref.atoms(rng, 9, ref.cell(rng, (7.5, 8.0, 7.0), 0.2), True, min_distance=2.0) for _ in range(2)]
-    model = LennardJones(0.01, 2.3, RC)
+    model = LennardJones(0.01, 2.3, RC, tuning=tuning)
     rounds = [[small[k % 2], large[(k // 2) % 2]] if k % 3 else [large[k % 2], small[(k // 2) % 2]] for k in range(12)]
     results = []
     for pair in rounds:
@@ -423,16 +427,16 @@ def test_new_batches_never_inherit_a_freed_batchs_lists(ref, rng):
         results.append(model(batch)["forces"])
         del batch
     for k, pair in enumerate(rounds):
-        expected = LennardJones(0.01, 2.3, RC)(ref.batch(pair))
+        expected = LennardJones(0.01, 2.3, RC, tuning=tuning)(ref.batch(pair))
         torch.testing.assert_close(results[k], expected["forces"], msg=f"round {k}")
 
 
-def test_models_copy_and_pickle_without_device_state(ref):
+def test_models_copy_and_pickle_without_device_state(ref, tuning):
     import copy
     import pickle
 
     batch = ref.batch([bulk("Ar", "fcc", a=5.26, cubic=True)])
-    model = LennardJones(0.0104, 3.405, 8.5)
+    model = LennardJones(0.0104, 3.405, 8.5, tuning=tuning)
     expected = model(batch)["energy"]
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         torch.testing.assert_close(clone(batch)["energy"], expected)
@@ -447,17 +451,15 @@ def _matrix(nl, batch):
 
 @pytest.mark.parametrize("parts", [2, 5, 7, 13])  # 13: more counts than the build's scratch holds
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, monkeypatch):
+def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, half, parts, tuning):
     """A GPU searches each slot's box in parts (a count pass, then a write pass at the counted
     offsets); run here on the CPU, it gives the one-thread search's matrix bit for bit: many
     images, open axes, atoms outside their cell, parts with no bin columns (7 of 25 and more)."""
-    from alchemi_potentials.neighbors import layout
-
     systems = some_systems(ref, rng)
     batch = ref.batch(systems)
-    whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), batch)
-    monkeypatch.setattr(layout, "FORCED_PARTS", parts)  # these systems are small and differ in size
-    split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    whole = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=tuning), batch)
+    # These systems are small and differ in size: parts only when forced.
+    split_list = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=_cpu(force_search_parts=parts))
     split = _matrix(split_list, batch)
     assert split_list._layout.search_parts == parts
     assert torch.equal(whole[0], split[0]) and int(whole[0].sum()) > 0
@@ -465,8 +467,8 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
     # A later partial rebuild (one system moved) in parts equals a fresh one-thread build.
     moved = ref.batch(systems)
     moved.positions[:5] += 0.3
-    monkeypatch.setattr(layout, "FORCED_PARTS", 1)
-    fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half), moved)
+    fresh = _matrix(BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half, tuning=_cpu(force_search_parts=1)),
+                    moved)
     batch.positions[:5] += 0.3
     again = _matrix(split_list, batch)
     assert torch.equal(fresh[0], again[0])
@@ -475,22 +477,19 @@ def test_a_search_in_parts_lists_the_same_entries_in_the_same_order(ref, rng, ha
 
 @pytest.mark.parametrize("parts", [1, 5])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, rng, half, parts, monkeypatch):
+def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, rng, half, parts):
     """A GPU's search walks only the slots of the systems that rebuild, listed on the device;
     run here on the CPU (a few threads striding over the list), its matrix equals the search of
     every slot bit for bit, at the first build and after rebuilds of some systems only, while
     the systems that keep their lists keep their entries."""
-    from alchemi_potentials.neighbors import layout
-
     systems = some_systems(ref, rng)
     batch, listed_batch = ref.batch(systems), ref.batch(systems)
-    monkeypatch.setattr(layout, "FORCED_PARTS", parts)
-    plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
-    monkeypatch.setattr(layout, "FORCED_LISTED", True)
-    listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half)
+    plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
+                                tuning=_cpu(force_search_parts=parts, force_search_listed=False))
+    listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
+                                 tuning=_cpu(force_search_parts=parts, force_search_listed=True))
     first = _matrix(listed, listed_batch)
     assert listed._layout.listed and listed._layout.search_parts == parts
-    monkeypatch.setattr(layout, "FORCED_LISTED", False)
     expected = _matrix(plain, batch)
     assert not plain._layout.listed
     assert torch.equal(expected[0], first[0]) and int(first[0].sum()) > 0
@@ -506,32 +505,27 @@ def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, r
     assert int(builds.min()) == 1 and int(builds.max()) == 2  # only the moved systems rebuilt
 
 
-def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng, monkeypatch):
+def test_a_search_in_parts_counts_in_the_build_scratch(ref, rng):
     """The counts of a search in parts (int16 per slot and part) live in the memory where a
     build keeps each atom's bin, place and wrap until the sort: up to ten parts cost nothing."""
-    from alchemi_potentials.neighbors import layout
-
     batch = ref.batch(some_systems(ref, rng))
     held = {}
     for parts in (1, 9, 11):
-        monkeypatch.setattr(layout, "FORCED_PARTS", parts)
-        nl = BatchedNeighborList(cutoff=RC, skin=0.4)
+        nl = BatchedNeighborList(cutoff=RC, skin=0.4, tuning=_cpu(force_search_parts=parts))
         nl.update(batch)
         held[parts] = nl.memory_bytes()
     assert held[9] == held[1]
     assert held[11] == held[1] + 2 * 11 * batch.num_nodes  # its own int16 counts
 
 
-def test_a_search_in_parts_reports_overflow_with_the_true_count(monkeypatch):
-    from alchemi_potentials.neighbors import layout
-
+def test_a_search_in_parts_reports_overflow_with_the_true_count(tuning):
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(3)
     batch = Batch.from_atoms([atoms])
-    exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5)
+    exact_list = BatchedNeighborList(cutoff=8.5125, skin=0.5, tuning=tuning)
     exact_list.update(batch)
     exact = int(exact_list.most_neighbors(batch).max())
-    monkeypatch.setattr(layout, "FORCED_PARTS", 5)  # one system of 108 atoms
-    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2)
+    # One system of 108 atoms: parts only when forced.
+    tight = BatchedNeighborList(cutoff=8.5125, skin=0.5, max_neighbors=exact // 2, tuning=_cpu(tuning, force_search_parts=5))
     m = tight.update(batch)
     assert int(m.count.max()) == m.entries.shape[0]  # full rows, no write past them
     with pytest.raises(CapacityError, match=rf"had up to {exact} neighbours"):
@@ -544,15 +538,21 @@ def test_the_search_runs_in_parts_only_for_small_batches_of_many_systems():
     (large batches, one large system, cohorts), measured on the H200 (layout.py)."""
     from alchemi_potentials.neighbors.layout import search_parts
 
-    assert search_parts("cuda", np.full(1024, 256)) == 9
-    assert search_parts("cuda", np.full(16, 256)) == 9
-    assert search_parts("cuda", np.full(2048, 108)) == 9  # small systems too, with the listed search
-    assert search_parts("cuda", np.full(2048, 256)) == 1  # 524,288 atoms
-    assert search_parts("cuda", np.full(65536, 256)) == 1
-    assert search_parts("cuda", np.array([1 << 20])) == 1
-    assert search_parts("cuda", np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
-    assert search_parts("cuda", np.zeros(0, dtype=np.int64)) == 9
-    assert search_parts("cpu", np.full(1024, 256)) == 1
+    gpu, cpu = PotentialsTuning.for_device("cuda"), PotentialsTuning.for_device("cpu")
+    assert search_parts(gpu, np.full(1024, 256)) == 9
+    assert search_parts(gpu, np.full(16, 256)) == 9
+    assert search_parts(gpu, np.full(2048, 108)) == 9  # small systems too, with the listed search
+    assert search_parts(gpu, np.full(2048, 256)) == 1  # 524,288 atoms
+    assert search_parts(gpu, np.full(65536, 256)) == 1
+    assert search_parts(gpu, np.array([1 << 20])) == 1
+    assert search_parts(gpu, np.array([20_000] + [256] * 1000)) == 1  # one holds 7 %
+    assert search_parts(gpu, np.zeros(0, dtype=np.int64)) == 9
+    assert search_parts(cpu, np.full(1024, 256)) == 1
     # Rebuilds in cohorts: one pass of one thread per slot, whatever the batch.
-    assert search_parts("cuda", np.full(1024, 256), join_fraction=0.8) == 1
-    assert search_parts("cuda", np.full(2048, 108), join_fraction=0.99) == 1
+    assert search_parts(gpu, np.full(1024, 256), join_fraction=0.8) == 1
+    assert search_parts(gpu, np.full(2048, 108), join_fraction=0.99) == 1
+
+
+def _cpu(base: PotentialsTuning | None = None, **changes: object) -> PotentialsTuning:
+    """``base`` (default: a CPU's tuning) with ``changes``."""
+    return attrs.evolve(base or PotentialsTuning.for_device("cpu"), **changes)

@@ -4,13 +4,15 @@ per chunk (large systems), half and full lists, one or several species, switched
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
 from alchemi_core.testing.fixtures import CPU_AND_GPU
 from alchemi_potentials import LennardJones, Morse, pair_potential
-from alchemi_potentials.neighbors import BatchedNeighborList, layout
+from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
 RC = 7.0
 
@@ -44,8 +46,10 @@ def morse_reference(ref):
 
 
 MODELS = {
-    "lennard-jones mixed": (lambda nl: LennardJones(EPS, SIG, RC, neighbor_list=nl), lennard_jones_reference),
-    "morse switched": (lambda nl: Morse(D=0.2, alpha=1.4, r0=3.6, cutoff=RC, switch_onset=5.5, neighbor_list=nl),
+    "lennard-jones mixed": (lambda nl, tuning: LennardJones(EPS, SIG, RC, neighbor_list=nl, tuning=tuning),
+                            lennard_jones_reference),
+    "morse switched": (lambda nl, tuning: Morse(D=0.2, alpha=1.4, r0=3.6, cutoff=RC, switch_onset=5.5,
+                                                neighbor_list=nl, tuning=tuning),
                        morse_reference),
 }
 
@@ -63,26 +67,25 @@ def check_against_reference(ref, structures, out, pair):
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize(("unroll", "order"), [(2, "rows"), (4, "rows"), (4, "columns")])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_unrolled_neighbour_reads_give_the_reference(ref, rng, monkeypatch, model, unroll, order, half):
+def test_unrolled_neighbour_reads_give_the_reference(ref, rng, model, unroll, order, half):
     """(The GPU's choice is 4 at a time from a [columns, atoms] matrix.)"""
-    monkeypatch.setitem(pair_potential.UNROLL, "cpu", unroll)
-    monkeypatch.setitem(layout.MATRIX_ORDER, "cpu", order)
+    tuning = attrs.evolve(PotentialsTuning.for_device("cpu"), unroll=unroll, matrix_order=order)
     make, reference = MODELS[model]
     structures = systems(ref, rng)
-    out = make(BatchedNeighborList(RC, 0.5, half_list=half))(ref.batch(structures), compute_stress=True)
+    out = make(BatchedNeighborList(RC, 0.5, half_list=half, tuning=tuning), tuning)(ref.batch(structures),
+                                                                                     compute_stress=True)
     check_against_reference(ref, structures, out, reference(ref))
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("masked", [False, True], ids=["branching", "masked"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_pairs_past_the_cutoff_branched_around_or_masked_give_the_reference(ref, rng, monkeypatch, model, masked,
-                                                                            half):
+def test_pairs_past_the_cutoff_branched_around_or_masked_give_the_reference(ref, rng, model, masked, half):
     """(A CPU masks, a GPU branches.) The skin of 1.5 Å puts many listed pairs past the cutoff."""
-    monkeypatch.setitem(pair_potential.MASKED, "cpu", masked)
+    tuning = attrs.evolve(PotentialsTuning.for_device("cpu"), masked=masked)
     make, reference = MODELS[model]
     structures = systems(ref, rng)
-    out = make(BatchedNeighborList(RC, 1.5, half_list=half))(ref.batch(structures), compute_stress=True)
+    out = make(BatchedNeighborList(RC, 1.5, half_list=half), tuning)(ref.batch(structures), compute_stress=True)
     check_against_reference(ref, structures, out, reference(ref))
 
 
@@ -141,16 +144,16 @@ def _max_threads_per_block(module_tag: str) -> list[int]:
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 def test_large_systems_kernel_with_launch_bounds_gives_the_reference(ref, rng, monkeypatch, device):
     """Large systems' variant (per-slot totals) is compiled with launch bounds on a GPU
-    (``MIN_BLOCKS_LARGE``: four blocks of 256 threads per multiprocessor); here every system
+    (``PotentialsTuning.min_blocks_large``: four blocks of 256 threads per multiprocessor); here every system
     takes it. The bounds reach the compiled kernel where the warp-lang has them (1.19, not 1.5)."""
     import inspect
 
     import warp as wp
 
     monkeypatch.setattr(pair_potential, "DIRECT_TOTALS_UP_TO", 0)
-    monkeypatch.setitem(pair_potential.MIN_BLOCKS_LARGE, device, 4)
+    tuning = attrs.evolve(PotentialsTuning.for_device(device), min_blocks_large=4)
     structures = systems(ref, rng)
-    model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5))
+    model = LennardJones(EPS, SIG, RC, neighbor_list=BatchedNeighborList(RC, 0.5), tuning=tuning)
     out = model(ref.batch(structures, device=device), compute_stress=True)
     check_against_reference(ref, structures, {k: v.cpu() for k, v in out.items()}, lennard_jones_reference(ref))
     if device == "cuda" and "launch_bounds" in inspect.signature(wp.kernel).parameters:

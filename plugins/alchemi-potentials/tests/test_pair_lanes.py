@@ -5,14 +5,16 @@ and without virials, totals added directly or per slot, float32 and float64, row
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
 from alchemi_potentials import LennardJones, pair_lanes, pair_potential
-from alchemi_potentials.neighbors import BatchedNeighborList, layout
+from alchemi_potentials.neighbors import BatchedNeighborList
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.pair_kernels import MORSE
+from alchemi_potentials.tuning import PotentialsTuning
 
 RC = 7.0
 EPS, SIG = 0.0104, 3.405
@@ -29,21 +31,28 @@ def systems(ref, rng):
     ]
 
 
-def model(half: bool, skin: float = 0.5, shift: bool = False) -> LennardJones:
-    return LennardJones(EPS, SIG, RC, shift_energy=shift, neighbor_list=BatchedNeighborList(RC, skin, half_list=half))
+def cpu_tuning(**changes) -> PotentialsTuning:
+    """A CPU's tuning with ``changes``."""
+    return attrs.evolve(PotentialsTuning.for_device("cpu"), **changes)
 
 
-def evaluate(ref, structures, half, dtype=torch.float64, stress=True, lanes=True, shift=False, skin=0.5):
-    """The model's forward with the lanes on or off; checks which variant ran."""
+def model(half: bool, skin: float = 0.5, shift: bool = False, tuning: PotentialsTuning | None = None) -> LennardJones:
+    return LennardJones(EPS, SIG, RC, shift_energy=shift, tuning=tuning,
+                        neighbor_list=BatchedNeighborList(RC, skin, half_list=half, tuning=tuning))
+
+
+def evaluate(ref, structures, half, dtype=torch.float64, stress=True, lanes=True, shift=False, skin=0.5,
+             order="rows"):
+    """The model's forward with the lanes on or off, from a matrix in ``order``; checks which
+    variant ran."""
     made = []
 
     def spy(options):
         made.append(options)
         return pair_kernel(options)
 
-    m = model(half, skin, shift)
+    m = model(half, skin, shift, cpu_tuning(lanes=lanes, matrix_order=order))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(pair_potential.LANES, "cpu", lanes)
         patch.setattr(pair_potential, "pair_kernel", spy)
         out = m(ref.batch(structures, dtype=dtype), compute_stress=stress)
     assert [o.lanes for o in made] == [lanes]
@@ -81,12 +90,11 @@ def test_lanes_give_the_reference_and_the_warp_kernel(ref, rng, monkeypatch, hal
 
 @pytest.mark.parametrize("order", ["rows", "columns"])
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
-def test_lanes_in_float32_from_either_matrix_order(ref, rng, monkeypatch, half, order):
+def test_lanes_in_float32_from_either_matrix_order(ref, rng, half, order):
     """(A CPU's matrix holds each slot's entries contiguously, "rows": whole blocks load as one;
     "columns", a GPU's order, is read entry by entry.)"""
-    monkeypatch.setitem(layout.MATRIX_ORDER, "cpu", order)
     structures = systems(ref, rng)
-    out = evaluate(ref, structures, half, dtype=torch.float32)
+    out = evaluate(ref, structures, half, dtype=torch.float32, order=order)
     assert out["forces"].dtype == torch.float32
     check_against_reference(ref, structures, out, False, 2e-5)
 
@@ -110,13 +118,15 @@ def test_several_species_keep_the_warp_kernel_with_the_lanes_on(ref, rng, monkey
 
 _WIDTH_SCRIPT = """
 import sys
+import attrs
 import torch
 from ase.build import bulk
 from alchemi_core.data import Batch
-from alchemi_potentials import LennardJones, pair_lanes, pair_potential
+from alchemi_potentials import LennardJones, pair_lanes
 from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
-pair_lanes.LANES = pair_lanes.LANES_AVX512 = int(sys.argv[1])  # before anything compiles
+width = int(sys.argv[1])
 cells = []
 for seed, repeat in enumerate((1, 2, 3)):  # rows from a few to about 90 neighbours
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(repeat)
@@ -125,8 +135,8 @@ for seed, repeat in enumerate((1, 2, 3)):  # rows from a few to about 90 neighbo
 batch = Batch.from_atoms(cells, dtype=torch.float64)
 outs = []
 for lanes in (True, False):
-    pair_potential.LANES["cpu"] = lanes
-    m = LennardJones(0.0104, 3.405, 7.0, neighbor_list=BatchedNeighborList(7.0, 1.5, half_list=True))
+    tuning = attrs.evolve(PotentialsTuning.for_device("cpu"), lanes=lanes, lane_width=width, wide_lane_width=width)
+    m = LennardJones(0.0104, 3.405, 7.0, neighbor_list=BatchedNeighborList(7.0, 1.5, half_list=True), tuning=tuning)
     outs.append(m(batch, compute_stress=True))
 for name in ("energy", "forces", "stress"):
     torch.testing.assert_close(outs[0][name], outs[1][name], rtol=1e-12, atol=1e-15)
@@ -134,7 +144,8 @@ print("same", pair_lanes.row_function.cache_info().currsize)
 """
 
 
-@pytest.mark.parametrize("width", [pair_lanes.LANES, pair_lanes.LANES_AVX512])
+@pytest.mark.parametrize("width", [PotentialsTuning.for_device("cpu").lane_width,
+                                   PotentialsTuning.for_device("cpu").wide_lane_width])
 def test_both_block_widths_give_the_warp_kernel(width):
     """The block width is chosen when the snippet compiles (``__AVX512F__``), so a machine runs only
     one of them in-process: each width is forced in a fresh interpreter here."""

@@ -1,5 +1,5 @@
 """The search that skips the bins of a slot's box lying wholly beyond the list radius
-(``layout.SEARCH_TRIM``) writes the same entries, in the same order, as the search of the whole
+(``PotentialsTuning.search_trim``) writes the same entries, in the same order, as the search of the whole
 box: orthogonal cells (gaps added as squares) and triclinic ones (each gap alone), partly
 periodic and open systems (hashed axes), cells thinner than the cutoff (the box wraps the grid),
 atoms on bin planes, half and full lists, float32 and float64, on the CPU and a GPU (whose
@@ -7,12 +7,14 @@ default is the whole box)."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
 from ase.build import bulk
 
-from alchemi_potentials.neighbors import BatchedNeighborList, layout
+from alchemi_potentials.neighbors import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
 RC = 7.0
 
@@ -57,13 +59,14 @@ def pair_set(nl, batch):
 @pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
 @pytest.mark.parametrize("skin", [0.0, 0.5])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_trimmed_search_writes_the_entries_of_the_whole_box(ref, rng, monkeypatch, half, dtype, skin, device):
+def test_trimmed_search_writes_the_entries_of_the_whole_box(ref, rng, half, dtype, skin, device):
     structures = systems(ref, rng)
     found = {}
     for trim in (True, False):
-        monkeypatch.setitem(layout.SEARCH_TRIM, device, trim)
+        tuning = attrs.evolve(PotentialsTuning.for_device(device), search_trim=trim)
         read = rows if device == "cpu" else pair_set
-        found[trim] = read(BatchedNeighborList(RC, skin, half_list=half), ref.batch(structures, dtype=dtype, device=device))
+        found[trim] = read(BatchedNeighborList(RC, skin, half_list=half, tuning=tuning),
+                           ref.batch(structures, dtype=dtype, device=device))
     assert sum(len(r) for r in found[False][0]) > 1000 if device == "cpu" else len(found[False]) > 1000
     assert found[True] == found[False]
 

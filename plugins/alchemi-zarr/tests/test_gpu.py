@@ -59,14 +59,13 @@ def test_asynchronous_write_does_not_wait_for_the_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("copy_stream", [False, True], ids=["current-stream", "copy-stream"])
-def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path, monkeypatch, copy_stream):
+def test_asynchronous_writes_keep_the_values_of_their_moment(tmp_path, copy_stream):
     """The device batch changes right after each write; every stored copy is the one written, with
-    the host copies on the current stream or on a stream of their own (``COPY_STREAM``)."""
-    from alchemi_zarr import records
+    the host copies on the current stream or on a stream of their own (``ZarrTuning.copy_stream``)."""
+    from alchemi_zarr.tuning import ZarrTuning
 
-    monkeypatch.setitem(records.COPY_STREAM, "cuda", copy_stream)
     path = str(tmp_path / "moments.zarr")
-    sink = ZarrData(path, asynchronous=True, max_pending=4)
+    sink = ZarrData(path, asynchronous=True, max_pending=4, tuning=ZarrTuning(copy_stream=copy_stream))
     batch = batch_for(list(range(32))).to("cuda")
     start = batch.positions.clone()
     heavy = torch.randn(2048, 2048, device="cuda")

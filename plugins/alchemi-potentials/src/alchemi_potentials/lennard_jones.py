@@ -21,6 +21,7 @@ from alchemi_potentials.neighbors import BatchedNeighborList
 from alchemi_potentials.pair_kernels import LENNARD_JONES
 from alchemi_potentials.pair_potential import PairPotential
 from alchemi_potentials.parameters import pair_table
+from alchemi_potentials.tuning import PotentialsTuning
 
 
 class LennardJones(PairPotential):
@@ -33,8 +34,7 @@ class LennardJones(PairPotential):
         shift_energy: Shift each pair energy to zero at the cutoff (as ASE's ``LennardJones``).
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff (energy and forces
             continuous); None for none.
-        skin: Verlet skin in Å (default: by device type, ``layout.SKIN``, 1.0 on GPUs and CPUs;
-            ``BatchedNeighborList``).
+        skin: Verlet skin in Å (default: the tuning's, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_epsilon: ``{(Z1, Z2): value}`` overriding the mixed epsilon of chosen pairs.
         pair_sigma: Likewise for sigma.
@@ -42,6 +42,9 @@ class LennardJones(PairPotential):
             ``"geometric"``.
         species: Elements that numbers-only parameters apply to (None: every element).
         neighbor_list: A shared :class:`~alchemi_potentials.neighbors.BatchedNeighborList`.
+        tuning: The pair kernel's and the model's own neighbour list's per-device choices
+            (default: ``PotentialsTuning.for_device`` of the batch's device;
+            ``alchemi_potentials.tuning``).
 
     Raises:
         ConfigurationError: A non-positive parameter, or an inconsistent table or cutoff option.
@@ -65,6 +68,7 @@ class LennardJones(PairPotential):
         mixing: str = "lorentz-berthelot",
         species: Sequence[Any] | None = None,
         neighbor_list: BatchedNeighborList | None = None,
+        tuning: PotentialsTuning | None = None,
     ) -> None:
         table = pair_table(
             {"epsilon": epsilon, "sigma": sigma},
@@ -75,7 +79,7 @@ class LennardJones(PairPotential):
             model=self.name,
         )
         super().__init__(table, cutoff=cutoff, shift_energy=shift_energy, switch_onset=switch_onset, skin=skin,
-                         max_neighbors=max_neighbors, neighbor_list=neighbor_list)
+                         max_neighbors=max_neighbors, neighbor_list=neighbor_list, tuning=tuning)
 
     def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         eps, sig = self.table.values["epsilon"], self.table.values["sigma"]

@@ -21,6 +21,7 @@ from alchemi_potentials.neighbors import BatchedNeighborList
 from alchemi_potentials.pair_kernels import MORSE
 from alchemi_potentials.pair_potential import PairPotential
 from alchemi_potentials.parameters import pair_table
+from alchemi_potentials.tuning import PotentialsTuning
 
 
 class Morse(PairPotential):
@@ -33,14 +34,16 @@ class Morse(PairPotential):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff; None for none.
-        skin: Verlet skin in Å (default: by device type, ``layout.SKIN``, 1.0 on GPUs and CPUs;
-            ``BatchedNeighborList``).
+        skin: Verlet skin in Å (default: the tuning's, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_D, pair_alpha, pair_r0: ``{(Z1, Z2): value}`` overriding mixed values of chosen pairs.
         mixing: ``"lorentz-berthelot"`` (D geometric; alpha and r0 arithmetic mean) or
             ``"geometric"``.
         species: Elements that numbers-only parameters apply to (None: every element).
         neighbor_list: A shared :class:`~alchemi_potentials.neighbors.BatchedNeighborList`.
+        tuning: The pair kernel's and the model's own neighbour list's per-device choices
+            (default: ``PotentialsTuning.for_device`` of the batch's device;
+            ``alchemi_potentials.tuning``).
 
     Raises:
         ConfigurationError: A non-positive parameter, or an inconsistent table or cutoff option.
@@ -66,6 +69,7 @@ class Morse(PairPotential):
         mixing: str = "lorentz-berthelot",
         species: Sequence[Any] | None = None,
         neighbor_list: BatchedNeighborList | None = None,
+        tuning: PotentialsTuning | None = None,
     ) -> None:
         table = pair_table(
             {"D": D, "alpha": alpha, "r0": r0},
@@ -76,7 +80,7 @@ class Morse(PairPotential):
             model=self.name,
         )
         super().__init__(table, cutoff=cutoff, shift_energy=shift_energy, switch_onset=switch_onset, skin=skin,
-                         max_neighbors=max_neighbors, neighbor_list=neighbor_list)
+                         max_neighbors=max_neighbors, neighbor_list=neighbor_list, tuning=tuning)
 
     def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         v = self.table.values

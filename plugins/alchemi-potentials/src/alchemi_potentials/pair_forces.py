@@ -60,13 +60,15 @@ class PairOptions:
             CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
             (``benchmarks.cpu_launches --pair-masked``).
         fast_math: Compile with CUDA's fast math (approximate float32 division, square root and
-            exponential; no effect on float64), ``pair_potential.FAST_MATH`` by device.
+            exponential; no effect on float64), ``PotentialsTuning.fast_math``.
         lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet
             (:mod:`~alchemi_potentials.pair_lanes`), for the options it covers
             (:func:`~alchemi_potentials.pair_lanes.covers`).
         min_blocks: On a GPU, blocks of 256 threads that must fit on one multiprocessor at once
             (CUDA's ``__launch_bounds__``): the compiler then keeps each thread within
             65,536 / (256 x min_blocks) registers, spilling if it must. 0 leaves it its choice.
+        lane_width: Neighbours per block of the lanes' native loop; ``wide_lane_width`` where the
+            compiler targets AVX-512 (``PotentialsTuning``).
     """
 
     kind: int = LENNARD_JONES
@@ -80,6 +82,8 @@ class PairOptions:
     lanes: bool = False
     fast_math: bool = False
     min_blocks: int = 0
+    lane_width: int = 8
+    wide_lane_width: int = 16
 
     def __attrs_post_init__(self) -> None:
         assert COLUMNS_MULTIPLE_OF % self.unroll == 0
@@ -90,7 +94,8 @@ class PairOptions:
         flags = "".join(str(int(v)) for v in (self.switching, self.virial, self.half, self.one_type, self.per_slot,
                                               self.masked, self.lanes, self.fast_math))
         blocks = f"_b{self.min_blocks}" if self.min_blocks else ""
-        return f"k{self.kind}_{flags}_u{self.unroll}{blocks}"
+        widths = f"_l{self.lane_width}x{self.wide_lane_width}" if self.lanes else ""
+        return f"k{self.kind}_{flags}_u{self.unroll}{blocks}{widths}"
 
 
 @functools.cache

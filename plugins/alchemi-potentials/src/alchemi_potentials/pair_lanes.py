@@ -3,8 +3,9 @@
 Warp's CPU code walks one neighbour at a time: every pair decodes its entry, gathers a position,
 forms ``d`` and the Lennard-Jones terms in scalar registers (about 14 ns per pair on W6's CPU).
 With ``lanes`` the kernel hands each slot to a native C++ snippet (compiled by Warp's own clang for
-the host CPU; warp-lang 1.19 asks for ``-march=native``) that takes :data:`LANES` neighbours at a
-time (:data:`LANES_AVX512` where the compiler targets AVX-512) in plain fixed-length loops, which
+the host CPU; warp-lang 1.19 asks for ``-march=native``) that takes ``PairOptions.lane_width``
+neighbours at a time (``wide_lane_width`` where the compiler targets AVX-512; both from
+``PotentialsTuning``) in plain fixed-length loops, which
 the compiler turns into vector instructions: the decoding, the distances, the terms and the masks
 run eight or sixteen pairs per instruction, whole blocks of a contiguous row load their entries as
 one, and only the Newton's-third-law updates of the neighbours' forces stay one pair at a time.
@@ -31,13 +32,6 @@ from alchemi_potentials.pair_kernels import LENNARD_JONES
 
 if TYPE_CHECKING:
     from alchemi_potentials.pair_forces import PairOptions
-
-#: Neighbours per block of the native loop (eight float32 lanes of AVX2).
-LANES = 8
-#: Neighbours per block where the kernel is compiled for AVX-512 (``__AVX512F__``, which Warp's
-#: ``-march=native`` sets on such a CPU). On a 2-core Xeon with AVX-512, W6 took 1.95-2.06 ms a step
-#: with 16 against 2.21-2.48 with 8 (alternating runs); 32 took 2.41.
-LANES_AVX512 = 16
 
 # One slot's row. Entries past ``n`` in the last block repeat entry ``n - 1`` (always valid) and
 # are masked, like pairs past the cutoff. Arrays are read through their byte strides (the entries
@@ -191,7 +185,7 @@ def row_function(options: PairOptions) -> Any:
     assert covers(options), options
     snippet = _ROW
     # WIDE_LANES_ first: LANES_ is part of its name.
-    for name, value in (("WIDE_LANES_", LANES_AVX512), ("LANES_", LANES), ("VIRIAL_", int(options.virial)),
+    for name, value in (("WIDE_LANES_", options.wide_lane_width), ("LANES_", options.lane_width), ("VIRIAL_", int(options.virial)),
                         ("HALF_", int(options.half)), ("PER_SLOT_", int(options.per_slot))):
         snippet = snippet.replace(name, str(value))
     module = f"alchemi_potentials.pair_forces.{options.tag}"  # the kernel's module

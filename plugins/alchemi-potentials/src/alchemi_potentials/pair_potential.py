@@ -28,10 +28,12 @@ import torch
 
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
+from alchemi_core.tuning import check_tuning
 from alchemi_potentials import _warp, pair_lanes
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
+from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -41,30 +43,6 @@ if TYPE_CHECKING:
 DIRECT_TOTALS_UP_TO = 1024
 #: Slots per chunk of that fold.
 FOLD_CHUNK = 64
-#: Neighbours per iteration of the pair kernel, by device type (1 on a CPU, where threads run
-#: one after another and nothing is gained by loading ahead).
-UNROLL = {"cuda": 4, "cpu": 1}
-#: Pairs past the cutoff multiplied by zero rather than branched around, by device type
-#: (``PairOptions.masked``; measured on a CPU only).
-MASKED = {"cuda": False, "cpu": True}
-#: Whether the pair kernel takes a slot's neighbours in SIMD lanes (:mod:`pair_lanes`), by device
-#: type, for the variants it covers.
-LANES = {"cuda": False, "cpu": True}
-#: Whether the pair kernel is compiled with fast math (``PairOptions.fast_math``), by device type.
-#: On a GPU its float32 divisions (two per pair, IEEE-rounded without it) weigh most among the
-#: instructions a pair needs beyond its loads: W1 256x1024 on the H200 (``skin_sweep --variants
-#: ";pair_potential:FAST_MATH[cuda]=True"``) 0.333 -> 0.296 ms per step. float64 is unaffected; a
-#: CPU's kernel is the lanes' snippet (:mod:`pair_lanes`).
-FAST_MATH = {"cuda": True, "cpu": False}
-#: Blocks of 256 pair-kernel threads that must fit on one multiprocessor, by device type, in the
-#: variant for large systems (per-slot totals; ``PairOptions.min_blocks``, 0: the compiler's
-#: choice). On an H100 with warp-lang 1.19, W1 as one system: 2^20 atoms 0.7585 -> 0.7271 ms per
-#: step, 4,121,204 atoms 2.775 -> 2.663. The kernel had 63 registers without the bounds and 64
-#: with them, so what changed is the compiler's code under the bounds, not the blocks that fit.
-#: With every variant held to 4 blocks, W1 256x1024 went 0.2596-0.2599 -> 0.2645-0.2663 ms (held
-#: to 3: 0.267 against 0.264-0.266 in the sweep), so small systems keep the compiler's choice.
-#: A warp-lang without launch bounds (1.5) ignores this.
-MIN_BLOCKS_LARGE = {"cuda": 4, "cpu": 0}
 
 
 class _Outputs:
@@ -106,12 +84,15 @@ class PairPotential(BaseModel):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
-        skin: Verlet skin in Å of the model's own neighbour list (default: by device type,
-            ``layout.SKIN``, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
+        skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's, 1.0 on
+            GPUs and CPUs; ``BatchedNeighborList``).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
         neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);
             its cutoff must be at least ``cutoff``. Give skin and max_neighbors to it, not here.
+        tuning: Per-device choices of the pair kernel and of the model's own neighbour list
+            (default: ``PotentialsTuning.for_device`` of the batch's device; see
+            ``alchemi_potentials.tuning``).
 
     Raises:
         ConfigurationError: A bad cutoff or switch onset, both cutoff treatments at once, or a
@@ -132,8 +113,10 @@ class PairPotential(BaseModel):
         skin: float | None = None,
         max_neighbors: int | None = None,
         neighbor_list: BatchedNeighborList | None = None,
+        tuning: PotentialsTuning | None = None,
     ) -> None:
         super().__init__()
+        check_tuning(self.name, tuning, PotentialsTuning)
         try:
             cutoff = float(cutoff)
         except (TypeError, ValueError):
@@ -151,13 +134,14 @@ class PairPotential(BaseModel):
                     f"{self.name}: switch_onset must lie in [0, cutoff) = [0, {cutoff}), got {switch_onset}"
                 )
         if neighbor_list is None:
-            neighbor_list = BatchedNeighborList(cutoff, skin, max_neighbors)
+            neighbor_list = BatchedNeighborList(cutoff, skin, max_neighbors, tuning=tuning)
         elif skin is not None or max_neighbors is not None:
             raise ConfigurationError(
                 f"{self.name}: skin and max_neighbors belong to the neighbour list you passed; "
                 "set them there (BatchedNeighborList(cutoff, skin, max_neighbors))"
             )
         self._cutoff = cutoff
+        self.tuning = tuning
         self.shift_energy = bool(shift_energy)
         self.switch_onset = switch_onset
         self.table = table
@@ -288,13 +272,14 @@ class PairPotential(BaseModel):
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
         n_types = self.table.num_types
         onset = self.switch_onset if self.switch_onset is not None else 0.0
+        tuning = self.tuning if self.tuning is not None else PotentialsTuning.for_device(pos.device)
         options = PairOptions(
             kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
-            one_type=n_types == 1, per_slot=per_slot, unroll=UNROLL.get(pos.device.type, 1),
-            masked=MASKED.get(pos.device.type, False), fast_math=FAST_MATH.get(pos.device.type, False),
-            min_blocks=MIN_BLOCKS_LARGE.get(pos.device.type, 0) if per_slot else 0,
+            one_type=n_types == 1, per_slot=per_slot, unroll=tuning.unroll, masked=tuning.masked,
+            fast_math=tuning.fast_math, min_blocks=tuning.min_blocks_large if per_slot else 0,
+            lane_width=tuning.lane_width, wide_lane_width=tuning.wide_lane_width,
         )
-        if LANES.get(pos.device.type, False) and pair_lanes.covers(options):
+        if tuning.lanes and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
         seq.add(pair_kernel(options), n_atoms, [
             matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from alchemi_core.data.staging import HostStaging, StagingSlot
 from alchemi_core.errors import AlchemiError
 from alchemi_zarr.records import Snapshot, snapshot
+from alchemi_zarr.tuning import ZarrTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -174,12 +175,13 @@ class AsyncWriter(ABC):
         self.ledger.submitted(count)
         self.queue.put((snap, count))
 
-    def submit_batch(self, batch: Batch, count: int) -> None:
-        """Copy ``batch`` (``count`` systems) into reused host buffers and queue it (see
-        :meth:`submit`); waits while every buffer is in use."""
+    def submit_batch(self, batch: Batch, count: int, tuning: ZarrTuning | None = None) -> None:
+        """Copy ``batch`` (``count`` systems) into reused host buffers, as ``tuning`` says (default:
+        the batch device's), and queue it (see :meth:`submit`); waits while every buffer is in use."""
         self._refuse_work_if_closed_or_failed()  # before waiting for a buffer
         slot = self.staging.acquire()
-        self.submit(snapshot(batch, copy=True, slot=slot, release=partial(self.staging.release, slot)), count)
+        self.submit(snapshot(batch, copy=True, slot=slot, release=partial(self.staging.release, slot), tuning=tuning),
+                    count)
 
     def raise_errors(self) -> None:
         """Raise the failures so far (once), naming every system that was not stored."""

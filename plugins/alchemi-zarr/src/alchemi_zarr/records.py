@@ -29,18 +29,9 @@ from alchemi_core.data.staging import StagingSlot
 from alchemi_core.dynamics.capture import gpu_index
 from alchemi_core.errors import InvalidDataError
 from alchemi_zarr.layout import FieldSpec
+from alchemi_zarr.tuning import ZarrTuning
 
 T = TypeVar("T")
-
-#: Whether a GPU snapshot taken for a background writer (``copy=True``) copies to the host on a
-#: stream of its own, by device type. The fields are first copied on the device, on the current
-#: stream (microseconds), so that the steps queued after the snapshot wait only for those copies,
-#: not for the bytes to cross PCIe. On an H100 (``python -m benchmarks.snapshot_overlap``, 320 MB,
-#: a run's third and later snapshots): the next kernel done 0.39 ms after the snapshot began, with
-#: 6.1 ms of host copies still running, against 5.97 ms without. Not always: a GPU test of the same
-#: (under pytest) found the next kernel after the copies, cause unknown (``docs/performance.md``).
-COPY_STREAM = {"cuda": True}
-
 
 @attrs.define
 class Snapshot:
@@ -81,7 +72,8 @@ class Snapshot:
             done()
 
 
-def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release: Callable[[], None] | None = None) -> Snapshot:
+def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release: Callable[[], None] | None = None,
+             tuning: ZarrTuning | None = None) -> Snapshot:
     """Copy every field of ``batch`` to host memory.
 
     With a staging ``slot`` (see :mod:`alchemi_core.data.staging`) the copies go into its
@@ -90,13 +82,14 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
     cloned when ``copy`` is True (so the caller may go on changing the batch while a background
     thread writes the snapshot). GPU copies are non-blocking (no host synchronisation;
     :meth:`Snapshot.wait` waits): on the current stream, or with ``copy`` and
-    :data:`COPY_STREAM`, from device copies on a side stream.
+    ``tuning.copy_stream`` (default: :meth:`ZarrTuning.for_device` of the batch's device), from
+    device copies on a side stream.
     """
     tensors: dict[str, torch.Tensor] = {}
     on_gpu = batch.device.type == "cuda"
     sources = {name: getattr(batch, name).detach() for name in batch.keys()}
     side = None
-    if on_gpu and copy and COPY_STREAM.get("cuda", False):
+    if on_gpu and copy and (tuning or ZarrTuning.for_device(batch.device)).copy_stream:
         side = _side_stream(gpu_index(batch.device))
     if side is not None:
         sources = {name: t.clone() for name, t in sources.items()}  # the steps may now go on

@@ -40,8 +40,10 @@ from alchemi_core.data import Batch
 from alchemi_core.data.staging import HostStaging
 from alchemi_core.dynamics.sinks import DataSink, capacity_error, selected_count
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.tuning import check_tuning
 from alchemi_zarr.records import HostRecords, snapshot
 from alchemi_zarr.storage import AtomicStore
+from alchemi_zarr.tuning import ZarrTuning
 from alchemi_zarr.validity import IDENTITY, check_unique
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ class ZarrData(DataSink):
         max_pending: In asynchronous mode, most writes queued before ``write`` blocks.
         units: Units of custom fields, recorded in the store, e.g. ``{"dipole": "e*Å"}``.
         storage_options: fsspec options for URLs (credentials, endpoints).
+        tuning: How writes copy a batch off its device (default: ``ZarrTuning.for_device`` of
+            the batch's device; see ``alchemi_zarr.tuning``).
 
     Raises:
         InvalidDataError: ``store`` holds something other than an alchemi store.
@@ -80,7 +84,10 @@ class ZarrData(DataSink):
         max_pending: int = 8,
         units: Mapping[str, str] | None = None,
         storage_options: dict[str, Any] | None = None,
+        tuning: ZarrTuning | None = None,
     ) -> None:
+        check_tuning("ZarrData", tuning, ZarrTuning)
+        self.tuning = tuning
         if capacity is not None and int(capacity) < 0:
             raise ConfigurationError(f"ZarrData capacity must be >= 0 (or None for no limit), got {capacity}")
         self._capacity = UNLIMITED if capacity is None else int(capacity)
@@ -176,7 +183,7 @@ class ZarrData(DataSink):
                     self._staging.release(slot)
         else:
             # Copied into the writer's reused host buffers: the caller may go on changing the batch.
-            self._background.submit_batch(selected, n)
+            self._background.submit_batch(selected, n, self.tuning)
 
     def read(self) -> Batch:
         """Every stored system as one batch on the CPU (waits for pending writes first); for the

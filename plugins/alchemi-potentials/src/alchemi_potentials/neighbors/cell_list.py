@@ -46,15 +46,15 @@ import torch
 from alchemi_core.data.cells import check_cells as core_check_cells
 from alchemi_core.data.cells import system_ids
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
+from alchemi_core.tuning import check_tuning
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.layout import (
     ERROR_FIELDS,
-    HALF_LIST,
-    SEARCH_TRIM,
     Layout,
     NeighborMatrix,
     listed_threads,
 )
+from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -72,17 +72,19 @@ class BatchedNeighborList:
         cutoff: Interaction range in Å; pairs closer than this are always in the list.
         skin: Extra range in Å; a system rebuilds once one of its atoms moved more than
             ``skin / 2`` since its last build. Larger skins rebuild less often but hold more pairs.
-            None (default): by device type (``layout.SKIN``: 1.0 on GPUs and CPUs).
+            None (default): the tuning's (``PotentialsTuning.skin``: 1.0 on GPUs and CPUs).
         max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.
         half_list: List each pair once (from one of its atoms) instead of from both ends.
-            None (default): by device type (``layout.HALF_LIST``).
+            None (default): the tuning's (``PotentialsTuning.half_list``: half on a CPU).
         join_fraction: In ``(0, 1]``. When some system of the batch rebuilds, every system with
             an atom that moved more than ``join_fraction * skin / 2`` rebuilds with it, so that
             rebuilds come in cohorts and fewer steps pay for a search. 1 rebuilds each system only
-            when it must. None (default): by device type (``layout.JOIN_FRACTION``; fewer build
-            steps pay on a GPU, fewer builds on a CPU). The lists are exact whatever it is.
+            when it must. None (default): the tuning's (``PotentialsTuning.join_fraction``; fewer
+            build steps pay on a GPU, fewer builds on a CPU). The lists are exact whatever it is.
+        tuning: The per-device choices of the search (default: ``PotentialsTuning.for_device`` of
+            the batch's device; see ``alchemi_potentials.tuning``).
 
     Raises:
         ConfigurationError: A non-positive cutoff or max_neighbors, a negative skin, or a
@@ -90,7 +92,8 @@ class BatchedNeighborList:
     """
 
     def __init__(self, cutoff: float, skin: float | None = None, max_neighbors: int | None = None,
-                 half_list: bool | None = None, join_fraction: float | None = None) -> None:
+                 half_list: bool | None = None, join_fraction: float | None = None,
+                 tuning: PotentialsTuning | None = None) -> None:
         if not (cutoff > 0 and math.isfinite(cutoff)):
             raise ConfigurationError(f"BatchedNeighborList needs a positive, finite cutoff in Å, got {cutoff!r}")
         if skin is not None and not (skin >= 0 and math.isfinite(skin)):
@@ -100,6 +103,8 @@ class BatchedNeighborList:
         if join_fraction is not None and not 0 < join_fraction <= 1:
             raise ConfigurationError(
                 f"BatchedNeighborList needs a join_fraction in (0, 1] (1: no early rebuilds), got {join_fraction!r}")
+        check_tuning("BatchedNeighborList", tuning, PotentialsTuning)
+        self.tuning = tuning
         self._join_fraction = join_fraction
         self._cutoff = float(cutoff)
         self._skin = None if skin is None else float(skin)
@@ -134,6 +139,11 @@ class BatchedNeighborList:
         """The skin in Å given, or None: by device type (:meth:`skin_on`)."""
         return self._skin
 
+    def tuning_on(self, device_type: str) -> PotentialsTuning:
+        """The per-device choices in force on a device of this type: the list's ``tuning``, else
+        those measured for the device type."""
+        return self.tuning if self.tuning is not None else PotentialsTuning.for_device(device_type)
+
     def skin_on(self, device_type: str) -> float:
         """The skin in Å in force on a device of this type (``"cuda"``, ``"cpu"``).
 
@@ -141,9 +151,7 @@ class BatchedNeighborList:
             >>> BatchedNeighborList(cutoff=5.0).skin_on("cpu"), BatchedNeighborList(5.0, 0.3).skin_on("cpu")
             (1.0, 0.3)
         """
-        from alchemi_potentials.neighbors.layout import SKIN
-
-        return self._skin if self._skin is not None else SKIN.get(device_type, max(SKIN.values()))
+        return self._skin if self._skin is not None else self.tuning_on(device_type).skin
 
     def radius_on(self, device_type: str) -> float:
         """``cutoff + skin`` on a device of this type: the range of the stored pairs there."""
@@ -151,21 +159,20 @@ class BatchedNeighborList:
 
     def join_fraction_on(self, device_type: str) -> float:
         """The ``join_fraction`` in force on a device of this type (``"cuda"``, ``"cpu"``)."""
-        from alchemi_potentials.neighbors.layout import JOIN_FRACTION
-
-        return self._join_fraction if self._join_fraction is not None else JOIN_FRACTION.get(device_type, 1.0)
+        return self._join_fraction if self._join_fraction is not None else self.tuning_on(device_type).join_fraction
 
     @property
     def radius(self) -> float:
         """``cutoff + skin``: the range of the stored pairs. With the skin by device, the range on
-        the device of the last build, or before one the largest any device type uses."""
-        from alchemi_potentials.neighbors.layout import SKIN
-
+        the device of the last build, or before one the tuning's, or without one the largest any
+        device type uses."""
         if self._skin is not None:
             return self._cutoff + self._skin
         if self._key is not None:
             return self.radius_on(self._key[3].type)
-        return self._cutoff + max(SKIN.values())
+        if self.tuning is not None:
+            return self._cutoff + self.tuning.skin
+        return self._cutoff + max(PotentialsTuning.for_device(d).skin for d in ("cuda", "cpu"))
 
     @property
     def half_list(self) -> bool | None:
@@ -210,12 +217,12 @@ class BatchedNeighborList:
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
             _warp.require_device(positions.device)
-            half = (HALF_LIST.get(positions.device.type, True) if self._half_list is None
-                    else bool(self._half_list))
+            tuning = self.tuning_on(positions.device.type)
+            half = tuning.half_list if self._half_list is None else bool(self._half_list)
             # The old buffers go first: their memory then serves the new ones (a run of the same
             # shape allocates nothing from the device), and two sets are never held at once.
             self._layout = None
-            self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type))
+            self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type), tuning)
             self._key = key
             self._batch = weakref.ref(batch)
         layout = self._layout
@@ -295,7 +302,7 @@ class BatchedNeighborList:
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
                       _warp.view(layout.found_in_part), int(m.half)]
             passes = (0, 1) if parts > 1 else (1,)  # in parts: count, then write at the counted offsets
-            search_kernel = searches.search_kernel(SEARCH_TRIM.get(pos.device.type, False))
+            search_kernel = searches.search_kernel(layout.tuning.search_trim)
             work_slot = _warp.view(layout.work_slot)
             if layout.listed:
                 after.add(k.list_work, na, [g, a, work_slot])
@@ -437,7 +444,7 @@ class BatchedNeighborList:
 
     def _exact_need(self, batch: Batch) -> int:
         """The most neighbours of any atom, from a list that sizes itself (the error path only)."""
-        sized = BatchedNeighborList(self._cutoff, self._skin, half_list=self._half_list)
+        sized = BatchedNeighborList(self._cutoff, self._skin, half_list=self._half_list, tuning=self.tuning)
         sized.update(batch)
         return int(sized.most_neighbors(batch).max())
 

@@ -40,6 +40,7 @@ import torch
 from alchemi_core.errors import CapacityError, ConfigurationError
 from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.cell_list import BatchedNeighborList
+from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -138,14 +139,17 @@ class EdgeList:
             changes (one read-back then, with 20 % headroom); a number never reads back (CUDA
             graphs), and :meth:`verify` raises if more edges were ever needed.
         padding_length: Length (Å) of the padding edges' vectors; default the cutoff.
+        tuning: The neighbour list's per-device choices (default: ``PotentialsTuning.for_device``
+            of the batch's device; ``alchemi_potentials.tuning``).
 
     Raises:
         ConfigurationError: A bad cutoff, skin, max_edges or padding length.
     """
 
     def __init__(self, cutoff: float, skin: float = 0.5, max_neighbors: int | None = None,
-                 max_edges: int | None = None, padding_length: float | None = None) -> None:
-        self.neighbor_list = BatchedNeighborList(cutoff, skin, max_neighbors, half_list=False)
+                 max_edges: int | None = None, padding_length: float | None = None,
+                 tuning: PotentialsTuning | None = None) -> None:
+        self.neighbor_list = BatchedNeighborList(cutoff, skin, max_neighbors, half_list=False, tuning=tuning)
         if max_edges is not None and int(max_edges) < 1:
             raise ConfigurationError(f"max_edges must be a positive integer or None, got {max_edges!r}")
         length = float(cutoff if padding_length is None else padding_length)

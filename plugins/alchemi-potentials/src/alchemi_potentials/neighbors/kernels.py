@@ -23,7 +23,7 @@ read the same bins and neighbours. Every forward launches, on every system:
    batch of many systems, the search runs in parts of each slot's bin columns instead (a count
    pass, then a write pass; see ``layout.search_parts``): same entries, same order. On a GPU it
    walks only the rebuilding slots, listed by ``list_work`` after a
-   ``torch.cumsum`` over the systems' rebuilding atoms (``layout.SEARCH_LISTED``).
+   ``torch.cumsum`` over the systems' rebuilding atoms (``PotentialsTuning.search_listed``).
 
 A system that does not rebuild exits each build kernel at its first line, so nothing is decided
 on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's

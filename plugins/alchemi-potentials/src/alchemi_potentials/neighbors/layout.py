@@ -15,6 +15,7 @@ import torch
 
 from alchemi_core.errors import CapacityError
 from alchemi_potentials import _warp
+from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -23,45 +24,11 @@ if TYPE_CHECKING:
 #: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
 #: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
 ATOMS_PER_BIN = 2
-#: ``BatchedNeighborList``'s skin (Å) where none is given, by device type. A larger skin lists
-#: more pairs per step and rebuilds less often. W1's argon at 50 K, ms per step at 0.5 / 1.0 /
-#: 1.25 / 1.5 / 2.0 Å: on this workplace's 2-core CPU (``benchmarks.skin_sweep --device cpu``,
-#: half lists) 64 x 108 2.64 / 2.07 / 2.08 / 2.27 / 2.16, 1 x 864 0.662 / 0.583 / 0.589 / 0.617
-#: / 0.608; on an H100 (``skin_sweep``, full lists, joined at 0.8) 256 x 1024 0.304 / 0.273 /
-#: 0.279 / 0.294 / 0.271, one system of 2^20 atoms 0.844 / 0.749 / - / 0.847. The benchmark
-#: itself on the H100 (``--variant``, the same 112 columns at both skins), 0.5 against 1.0 Å:
-#: 256 x 1024 0.295 / 0.264, 108 x 2048 0.262 / 0.232, 256 x 4096 0.898 / 0.788, 256 x 16384
-#: 3.29 / 2.85, 2^20 atoms 0.830 / 0.735; W3 4.10 / 3.87 s; W2 the same within its noise. The
-#: rebuilds saved pay for the pairs on both kinds of device. Pass ``skin=`` where atoms move much
-#: faster or much slower than argon's at 50 K.
-SKIN = {"cuda": 1.0, "cpu": 1.0}
-#: Whether a list made with ``half_list=None`` lists each pair once, by device type: half on a
-#: CPU, where a kernel's threads run one after another and Newton's third law halves the work;
-#: full on a GPU, where each thread writes only its own atom and reads stay coalesced.
-HALF_LIST = {"cuda": False, "cpu": True}
-#: Whether the search skips the bins of a slot's box that lie wholly beyond the list radius from
-#: its atom (:mod:`.search`), by device type. The same entries in the same order. On a CPU the
-#: search costs what it walks (``benchmarks.cpu_launches --search-trim``); on the H200 the trimmed
-#: walk is slower (``skin_sweep --search-trim off,on``: W1 256x1024 0.336 against 0.369 ms per
-#: step, search 78 against 111 us; one system of 2^20 atoms 0.876 against 1.014 ms).
-SEARCH_TRIM = {"cuda": False, "cpu": True}
-#: Neighbour matrix memory order by device type: "columns" ([columns, slots]: a warp of GPU
-#: threads reads one row, coalesced) or "rows" ([slots, columns]: each slot's entries contiguous,
-#: for a CPU, where one thread walks one slot's neighbours).
-MATRIX_ORDER = {"cuda": "columns", "cpu": "rows"}
 #: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
 #: many entries at a time.
 COLUMNS_MULTIPLE_OF = 4
-#: Threads per slot of a build's neighbour search, by device type, where it pays (see
-#: :func:`search_parts`). A step rebuilds only the systems whose atoms moved (a few percent), so
-#: in a small batch with one thread per slot most of a GPU idles while each thread walks its whole
-#: box (~125 bins); in 9 parts of its 25 bin columns (a count pass, then a write pass at the
-#: counted offsets: the same order, the same bits) each walks a ninth. A CPU has few threads: one
-#: per slot, one pass. Parts are used only where systems rebuild one at a time (``join_fraction``
-#: 1; a GPU's default joins them into cohorts, see JOIN_FRACTION).
-SEARCH_PARTS = {"cuda": 9, "cpu": 1}
-#: The search runs in parts only in a batch of at most this many atoms, none of whose systems
-#: holds more than PARTS_LARGEST_SHARE of them. Elsewhere enough slots rebuild at each step to
+#: The search runs in parts (``PotentialsTuning.search_parts``) only in a batch of at most this
+#: many atoms, none of whose systems holds more than PARTS_LARGEST_SHARE of them. Elsewhere enough slots rebuild at each step to
 #: fill the GPU (a large batch, or one large system rebuilding whole), and the two passes cost
 #: more than they save. W1 on the H200 with the listed search (warp-lang 1.5.1, ``benchmarks.skin_sweep
 #: --search-parts 1,5,9,13 --search-listed on``), ms per step: 256x1024 0.464 / 0.432 / **0.410**
@@ -71,47 +38,13 @@ SEARCH_PARTS = {"cuda": 9, "cpu": 1}
 #: threads of the systems that did not rebuild cost what the parts saved.)
 PARTS_MAX_ATOMS = 300_000
 PARTS_LARGEST_SHARE = 1 / 16
-#: Threads per slot whatever the batch, on every device, instead of the rule (None): for
-#: measurements (``skin_sweep --search-parts``) and tests.
-FORCED_PARTS: int | None = None
-#: Whether the search walks a list of the rebuilding systems' slots, by device type. A step
-#: rebuilds a few percent of a batch's systems: launched over every slot (and part), the threads
-#: of the others only read two values and leave, but on a GPU those waves of idle threads cost
-#: about as much as the search itself (W1 256x1024 on the H200: 5, 9, 13 and 25 parts took 180,
-#: 180, 199 and 275 us a step). Listed, a fixed number of threads, as many as the GPU holds at
-#: once, walks only the rebuilding slots, found on the device (a sum over systems, a kernel over
-#: slots): nothing is read back and the launch stays the same size, so it is captured too. On a
-#: CPU an idle slot of the search kernel is not free either (about 70 ns in a one-off timing,
-#: presumably Warp's per-thread setup of the kernel's arguments and locals), and the listed
-#: slots, strided over threads in 8 ranges, share the rebuilding systems' work evenly between the
-#: cores: W6's step 2.83-2.96 -> 2.56-2.62 ms (``benchmarks.cpu_launches --search-listed``).
-SEARCH_LISTED = {"cuda": True, "cpu": True}
-#: Listed or not whatever the device, instead of SEARCH_LISTED (None): for measurements
-#: (``skin_sweep --search-listed``) and tests.
-FORCED_LISTED: bool | None = None
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
-#: Threads of a listed search on a CPU (``FORCED_LISTED`` only), each walking the list in strides.
+#: Threads of a listed search on a CPU (``force_search_listed`` only), each walking the list in strides.
 LISTED_THREADS_CPU = 64
-#: ``BatchedNeighborList``'s default ``join_fraction`` by device type. When some system of a
-#: batch rebuilds, every system with an atom past this fraction of skin/2 rebuilds with it, so
-#: that rebuilds come in cohorts. W1's 256 systems of 256 atoms at 50 K (``python -m
-#: benchmarks.rebuild_criteria --systems 256``, CPU): at 1.0 (off) some system rebuilds in 97 %
-#: of the steps, 17 systems at a time; at 0.8 in 31 % of them, 62 at a time, for 18 % more builds.
-#: With one thread per slot a GPU's search of 62 systems takes little longer than one of 17 (each
-#: thread walks its slot's box alone, latency-bound, the GPU far from full), so the steps without
-#: a build are saved. W1 on the H200, one thread per slot (``skin_sweep --joins``), ms per step at
-#: 1.0 / 0.9 / 0.8 / 0.7 / 0.6: 256x2048 0.636 / 0.605 / **0.567** / 0.579 / 0.588; 256x1024 at
-#: 1.0 and 0.8: 0.460 and **0.344** (0.398 before, one system at a time in 9 parts); 108x2048
-#: 0.443 and **0.318** (0.360 in 9 parts); 256x4096 1.037 and 1.009. A CPU's search costs what
-#: it searches, so there the extra builds are a cost (W6's 108x64 on a 2-core CPU,
-#: ``benchmarks.cpu_launches`` alternating: the search's thread time 2.02-2.06 ms per step at
-#: 1.0, 2.63-2.77 at 0.8; steps 5.0-5.5 against 5.8-6.0 ms).
-#: At a 1.0 Å skin, 256x1024 on an H100 at 0.7 / 0.8 / 0.9: 0.280 / **0.264** / 0.288.
-JOIN_FRACTION = {"cuda": 0.8, "cpu": 1.0}
 
 
-def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: float = 1.0) -> int:
+def search_parts(tuning: PotentialsTuning, atoms_per_system: np.ndarray, join_fraction: float = 1.0) -> int:
     """Threads per slot of the neighbour search for a batch of these system sizes, whose list
     has this ``join_fraction``: parts pay only where systems rebuild one at a time (1.0). In
     cohorts, fewer steps search, each over several times the slots, and one pass of one thread
@@ -120,16 +53,17 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: 
     0.422 / 0.398; 108x2048 joined **0.318** / 0.363 / 0.357 / 0.358).
 
     Example:
-        >>> search_parts("cuda", np.full(1024, 256)), search_parts("cuda", np.full(4096, 256))
+        >>> gpu = PotentialsTuning.for_device("cuda")
+        >>> search_parts(gpu, np.full(1024, 256)), search_parts(gpu, np.full(4096, 256))
         (9, 1)
-        >>> search_parts("cuda", np.full(1024, 256), join_fraction=0.8)
+        >>> search_parts(gpu, np.full(1024, 256), join_fraction=0.8)
         1
     """
-    if FORCED_PARTS is not None:
-        return FORCED_PARTS
+    if tuning.force_search_parts is not None:
+        return tuning.force_search_parts
     if join_fraction < 1.0:
         return 1
-    parts = SEARCH_PARTS.get(device_type, 1)
+    parts = tuning.search_parts
     total = int(atoms_per_system.sum()) if len(atoms_per_system) else 0
     if parts == 1 or not total:
         return parts
@@ -138,20 +72,21 @@ def search_parts(device_type: str, atoms_per_system: np.ndarray, join_fraction: 
     return 1
 
 
-def search_listed(device_type: str, atoms: int) -> bool:
+def search_listed(tuning: PotentialsTuning, device_type: str, atoms: int) -> bool:
     """Whether the neighbour search of a batch of ``atoms`` walks a list of the rebuilding slots
     on this device type. A CPU never lists: in its one launch the list's own kernels cost more
     than the idle slots they spare (W6's 1 x 864: 0.75-0.76 against 0.72-0.73 ms per step).
 
     Example:
-        >>> search_listed("cuda", 100), search_listed("cpu", 100), search_listed("cpu", 10_000)
+        >>> gpu, cpu = PotentialsTuning.for_device("cuda"), PotentialsTuning.for_device("cpu")
+        >>> search_listed(gpu, "cuda", 100), search_listed(cpu, "cpu", 100), search_listed(cpu, "cpu", 10_000)
         (True, False, False)
     """
-    if FORCED_LISTED is not None:
-        return FORCED_LISTED
+    if tuning.force_search_listed is not None:
+        return tuning.force_search_listed
     if device_type == "cpu":
         return False
-    return SEARCH_LISTED.get(device_type, False)
+    return tuning.search_listed
 
 
 def listed_threads(device: torch.device, work: int) -> int:
@@ -294,13 +229,13 @@ class Layout:
         CapacityError: A system has more atoms than packed entries can address (2^25).
     """
 
-    def __init__(self, batch: Batch, columns: int, half: bool, join_fraction: float = 1.0) -> None:
+    def __init__(self, batch: Batch, columns: int, half: bool, join_fraction: float, tuning: PotentialsTuning) -> None:
         from alchemi_potentials.neighbors import entries, kernels
 
         wp = _warp.warp()
         dev = batch.device
         dtype = batch.positions.dtype
-        self.device, self.dtype, self.half = dev, dtype, half
+        self.device, self.dtype, self.half, self.tuning = dev, dtype, half, tuning
         self.num_systems = n = batch.num_graphs
         self.num_atoms = v = batch.num_nodes
         s_cap, v_cap = max(1, batch.system_capacity), max(1, batch.node_capacity)
@@ -356,7 +291,7 @@ class Layout:
         # A GPU searches each slot's box in parts (search.search_neighbors), counting first.
         # The list's join_fraction: check_moved's threshold and the search's shape follow it.
         self.join_fraction = join_fraction
-        self.search_parts = search_parts(dev.type, counts, join_fraction)
+        self.search_parts = search_parts(tuning, counts, join_fraction)
         parts, width = self.search_parts, max(1, v) if self.search_parts > 1 else 1
         if parts * width <= SCRATCH_PARTS * v_cap:  # in the build's scratch (see BUILD_SCRATCH)
             self.found_in_part = scratch.view(torch.int16)[: parts * width].view(parts, width)
@@ -364,7 +299,7 @@ class Layout:
             self.found_in_part = torch.zeros((parts, width), dtype=torch.int16, device=dev)
         # A listed search: the rebuilding slots, each system's after those of the systems before
         # it (work_end: the running sum of the systems' rebuilding atoms, SystemState.work).
-        self.listed = search_listed(dev.type, self.num_atoms)
+        self.listed = search_listed(tuning, dev.type, self.num_atoms)
         self.work_slot = torch.zeros(v_cap if self.listed else 1, dtype=torch.int32, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
@@ -378,7 +313,7 @@ class Layout:
         # Indexed [k, t] everywhere; "rows" memory is seen through a transposed view.
         # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load a few
         # entries past a slot's count.
-        by_columns = MATRIX_ORDER.get(self.device.type, "rows") == "columns"
+        by_columns = self.tuning.matrix_order == "columns"
         m = torch.zeros((columns, v_cap) if by_columns else (v_cap, columns), dtype=torch.int32, device=self.device)
         m = m if by_columns else m.t()
         count = torch.zeros(v_cap, dtype=torch.int32, device=self.device)

@@ -5,7 +5,7 @@ It comes in two variants (:func:`search_kernel`), the same entries in the same o
 
 * the whole box, bin by bin: every bin within the reach of the slot's bin (the GPU's; its code is
   what it was before the other variant existed);
-* trimmed (``layout.SEARCH_TRIM``, a CPU's): bins lying wholly beyond the list radius from the
+* trimmed (``PotentialsTuning.search_trim``, a CPU's): bins lying wholly beyond the list radius from the
   slot's atom are skipped, whole columns and the ends of each column's z range. The distance from
   the atom to a bin is bounded below by its distances across the bin planes (:func:`bin_gap`);
   in an orthogonal binning frame they add as squares, in a triclinic one each bounds it alone.
@@ -13,7 +13,7 @@ It comes in two variants (:func:`search_kernel`), the same entries in the same o
   run of slots, walked as one range of candidates instead of bin by bin. On a CPU a search costs
   what it walks: W6's search took 1.51-1.55 ms of thread time per step against 1.98-2.00 for the
   whole box (``benchmarks.cpu_launches --search-trim``). A GPU's is slower trimmed (see
-  ``layout.SEARCH_TRIM``).
+  ``PotentialsTuning.search_trim``).
 
 Example:
     >>> search_kernel(False) is search_neighbors
