@@ -243,7 +243,7 @@ def test_a_variant_and_a_tuning_hold_for_the_whole_run(tmp_path: Path, monkeypat
     argv = ["--device", "cpu", "--frameworks", "alchemi", "--workloads", "W6:108x4,W6:864x1", "--json", str(out)]
     assert cli.main([*argv, "--variant", variant, "--tuning", tuning]) == 0
     assert seen == [(0.7, 1.3, 136)] * 2  # both cases; 112 columns at the default headroom
-    assert spec.COLUMNS_HEADROOM == headroom
+    assert headroom == spec.COLUMNS_HEADROOM
     args = json.loads(out.read_text())["meta"]["args"]
     assert (args["variant"], args["tuning"]) == (variant, tuning)
     for bad in (["--variant", "neighbors.layout:SKIN[cpu]=1"], ["--tuning", "no_such_name=1"],
