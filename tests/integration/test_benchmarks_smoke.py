@@ -345,7 +345,6 @@ def test_quick_run_on_the_gpu(tmp_path: Path) -> None:
         "adapters",
         "adapters.base",
         "adapters.alchemi",
-        "tools.cpu_launches",
         "tools.check_ops",
         "tools.repeat_memory",
     ],
@@ -357,26 +356,6 @@ def test_docstring_examples_run(module: str) -> None:
     name = module if module.startswith("tools.") else f"benchmarks.{module}"
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-
-
-
-
-
-
-
-
-def test_cpu_launches_times_the_pair_kernel_and_the_search(capsys) -> None:
-    import json
-
-    from tools import cpu_launches
-
-    assert cpu_launches.main(["--atoms", "32", "--systems", "4", "--steps", "20", "--equilibrate", "5"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    kernels = out["launches_per_step"]
-    assert out["step_ms"] > 0 and any(k.startswith("pair_kernel") for k in kernels)
-    assert all(v["launches"] > 0 and v["ms"] >= 0 for v in kernels.values())
-
-
 
 
 def test_check_ops_counts_what_the_checks_of_a_relaxation_launch() -> None:
