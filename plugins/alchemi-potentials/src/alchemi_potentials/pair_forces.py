@@ -58,7 +58,8 @@ class PairOptions:
         masked: Compute every listed pair and multiply those past the cutoff by zero, instead
             of branching around them. About a sixth of a list's pairs lie in its skin, and a
             CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
-            (``benchmarks.cpu_launches --pair-masked``).
+            (a kernel timing with the since-removed CPU launch profiler; on one path, compare
+            ``python -m benchmarks --device cpu --workloads W6 --tuning masked=False``).
         fast_math: Compile with CUDA's fast math (approximate float32 division, square root and
             exponential; no effect on float64), ``PotentialsTuning.fast_math``.
         lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet

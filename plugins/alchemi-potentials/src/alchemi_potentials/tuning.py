@@ -35,7 +35,8 @@ class PotentialsTuning:
         unroll: Neighbours per iteration of the pair kernel (1, 2 or 4): 4 on a GPU (loads ahead),
             1 on a CPU, where threads run one after another and nothing is gained by loading ahead.
         masked: Pairs past the cutoff multiplied by zero rather than branched around (a CPU
-            mispredicts some: W6 1-4 % faster; ``python -m tools.cpu_launches --pair-masked``).
+            mispredicts some: W6 1-4 % faster; compare ``python -m benchmarks --device cpu
+            --workloads W6 --tuning masked=False``).
         lanes: A CPU's pair kernel takes a slot's neighbours in SIMD lanes
             (:mod:`~alchemi_potentials.pair_lanes`), for the variants it covers.
         lane_width: Neighbours per block of the lanes' native loop (eight float32 lanes of AVX2).

@@ -12,7 +12,8 @@ It comes in two variants (:func:`search_kernel`), the same entries in the same o
   The bins left in a column that share a periodic image are contiguous, so their atoms are one
   run of slots, walked as one range of candidates instead of bin by bin. On a CPU a search costs
   what it walks: W6's search took 1.51-1.55 ms of thread time per step against 1.98-2.00 for the
-  whole box (``benchmarks.cpu_launches --search-trim``). A GPU's is slower trimmed (see
+  whole box (timed with the since-removed CPU launch profiler; compare ``python -m benchmarks
+  --device cpu --workloads W6 --tuning search_trim=False``). A GPU's is slower trimmed (see
   ``PotentialsTuning.search_trim``).
 
 Example:
