@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import queue
 import sys
@@ -199,6 +200,20 @@ class AsyncWriter(ABC):
     @abstractmethod
     def close(self) -> None:
         """Commit what is pending, stop the writer, and raise any failure."""
+
+    def close_dropped(self) -> None:
+        """:meth:`close_quietly` for a sink that was dropped without ``close()`` (its finalizer).
+
+        A finalizer runs on whatever thread collects the sink, zarr's own event-loop thread
+        among them; waiting there for the writer, whose writes wait on that loop, would never
+        end. On a thread that runs an event loop the close goes to a thread of its own.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no event loop runs on this thread: closing here blocks nothing
+            self.close_quietly()
+            return
+        threading.Thread(target=self.close_quietly, name="alchemi-zarr-close").start()
 
     def close_quietly(self) -> None:
         """``close()`` where no caller is left to raise to (exit, garbage collection): failures

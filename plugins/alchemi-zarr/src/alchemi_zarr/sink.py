@@ -116,7 +116,7 @@ class ZarrData(DataSink):
             )
         if self._background is not None:
             # A sink dropped without close(): its writer still commits what is pending, then ends.
-            weakref.finalize(self, self._background.close_quietly)
+            weakref.finalize(self, self._background.close_dropped)
 
     @property
     def store(self) -> AtomicStore:
