@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import queue
 import sys
@@ -202,17 +201,14 @@ class AsyncWriter(ABC):
         """Commit what is pending, stop the writer, and raise any failure."""
 
     def close_dropped(self) -> None:
-        """:meth:`close_quietly` for a sink that was dropped without ``close()`` (its finalizer).
+        """:meth:`close_quietly` for a sink dropped without ``close()`` (its finalizer), on a
+        thread of its own.
 
-        A finalizer runs on whatever thread collects the sink, zarr's own event-loop thread
-        among them; waiting there for the writer, whose writes wait on that loop, would never
-        end. On a thread that runs an event loop the close goes to a thread of its own.
+        A finalizer runs on whatever thread collects the sink: zarr's event-loop thread or one of
+        the loop's executor threads among them. Waiting there for the writer, whose writes wait
+        on that loop, would never end, so the finalizer only starts the close. (The thread is
+        not a daemon: the interpreter waits for it at exit, while zarr's loop still runs.)
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # no event loop runs on this thread: closing here blocks nothing
-            self.close_quietly()
-            return
         threading.Thread(target=self.close_quietly, name="alchemi-zarr-close").start()
 
     def close_quietly(self) -> None:
