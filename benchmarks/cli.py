@@ -113,7 +113,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     except (ValueError, ImportError, AttributeError) as e:
         p.error(f"--variant: {e}")
     try:
-        Tunings.parse(args.device, args.tuning)
+        if args.tuning:  # checked only when given: an older checkout (compare_commits) has no Tuning
+            Tunings.parse(args.device, args.tuning)
     except (ValueError, AlchemiError) as e:
         p.error(f"--tuning: {e}")
     if args.device == "cuda" and not torch.cuda.is_available():
