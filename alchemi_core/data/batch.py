@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data.atomic_data import AtomicData
-from alchemi_core.data.buffer_ops import buffer_ops_for
+from alchemi_core.data.buffer_ops import BufferOps, buffer_ops_for
 from alchemi_core.data.fields import INDEX_FIELDS, Level, infer_level
 from alchemi_core.data.values import check_values
 from alchemi_core.errors import InvalidDataError
@@ -607,13 +607,14 @@ class Batch:
         efit = np.searchsorted(np.cumsum(src._ecount[sel[:k]]), free_edge, side="right")
         return int(min(k, nfit, efit))
 
-    def put(self, src: Batch, mask: torch.Tensor | None = None) -> int:
+    def put(self, src: Batch, mask: torch.Tensor | None = None, ops: BufferOps | None = None) -> int:
         """Copy the systems of ``src`` where ``mask`` is True into this batch's free room.
 
         Systems are copied in order until the next one would not fit (systems, atoms or edges);
         nothing is allocated when the fields already exist. ``src`` remembers what was copied
         (``src._copied_mask``), so a bare ``src.defrag()`` removes exactly those systems; this
-        batch records the slots written in ``_dest_mask``.
+        batch records the slots written in ``_dest_mask``. ``ops`` does the row copies (default:
+        :func:`~alchemi_core.data.buffer_ops.buffer_ops_for` the device).
 
         Returns:
             The number of systems copied.
@@ -625,10 +626,10 @@ class Batch:
         m = self._check_mask(mask, src.num_graphs, "put")
         sel = np.arange(src.num_graphs, dtype=np.int64) if m is None else np.nonzero(m.detach().cpu().numpy())[0]
         k = self.fit_count(src, sel)
-        self._put_selected(src, sel[:k])
+        self._put_selected(src, sel[:k], ops)
         return k
 
-    def _put_selected(self, src: Batch, sel: np.ndarray) -> None:
+    def _put_selected(self, src: Batch, sel: np.ndarray, ops: BufferOps | None = None) -> None:
         """Copy systems ``sel`` of ``src`` (known to fit) to the end of this batch."""
         k = len(sel)
         nsys0, nn0, ne0 = self._n
@@ -640,7 +641,7 @@ class Batch:
             if src._device != self._device:
                 src = src.to(self._device)
             self._ensure_fields_like(src)
-            ops = buffer_ops_for(self._device)
+            ops = ops or buffer_ops_for(self._device)
             node_idx, edge_idx, sys_idx, ncnt, ecnt = src._gather_plan(sel)
             idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
             start = {_NODE: nn0, _EDGE: ne0, _SYS: nsys0}
@@ -684,12 +685,13 @@ class Batch:
                     "destination buffer; build the buffer from a template with the same fields"
                 )
 
-    def defrag(self, mask: torch.Tensor | None = None) -> Batch:
+    def defrag(self, mask: torch.Tensor | None = None, ops: BufferOps | None = None) -> Batch:
         """Remove systems in place and pack the rest to the front, keeping their order.
 
         Args:
             mask: Bool ``[B]``, True = remove. Default: the systems the last ``put`` from this
                 batch copied elsewhere (nothing, if there was none).
+            ops: The row copies (default: :func:`~alchemi_core.data.buffer_ops.buffer_ops_for`).
 
         Returns:
             This batch.
@@ -707,7 +709,7 @@ class Batch:
         node_idx, edge_idx, sys_idx, ncnt, ecnt = self._gather_plan(keep)
         idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
         shift = self._index_shift(keep, ecnt, 0, ncnt) if INDEX_FIELDS & self._store.keys() else None
-        ops = buffer_ops_for(self._device)
+        ops = ops or buffer_ops_for(self._device)
         for name, buf in self._store.items():
             lvl = self._level[name]
             rows = idx[lvl]
@@ -763,9 +765,10 @@ class Batch:
         self._set_counts(nsys, self._ncount[:nsys], self._ecount[:nsys], exact=True)
         return self
 
-    def zero(self) -> Batch:
-        """Empty the batch and zero its buffers; the memory (and its addresses) is kept."""
-        buffer_ops_for(self._device).zero(list(self._store.values()))
+    def zero(self, ops: BufferOps | None = None) -> Batch:
+        """Empty the batch and zero its buffers (with ``ops``, default the device's); the memory
+        (and its addresses) is kept."""
+        (ops or buffer_ops_for(self._device)).zero(list(self._store.values()))
         self._ncount[:] = 0
         self._ecount[:] = 0
         self.__dict__["_n"] = [0, 0, 0]
