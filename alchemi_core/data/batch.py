@@ -101,8 +101,7 @@ class Batch:
             raise InvalidDataError(f"item 0 of data_list is a {type(first).__name__}, not AtomicData")
         keys = first.keys()
         levels = first.levels
-        # Checked once per structure against the first one's fields (a refill of a few hundred
-        # structures pays this per structure, so it compares dict views and dtypes only).
+        # Compares dict views and dtypes only: a refill pays this per structure.
         names = first._fields.keys()
         dtypes = [(k, first._fields[k].dtype) for k in keys]
         for i, d in enumerate(data_list):
@@ -131,8 +130,7 @@ class Batch:
             if k in INDEX_FIELDS:
                 parts = [p + int(nptr[i]) for i, p in enumerate(parts)]
             try:
-                # Concatenated where they are, then one copy per field (a refill of structures
-                # held on the host would otherwise pay one transfer per structure and field).
+                # Concatenated where they are, then one copy per field (not one per structure).
                 joined = torch.cat(parts, dim=0)
             except RuntimeError:
                 if len({p.device for p in parts}) == 1:
@@ -206,9 +204,8 @@ class Batch:
     def from_atoms(cls, atoms_list: Sequence[ase.Atoms] | ase.Atoms, device: Any = None, dtype: Any = None) -> Batch:
         """A batch from ASE ``Atoms`` objects, or from one ``Atoms`` (see ``AtomicData.from_atoms``);
         structures without tags, charges, magnetic moments or constraints get ASE's defaults when
-        others have them, and
-        ``info`` keys that only some structures have (or have in another form) are kept as JSON,
-        so that each structure comes back with its own ``info``.
+        others have them, and ``info`` keys that only some structures have (or have in another
+        form) are kept as JSON, so that each structure comes back with its own ``info``.
 
         Raises:
             InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
@@ -452,21 +449,6 @@ class Batch:
             old[:n].copy_(t)
         self._level[name] = lvl
         self._views.pop(name, None)
-
-    def add_key(self, key: str, values: Any, level: Level | str = "node", overwrite: bool = False) -> None:
-        """Add a field from one tensor or a list of per-system tensors.
-
-        Raises:
-            ValueError: ``key`` exists and ``overwrite`` is False, or the values do not fit.
-        """
-        if key in self._store and not overwrite:
-            raise InvalidDataError(f"field {key!r} exists; pass overwrite=True to replace it")
-        if isinstance(values, (list, tuple)):
-            if len(values) != self.num_graphs:
-                raise InvalidDataError(f"add_key({key!r}) needs one value per system ({self.num_graphs}), got {len(values)}")
-            rows = [torch.as_tensor(v) for v in values]
-            values = torch.cat([t.reshape(-1, *t.shape[1:]) if t.dim() else t.reshape(1) for t in rows])
-        self.set_field(key, values, level)
 
     def keys(self) -> list[str]:
         return list(self._store)
@@ -782,19 +764,15 @@ class Batch:
         dev = torch.device(device)
         if dev == self._device:
             return self
-        out = Batch(device=dev)
-        out._store.update({k: v.to(dev, non_blocking=non_blocking) for k, v in self._store.items()})
-        out._level.update(self._level)
-        out.__dict__["_cap"] = list(self._cap)
-        out.__dict__["_ncount"] = self._ncount.copy()
-        out.__dict__["_ecount"] = self._ecount.copy()
-        out.__dict__["_n"] = list(self._n)
-        return out
+        return self._copy({k: v.to(dev, non_blocking=non_blocking) for k, v in self._store.items()}, dev)
 
     def clone(self) -> Batch:
         """A deep copy with the same capacity."""
-        out = Batch(device=self._device)
-        out._store.update({k: v.clone() for k, v in self._store.items()})
+        return self._copy({k: v.clone() for k, v in self._store.items()}, self._device)
+
+    def _copy(self, store: dict[str, torch.Tensor], device: torch.device) -> Batch:
+        out = Batch(device=device)
+        out._store.update(store)
         out._level.update(self._level)
         out.__dict__["_cap"] = list(self._cap)
         out.__dict__["_ncount"] = self._ncount.copy()

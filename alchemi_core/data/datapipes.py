@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,17 +32,6 @@ from alchemi_core.errors import InvalidDataError
 
 #: Prefixes of the system fields that hold ``atoms.info`` values.
 INFO_PREFIXES = (INFO_PREFIX, TEXT_PREFIX, JSON_PREFIX)
-
-
-@runtime_checkable
-class StructureSource(Protocol):
-    """What ``SizeAwareSampler`` needs of a dataset."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Any: ...
-
-    def get_metadata(self, index: int) -> tuple[int, int]: ...
 
 
 def as_atomic_data(item: Any, index: int) -> AtomicData:
@@ -132,12 +121,8 @@ def _alike(items: list[AtomicData]) -> bool:
 
 
 class ListDataset:
-    """Structures held in memory.
-
-    Structures whose fields differ as ``Batch.from_atoms`` accepts (``info`` keys or atom arrays
-    that only some have, such as ``initial_magmoms`` of ``bulk("Fe")``) are kept as copies that
-    batch together, each structure with its own values
-    (:func:`harmonise_structures`).
+    """Structures held in memory; those whose fields differ as ``Batch.from_atoms`` accepts are
+    kept as copies that batch together (:func:`harmonise_structures`).
 
     Args:
         structures: ``AtomicData`` objects.
@@ -220,8 +205,7 @@ class Dataset:
         return data.to(self.device) if self.device is not None else data
 
     def get_stored(self, index: int) -> AtomicData:
-        """Structure ``index`` as the reader gives it, not moved to ``device`` (see
-        :meth:`ListDataset.get_stored`)."""
+        """Structure ``index`` as the reader gives it, not moved to ``device``."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
         return as_atomic_data(self.reader[index], index)
