@@ -1,21 +1,11 @@
 """Data-parallel runs: every rank runs the whole workflow on its own shard of the dataset.
 
 :func:`run_data_parallel` is called by every process of a job (``torchrun`` sets ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK``; without them it is a run of one). Each rank
-
-1. reads which structures the results store already holds and skips them (a rerun finishes only
-   what is missing), then waits for every rank to have read (before anyone writes);
-2. takes its shard of the rest (:func:`~alchemi_core.parallel.sharding.balanced_shards`, by atoms),
-   builds its stages with the caller's ``make_run(context)`` on its device (GPU ``LOCAL_RANK``,
-   or the CPU) and runs them, writing to its own part of the store;
-3. waits for the others, and rank 0 checks the store: every structure of the dataset once.
-
-The ranks share nothing but a small gloo process group (``comm:gloo`` from ``alchemi-nccl``),
-used for the agreement check, heartbeats, the failure record and the summary. A rank that
-raises records its failure, naming the structures it had not stored; the others see the record
-(or a dead rank's stale heartbeat) after their next step and stop, saving what they finished, with
-a :class:`DataParallelError` that names what is missing. Shards are a function of the dataset
-and the store, so any rank can say what a killed rank held.
+``WORLD_SIZE`` and ``LOCAL_RANK``; without them it is a run of one). Each rank skips what the
+results store holds, runs its shard of the rest (balanced by atoms) on its device, writing to its
+own part of the store; rank 0 then checks that the store holds every structure once. The ranks
+share only a small gloo group (``comm:gloo``): a rank that fails records which structures it had
+not stored, and the others stop after their next step with a :class:`DataParallelError`.
 
 Example:
     >>> from alchemi_core.data.datapipes import ListDataset
@@ -146,12 +136,8 @@ class DataParallelSummary:
 
 
 class PeerWatch(Hook):
-    """Stops this rank's run when another rank failed or died; on rank 0, reports progress.
-
-    An ``AFTER_STEP`` hook (outside any captured graph): ``backend.check_peers()`` looks at the
-    failure record and the heartbeats at most once per heartbeat period, so a step pays a Python
-    call and a clock read.
-    """
+    """Stops this rank's run when another rank failed or died; on rank 0, reports progress
+    (``check_peers()`` looks at most once per heartbeat period)."""
 
     stage = DynamicsStage.AFTER_STEP
 
@@ -247,8 +233,7 @@ def _join(timeout_s: float) -> CommBackend:
         return InProcessBackend.group(world_size=1, timeout_s=timeout_s)[0]
     from alchemi_core import registry
 
-    # gloo whatever the devices: the ranks exchange a few integers, never tensors, and several
-    # ranks may share a GPU (which NCCL refuses).
+    # gloo whatever the devices: the ranks exchange a few integers, and may share a GPU (NCCL refuses).
     backend = registry.build("comm:gloo", timeout_s=timeout_s)
     backend.init()
     return backend

@@ -1,11 +1,7 @@
 """Structures for a workflow: files ASE reads (a file, a glob, a directory) or an alchemi Zarr store.
 
-A store's structures start the workflow at its first stage, whatever status they were stored
-with, unless ``[input] resume_status = true`` (:class:`StoreInput`).
-
-Each structure read from files keeps its source: ``info["source_file"]`` (the path as given)
-and ``info["source_index"]`` (the frame in that file), stored as the system fields
-``infotext_source_file`` and ``info_source_index`` and written back by ``to_atoms`` and exports.
+Each structure read from files keeps its source in ``info["source_file"]`` and
+``info["source_index"]`` (the frame in that file).
 
 Example:
     >>> import os, tempfile
@@ -106,11 +102,8 @@ def open_dataset(
     path: str, format: str | None = None, index: str = ":", dtype: str = "float32", resume_status: bool = False,
     stages: int | None = None,
 ) -> Any:
-    """A dataset for ``SizeAwareSampler``: a Zarr store's structures, or the files' structures in memory.
-
-    A store's structures start at the first stage (``status`` 0), whatever status they were
-    stored with; with ``resume_status`` each keeps its status and starts at the stage it names
-    (see :class:`StoreInput`).
+    """A dataset for ``SizeAwareSampler``: a Zarr store's structures (:class:`StoreInput`), or the
+    files' structures in memory.
 
     Raises:
         WorkflowError: With ``resume_status``, structures whose status names no stage of a
@@ -127,15 +120,9 @@ def open_dataset(
 
 
 class StoreInput:
-    """The structures of a results store as a workflow's input.
-
-    A stored structure keeps the ``status`` its last run gave it: the number of stages of that
-    workflow once finished, negative once quarantined. A workflow would hand every such
-    structure straight to its sinks and step none, so by default each starts again at the first
-    stage (``status`` 0). With ``resume_status`` each keeps its status and starts at the stage
-    it names (a relaxation stored half-way continues with the stage it was in); a status that
-    names no stage of the workflow (``< 0`` or ``>= stages``) is then an error naming the
-    structures, not a run that steps nothing.
+    """The structures of a results store as a workflow's input: each starts at the first stage
+    (``status`` 0), or with ``resume_status`` at the stage its stored status names (a status that
+    names no stage of the workflow is then an error naming the structures).
 
     Args:
         reader: ``len``, ``reader[i]``, ``get_metadata(i)`` (an ``AtomicDataZarrReader``).

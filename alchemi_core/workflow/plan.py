@@ -1,9 +1,5 @@
 """A workflow's components, built through the registry (:func:`build_plan`), and running them over
-structures into sinks (:func:`execute`).
-
-The two are separate so that a data-parallel launcher can build the plan once per rank and run
-it over that rank's shard into one store: ``execute(plan, dataset, sinks)`` takes any dataset
-(``len``, ``[i]``, ``get_metadata``) and any sinks.
+any dataset into any sinks (:func:`execute`; a data-parallel rank runs its shard so).
 
 Example:
     >>> from alchemi_core.workflow import build_plan, execute, parse_workflow

@@ -1,11 +1,8 @@
 """``run_workflow``: a validated workflow from its input to its results store, as ``alchemi run`` does.
 
-It opens the input (:mod:`alchemi_core.workflow.inputs`), numbers the structures by their position
-in it (``system_id``), skips those whose result the store holds already (a rerun continues an
-interrupted run, from its ``[checkpoint]`` where there is one; ``fresh=True`` starts over), holds atoms
-marked ``frozen`` in every stage, logs every stage to ``<store>.log.csv`` next to the store
-(step, time, energies, fmax, temperature per system; :func:`alchemi_core.workflow.logs.read_log`
-loads it), optionally snapshots a trajectory into the store, and runs the fused stages.
+Structures are numbered by their position in the input (``system_id``); those whose result the
+store holds already are skipped, so a rerun continues an interrupted run. Every stage logs to
+``<store>.log.csv`` (:func:`alchemi_core.workflow.logs.read_log`).
 
 Example:
     >>> import os, tempfile
@@ -163,13 +160,9 @@ def run_workflow_detailed(
     workflow: Workflow, device: str | torch.device | None = None, progress: bool = True, dataset: Any = None,
     *, fresh: bool = False, stop: Callable[[], bool] | None = None,
 ) -> RunResult:
-    """:func:`run_workflow`, returning where the store and the log are as well.
-
-    A rerun into the store of an earlier run continues it: structures are known by their
-    position in the input (``system_id``), those whose result is stored are skipped, and with a
-    ``[checkpoint]`` file the structures it held continue where it stopped (the store is first
-    cut back to what the checkpoint had written). This is the mechanism of a data-parallel run
-    (:func:`alchemi_core.parallel.run_data_parallel`) with one process.
+    """:func:`run_workflow`, returning where the store and the log are as well. A rerun into the
+    store of an earlier run continues it (from its ``[checkpoint]`` where there is one): a
+    data-parallel run (:func:`alchemi_core.parallel.run_data_parallel`) of one process.
 
     Args:
         workflow: From :func:`~alchemi_core.workflow.load_workflow`.
