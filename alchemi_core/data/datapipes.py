@@ -120,6 +120,26 @@ def _alike(items: list[AtomicData]) -> bool:
     return True
 
 
+class ReaderDataset:
+    """A dataset over ``self.reader`` whose sizes and ids are the reader's (subclasses give
+    ``__getitem__``)."""
+
+    reader: Any
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        meta = self.reader.get_metadata(index)
+        return int(meta[0]), int(meta[1])
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        return all_metadata(self.reader)
+
+    def get_all_system_ids(self) -> np.ndarray | None:
+        return all_system_ids(self.reader)
+
+
 class ListDataset:
     """Structures held in memory; those whose fields differ as ``Batch.from_atoms`` accepts are
     kept as copies that batch together (:func:`harmonise_structures`).
@@ -166,7 +186,7 @@ class ListDataset:
         )
 
 
-class Dataset:
+class Dataset(ReaderDataset):
     """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), putting
     structures on ``device``.
 
@@ -197,9 +217,6 @@ class Dataset:
         self.reader = reader
         self.device = device
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def __getitem__(self, index: int) -> AtomicData:
         data = self.get_stored(index)
         return data.to(self.device) if self.device is not None else data
@@ -217,9 +234,6 @@ class Dataset:
             return int(out[0]), int(out[1])
         data = as_atomic_data(self.reader[index], index)
         return data.num_nodes, data.num_edges
-
-    def get_all_system_ids(self) -> np.ndarray | None:
-        return all_system_ids(self.reader)
 
     def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
         if hasattr(self.reader, "get_metadata") or hasattr(self.reader, "get_all_metadata"):

@@ -124,7 +124,7 @@ def run_workflow_data_parallel(
         print("[alchemi] checkpoint is not used in a data-parallel run: run the same command again to finish "
               "what a stopped run left", file=sys.stderr)
     results = sharded_output(workflow)
-    data = NumberedDataset(dataset if dataset is not None else open_input(workflow), 0)
+    data = NumberedDataset(dataset if dataset is not None else open_input(workflow))
     out = workflow.output
     assert out is not None
     steps: list[int] = []

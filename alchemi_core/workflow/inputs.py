@@ -26,6 +26,7 @@ import torch
 
 from alchemi_core.data import AtomicData
 from alchemi_core.data.ase_io import TEXT_PREFIX, encode_text, fields_from_atoms, harmonise
+from alchemi_core.data.datapipes import ListDataset, ReaderDataset, as_atomic_data
 from alchemi_core.errors import InvalidDataError
 
 SOURCE_FILE = TEXT_PREFIX + "source_file"
@@ -109,8 +110,6 @@ def open_dataset(
         WorkflowError: With ``resume_status``, structures whose status names no stage of a
             workflow of ``stages`` stages.
     """
-    from alchemi_core.data.datapipes import ListDataset
-
     if is_zarr_store(path):
         from alchemi_core import registry
 
@@ -119,7 +118,7 @@ def open_dataset(
     return ListDataset(read_structures(path, format, index, getattr(torch, dtype)))
 
 
-class StoreInput:
+class StoreInput(ReaderDataset):
     """The structures of a results store as a workflow's input: each starts at the first stage
     (``status`` 0), or with ``resume_status`` at the stage its stored status names (a status that
     names no stage of the workflow is then an error naming the structures).
@@ -167,30 +166,11 @@ class StoreInput:
         return np.asarray([int(self.reader[i].get("status", torch.zeros(1)).reshape(-1)[0]) for i in range(n)],
                           dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def __getitem__(self, index: int) -> Any:
-        from alchemi_core.data.datapipes import as_atomic_data
-
         data = as_atomic_data(self.reader[index], index)
         if not self.resume_status and "status" in data:
             data.status = torch.zeros_like(data.status)
         return data
-
-    def get_metadata(self, index: int) -> tuple[int, int]:
-        meta = self.reader.get_metadata(index)
-        return int(meta[0]), int(meta[1])
-
-    def get_all_metadata(self) -> Any:
-        from alchemi_core.data.datapipes import all_metadata
-
-        return all_metadata(self.reader)
-
-    def get_all_system_ids(self) -> Any:
-        from alchemi_core.data.datapipes import all_system_ids
-
-        return all_system_ids(self.reader)
 
     def __repr__(self) -> str:
         return f"StoreInput({self.reader!r}, resume_status={self.resume_status})"
