@@ -567,20 +567,12 @@ def _type_name(kind: type) -> str:
     return names.get(kind, kind.__name__)
 
 
+_TOML_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+               (dict, "a table"))
+
+
 def _toml_type(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a float"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "a table"
-    return type(v).__name__
+    return next((name for kind, name in _TOML_TYPES if isinstance(v, kind)), type(v).__name__)
 
 
 def _did_you_mean(name: str, options: Any) -> str:
