@@ -623,7 +623,7 @@ class Batch:
             if src._device != self._device:
                 src = src.to(self._device)
             self._ensure_fields_like(src)
-            ops = ops or buffer_ops_for(self._device)
+            ops = ops if ops is not None else buffer_ops_for(self._device)
             node_idx, edge_idx, sys_idx, ncnt, ecnt = src._gather_plan(sel)
             idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
             start = {_NODE: nn0, _EDGE: ne0, _SYS: nsys0}
@@ -691,7 +691,7 @@ class Batch:
         node_idx, edge_idx, sys_idx, ncnt, ecnt = self._gather_plan(keep)
         idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
         shift = self._index_shift(keep, ecnt, 0, ncnt) if INDEX_FIELDS & self._store.keys() else None
-        ops = ops or buffer_ops_for(self._device)
+        ops = ops if ops is not None else buffer_ops_for(self._device)
         for name, buf in self._store.items():
             lvl = self._level[name]
             rows = idx[lvl]
@@ -750,7 +750,7 @@ class Batch:
     def zero(self, ops: BufferOps | None = None) -> Batch:
         """Empty the batch and zero its buffers (with ``ops``, default the device's); the memory
         (and its addresses) is kept."""
-        (ops or buffer_ops_for(self._device)).zero(list(self._store.values()))
+        (ops if ops is not None else buffer_ops_for(self._device)).zero(list(self._store.values()))
         self._ncount[:] = 0
         self._ecount[:] = 0
         self.__dict__["_n"] = [0, 0, 0]
