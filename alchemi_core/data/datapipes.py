@@ -187,15 +187,13 @@ class ListDataset:
 
 
 class Dataset(ReaderDataset):
-    """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), putting
-    structures on ``device``.
+    """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), or a
+    plain list of ``AtomicData`` (harmonised as :class:`ListDataset` does), putting structures on
+    ``device``.
 
     Args:
         reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
         device: Target device of the returned structures.
-
-    A plain list of ``AtomicData`` works too (sizes are then read from each structure; fields
-    that differ between structures are harmonised as :class:`ListDataset` does).
 
     Example:
         >>> from alchemi_core.data.datapipes import Dataset, ListDataset

@@ -187,27 +187,21 @@ def run_data_parallel(
     """Run ``make_run(context).run()`` on this rank's shard of ``dataset`` (see the module docstring).
 
     Args:
-        make_run: Builds this rank's stages from a :class:`RankContext`: a ``SizeAwareSampler``
-            over ``context.dataset``, ``sinks=[context.sink]``, the model on ``context.device``.
-            It returns what to ``run()`` (a ``FusedStage``, a ``BaseDynamics``), to which
-            ``context.watch`` is added; or it runs them itself, with ``context.watch`` among
-            their hooks, and returns anything without a ``run`` method. It is not called on a
-            rank whose shard is empty.
-        dataset: Every structure of the campaign (``len``, ``[i]``, ``get_metadata``); the same
-            on every rank. Structures are known by ``system_id``: the dataset's ``system_ids()``
-            or their positions.
+        make_run: Builds this rank's stages from a :class:`RankContext` (a ``SizeAwareSampler``
+            over ``context.dataset``, ``sinks=[context.sink]``, the model on ``context.device``)
+            and returns what to ``run()``, to which ``context.watch`` is added; or runs them
+            itself with ``context.watch`` among their hooks. Not called for an empty shard.
+        dataset: Every structure (``len``, ``[i]``, ``get_metadata``), the same on every rank;
+            structures are known by the dataset's ``system_ids()`` or their positions.
         results: The store all ranks write (e.g. ``ShardedZarrStore("results.zarr")``).
         backend: A joined ``CommBackend`` (default: ``comm:gloo`` from the torchrun environment,
             none for a single process).
         timeout_s: Longest wait for the other ranks to join, and the heartbeat staleness bound.
-        device: Override the device (default: ``cuda:LOCAL_RANK`` when CUDA is available, ranks
-            beyond the GPU count sharing them in turn, else the CPU).
+        device: Override the device (default: ``cuda:LOCAL_RANK`` modulo the GPUs, else the CPU).
         progress: On rank 0, report the store's progress every ``progress_every_s`` seconds
             (True: a line on stderr; a callable: called with a :class:`Progress`).
-        stop: The request to stop early that ``make_run`` gives its run (e.g. a
-            ``alchemi_core.workflow.stopping.StopRequest``, which then handles SIGTERM too); the
-            summary's ``stopped`` says whether any rank was asked. Without it SIGTERM raises, and
-            the rank saves what it finished and reports what it did not.
+        stop: The stop request ``make_run`` gives its run (e.g. a ``StopRequest``, which then
+            handles SIGTERM too). Without it SIGTERM raises, and the rank saves what it finished.
 
     Returns:
         The run's :class:`DataParallelSummary` (rank 0's holds the store check).
