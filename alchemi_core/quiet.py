@@ -1,15 +1,9 @@
 """Keep Warp quiet unless asked: no banner, no CUDA-driver warning on CPU machines, no line per
 kernel module loaded.
 
-Warp prints its banner and one line per loaded kernel module at ``log_level`` INFO, and its
-native library writes "Could not find or load the NVIDIA CUDA driver" to stderr on machines
-without a GPU. alchemi's output is its results, so by default, as soon as any code imports
-``warp``, :func:`install` lowers Warp's log level to warnings and initialises it with the
-driver notice filtered out of stderr (other messages still reach stderr). ``ALCHEMI_VERBOSE=1``
-(or ``alchemi -v``) leaves Warp as it is.
-
-``import alchemi_core`` calls :func:`install`; it costs one entry in ``sys.meta_path`` and
-imports nothing.
+As soon as any code imports ``warp``, :func:`install` (called by ``import alchemi_core``; it
+imports nothing) lowers Warp's log level to warnings and initialises it with the driver notices
+filtered out of stderr. ``ALCHEMI_VERBOSE=1`` (or ``alchemi -v``) leaves Warp as it is.
 """
 
 from __future__ import annotations

@@ -34,16 +34,11 @@ class CoreTuning:
 
     Attributes:
         run_ahead: Checks queue the next step before their read-back where nothing the host does
-            after them can change it (``alchemi_core.dynamics.step``). On for CUDA: W2 on an H100,
-            alternating, 28.6 -> 25.4 ms; off for CPUs, where the host does the device work itself
-            and nothing overlaps.
-        masks_in_step: A run's step rewrites the masks itself, at its start, where every stage can
-            rebuild what it derives from them on the device (``alchemi_core.dynamics.masks``). On
-            for CUDA (with ``compile()``): W2 25.4 -> 24.5 ms with run-ahead on; off for CPUs.
+            after them can change it. On for CUDA (W2 28.6 -> 25.4 ms, H100); off for CPUs.
+        masks_in_step: A run's step rewrites the masks itself, at its start, on the device. On for
+            CUDA with ``compile()`` (W2 25.4 -> 24.5 ms); off for CPUs.
         force_max_kernel: Each system's largest force norm at a check in a Warp kernel instead of
-            torch's scatter (``alchemi_core.dynamics.force_max``). On for CPUs (W2's check 1.27
-            against 1.41 ms on 2 cores) and CUDA (20 against 53 us of an H200 per W2 check; W2 on an
-            H100 21.6-22.9 against 22.9-23.0 ms, W3 3.23 against 3.31-3.34 s).
+            torch's scatter. On for CPUs (W2 check 1.41 -> 1.27 ms) and CUDA (53 -> 20 us, H200).
     """
 
     run_ahead: bool
@@ -52,8 +47,8 @@ class CoreTuning:
 
     @classmethod
     def for_device(cls, device: str | torch.device) -> CoreTuning:
-        """The measured choices for ``device`` (``"cuda"``, ``"cpu"``, a ``torch.device``); a
-        device type without measurements gets every choice off (torch's paths)."""
+        """The measured choices for ``device`` (``"cuda"``, ``"cpu"``, a ``torch.device``); other
+        device types get every choice off."""
         kind = cls.device_type(device)
         if kind == "cuda":
             return cls(run_ahead=True, masks_in_step=True, force_max_kernel=True)
@@ -63,8 +58,7 @@ class CoreTuning:
 
     @staticmethod
     def device_type(device: str | torch.device) -> str:
-        """``"cuda"`` for ``"cuda:1"`` or ``torch.device("cuda", 1)``, and so on (every plugin's
-        ``for_device`` reads its argument so)."""
+        """``"cuda"`` for ``"cuda:1"`` or ``torch.device("cuda", 1)``, and so on."""
         if isinstance(device, torch.device):
             return device.type
         if isinstance(device, str):

@@ -1,22 +1,15 @@
 """The one Warp runtime every plugin shares: initialisation, torch's stream as a Warp stream, and
 kernel launches recorded once and replayed.
 
-Warp is not a dependency of alchemi-core: this module imports it on first use only, so importing
-``alchemi_core`` (or running ``alchemi list-plugins``) never loads Warp; a plugin that launches
-kernels depends on ``warp-lang`` itself. Everything that launches Warp kernels in alchemi goes
-through here, so every launch is on torch's current stream (ordered with the torch work around
-it, and captured with it in a CUDA graph), with one cache of stream wrappers and one set of
-replay rules:
+Warp is imported on first use only (it is not a dependency of alchemi-core). Every launch goes
+through here, on torch's current stream (ordered with the torch work around it, and captured with
+it in a CUDA graph):
 
-* :func:`stream_for`: torch's current stream on a device as a Warp stream, wrapped once per
-  torch stream (wrapping costs more than a launch).
-* :class:`LaunchSequence`: launches recorded for fixed arrays and sizes and replayed in order
-  (a model's forward).
-* :class:`RecordedLaunches`: named launches replayed while their arguments stay the same
-  objects (an integrator's updates).
-* :func:`launch_args` (and :func:`launch_tensors`): one kernel on torch tensors and scalars, its
-  recorded launch reused with new arguments (short kernels, where the host cost of a launch
-  dominates: copies, the health checks).
+* :func:`stream_for`: torch's current stream as a Warp stream, wrapped once per torch stream.
+* :class:`LaunchSequence`: launches recorded for fixed arrays and sizes, replayed in order.
+* :class:`RecordedLaunches`: named launches replayed while their arguments stay the same objects.
+* :func:`launch_args` (and :func:`launch_tensors`): one kernel, its recorded launch reused with
+  new arguments (short kernels, where the host cost of a launch dominates).
 
 Warp 1.5 (the oldest version supported) writes a float literal in a kernel as a float32
 constant, even inside ``wp.float64(...)``: kernels therefore use only literals that float32
@@ -43,10 +36,10 @@ from alchemi_core.errors import AlchemiError, MissingDependencyError
 _lock = threading.Lock()
 _wp: Any = None
 _streams: dict[tuple[int, int], Any] = {}
-#: Stream wrappers kept at most (oldest dropped first); runs use a handful of streams.
-MAX_STREAMS = 32
 # Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
 _local = threading.local()
+
+
 class KernelLaunchError(AlchemiError, RuntimeError):
     """Warp could not prepare a kernel for a device (its module failed to build or load)."""
 
@@ -93,11 +86,10 @@ _view_kinds: dict[tuple[torch.dtype, Any], tuple[Any, tuple[int, ...]]] = {}
 def view(tensor: torch.Tensor, dtype: Any = None) -> Any:
     """A Warp array sharing ``tensor``'s memory (``dtype`` e.g. ``wp.vec3`` for ``[N, 3]``).
 
-    The view ``wp.from_torch`` makes (pointer, shape, strides, dtype, device), built from the
-    tensor's own at a quarter of its host time (a run makes a hundred views, a model's first forward fifty).
-    A pairing of dtypes is checked by ``from_torch`` the first time it is seen, and tensors that
-    need a gradient, 0-d tensors and trailing dimensions that do not fit ``dtype`` go through it
-    every time (it wraps the gradient, or raises its own error).
+    The view ``wp.from_torch`` makes, built from the tensor's own pointer, shape and strides at a
+    quarter of its host time. A pairing of dtypes is checked by ``from_torch`` the first time it is
+    seen; tensors that need a gradient, 0-d tensors and trailing dimensions that do not fit
+    ``dtype`` go through it every time (it wraps the gradient, or raises its own error).
 
     Example:
         >>> import torch
@@ -155,11 +147,7 @@ def require_device(device: torch.device, who: str = "alchemi") -> None:
 
 
 def stream_for(device: torch.device) -> Any:
-    """Torch's current stream on ``device`` as a Warp stream (None on the CPU).
-
-    Launching there orders Warp kernels with the torch operations around them and lets a CUDA
-    graph captured on that stream include them.
-    """
+    """Torch's current stream on ``device`` as a Warp stream (None on the CPU)."""
     if device.type != "cuda":
         return None
     current = torch.cuda.current_stream(device)
@@ -168,7 +156,7 @@ def stream_for(device: torch.device) -> Any:
     if stream is None:
         # The wrapper keeps its torch stream alive, so a cached handle is never reused by another.
         with _lock:
-            if len(_streams) >= MAX_STREAMS:
+            if len(_streams) >= 32:  # runs use a handful of streams; the oldest goes first
                 del _streams[next(iter(_streams))]
             stream = _streams[key] = warp().stream_from_torch(current)
     return stream
@@ -179,11 +167,9 @@ def _threads(dim: int | Sequence[int]) -> int:
 
 
 class LaunchSequence:
-    """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order.
-
-    Replaying a recorded launch skips Warp's per-call argument packing, which dominates the cost
-    of launching a small kernel from Python. A sequence is recorded for fixed arrays and sizes;
-    build a new one when they change.
+    """Kernel launches recorded once (``wp.launch(..., record_cmd=True)``) and replayed in order,
+    which skips Warp's per-call argument packing. A sequence is recorded for fixed arrays and
+    sizes; build a new one when they change.
 
     Args:
         device: The Warp device the kernels run on.
@@ -199,7 +185,6 @@ class LaunchSequence:
         self.device = warp().get_device(device)
         self.who = who
         self._commands: list[Any] = []
-        self.names: list[str] = []
 
     def add(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> None:
         """Record one launch (nothing runs); a launch over zero threads is dropped.
@@ -210,10 +195,6 @@ class LaunchSequence:
         """
         if _threads(dim) <= 0:
             return  # Warp records nothing for an empty grid (it returns None)
-        self._commands.append(self._record(kernel, dim, inputs))
-        self.names.append(kernel.key)
-
-    def _record(self, kernel: Any, dim: int | Sequence[int], inputs: Sequence[Any]) -> Any:
         cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=self.device, record_cmd=True)
         if cmd is None:
             raise KernelLaunchError(
@@ -221,7 +202,7 @@ class LaunchSequence:
                 "building or loading its module failed earlier (see the first error; on a CPU device "
                 "Warp needs its CPU compiler, on a GPU a working CUDA driver)"
             )
-        return cmd
+        self._commands.append(cmd)
 
     def run(self, stream: Any = None) -> None:
         """Launch every recorded kernel, in order, on ``stream`` (the device's default if None)."""
@@ -232,26 +213,12 @@ class LaunchSequence:
         return len(self._commands)
 
 
-#: Float scalars of a batch's precision, and [N, 3] tensors as vectors, by torch dtype.
-def _scalar_types() -> dict[torch.dtype, Any]:
-    wp = warp()
-    return {torch.float32: wp.float32, torch.float64: wp.float64}
-
-
-def _vector_types() -> dict[torch.dtype, Any]:
-    wp = warp()
-    return {torch.float32: wp.vec3f, torch.float64: wp.vec3d}
-
-
 class RecordedLaunches:
     """Named launches, each recorded once and replayed while its arguments stay the same objects.
 
-    Arguments are torch tensors (converted zero-copy; an argument whose name is in
-    ``vector_args`` becomes a vec3 array), Python ints, or ``(value, torch dtype)`` pairs for float
-    scalars of the batch's precision. A tensor counts as unchanged while it is the same object:
-    the batch keeps its field views, and the caller its buffers, until the set of systems
-    changes; the recorded launch holds the tensors, so an object cannot be freed and its id
-    reused meanwhile.
+    Arguments are torch tensors (zero-copy; one named in ``vector_args`` becomes a vec3 array),
+    Python ints, or ``(value, torch dtype)`` pairs for float scalars of the batch's precision. The
+    recorded launch holds its tensors, so an object cannot be freed and its id reused meanwhile.
 
     Args:
         vector_args: Kernel argument names that take ``[N, 3]`` tensors as vec3 arrays.
@@ -280,17 +247,15 @@ class RecordedLaunches:
         self._recorded[name] = (dim, tuple(args), seq)
 
     def _to_warp(self, label: str, value: Any) -> Any:
+        wp = warp()
         if isinstance(value, torch.Tensor):
-            vectors = _vector_types()
+            vectors = {torch.float32: wp.vec3f, torch.float64: wp.vec3d}
             if value.dtype in vectors and label in self.vector_args:
-                return warp().from_torch(value, dtype=vectors[value.dtype])
-            return warp().from_torch(value)
+                return wp.from_torch(value, dtype=vectors[value.dtype])
+            return wp.from_torch(value)
         if isinstance(value, tuple):  # (python float, torch dtype): a typed scalar
-            return _scalar_types()[value[1]](value[0])
+            return {torch.float32: wp.float32, torch.float64: wp.float64}[value[1]](value[0])
         return value
-
-    def clear(self) -> None:
-        self._recorded.clear()
 
 
 def _same_args(held: tuple[Any, ...], args: Sequence[Any]) -> bool:
@@ -321,10 +286,8 @@ def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], devi
 
     ``args`` are torch tensors (zero-copy, no gradient arrays), :class:`Typed` tensors, or plain
     values for scalar parameters. The first launch of a kernel overload on a device records a
-    ``wp.Launch``; later launches only replace its arguments (array descriptors from
-    ``from_torch(..., return_ctype=True)``, scalars packed in place) and replay it: about ten
-    times less host work than ``wp.launch``, which resolves a generic kernel's overload from
-    its arguments at every call.
+    ``wp.Launch``; later launches only replace the arguments that changed and replay it (about
+    ten times less host work than ``wp.launch``).
     """
     wp = warp()
     key = (kernel, device, *(_arg_kind(a) for a in args))
@@ -340,8 +303,6 @@ def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], devi
                                  bound]
     else:
         recorded, held = entry[0], entry[2]
-        # Only arguments that differ from those bound last are set again: a caller that passes
-        # the same tensors at every call (a check's fields) pays for a comparison only.
         for i, a in enumerate(args):
             if held[i] == bound[i]:
                 continue

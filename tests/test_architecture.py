@@ -280,8 +280,6 @@ _MUTATORS = {"update", "append", "extend", "insert", "pop", "popitem", "clear", 
 #: Module-level mutable containers in product code that are not switches: caches and registries the
 #: code fills itself, keyed by what they hold, never read as a choice. Each says what it holds.
 ALLOWED_MUTABLE_GLOBALS: dict[str, str] = {
-    "alchemi_core.data.buffer_ops:_chosen": "the buffer:* plugin found for each device type, looked up once "
-                                            "(set_buffer_ops overrides it: a switch in effect, to be made an argument)",
     "alchemi_core.data.fields:_registered": "registry: the levels of fields that plugins register",
     "alchemi_core.dynamics.build_pool:global _DATASET": "a build worker process's dataset, set once at its start",
     "alchemi_core.dynamics.capture:_spares": "cache: captured CUDA graphs of ended runs kept for reuse, per GPU",

@@ -34,8 +34,7 @@ def test_metadata_is_spdx_with_classifiers(path):
     assert any(r.replace(" ", "").startswith("setuptools>=77") for r in requires), (
         f"{path}: an SPDX license string needs setuptools>=77 in build-system.requires"
     )
-    if project["name"] != "alchemi-template":
-        assert any(c.startswith("Topic :: Scientific/Engineering") for c in project.get("classifiers", ())), path
+    assert any(c.startswith("Topic :: Scientific/Engineering") for c in project.get("classifiers", ())), path
 
 
 def test_the_repository_has_its_license():

@@ -7,7 +7,6 @@ fails while running exits with 1. ``-v`` (or ``ALCHEMI_VERBOSE=1``) adds the tra
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -15,17 +14,14 @@ from typing import Any, TypeVar
 
 import click
 
+from alchemi_core.quiet import verbose
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Exit status of a configuration the command cannot run (a bad workflow, option or input).
 USAGE = 2
 #: Exit status of a run that failed while running.
 FAILED = 1
-
-
-def verbose() -> bool:
-    """Whether the user asked for details (``-v`` or ``ALCHEMI_VERBOSE=1``)."""
-    return os.environ.get("ALCHEMI_VERBOSE", "") not in ("", "0")
 
 
 def fail(message: str, status: int = USAGE) -> None:
@@ -51,17 +47,12 @@ def reported(func: F) -> F:
             return func(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
-        except (ConfigurationError, InvalidDataError, ComponentNotFoundError, MissingDependencyError) as exc:
-            if verbose():
-                traceback.print_exc(file=sys.stderr)
-            fail(str(exc), USAGE)
-        except AlchemiError as exc:
-            if verbose():
-                traceback.print_exc(file=sys.stderr)
-            fail(str(exc), FAILED)
         except Exception as exc:  # noqa: BLE001 - the CLI reports, -v shows the traceback
             if verbose():
                 traceback.print_exc(file=sys.stderr)
-            fail(f"{type(exc).__name__}: {exc} (run with -v for the traceback)", FAILED)
+            if isinstance(exc, (ConfigurationError, InvalidDataError, ComponentNotFoundError, MissingDependencyError)):
+                fail(str(exc), USAGE)
+            fail(str(exc) if isinstance(exc, AlchemiError) else
+                 f"{type(exc).__name__}: {exc} (run with -v for the traceback)", FAILED)
 
     return wrapper  # type: ignore[return-value]

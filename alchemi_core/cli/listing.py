@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import click
 
@@ -37,16 +36,10 @@ def list_plugins(as_json: bool, verbose: bool, kind: str | None, strict: bool, s
     records = [r for r in registry.plugins() if show_all or not r.builtin]
     failed = [r for r in records if r.status == "failed"]
     if as_json:
-        payload: dict[str, Any] = {
-            "schema_version": JSON_SCHEMA_VERSION,
-            "alchemi_core": __version__,
-            "plugins": [],
-        }
-        for r in records:
-            d = r.as_dict(verbose=verbose)
-            if kind:
-                d["provides"] = [p for p in d["provides"] if p.split(":")[0] == kind]
-            payload["plugins"].append(d)
+        plugins = [r.as_dict(verbose=verbose) for r in records]
+        for d in plugins:
+            d["provides"] = [p for p in d["provides"] if not kind or p.split(":")[0] == kind]
+        payload = {"schema_version": JSON_SCHEMA_VERSION, "alchemi_core": __version__, "plugins": plugins}
         click.echo(json.dumps(payload, indent=2))
     else:
         rows = []
@@ -87,26 +80,9 @@ def list_components(kind: str | None, as_json: bool) -> None:
         click.echo(f"alchemi: error: no components of kind {kind!r}{hint}; kinds are: {', '.join(kinds)}", err=True)
         raise SystemExit(2)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "schema_version": JSON_SCHEMA_VERSION,
-                    "components": [
-                        {
-                            "spec": r.spec,
-                            "kind": r.kind,
-                            "name": r.name,
-                            "target": r.target,
-                            "plugin": r.plugin,
-                            "summary": r.summary,
-                            "providers": [p.plugin for p in pm.components[r.spec]],
-                        }
-                        for r in recs
-                    ],
-                },
-                indent=2,
-            )
-        )
+        components = [{"spec": r.spec, "kind": r.kind, "name": r.name, "target": r.target, "plugin": r.plugin,
+                       "summary": r.summary, "providers": [p.plugin for p in pm.components[r.spec]]} for r in recs]
+        click.echo(json.dumps({"schema_version": JSON_SCHEMA_VERSION, "components": components}, indent=2))
         return
     rows = []
     for r in recs:

@@ -1,16 +1,10 @@
 """The communication-backend interface ``DistributedPipeline`` uses between ranks.
 
 A backend moves contiguous tensors point to point (``isend_tensor``/``irecv_tensor``, matched in
-order per pair of ranks), reduces small integer flags over all ranks, and carries the pipeline's
-failure signals: a rank that fails calls :meth:`CommBackend.notify_failure`, and a rank waiting on
-a peer asks :meth:`CommBackend.peer_failure` so it can stop with the failed rank's message instead
-of waiting for a timeout. What moves between pipeline ranks is one fixed-size byte frame per
-iteration (see ``alchemi_core.comm.frame``).
-
-Implementations: ``comm:inprocess`` (threads of one process, for tests) here, ``comm:gloo`` and
-``comm:nccl`` (torch.distributed) in ``alchemi-nccl``. ``DistributedPipeline`` builds one with
-``registry.build(spec, timeout_s=...)`` and calls ``init()`` before use and ``shutdown()`` (or
-``abort()`` after a failure) at the end.
+order per pair of ranks), reduces small integers over all ranks, and carries failure signals
+(:meth:`CommBackend.notify_failure`, :meth:`CommBackend.peer_failure`), so a waiting rank stops
+with the failed rank's message rather than a timeout. Implementations: ``comm:inprocess`` here,
+``comm:gloo`` and ``comm:nccl`` in ``alchemi-nccl``.
 
 Example (two ranks as threads of one process)::
 

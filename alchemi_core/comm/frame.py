@@ -1,19 +1,11 @@
 """Transfer frames: a batch buffer whose header and fields share one byte arena.
 
-A pipeline link moves one :class:`Frame` per iteration. The frame is allocated once, from a
-*schema* (field names, dtypes, trailing shapes, levels and capacities) that the sender sends as
-JSON bytes before the first transfer: data, never code. Every field of the frame's ``batch`` is a
-view into one contiguous ``uint8`` arena, preceded by an ``int64`` header (counts, flags and
-per-system sizes), so a whole transfer is a single message of a fixed size:
-
-- the receiver posts its receive before the sender knows what it will send;
-- an empty transfer costs the same as a full one, so a receive never waits on a message that
-  does not come;
-- every dtype (bool masks, integer atomic numbers, float32, float64) travels as raw bytes, so
-  nothing is converted and nothing is lost, whatever the transport accepts.
-
-When fields appear at the sender after setup, it sends an empty frame flagged ``FLAG_SCHEMA``
-followed by a new schema, and both sides reshape their frames (``PipelineRank`` does this).
+A pipeline link moves one :class:`Frame` per iteration, allocated once from a *schema* (field
+names, dtypes, trailing shapes, levels, capacities) the sender sends as JSON bytes first. Every
+field is a view into one ``uint8`` arena after an ``int64`` header (counts, flags, per-system
+sizes), so a transfer is one message of a fixed size, every dtype travels as raw bytes, and a
+receive can be posted before the sender knows what it sends. Fields that appear later are sent
+as an empty frame flagged ``FLAG_SCHEMA`` followed by a new schema.
 
 Example:
     >>> from alchemi_core.testing import make_batch

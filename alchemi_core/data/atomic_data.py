@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -140,9 +141,9 @@ class AtomicData:
         if shape is None:
             # Custom system field: one row, whatever its trailing shape.
             return t.reshape(1) if t.dim() == 0 else (t if t.shape[0] == 1 else t.unsqueeze(0))
-        if t.numel() != _numel(shape):
+        if t.numel() != math.prod(shape):
             raise InvalidDataError(
-                f"{name} must hold {_numel(shape)} values per structure (shape {list(shape)}), "
+                f"{name} must hold {math.prod(shape)} values per structure (shape {list(shape)}), "
                 f"got shape {list(t.shape)}"
             )
         t = t.reshape((1, *shape))
@@ -308,10 +309,3 @@ class AtomicData:
         from alchemi_core.data.ase_io import atoms_from_fields
 
         return atoms_from_fields({k: v.detach().cpu() for k, v in self._fields.items()}, self._levels, exclude)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

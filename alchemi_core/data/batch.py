@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data.atomic_data import AtomicData
-from alchemi_core.data.buffer_ops import buffer_ops_for
+from alchemi_core.data.buffer_ops import BufferOps, buffer_ops_for
 from alchemi_core.data.fields import INDEX_FIELDS, Level, infer_level
 from alchemi_core.data.values import check_values
 from alchemi_core.errors import InvalidDataError
@@ -101,8 +101,7 @@ class Batch:
             raise InvalidDataError(f"item 0 of data_list is a {type(first).__name__}, not AtomicData")
         keys = first.keys()
         levels = first.levels
-        # Checked once per structure against the first one's fields (a refill of a few hundred
-        # structures pays this per structure, so it compares dict views and dtypes only).
+        # Compares dict views and dtypes only: a refill pays this per structure.
         names = first._fields.keys()
         dtypes = [(k, first._fields[k].dtype) for k in keys]
         for i, d in enumerate(data_list):
@@ -131,8 +130,7 @@ class Batch:
             if k in INDEX_FIELDS:
                 parts = [p + int(nptr[i]) for i, p in enumerate(parts)]
             try:
-                # Concatenated where they are, then one copy per field (a refill of structures
-                # held on the host would otherwise pay one transfer per structure and field).
+                # Concatenated where they are, then one copy per field (not one per structure).
                 joined = torch.cat(parts, dim=0)
             except RuntimeError:
                 if len({p.device for p in parts}) == 1:
@@ -206,9 +204,8 @@ class Batch:
     def from_atoms(cls, atoms_list: Sequence[ase.Atoms] | ase.Atoms, device: Any = None, dtype: Any = None) -> Batch:
         """A batch from ASE ``Atoms`` objects, or from one ``Atoms`` (see ``AtomicData.from_atoms``);
         structures without tags, charges, magnetic moments or constraints get ASE's defaults when
-        others have them, and
-        ``info`` keys that only some structures have (or have in another form) are kept as JSON,
-        so that each structure comes back with its own ``info``.
+        others have them, and ``info`` keys that only some structures have (or have in another
+        form) are kept as JSON, so that each structure comes back with its own ``info``.
 
         Raises:
             InvalidDataError: A constraint alchemi cannot honour, or an ``info`` value it cannot hold.
@@ -453,21 +450,6 @@ class Batch:
         self._level[name] = lvl
         self._views.pop(name, None)
 
-    def add_key(self, key: str, values: Any, level: Level | str = "node", overwrite: bool = False) -> None:
-        """Add a field from one tensor or a list of per-system tensors.
-
-        Raises:
-            ValueError: ``key`` exists and ``overwrite`` is False, or the values do not fit.
-        """
-        if key in self._store and not overwrite:
-            raise InvalidDataError(f"field {key!r} exists; pass overwrite=True to replace it")
-        if isinstance(values, (list, tuple)):
-            if len(values) != self.num_graphs:
-                raise InvalidDataError(f"add_key({key!r}) needs one value per system ({self.num_graphs}), got {len(values)}")
-            rows = [torch.as_tensor(v) for v in values]
-            values = torch.cat([t.reshape(-1, *t.shape[1:]) if t.dim() else t.reshape(1) for t in rows])
-        self.set_field(key, values, level)
-
     def keys(self) -> list[str]:
         return list(self._store)
 
@@ -607,13 +589,14 @@ class Batch:
         efit = np.searchsorted(np.cumsum(src._ecount[sel[:k]]), free_edge, side="right")
         return int(min(k, nfit, efit))
 
-    def put(self, src: Batch, mask: torch.Tensor | None = None) -> int:
+    def put(self, src: Batch, mask: torch.Tensor | None = None, ops: BufferOps | None = None) -> int:
         """Copy the systems of ``src`` where ``mask`` is True into this batch's free room.
 
         Systems are copied in order until the next one would not fit (systems, atoms or edges);
         nothing is allocated when the fields already exist. ``src`` remembers what was copied
         (``src._copied_mask``), so a bare ``src.defrag()`` removes exactly those systems; this
-        batch records the slots written in ``_dest_mask``.
+        batch records the slots written in ``_dest_mask``. ``ops`` does the row copies (default:
+        :func:`~alchemi_core.data.buffer_ops.buffer_ops_for` the device).
 
         Returns:
             The number of systems copied.
@@ -625,10 +608,10 @@ class Batch:
         m = self._check_mask(mask, src.num_graphs, "put")
         sel = np.arange(src.num_graphs, dtype=np.int64) if m is None else np.nonzero(m.detach().cpu().numpy())[0]
         k = self.fit_count(src, sel)
-        self._put_selected(src, sel[:k])
+        self._put_selected(src, sel[:k], ops)
         return k
 
-    def _put_selected(self, src: Batch, sel: np.ndarray) -> None:
+    def _put_selected(self, src: Batch, sel: np.ndarray, ops: BufferOps | None = None) -> None:
         """Copy systems ``sel`` of ``src`` (known to fit) to the end of this batch."""
         k = len(sel)
         nsys0, nn0, ne0 = self._n
@@ -640,7 +623,7 @@ class Batch:
             if src._device != self._device:
                 src = src.to(self._device)
             self._ensure_fields_like(src)
-            ops = buffer_ops_for(self._device)
+            ops = ops if ops is not None else buffer_ops_for(self._device)
             node_idx, edge_idx, sys_idx, ncnt, ecnt = src._gather_plan(sel)
             idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
             start = {_NODE: nn0, _EDGE: ne0, _SYS: nsys0}
@@ -684,12 +667,13 @@ class Batch:
                     "destination buffer; build the buffer from a template with the same fields"
                 )
 
-    def defrag(self, mask: torch.Tensor | None = None) -> Batch:
+    def defrag(self, mask: torch.Tensor | None = None, ops: BufferOps | None = None) -> Batch:
         """Remove systems in place and pack the rest to the front, keeping their order.
 
         Args:
             mask: Bool ``[B]``, True = remove. Default: the systems the last ``put`` from this
                 batch copied elsewhere (nothing, if there was none).
+            ops: The row copies (default: :func:`~alchemi_core.data.buffer_ops.buffer_ops_for`).
 
         Returns:
             This batch.
@@ -707,7 +691,7 @@ class Batch:
         node_idx, edge_idx, sys_idx, ncnt, ecnt = self._gather_plan(keep)
         idx = {_NODE: node_idx, _EDGE: edge_idx, _SYS: sys_idx}
         shift = self._index_shift(keep, ecnt, 0, ncnt) if INDEX_FIELDS & self._store.keys() else None
-        ops = buffer_ops_for(self._device)
+        ops = ops if ops is not None else buffer_ops_for(self._device)
         for name, buf in self._store.items():
             lvl = self._level[name]
             rows = idx[lvl]
@@ -763,9 +747,10 @@ class Batch:
         self._set_counts(nsys, self._ncount[:nsys], self._ecount[:nsys], exact=True)
         return self
 
-    def zero(self) -> Batch:
-        """Empty the batch and zero its buffers; the memory (and its addresses) is kept."""
-        buffer_ops_for(self._device).zero(list(self._store.values()))
+    def zero(self, ops: BufferOps | None = None) -> Batch:
+        """Empty the batch and zero its buffers (with ``ops``, default the device's); the memory
+        (and its addresses) is kept."""
+        (ops if ops is not None else buffer_ops_for(self._device)).zero(list(self._store.values()))
         self._ncount[:] = 0
         self._ecount[:] = 0
         self.__dict__["_n"] = [0, 0, 0]
@@ -779,19 +764,15 @@ class Batch:
         dev = torch.device(device)
         if dev == self._device:
             return self
-        out = Batch(device=dev)
-        out._store.update({k: v.to(dev, non_blocking=non_blocking) for k, v in self._store.items()})
-        out._level.update(self._level)
-        out.__dict__["_cap"] = list(self._cap)
-        out.__dict__["_ncount"] = self._ncount.copy()
-        out.__dict__["_ecount"] = self._ecount.copy()
-        out.__dict__["_n"] = list(self._n)
-        return out
+        return self._copy({k: v.to(dev, non_blocking=non_blocking) for k, v in self._store.items()}, dev)
 
     def clone(self) -> Batch:
         """A deep copy with the same capacity."""
-        out = Batch(device=self._device)
-        out._store.update({k: v.clone() for k, v in self._store.items()})
+        return self._copy({k: v.clone() for k, v in self._store.items()}, self._device)
+
+    def _copy(self, store: dict[str, torch.Tensor], device: torch.device) -> Batch:
+        out = Batch(device=device)
+        out._store.update(store)
         out._level.update(self._level)
         out.__dict__["_cap"] = list(self._cap)
         out.__dict__["_ncount"] = self._ncount.copy()

@@ -1,9 +1,10 @@
-"""The row-copy primitives behind ``Batch.put``, ``defrag``, ``index_select`` and ``zero``.
+"""The row-copy primitives behind ``Batch.put``, ``defrag`` and ``zero``.
 
 Core ships a torch implementation that works on every device and dtype. A plugin can register a
 faster one as ``buffer:<name>`` (``alchemi-warp`` registers ``buffer:warp``); core picks the
 registered implementation for devices it declares it supports, and keeps the torch path for the
-rest. Both must give bit-identical results: they only move rows.
+rest; each of those methods also takes ``ops=`` explicitly. Both must give bit-identical
+results: they only move rows.
 
 Example:
     >>> import torch
@@ -16,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -69,40 +71,25 @@ class TorchBufferOps:
             t.zero_()
 
 
-_TORCH = TorchBufferOps()
-_chosen: dict[str, BufferOps] = {}
+@functools.cache
+def _ops_for_type(device_type: str) -> BufferOps:
+    if device_type == "cpu":
+        # torch's index_select is already a tight loop there; Warp's CPU kernels only add compile time.
+        return TorchBufferOps()
+    try:
+        from alchemi_core import registry
+
+        for record in registry.available("buffer"):
+            if record.name != "torch":
+                candidate = registry.build(f"buffer:{record.name}")
+                if candidate.supports(torch.device(device_type)):
+                    return candidate
+    except Exception:  # noqa: BLE001 - a broken optional accelerator must not break copies
+        pass
+    return TorchBufferOps()
 
 
 def buffer_ops_for(device: torch.device) -> BufferOps:
-    """The row-copy implementation used for ``device``: an installed ``buffer:*`` plugin that
-    supports it, else torch. The choice is made once per device type."""
-    key = device.type
-    ops = _chosen.get(key)
-    if ops is not None:
-        return ops
-    ops = _TORCH
-    if key != "cpu":
-        # CPU stays on torch: index_select is already a tight loop there, and Warp's CPU
-        # kernels would add compile time for no gain.
-        try:
-            from alchemi_core import registry
-
-            for record in registry.available("buffer"):
-                if record.name == "torch":
-                    continue
-                candidate = registry.build(f"buffer:{record.name}")
-                if candidate.supports(device):
-                    ops = candidate
-                    break
-        except Exception:  # noqa: BLE001 - a broken optional accelerator must not break copies
-            ops = _TORCH
-    _chosen[key] = ops
-    return ops
-
-
-def set_buffer_ops(device_type: str, ops: BufferOps | None) -> None:
-    """Force the implementation for a device type (tests and benchmarks); None resets."""
-    if ops is None:
-        _chosen.pop(device_type, None)
-    else:
-        _chosen[device_type] = ops
+    """The row copies ``Batch`` uses on ``device`` unless given others: an installed ``buffer:*``
+    plugin that supports it, else torch. Looked up once per device type."""
+    return _ops_for_type(device.type)

@@ -46,8 +46,7 @@ def check_cells(batch: Batch, who: str) -> tuple[np.ndarray, np.ndarray] | None:
 
     Returns:
         The pbc flags ``[n, 3]`` and the cells' widths across each periodic axis (Å; inf across
-        the others), for checks a model adds (``periodic_measures``); None when no system is
-        periodic.
+        the others); None when no system is periodic.
 
     Raises:
         InvalidDataError: Periodic axes without a cell, or a degenerate or non-finite periodic cell.

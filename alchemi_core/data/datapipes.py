@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,17 +32,6 @@ from alchemi_core.errors import InvalidDataError
 
 #: Prefixes of the system fields that hold ``atoms.info`` values.
 INFO_PREFIXES = (INFO_PREFIX, TEXT_PREFIX, JSON_PREFIX)
-
-
-@runtime_checkable
-class StructureSource(Protocol):
-    """What ``SizeAwareSampler`` needs of a dataset."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Any: ...
-
-    def get_metadata(self, index: int) -> tuple[int, int]: ...
 
 
 def as_atomic_data(item: Any, index: int) -> AtomicData:
@@ -131,13 +120,29 @@ def _alike(items: list[AtomicData]) -> bool:
     return True
 
 
-class ListDataset:
-    """Structures held in memory.
+class ReaderDataset:
+    """A dataset over ``self.reader`` whose sizes and ids are the reader's (subclasses give
+    ``__getitem__``)."""
 
-    Structures whose fields differ as ``Batch.from_atoms`` accepts (``info`` keys or atom arrays
-    that only some have, such as ``initial_magmoms`` of ``bulk("Fe")``) are kept as copies that
-    batch together, each structure with its own values
-    (:func:`harmonise_structures`).
+    reader: Any
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def get_metadata(self, index: int) -> tuple[int, int]:
+        meta = self.reader.get_metadata(index)
+        return int(meta[0]), int(meta[1])
+
+    def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
+        return all_metadata(self.reader)
+
+    def get_all_system_ids(self) -> np.ndarray | None:
+        return all_system_ids(self.reader)
+
+
+class ListDataset:
+    """Structures held in memory; those whose fields differ as ``Batch.from_atoms`` accepts are
+    kept as copies that batch together (:func:`harmonise_structures`).
 
     Args:
         structures: ``AtomicData`` objects.
@@ -181,16 +186,14 @@ class ListDataset:
         )
 
 
-class Dataset:
-    """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), putting
-    structures on ``device``.
+class Dataset(ReaderDataset):
+    """A dataset over any reader (``len``, ``reader[i]`` and ``reader.get_metadata(i)``), or a
+    plain list of ``AtomicData`` (harmonised as :class:`ListDataset` does), putting structures on
+    ``device``.
 
     Args:
         reader: E.g. ``AtomicDataZarrReader("structures.zarr")``.
         device: Target device of the returned structures.
-
-    A plain list of ``AtomicData`` works too (sizes are then read from each structure; fields
-    that differ between structures are harmonised as :class:`ListDataset` does).
 
     Example:
         >>> from alchemi_core.data.datapipes import Dataset, ListDataset
@@ -212,16 +215,12 @@ class Dataset:
         self.reader = reader
         self.device = device
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def __getitem__(self, index: int) -> AtomicData:
         data = self.get_stored(index)
         return data.to(self.device) if self.device is not None else data
 
     def get_stored(self, index: int) -> AtomicData:
-        """Structure ``index`` as the reader gives it, not moved to ``device`` (see
-        :meth:`ListDataset.get_stored`)."""
+        """Structure ``index`` as the reader gives it, not moved to ``device``."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} structures")
         return as_atomic_data(self.reader[index], index)
@@ -233,9 +232,6 @@ class Dataset:
             return int(out[0]), int(out[1])
         data = as_atomic_data(self.reader[index], index)
         return data.num_nodes, data.num_edges
-
-    def get_all_system_ids(self) -> np.ndarray | None:
-        return all_system_ids(self.reader)
 
     def get_all_metadata(self) -> tuple[np.ndarray, np.ndarray]:
         if hasattr(self.reader, "get_metadata") or hasattr(self.reader, "get_all_metadata"):

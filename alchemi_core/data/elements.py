@@ -5,8 +5,8 @@ isotopes, the mass number of the longest-lived isotope. Index 0 is a placeholder
 padding atom never divides by zero.
 
 Example:
-    >>> from alchemi_core.data.elements import atomic_mass
-    >>> atomic_mass(18)
+    >>> from alchemi_core.data.elements import ATOMIC_MASSES
+    >>> ATOMIC_MASSES[18]
     39.948
 """
 
@@ -48,13 +48,6 @@ def unknown_elements(numbers: Iterable[int]) -> str:
         return ""
     return (f"atomic numbers {bad} are unknown elements (elements are 1-{LAST_ELEMENT}); "
             "fix the atomic numbers of the structures")
-
-
-def atomic_mass(z: int) -> float:
-    """The standard atomic weight of element ``z`` in amu."""
-    if not 1 <= z < len(ATOMIC_MASSES):
-        raise ValueError(f"no standard mass for atomic number {z}; give atomic_masses explicitly")
-    return ATOMIC_MASSES[z]
 
 
 def masses_for(atomic_numbers: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

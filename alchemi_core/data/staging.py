@@ -1,14 +1,11 @@
 """Host buffers for device-to-host copies, allocated once and reused.
 
-A sink or hook that copies device tensors to the host every N steps should not allocate pinned
-memory each time: on an H200, PyTorch's ``torch.empty(..., pin_memory=True)`` per W5 snapshot
-(10.6 MB) slowed the stepping by 4.5-6.3 % (two runs), while copies into buffers allocated once
-cost nothing measurable (``python -m benchmarks.w5_breakdown --variants copy,copy-new``). ``HostStaging`` keeps
-a fixed number of :class:`StagingSlot` s; a writer takes one with :meth:`HostStaging.acquire`
-(waiting while all are in use, which bounds memory and applies back-pressure), copies into its
-buffers, and gives it back with :meth:`HostStaging.release` once the host data is consumed.
-Buffers are pinned when the source is on a GPU (non-blocking copies), grow when a larger tensor
-comes, and are kept otherwise.
+A sink or hook that copies device tensors to the host every N steps takes a
+:class:`StagingSlot` with :meth:`HostStaging.acquire` (waiting while all are in use, which bounds
+memory and applies back-pressure), copies into its buffers, and gives it back with
+:meth:`HostStaging.release`: no pinned allocation per copy, which slows the stepping
+(``python -m tools.w5_breakdown --variants copy,copy-new``). Buffers are pinned when the source
+is on a GPU, grow when a larger tensor comes, and are kept otherwise.
 
 Example:
     >>> import torch

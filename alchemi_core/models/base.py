@@ -6,19 +6,12 @@ A model is a callable ``model(batch, compute_stress=False)`` returning a mapping
 * ``"forces"``: ``[V, 3]`` eV/Å, one row per atom,
 * ``"stress"``: ``[B, 3, 3]`` eV/Å³ (positive under tension) when ``compute_stress`` is True.
 
-A model declares what it needs through :class:`ModelCard` (its cutoff, whether it handles
-periodic cells, whether it can give stress) and keeps whatever neighbour data it needs itself,
-rebuilt when ``batch.version`` changes: a user never wires a neighbour list by hand. The engine
-calls ``check_batch(batch)`` when systems enter and ``verify(batch)`` at check steps (the only
-places a model may read values back from the device to raise an error).
-
-A :class:`BaseModel` called directly (``model(batch)``, outside a run) makes the same checks
-itself, once per batch object: ``check_batch``, :meth:`BaseModel.check_stress` when stress is
-asked, and ``verify`` after the forward. A run checks the systems that enter through
-:func:`check_input`, which remembers the batch, so a step pays only a dictionary lookup.
-
-For speed on a GPU a model's forward should make no host synchronisation and, after the first
-call for a given ``batch.version``, allocate nothing, so a step can be captured as a CUDA graph.
+A model declares what it needs through :class:`ModelCard` and keeps whatever neighbour data it
+needs itself, rebuilt when ``batch.version`` changes. The engine calls ``check_batch(batch)`` when
+systems enter and ``verify(batch)`` at check steps (the only places a model may read values back
+from the device to raise an error). A :class:`BaseModel` called directly (outside a run) makes the
+same checks itself, once per batch object. A forward should make no host synchronisation and,
+after the first call for a given ``batch.version``, allocate nothing (CUDA graph capture).
 
 Example:
     >>> import torch
@@ -84,9 +77,8 @@ class BaseModel(torch.nn.Module):
         raise NotImplementedError
 
     def __call__(self, batch: Batch, *args: Any, **kwargs: Any) -> Any:
-        """The forward, after the checks a run makes when systems enter, for a batch object not
-        checked yet (a direct call); then ``verify``, so that what the device recorded (a
-        neighbour capacity too small) raises rather than returning wrong forces."""
+        """The forward, after the checks a run makes when systems enter for a batch object not
+        checked yet (a direct call); then ``verify``."""
         stress = bool(args[0] if args else kwargs.get("compute_stress", False))
         direct = self._check_once(batch, stress)
         out = super().__call__(batch, *args, **kwargs)
@@ -99,11 +91,9 @@ class BaseModel(torch.nn.Module):
         return out
 
     def check_batch(self, batch: Batch) -> None:
-        """Reject a batch this model cannot evaluate, with a message that says why.
-
-        The engine calls it when a run starts and whenever new systems enter (not per step);
-        a direct call of the model, once per batch object. The default runs
-        :meth:`check_species` and, for a periodic model (``card.periodic``), :meth:`check_cells`.
+        """Reject a batch this model cannot evaluate, with a message that says why (called when
+        systems enter, not per step). The default runs :meth:`check_species` and, for a periodic
+        model, :meth:`check_cells`.
 
         Raises:
             InvalidDataError: An unknown species, or another input the model cannot handle.
@@ -153,12 +143,8 @@ class BaseModel(torch.nn.Module):
         check_cells(batch, self.card.name)
 
     def check_stress(self, batch: Batch) -> None:
-        """Reject stress asked of systems without a cell to take it over (a molecule): stress
-        is the energy's derivative per volume, so without a volume it is NaN or infinite.
-
-        The engine calls it when systems enter a run that needs stress; a direct call with
-        ``compute_stress=True``, once per batch object. A model without stress
-        (``card.stress`` False) refuses the request itself.
+        """Reject stress asked of systems without a cell to take it over (a molecule); called
+        when systems enter a run that needs stress.
 
         Raises:
             InvalidDataError: Systems without a cell or with a cell of zero volume, named by
@@ -186,21 +172,14 @@ class BaseModel(torch.nn.Module):
 
     def verify(self, batch: Batch) -> None:
         """Raise errors the model detected on the device since the last call (a neighbour list
-        that overflowed, a cutoff beyond what it was built for).
-
-        The engine calls it at check steps, where reading back from the device is allowed, and
-        right after the forward that follows a run's start or a refill, so that systems a model
-        cannot hold (more neighbours than a fixed capacity) are reported before any step uses
-        their results; the forward itself never synchronises. The default does nothing.
-        """
+        that overflowed). Called at check steps and right after the forward that follows a run's
+        start or a refill. The default does nothing."""
 
     # ------------------------------------------------------------------ checked batches
     def _checked(self) -> weakref.WeakValueDictionary[tuple[int, bool], Any]:
         """Batches that passed ``check_batch`` (key ``(id, False)``) and :meth:`check_stress`
-        (``(id, True)``), weakly held. Keyed on the object, not its version: a run changes the
-        version at every refill and graduation and checks the systems that enter itself; a
-        second, whole-batch check there (cells read back, a probe neighbour search) cost W1 and
-        W2 on the H200 more than the step (0.49 -> 0.84 ms/step at 256x1024)."""
+        (``(id, True)``), weakly held. Keyed on the object, not its version: a run checks the
+        systems that enter itself, and a second whole-batch check per refill costs more than a step."""
         checked = self.__dict__.get("_checked_batches")
         if checked is None:
             checked = self.__dict__["_checked_batches"] = weakref.WeakValueDictionary()
@@ -264,11 +243,8 @@ _species_tables: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
 def _known_species(species: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """``[_TOP_NUMBER + 3]`` bool on ``device``: entry ``z + 1`` is True for a known atomic number
-    ``z``; the first and last entries (numbers below 0 and above the table) are False.
-
-    A lookup and one read-back per check: ``torch.unique`` over a batch's atoms sorts them all
-    (W2's 221,184 atoms: 3.3 against 1.1 ms on a 2-core CPU) and synchronises twice on a GPU.
-    """
+    ``z``; the first and last entries (numbers below 0 and above the table) are False. (A lookup
+    and one read-back: ``torch.unique`` would sort every atom and synchronise twice.)"""
     key = (species, device)
     table = _species_tables.get(key)
     if table is None:

@@ -64,9 +64,8 @@ class MemoryResults:
 
 
 class SinkResults:
-    """One sink as the results store of a single process (a ``ResultsStore`` of one part): what
-    ``alchemi run`` without torchrun writes, so that a rerun skips what is stored the way a
-    data-parallel one does.
+    """One sink as the results store of a single process (a ``ResultsStore`` of one part), so a
+    rerun of ``alchemi run`` skips what is stored as a data-parallel one does.
 
     Args:
         sink: The sink (``ZarrData``, ``HostMemory``, ...): its records carry ``system_id`` and

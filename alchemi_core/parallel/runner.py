@@ -1,21 +1,11 @@
 """Data-parallel runs: every rank runs the whole workflow on its own shard of the dataset.
 
 :func:`run_data_parallel` is called by every process of a job (``torchrun`` sets ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK``; without them it is a run of one). Each rank
-
-1. reads which structures the results store already holds and skips them (a rerun finishes only
-   what is missing), then waits for every rank to have read (before anyone writes);
-2. takes its shard of the rest (:func:`~alchemi_core.parallel.sharding.balanced_shards`, by atoms),
-   builds its stages with the caller's ``make_run(context)`` on its device (GPU ``LOCAL_RANK``,
-   or the CPU) and runs them, writing to its own part of the store;
-3. waits for the others, and rank 0 checks the store: every structure of the dataset once.
-
-The ranks share nothing but a small gloo process group (``comm:gloo`` from ``alchemi-nccl``),
-used for the agreement check, heartbeats, the failure record and the summary. A rank that
-raises records its failure, naming the structures it had not stored; the others see the record
-(or a dead rank's stale heartbeat) after their next step and stop, saving what they finished, with
-a :class:`DataParallelError` that names what is missing. Shards are a function of the dataset
-and the store, so any rank can say what a killed rank held.
+``WORLD_SIZE`` and ``LOCAL_RANK``; without them it is a run of one). Each rank skips what the
+results store holds, runs its shard of the rest (balanced by atoms) on its device, writing to its
+own part of the store; rank 0 then checks that the store holds every structure once. The ranks
+share only a small gloo group (``comm:gloo``): a rank that fails records which structures it had
+not stored, and the others stop after their next step with a :class:`DataParallelError`.
 
 Example:
     >>> from alchemi_core.data.datapipes import ListDataset
@@ -146,12 +136,8 @@ class DataParallelSummary:
 
 
 class PeerWatch(Hook):
-    """Stops this rank's run when another rank failed or died; on rank 0, reports progress.
-
-    An ``AFTER_STEP`` hook (outside any captured graph): ``backend.check_peers()`` looks at the
-    failure record and the heartbeats at most once per heartbeat period, so a step pays a Python
-    call and a clock read.
-    """
+    """Stops this rank's run when another rank failed or died; on rank 0, reports progress
+    (``check_peers()`` looks at most once per heartbeat period)."""
 
     stage = DynamicsStage.AFTER_STEP
 
@@ -201,27 +187,21 @@ def run_data_parallel(
     """Run ``make_run(context).run()`` on this rank's shard of ``dataset`` (see the module docstring).
 
     Args:
-        make_run: Builds this rank's stages from a :class:`RankContext`: a ``SizeAwareSampler``
-            over ``context.dataset``, ``sinks=[context.sink]``, the model on ``context.device``.
-            It returns what to ``run()`` (a ``FusedStage``, a ``BaseDynamics``), to which
-            ``context.watch`` is added; or it runs them itself, with ``context.watch`` among
-            their hooks, and returns anything without a ``run`` method. It is not called on a
-            rank whose shard is empty.
-        dataset: Every structure of the campaign (``len``, ``[i]``, ``get_metadata``); the same
-            on every rank. Structures are known by ``system_id``: the dataset's ``system_ids()``
-            or their positions.
+        make_run: Builds this rank's stages from a :class:`RankContext` (a ``SizeAwareSampler``
+            over ``context.dataset``, ``sinks=[context.sink]``, the model on ``context.device``)
+            and returns what to ``run()``, to which ``context.watch`` is added; or runs them
+            itself with ``context.watch`` among their hooks. Not called for an empty shard.
+        dataset: Every structure (``len``, ``[i]``, ``get_metadata``), the same on every rank;
+            structures are known by the dataset's ``system_ids()`` or their positions.
         results: The store all ranks write (e.g. ``ShardedZarrStore("results.zarr")``).
         backend: A joined ``CommBackend`` (default: ``comm:gloo`` from the torchrun environment,
             none for a single process).
         timeout_s: Longest wait for the other ranks to join, and the heartbeat staleness bound.
-        device: Override the device (default: ``cuda:LOCAL_RANK`` when CUDA is available, ranks
-            beyond the GPU count sharing them in turn, else the CPU).
+        device: Override the device (default: ``cuda:LOCAL_RANK`` modulo the GPUs, else the CPU).
         progress: On rank 0, report the store's progress every ``progress_every_s`` seconds
             (True: a line on stderr; a callable: called with a :class:`Progress`).
-        stop: The request to stop early that ``make_run`` gives its run (e.g. a
-            ``alchemi_core.workflow.stopping.StopRequest``, which then handles SIGTERM too); the
-            summary's ``stopped`` says whether any rank was asked. Without it SIGTERM raises, and
-            the rank saves what it finished and reports what it did not.
+        stop: The stop request ``make_run`` gives its run (e.g. a ``StopRequest``, which then
+            handles SIGTERM too). Without it SIGTERM raises, and the rank saves what it finished.
 
     Returns:
         The run's :class:`DataParallelSummary` (rank 0's holds the store check).
@@ -247,8 +227,7 @@ def _join(timeout_s: float) -> CommBackend:
         return InProcessBackend.group(world_size=1, timeout_s=timeout_s)[0]
     from alchemi_core import registry
 
-    # gloo whatever the devices: the ranks exchange a few integers, never tensors, and several
-    # ranks may share a GPU (which NCCL refuses).
+    # gloo whatever the devices: the ranks exchange a few integers, and may share a GPU (NCCL refuses).
     backend = registry.build("comm:gloo", timeout_s=timeout_s)
     backend.init()
     return backend

@@ -1,20 +1,14 @@
 """The first-party plugins: the one list every other place derives from or is checked against.
 
-Each entry names a distribution under ``plugins/``, what it provides (registry names and the
-public names it serves under ``alchemi_core``), the environment it installs into and the line the
-README's table shows. ``registry`` names the distribution to install when one of these is asked
-for and missing; ``scripts/dev`` installs the distributions of the ``main`` environment (it runs
-this file with any Python 3: it imports only the standard library); tests check that ``tox.ini``,
-the README's table, the ``plugins/`` folders and what each installed plugin registers agree.
-
-To add a first-party plugin, add one entry here (``env`` names another environment when its
-dependencies cannot share the main one, e.g. a conflicting e3nn), then run the tests: they say
-which other file still lacks it.
+``registry`` names the distribution to install when one of these is asked for and missing;
+``scripts/dev`` runs this file (standard library only) for the distributions of an environment;
+tests check that ``tox.ini``, the README's table, the ``plugins/`` folders and what each
+installed plugin registers agree. To add a first-party plugin, add one entry here.
 
 Example:
-    >>> from alchemi_core.plugin.first_party import provider_of
-    >>> provider_of("alchemi_core.dynamics.Langevin")
-    'alchemi-integrators'
+    >>> from alchemi_core.plugin.first_party import provides
+    >>> "alchemi_core.dynamics.Langevin" in provides()["alchemi-integrators"]
+    True
 """
 
 from __future__ import annotations
@@ -114,14 +108,6 @@ def by_name() -> dict[str, FirstParty]:
 def provides() -> dict[str, tuple[str, ...]]:
     """``{distribution: what it provides}``, for the registry's install hints."""
     return {p.distribution: p.provides for p in PLUGINS}
-
-
-def provider_of(name: str) -> str | None:
-    """The first-party distribution that provides ``name`` (a ``kind:name`` or public name)."""
-    for p in PLUGINS:
-        if name in p.provides:
-            return p.distribution
-    return None
 
 
 def in_env(env: str = "main") -> list[str]:

@@ -1,10 +1,9 @@
 """Plugin discovery: load every ``alchemi.plugins`` entry point on its own and record the outcome.
 
-Each plugin is loaded, validated and asked for its registrations separately: a plugin that fails
-to import, implements an unknown hook or raises while registering is recorded as ``failed`` with
-its error, and the others load as usual. ``ALCHEMI_DISABLE_PLUGINS=a,b`` blocks plugins (by entry
-point or distribution name) before they are imported; ``ALCHEMI_STRICT_PLUGINS=1`` turns failures
-into errors. Discovery imports only the plugins' thin registration modules: no torch, warp or CUDA.
+A plugin that fails to import, implements an unknown hook or raises while registering is
+recorded as ``failed`` with its error, and the others load as usual. ``ALCHEMI_DISABLE_PLUGINS=a,b``
+blocks plugins (by entry point or distribution name); ``ALCHEMI_STRICT_PLUGINS=1`` turns failures
+into errors. Discovery imports only the plugins' thin registration modules.
 
 Example:
     >>> from alchemi_core.plugin.manager import PluginManager

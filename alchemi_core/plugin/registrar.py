@@ -98,18 +98,10 @@ class Registrar:
                 f"plugin {self.plugin!r} registers {self.kind}:{name} with target {target!r}; "
                 "write it as 'package.module:attribute'"
             )
-        self.records.append(
-            ComponentRecord(
-                kind=self.kind,
-                name=name,
-                target=target,
-                plugin=self.plugin,
-                summary=summary,
-                exports=tuple(exports),
-                requires=tuple((requires or {}).items()),
-                state_fields=tuple(state_fields),
-            )
-        )
+        self.records.append(ComponentRecord(
+            kind=self.kind, name=name, target=target, plugin=self.plugin, summary=summary, exports=tuple(exports),
+            requires=tuple((requires or {}).items()), state_fields=tuple(state_fields),
+        ))
         for public in exports:
             self.export(public, target)
 

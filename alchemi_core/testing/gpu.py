@@ -1,10 +1,4 @@
-"""Helpers for tests that run on a CUDA device.
-
-* :func:`no_host_sync`: fail on any host synchronisation inside a block.
-* :func:`check_syncs`: the host synchronisations one engine check makes.
-* :func:`eager_and_captured`: the same Langevin run eagerly and as a replayed CUDA graph.
-* :func:`step_allocations`: what steps of a warm stage take from the caching allocator.
-"""
+"""Helpers for tests that run on a CUDA device: host synchronisations, graph capture, allocations."""
 
 from __future__ import annotations
 
@@ -92,10 +86,8 @@ def eager_and_captured(model: Any, batch: Any, steps: int = 30) -> tuple[Any, An
 def step_allocations(stage: Any, batch: Any, steps: int = 20) -> tuple[int, int]:
     """``(allocations, segments)`` the caching allocator made during ``steps`` steps of
     ``stage`` after five warm-up steps on ``batch`` (a GPU batch): blocks handed out, and
-    device memory newly taken from the driver.
-
-    The warm-up is a 5-step run and three steps more: a run drops its CUDA graph when it ends,
-    so the first step after it captures again, and that capture is not a step's cost.
+    device memory newly taken from the driver. (Three steps after the warm-up run: the first
+    step after a run captures its graph again, which is not a step's cost.)
 
     Example:
         >>> step_allocations(stage.compile(), batch)  # doctest: +SKIP

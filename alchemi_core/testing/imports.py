@@ -1,14 +1,11 @@
 """Import circles inside a package, found from its source without importing it.
 
-A module that imports another which (directly or through others) imports it back is a circle:
-it only works while every import in it happens inside a function, and it makes the modules one
-knot that cannot be read or changed alone. :func:`import_circles` reads every module of a
-package, collects what it imports (at the top and inside functions; imports under
-``if TYPE_CHECKING:`` aside, as they never run) and returns the strongly connected groups of
-modules. An import names the module it loads: ``from pkg.mod import name`` is an edge to
-``pkg.mod`` (or to ``pkg.mod.name`` when that is a module); importing a package is an edge to
-its ``__init__``. Parents that Python imports on the way are not counted, so a submodule may be
-imported by its package's ``__init__``.
+A module that imports another which (directly or through others) imports it back is a circle,
+which makes the modules one knot that cannot be read or changed alone. :func:`import_circles`
+reads what every module of a package imports (inside functions too; ``if TYPE_CHECKING:`` blocks
+aside) and returns the groups of modules that all reach each other. ``from pkg.mod import name``
+is an edge to ``pkg.mod`` (or ``pkg.mod.name`` when that is a module); parents Python imports on
+the way are not counted.
 
 Example:
     >>> from pathlib import Path
@@ -81,41 +78,18 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Groups of more than one module that all reach each other (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    groups: list[list[str]] = []
-    counter = 0
-
-    def connect(v: str) -> None:
-        nonlocal counter
-        index[v] = low[v] = counter
-        counter += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            connect(v)
-    return sorted(groups)
+    """Groups of more than one module that all reach each other."""
+    reach = {}
+    for start in graph:
+        seen, todo = {start}, [start]
+        while todo:
+            for w in graph.get(todo.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        reach[start] = seen
+    groups = {tuple(sorted(w for w in reach[v] if v in reach.get(w, ()))) for v in graph}
+    return sorted(list(g) for g in groups if len(g) > 1)
 
 
 def import_circles(root: Path, package: str) -> list[list[str]]:

@@ -1,15 +1,9 @@
 """``alchemi run`` under torchrun: every rank runs the workflow on its shard into one store.
 
 :func:`run_workflow_data_parallel` is what ``torchrun --nproc-per-node=N alchemi run
-workflow.toml`` does on each rank (``alchemi run`` sees torchrun's ``WORLD_SIZE``): the
-workflow's input is split by :func:`alchemi_core.parallel.run_data_parallel` into shards
-balanced by atoms, each rank builds the plan on its own device (``cuda:LOCAL_RANK`` or the CPU)
-and runs it over its shard, and the ``[output]`` path becomes a sharded Zarr store with one part
-per rank (``alchemi-zarr``'s ``ShardedZarrStore``), read as one set by ``alchemi inspect``.
-
-Structures are numbered by their position in the input, so running the same command again
-finishes only the structures the store lacks (after a killed job or a failed rank) and never
-repeats one. Each rank logs to ``<store>.part-0000r.log.csv``.
+workflow.toml`` does on each rank: the ``[output]`` path becomes a sharded Zarr store with one
+part per rank; running the same command again finishes only what the store lacks. Each rank
+logs to ``<store>.part-0000r.log.csv``.
 
 Example:
     >>> import os, tempfile
@@ -83,8 +77,7 @@ def sharded_output(workflow: Workflow) -> Any:
     params = dict(out.sink.params) if out.sink is not None else {}
     params.pop("store", None)
     params.pop("capacity", None)
-    # Trajectory frames carry a stage's status; only records at the exit status (or a failure
-    # status) are results, so a structure with frames but no result is run again.
+    # Trajectory frames carry a stage's status and are not results.
     frames = range(len(workflow.stages)) if out.trajectory_every else ()
     try:
         return ShardedZarrStore(out.path, frame_statuses=frames, **params)
@@ -131,7 +124,7 @@ def run_workflow_data_parallel(
         print("[alchemi] checkpoint is not used in a data-parallel run: run the same command again to finish "
               "what a stopped run left", file=sys.stderr)
     results = sharded_output(workflow)
-    data = NumberedDataset(dataset if dataset is not None else open_input(workflow), 0)
+    data = NumberedDataset(dataset if dataset is not None else open_input(workflow))
     out = workflow.output
     assert out is not None
     steps: list[int] = []

@@ -1,11 +1,7 @@
 """Structures for a workflow: files ASE reads (a file, a glob, a directory) or an alchemi Zarr store.
 
-A store's structures start the workflow at its first stage, whatever status they were stored
-with, unless ``[input] resume_status = true`` (:class:`StoreInput`).
-
-Each structure read from files keeps its source: ``info["source_file"]`` (the path as given)
-and ``info["source_index"]`` (the frame in that file), stored as the system fields
-``infotext_source_file`` and ``info_source_index`` and written back by ``to_atoms`` and exports.
+Each structure read from files keeps its source in ``info["source_file"]`` and
+``info["source_index"]`` (the frame in that file).
 
 Example:
     >>> import os, tempfile
@@ -30,6 +26,7 @@ import torch
 
 from alchemi_core.data import AtomicData
 from alchemi_core.data.ase_io import TEXT_PREFIX, encode_text, fields_from_atoms, harmonise
+from alchemi_core.data.datapipes import ListDataset, ReaderDataset, as_atomic_data
 from alchemi_core.errors import InvalidDataError
 
 SOURCE_FILE = TEXT_PREFIX + "source_file"
@@ -106,18 +103,13 @@ def open_dataset(
     path: str, format: str | None = None, index: str = ":", dtype: str = "float32", resume_status: bool = False,
     stages: int | None = None,
 ) -> Any:
-    """A dataset for ``SizeAwareSampler``: a Zarr store's structures, or the files' structures in memory.
-
-    A store's structures start at the first stage (``status`` 0), whatever status they were
-    stored with; with ``resume_status`` each keeps its status and starts at the stage it names
-    (see :class:`StoreInput`).
+    """A dataset for ``SizeAwareSampler``: a Zarr store's structures (:class:`StoreInput`), or the
+    files' structures in memory.
 
     Raises:
         WorkflowError: With ``resume_status``, structures whose status names no stage of a
             workflow of ``stages`` stages.
     """
-    from alchemi_core.data.datapipes import ListDataset
-
     if is_zarr_store(path):
         from alchemi_core import registry
 
@@ -126,16 +118,10 @@ def open_dataset(
     return ListDataset(read_structures(path, format, index, getattr(torch, dtype)))
 
 
-class StoreInput:
-    """The structures of a results store as a workflow's input.
-
-    A stored structure keeps the ``status`` its last run gave it: the number of stages of that
-    workflow once finished, negative once quarantined. A workflow would hand every such
-    structure straight to its sinks and step none, so by default each starts again at the first
-    stage (``status`` 0). With ``resume_status`` each keeps its status and starts at the stage
-    it names (a relaxation stored half-way continues with the stage it was in); a status that
-    names no stage of the workflow (``< 0`` or ``>= stages``) is then an error naming the
-    structures, not a run that steps nothing.
+class StoreInput(ReaderDataset):
+    """The structures of a results store as a workflow's input: each starts at the first stage
+    (``status`` 0), or with ``resume_status`` at the stage its stored status names (a status that
+    names no stage of the workflow is then an error naming the structures).
 
     Args:
         reader: ``len``, ``reader[i]``, ``get_metadata(i)`` (an ``AtomicDataZarrReader``).
@@ -180,30 +166,11 @@ class StoreInput:
         return np.asarray([int(self.reader[i].get("status", torch.zeros(1)).reshape(-1)[0]) for i in range(n)],
                           dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def __getitem__(self, index: int) -> Any:
-        from alchemi_core.data.datapipes import as_atomic_data
-
         data = as_atomic_data(self.reader[index], index)
         if not self.resume_status and "status" in data:
             data.status = torch.zeros_like(data.status)
         return data
-
-    def get_metadata(self, index: int) -> tuple[int, int]:
-        meta = self.reader.get_metadata(index)
-        return int(meta[0]), int(meta[1])
-
-    def get_all_metadata(self) -> Any:
-        from alchemi_core.data.datapipes import all_metadata
-
-        return all_metadata(self.reader)
-
-    def get_all_system_ids(self) -> Any:
-        from alchemi_core.data.datapipes import all_system_ids
-
-        return all_system_ids(self.reader)
 
     def __repr__(self) -> str:
         return f"StoreInput({self.reader!r}, resume_status={self.resume_status})"

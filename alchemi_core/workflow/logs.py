@@ -1,11 +1,8 @@
 """One log file for every stage of a run, and loading it back as a table.
 
-Each stage gets a ``LoggingHook`` (alchemi-hooks) whose rows go, on the hook's background
-thread, to one CSV file with a ``stage`` column (its index in the workflow), a ``wall_s`` column
-(seconds since the run started, when the row reached the host) and the stage's name, so a log
-can be plotted per system, per stage and over time: ``step, stage, system_id, status, time
-(fs), energy, kinetic_energy, total_energy (eV), fmax (eV/Å), temperature (K), wall_s,
-stage_name``.
+Each stage gets a ``hook:logging`` whose rows go to one CSV file with the columns
+:data:`COLUMNS`: ``time`` in fs, energies in eV, ``fmax`` in eV/Å, ``temperature`` in K,
+``wall_s`` seconds since the run started.
 
 Example:
     >>> import os, tempfile

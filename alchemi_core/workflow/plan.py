@@ -1,9 +1,5 @@
 """A workflow's components, built through the registry (:func:`build_plan`), and running them over
-structures into sinks (:func:`execute`).
-
-The two are separate so that a data-parallel launcher can build the plan once per rank and run
-it over that rank's shard into one store: ``execute(plan, dataset, sinks)`` takes any dataset
-(``len``, ``[i]``, ``get_metadata``) and any sinks.
+any dataset into any sinks (:func:`execute`; a data-parallel rank runs its shard so).
 
 Example:
     >>> from alchemi_core.workflow import build_plan, execute, parse_workflow
@@ -74,14 +70,13 @@ class Summary:
 
     Attributes:
         structures_in: Structures of the input.
-        structures_out: Of those, the ones whose result is stored (by this run or an earlier);
-            quarantined structures are counted apart.
+        structures_out: Of those, the ones whose result is stored (quarantined ones apart).
         written: Results this run stored (None: not counted, results kept in memory).
         already_stored: Structures skipped because the store held their result already.
         duplicated: Results stored more than once.
         stopped: What stopped the run early (``"SIGINT"``), or None when it ran to its end.
         quarantined: The structures the run took out because they went bad (``system_id``,
-            ``step``, ``status``, ``reason``), written out too, with their negative status.
+            ``step``, ``status``, ``reason``), stored with a negative status.
     """
 
     structures_in: int

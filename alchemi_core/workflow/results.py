@@ -1,16 +1,10 @@
 """Getting results out of a store: a summary, a per-structure table, exports and plots.
 
-A results store holds records; a structure (one ``system_id``) has one record per stored frame:
-its final state, and trajectory frames when the run stored them. :func:`structure_table` has one
-row per structure (its last record), :func:`export_structures` writes the last frame of each
-structure or every frame to extended XYZ or an ASE ``.traj``, in input order (by ``system_id``)
-or in the order the structures were stored, and :func:`plot_results` draws the run's log
-(``<store>.log.csv``) or, without one, the store's final values. A store of a data-parallel run
-(a sharded store) reads as one set everywhere here.
-
-A record is known by its ``system_id``, ``status`` and ``stage_steps``: a trajectory stores one
-structure at other statuses or steps, so a structure whose last record (its result) has the same
-three as another record was stored twice, which these functions refuse rather than pick one.
+A structure (one ``system_id``) has one record per stored frame: its final state, and trajectory
+frames when the run stored them; its last record is its result. A record is known by its
+``system_id``, ``status`` and ``stage_steps``: two records alike in all three are a structure
+stored twice, which these functions refuse rather than pick one. A sharded store (a
+data-parallel run's) reads as one set.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -156,12 +150,8 @@ def store_summary(store: Any) -> dict[str, Any]:
 def export_structures(store: Any, out: str | os.PathLike[str], frames: str = "last", format: str | None = None,
                       order: str = "input") -> int:
     """Write structures of ``store`` to ``out`` (replaced): each structure's last frame, or every
-    frame (``frames="all"``, grouped by structure, each structure's frames in the order stored).
-
-    Each frame is ``to_atoms()`` of its record: the structure's data and results, without engine
-    state (``stage_steps``, an optimiser's ``fire_dt``; ``alchemi_core.registry.engine_state_fields``).
-    Quarantined records (negative status: the non-finite values that failed) are not written;
-    :func:`quarantined_ids` names their structures.
+    frame (``frames="all"``, grouped by structure, in the order stored). Quarantined records
+    (negative status) are not written; :func:`quarantined_ids` names their structures.
 
     Args:
         store: A results store (path, URL or reader; the root of a sharded store reads as one set).
@@ -238,12 +228,9 @@ def _export_order(reader: Any, frames: str, order: str) -> list[int]:
 
 def plot_results(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] = PLOTS,
                  log: str | os.PathLike[str] | None = None) -> list[Path]:
-    """PNG plots with labelled axes, one per kind in ``kinds``, into ``outdir``.
-
-    With the run's log (``log``, default ``<store>.log.csv`` when it exists): energy per atom,
-    temperature and fmax over each stage's time, and throughput (steps per second) over the run.
-    Without a log: histograms of the stored final energy per atom and fmax (temperature and
-    throughput need a log and are skipped).
+    """PNG plots with labelled axes, one per kind in ``kinds``, into ``outdir``: from the run's log
+    (``log``, default ``<store>.log.csv``) each stage's values over time and the throughput;
+    without a log, histograms of the stored final energy per atom and fmax.
 
     Raises:
         MissingDependencyError: matplotlib is not installed.

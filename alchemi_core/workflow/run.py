@@ -1,11 +1,8 @@
 """``run_workflow``: a validated workflow from its input to its results store, as ``alchemi run`` does.
 
-It opens the input (:mod:`alchemi_core.workflow.inputs`), numbers the structures by their position
-in it (``system_id``), skips those whose result the store holds already (a rerun continues an
-interrupted run, from its ``[checkpoint]`` where there is one; ``fresh=True`` starts over), holds atoms
-marked ``frozen`` in every stage, logs every stage to ``<store>.log.csv`` next to the store
-(step, time, energies, fmax, temperature per system; :func:`alchemi_core.workflow.logs.read_log`
-loads it), optionally snapshots a trajectory into the store, and runs the fused stages.
+Structures are numbered by their position in the input (``system_id``); those whose result the
+store holds already are skipped, so a rerun continues an interrupted run. Every stage logs to
+``<store>.log.csv`` (:func:`alchemi_core.workflow.logs.read_log`).
 
 Example:
     >>> import os, tempfile
@@ -43,6 +40,7 @@ import numpy as np
 import torch
 
 from alchemi_core.comm.inprocess import InProcessBackend
+from alchemi_core.data.datapipes import ReaderDataset, as_atomic_data
 from alchemi_core.dynamics.stored import stored_results
 from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.parallel import DataParallelError, RankContext, SinkResults, run_data_parallel
@@ -50,35 +48,20 @@ from alchemi_core.workflow.plan import Plan, Summary, build_plan, execute
 from alchemi_core.workflow.spec import Workflow, WorkflowError
 
 
-class NumberedDataset:
-    """A dataset whose structures get ``system_id = offset + index`` (ids unique across runs)."""
+class NumberedDataset(ReaderDataset):
+    """A dataset whose structures get ``system_id = index``, their position in the input."""
 
-    def __init__(self, dataset: Any, offset: int) -> None:
-        self.dataset = dataset
-        self.offset = int(offset)
+    def __init__(self, dataset: Any) -> None:
+        self.reader = dataset
         self.device = getattr(dataset, "device", None)
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
     def __getitem__(self, index: int) -> Any:
-        from alchemi_core.data.datapipes import as_atomic_data
-
-        data = as_atomic_data(self.dataset[index], index).to(self.device)
-        data.system_id = torch.tensor([self.offset + int(index)], dtype=torch.long)
+        data = as_atomic_data(self.reader[index], index).to(self.device)
+        data.system_id = torch.tensor([int(index)], dtype=torch.long)
         return data
 
-    def get_metadata(self, index: int) -> tuple[int, int]:
-        meta = self.dataset.get_metadata(index)
-        return int(meta[0]), int(meta[1])
-
-    def get_all_metadata(self) -> Any:
-        from alchemi_core.data.datapipes import all_metadata
-
-        return all_metadata(self.dataset)
-
     def get_all_system_ids(self) -> Any:
-        return np.arange(self.offset, self.offset + len(self), dtype=np.int64)
+        return np.arange(len(self), dtype=np.int64)
 
 
 def log_path_for(store: str) -> Path:
@@ -163,13 +146,9 @@ def run_workflow_detailed(
     workflow: Workflow, device: str | torch.device | None = None, progress: bool = True, dataset: Any = None,
     *, fresh: bool = False, stop: Callable[[], bool] | None = None,
 ) -> RunResult:
-    """:func:`run_workflow`, returning where the store and the log are as well.
-
-    A rerun into the store of an earlier run continues it: structures are known by their
-    position in the input (``system_id``), those whose result is stored are skipped, and with a
-    ``[checkpoint]`` file the structures it held continue where it stopped (the store is first
-    cut back to what the checkpoint had written). This is the mechanism of a data-parallel run
-    (:func:`alchemi_core.parallel.run_data_parallel`) with one process.
+    """:func:`run_workflow`, returning where the store and the log are as well. A rerun into the
+    store of an earlier run continues it (from its ``[checkpoint]`` where there is one): a
+    data-parallel run (:func:`alchemi_core.parallel.run_data_parallel`) of one process.
 
     Args:
         workflow: From :func:`~alchemi_core.workflow.load_workflow`.
@@ -188,7 +167,7 @@ def run_workflow_detailed(
     from alchemi_core.workflow.logs import LogCollector
 
     plan = build_plan(workflow, device)
-    data = NumberedDataset(dataset if dataset is not None else open_input(workflow), 0)
+    data = NumberedDataset(dataset if dataset is not None else open_input(workflow))
     sink = open_output(plan)
     out = workflow.output
     if len(data) == 0:

@@ -1,28 +1,9 @@
 """A workflow file (TOML) read into a typed, validated :class:`Workflow`, before anything runs.
 
 A workflow file is data: components are named ``kind:name`` and built through the registry,
-parameters are plain TOML values, and nothing in the file is evaluated, unpickled or imported
-(a model file that would unpickle code needs ``trust_model_file = true`` on its model, which the
-model component enforces). Every problem is reported as one line that names the key and the fix
-(:class:`WorkflowError`).
-
-Sections:
-
-* ``[model]``: ``component = "model:..."`` plus the model's parameters.
-* ``[input]``: ``path`` (a file ASE reads, a glob, a directory, or a Zarr store), optional
-  ``format`` (an ASE format name), ``index`` (ASE's frame selection, default ``":"``),
-  ``dtype`` (``"float32"``, the default, or ``"float64"``) and ``resume_status`` (a store's
-  structures keep their stored status and continue at the stage it names; default false: every
-  structure starts at the first stage).
-* ``[[stage]]``: ``component = "integrator:..."`` plus its parameters, ``converge = { fmax = 0.05 }``
-  (or any criteria of ``ConvergenceHook``: ``converge = { criteria = [...] }``, ``frequency``) and
-  hooks as ``[[stage.hook]]`` tables with a ``component`` key.
-* ``[output]``: ``path`` of the results store (``sink:zarr``; another sink with ``component``),
-  ``trajectory_every = N`` to store every N-th step as well, ``log = false`` to skip the log.
-* ``[sampler]``: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``refill_frequency``,
-  ``workers`` (processes that read the input's structures, for a Zarr store; default 0).
-* ``[checkpoint]``: ``path`` and ``every`` (steps).
-* ``[run]``: ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``) and ``seed``.
+parameters are plain TOML values, and nothing in the file is evaluated, unpickled or imported.
+Every problem is one line that names the key and the fix (:class:`WorkflowError`). The sections
+and their keys (:data:`SECTIONS`) are documented in ``docs/workflows.md``.
 
 Example:
     >>> from alchemi_core.workflow import parse_workflow
@@ -416,12 +397,8 @@ class _Validator:
 
 def accepted_parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool]:
     """The keyword parameters ``target(...)`` accepts, following ``**kwargs`` up a class's bases,
-    and whether it takes arbitrary others (``**kwargs`` with nowhere known to go).
-
-    Each parameter's ``annotation`` is resolved to the tuple of its union's members (``None``
-    where it cannot be read: no annotation, or a name the module imports only for type checkers),
-    which :func:`value_problem` checks a file's values against.
-    """
+    and whether it takes arbitrary others. Each ``annotation`` is resolved to the tuple of its
+    union's members (None where it cannot be read), which :func:`value_problem` checks against."""
     out: dict[str, inspect.Parameter] = {}
     chain = [c for c in getattr(target, "__mro__", ()) if "__init__" in vars(c) and c is not object]
     functions = [c.__init__ for c in chain] if chain else [target]
@@ -494,14 +471,10 @@ def _split_union(text: str) -> list[str]:
 
 
 def value_problem(members: tuple[Any, ...] | None, value: Any) -> str | None:
-    """Why the TOML ``value`` cannot stand for a parameter of the types ``members`` (from
-    :func:`accepted_parameters`), or None if it can.
-
-    A parameter that takes a number or a string (an integrator's per-system parameter: a value,
-    or a field name) takes a string only as ``"info_<key>"``: in a workflow, each structure's
-    own value comes from its ``atoms.info``. Types no TOML value can be (a tensor, a model) are
-    left to the component, which checks what it is given when it is built.
-    """
+    """Why the TOML ``value`` cannot stand for a parameter of the types ``members``, or None if it
+    can. A parameter that takes a number or a string takes a string only as ``"info_<key>"``
+    (each structure's own value from its ``atoms.info``); types no TOML value can be are left to
+    the component."""
     if members is None or any(m is Any or m is object for m in members):
         return None
     if any(_matches(m, value, members) for m in members):
@@ -594,20 +567,12 @@ def _type_name(kind: type) -> str:
     return names.get(kind, kind.__name__)
 
 
+_TOML_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+               (dict, "a table"))
+
+
 def _toml_type(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a float"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "a table"
-    return type(v).__name__
+    return next((name for kind, name in _TOML_TYPES if isinstance(v, kind)), type(v).__name__)
 
 
 def _did_you_mean(name: str, options: Any) -> str:

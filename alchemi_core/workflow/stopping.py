@@ -1,11 +1,9 @@
 """Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (a scheduler, torchrun's agent).
 
 While :meth:`StopRequest.installed` is active (in the main thread), the first SIGINT or SIGTERM
-only records the request and says so on stderr; the run asks :class:`StopRequest` between steps
-(``FusedStage.run(stop=...)``) and ends after its next check, with the finished structures in the
-store, the sinks flushed and the checkpoint (if any) written, so the same command continues it.
-A second SIGINT stops at once (``KeyboardInterrupt``); more SIGTERMs are taken as the first
-(launchers send one after a Ctrl-C, and kill the process themselves when it takes too long).
+only records the request; the run asks :class:`StopRequest` between steps and ends after its next
+check with what it finished saved. A second SIGINT stops at once (``KeyboardInterrupt``); more
+SIGTERMs are taken as the first (launchers repeat them).
 
 Example:
     >>> import os, signal

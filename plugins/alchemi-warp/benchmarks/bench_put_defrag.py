@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data import AtomicData, Batch
-from alchemi_core.data.buffer_ops import BufferOps, TorchBufferOps, set_buffer_ops
+from alchemi_core.data.buffer_ops import BufferOps, TorchBufferOps
 from alchemi_warp.buffer_ops import WarpBufferOps
 
 
@@ -80,7 +80,6 @@ class Timer:
 
 def run_sequence(ops: BufferOps, args: argparse.Namespace, device: torch.device) -> tuple[dict[str, float], dict]:
     """Median times of put, defrag, zero and single-field gathers with ``ops``; final tensors."""
-    set_buffer_ops(device.type, ops)
     timer = Timer(device)
     dtype = torch.float64 if args.float64 else torch.float32
     pristine = make_source(args.systems, args.atoms, args.edges_per_atom, dtype, str(device))
@@ -103,10 +102,10 @@ def run_sequence(ops: BufferOps, args: argparse.Namespace, device: torch.device)
         nl_out = torch.empty(len(erows), 2, dtype=torch.long, device=device)
     for i in range(args.warmup + args.repeats):
         src = pristine.clone()
-        dest.zero()
+        dest.zero(ops)
         sample = {
-            "put": timer(lambda src=src: dest.put(src, mask)),
-            "defrag": timer(lambda src=src: src.defrag()),
+            "put": timer(lambda src=src: dest.put(src, mask, ops)),
+            "defrag": timer(lambda src=src: src.defrag(ops=ops)),
             "gather positions": timer(lambda: ops.gather(pristine.positions, rows, pos_out)),
         }
         if args.edges_per_atom:
@@ -114,11 +113,10 @@ def run_sequence(ops: BufferOps, args: argparse.Namespace, device: torch.device)
                 lambda: ops.gather_shifted(pristine.neighbor_list, erows, eshift, nl_out)
             )
         final = {k: dest.storage(k).clone() for k in dest.keys()} | {f"src.{k}": src.storage(k).clone() for k in src.keys()}
-        sample["zero"] = timer(lambda: dest.zero())
+        sample["zero"] = timer(lambda: dest.zero(ops))
         if i >= args.warmup:
             for k, v in sample.items():
                 times[k].append(v)
-    set_buffer_ops(device.type, None)
     return {k: statistics.median(v) for k, v in times.items()}, final
 
 

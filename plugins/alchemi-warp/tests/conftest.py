@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-
-from alchemi_core.data.buffer_ops import set_buffer_ops
 
 pytest_plugins = ["alchemi_core.testing.fixtures"]
 
@@ -23,16 +20,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and _HERE in Path(str(item.fspath)).parents:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def warp_ops_on_cpu() -> Iterator[object]:
-    """Route ``Batch.put``/``defrag``/``zero`` on the CPU through the Warp kernels."""
-    from alchemi_warp.buffer_ops import WarpBufferOps
-
-    ops = WarpBufferOps(allow_cpu=True, every_op=True)
-    set_buffer_ops("cpu", ops)
-    try:
-        yield ops
-    finally:
-        set_buffer_ops("cpu", None)

@@ -174,9 +174,8 @@ def test_supports_cuda_only_unless_cpu_is_asked_for():
 
 @pytest.mark.gpu
 def test_core_picks_warp_for_cuda():
-    from alchemi_core.data.buffer_ops import buffer_ops_for, set_buffer_ops
+    from alchemi_core.data.buffer_ops import buffer_ops_for
 
-    set_buffer_ops("cuda", None)
     assert isinstance(buffer_ops_for(torch.device("cuda")), WarpBufferOps)
 
 

@@ -8,6 +8,7 @@ import torch
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.testing import make_batch
 from alchemi_core.testing.contracts import SinkContract, assert_same_systems
+from alchemi_warp.buffer_ops import WarpBufferOps
 from alchemi_warp.gpu_buffer import GPUBuffer
 
 
@@ -18,9 +19,12 @@ class TestGPUBufferContract(SinkContract):
         return GPUBuffer(capacity=capacity, max_atoms=8, max_edges=8, device=self.device)
 
 
-@pytest.mark.usefixtures("warp_ops_on_cpu")
 class TestGPUBufferContractWarpKernels(TestGPUBufferContract):
     """The same contract with every copy done by the Warp kernels (on the CPU here)."""
+
+    def make_sink(self, capacity):
+        ops = WarpBufferOps(allow_cpu=True, every_op=True)
+        return GPUBuffer(capacity=capacity, max_atoms=8, max_edges=8, device=self.device, ops=ops)
 
 
 @pytest.mark.gpu

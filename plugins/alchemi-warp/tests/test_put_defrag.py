@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alchemi_core.data import Batch
-from alchemi_core.data.buffer_ops import TorchBufferOps, set_buffer_ops
+from alchemi_core.data.buffer_ops import TorchBufferOps
 from alchemi_core.testing import make_batch
 from alchemi_core.testing.contracts import assert_same_systems
 from alchemi_warp.buffer_ops import WarpBufferOps
@@ -36,18 +36,14 @@ def planted_batch(sizes, edges, dtype, device="cpu"):
 
 def put_then_defrag(ops, sizes, edges, dtype, mask_bits, held, device="cpu"):
     """Run the put/defrag sequence with ``ops``; returns (destination, source)."""
-    set_buffer_ops(torch.device(device).type, ops)
-    try:
-        src = planted_batch(sizes, edges, dtype, device)
-        dest = Batch.empty(num_systems=len(sizes) + 3, num_nodes=sum(sizes) + 20, num_edges=sum(sizes) + 20, template=src)
-        if held:
-            dest.put(make_batch(held, edges=edges, extras=True, dtype=dtype, system_ids=False).to(device))
-        mask = torch.tensor(mask_bits, device=device)
-        dest.put(src, mask)
-        src.defrag()
-        return dest, src
-    finally:
-        set_buffer_ops(torch.device(device).type, None)
+    src = planted_batch(sizes, edges, dtype, device)
+    dest = Batch.empty(num_systems=len(sizes) + 3, num_nodes=sum(sizes) + 20, num_edges=sum(sizes) + 20, template=src)
+    if held:
+        dest.put(make_batch(held, edges=edges, extras=True, dtype=dtype, system_ids=False).to(device), ops=ops)
+    mask = torch.tensor(mask_bits, device=device)
+    dest.put(src, mask, ops)
+    src.defrag(ops=ops)
+    return dest, src
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,18 +73,18 @@ def test_put_and_defrag_match_torch_bit_for_bit(sizes, edges, dtype, held, data)
 
 
 @pytest.mark.parametrize("edges", [False, True])
-def test_every_dtype_survives_a_round_trip_through_warp(edges, warp_ops_on_cpu):
+def test_every_dtype_survives_a_round_trip_through_warp(edges):
     src = make_batch([4, 2, 5], edges=edges, extras=True, dtype=torch.float64)
     before = src.index_select(slice(None))
     dest = Batch.empty(num_systems=5, num_nodes=20, num_edges=20, template=src)
-    assert dest.put(src) == 3
+    assert dest.put(src, ops=WARP) == 3
     assert dest.atomic_numbers.dtype == torch.int64 and dest.frozen.dtype == torch.bool
     assert dest.tag.dtype == torch.int32 and dest.charges.dtype == torch.float64
     assert_same_systems(before, dest)
     if edges:
         # Edge atom indices were shifted to the destination's atom offsets.
         assert dest.neighbor_list.max().item() == dest.num_nodes - 1
-    dest.zero()
+    dest.zero(WARP)
     assert len(dest) == 0
     assert not any(dest.storage(k).any() for k in dest.keys())
 

@@ -17,15 +17,15 @@ only when asked for explicitly, which is how the tests run the kernels without a
 
 Example:
     >>> import torch
-    >>> from alchemi_core.data.buffer_ops import set_buffer_ops
     >>> from alchemi_warp.buffer_ops import WarpBufferOps
     >>> ops = WarpBufferOps(allow_cpu=True, every_op=True)
     >>> out = torch.zeros(2, 3, dtype=torch.int64)
     >>> ops.gather(torch.arange(9).reshape(3, 3), torch.tensor([2, 0]), out)
     >>> out.tolist()
     [[6, 7, 8], [0, 1, 2]]
-    >>> set_buffer_ops("cpu", ops)  # route Batch.put/defrag/zero on the CPU through Warp
-    >>> set_buffer_ops("cpu", None)  # back to torch
+    >>> from alchemi_core.testing import make_batch
+    >>> make_batch([2, 3]).zero(ops).num_graphs  # Batch.put/defrag/zero take ops=
+    0
 """
 
 from __future__ import annotations

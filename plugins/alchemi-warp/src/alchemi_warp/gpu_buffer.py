@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data import Batch
+from alchemi_core.data.buffer_ops import BufferOps
 from alchemi_core.dynamics.sinks import DataSink, SavesContents, capacity_error
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 
@@ -40,6 +41,7 @@ class GPUBuffer(SavesContents, DataSink):
         max_atoms: Most atoms in one system; the buffer holds ``capacity * max_atoms`` atoms.
         max_edges: Most edges in one system; the buffer holds ``capacity * max_edges`` edges.
         device: Where the data lives (``"cuda"``, ``"cuda:1"``; ``"cpu"`` works too).
+        ops: The row copies of writes and ``zero`` (default: core's choice for the device).
 
     Raises:
         ConfigurationError: A negative size, or a CUDA device on a machine without CUDA.
@@ -56,7 +58,8 @@ class GPUBuffer(SavesContents, DataSink):
         [3, 4]
     """
 
-    def __init__(self, capacity: int, max_atoms: int, max_edges: int, device: torch.device | str = "cuda") -> None:
+    def __init__(self, capacity: int, max_atoms: int, max_edges: int, device: torch.device | str = "cuda",
+                 ops: BufferOps | None = None) -> None:
         for name, value in (("capacity", capacity), ("max_atoms", max_atoms), ("max_edges", max_edges)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ConfigurationError(f"GPUBuffer {name} must be a non-negative int, got {value!r}")
@@ -74,6 +77,7 @@ class GPUBuffer(SavesContents, DataSink):
         self._max_atoms = int(max_atoms)
         self._max_edges = int(max_edges)
         self._device = device
+        self._ops = ops
         self.restore_device = device  # a checkpoint's contents go back onto the buffer's device
         self._storage: Batch | None = None
         #: Bool ``[B]`` on the last written batch's device: the systems the last write copied.
@@ -133,7 +137,7 @@ class GPUBuffer(SavesContents, DataSink):
             if batch.device != self._device:
                 # Move only the selected systems, not the whole batch.
                 source, source_mask = batch.index_select(selected).to(self._device), None
-            copied = storage.put(source, source_mask)
+            copied = storage.put(source, source_mask, self._ops)
             if copied != len(selected):  # pragma: no cover - _check_fits guarantees room
                 raise CapacityError(f"GPUBuffer copied {copied} of {len(selected)} systems; this is a bug")
             self._dest_mask = storage._dest_mask
@@ -212,7 +216,7 @@ class GPUBuffer(SavesContents, DataSink):
     def zero(self) -> None:
         """Empty the buffer and zero its tensors, keeping their memory, shapes and addresses."""
         if self._storage is not None:
-            self._storage.zero()
+            self._storage.zero(self._ops)
         self._copied_mask = None
         self._dest_mask = None
 
