@@ -1,11 +1,9 @@
 """``MaxForceClampHook``: cap every atom's force norm, keeping its direction.
 
-A safety net for the first steps from rough structures (overlapping atoms, a model far outside
-its training data): forces above ``max_force`` are scaled down to it on the device, after the
-model forward and before the integrator uses them. Forces below the cap are untouched, bit for
-bit. Forces the engine computes outside a step (when a run starts, when systems are refilled,
-when systems move into the hook's stage) are clamped before the integrator's first use of
-them. The step costs three small kernels and allocates nothing once warm.
+A safety net for rough starting structures: forces above ``max_force`` are scaled down to it on
+the device after the model forward; forces below it are untouched, bit for bit. Forces the
+engine computes outside a step (run start, refills, systems entering the stage) are clamped
+before the integrator's first use of them.
 
 Example:
     >>> import torch

@@ -1,19 +1,11 @@
 """``EnergyDriftMonitorHook``: watch each system's total energy for drift.
 
-The total energy ``E = potential + kinetic (+ named extra terms)`` of a system should stay at its
-starting value ``E_0`` in NVE dynamics; a time step too large for the structure, a model with
-non-conservative forces or a neighbour list missing pairs shows up as drift. Every ``frequency``
-steps the hook computes ``|E - E_0| / N_atoms`` on the device and reads back one flag; past
+Every ``frequency`` steps the hook computes ``|E - E_0| / N_atoms`` of the total energy
+``E = potential + kinetic (+ extra_energy fields)`` on the device and reads back one flag; past
 ``threshold`` (eV/atom) it warns (:class:`~alchemi_hooks.errors.EnergyDriftWarning`, once per
 system) or raises (:class:`~alchemi_hooks.errors.EnergyDriftError`), naming the systems.
-
-``E_0`` is taken at the hook's first call after a system enters its stage: step 0 for the
-systems a run starts with (after one step, so that other hooks' setup, such as
-``FreezeAtomsHook`` zeroing velocities, is not counted as drift), and within ``frequency`` steps
-of a refill or a move from the previous stage of a ``FusedStage``. References follow their
-systems by ``system_id`` when the batch is reordered. Thermostats exchange energy with a bath:
-pass the batch field holding the bath's energy in ``extra_energy`` (a Nosé-Hoover conserved
-quantity), or use this hook on NVE stages only.
+``E_0`` is taken at the hook's first call after a system enters its stage, and follows its
+system by ``system_id``. Under a thermostat pass the bath's energy field in ``extra_energy``.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -113,7 +105,6 @@ class EnergyDriftMonitorHook(Hook):
         self._batch: Batch | None = None
         self._version = -1
 
-    # ------------------------------------------------------------------ lifecycle
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         require_fields(batch, self.extra_energy, "EnergyDriftMonitorHook", "Fix extra_energy=")
         self._reset()
@@ -121,7 +112,6 @@ class EnergyDriftMonitorHook(Hook):
     def on_run_end(self, batch: Batch, dynamics: Any) -> None:
         self._reset()
 
-    # ------------------------------------------------------------------ the check
     def total_energy(self, batch: Batch) -> torch.Tensor:
         """``[B]`` float64 potential + kinetic (+ extra) energy per system, eV."""
         total = batch.energy.reshape(-1).to(torch.float64) + kinetic_energy(batch).to(torch.float64)

@@ -1,5 +1,4 @@
-"""Errors and warnings raised by alchemi-hooks; each derives from ``alchemi_core.errors.AlchemiError``
-(warnings from ``RuntimeWarning``), so ``except AlchemiError`` catches them with the rest.
+"""Errors and warnings raised by alchemi-hooks (errors derive from ``AlchemiError``).
 
 Example:
     >>> from alchemi_core.errors import AlchemiError

@@ -1,18 +1,11 @@
 """``FreezeAtomsHook``: keep chosen atoms fixed in place (a slab's bottom layers, anchors).
 
-Frozen atoms are those with the bool atom field ``frozen`` set; ``indices`` or ``mask`` given to
-the hook are added to that field when a run starts, so the choice travels with each system
-through refills, sinks and pipeline ranks (like ASE's ``FixAtoms``, indices count atoms of the
-batch the run starts with).
-
-The engine itself gives atoms marked ``frozen`` weight 0 in every stage (``node_weight`` and
-``weighted_inv_mass``) and puts back whatever an update moved of them (kicks, drifts, thermostat
-noise, FIRE mixing: ``alchemi_core.dynamics.constraints``), so no integrator moves them. The
-hook marks the atoms, zeroes their velocities when a run starts and whenever new systems enter,
-and zeroes their forces after each model forward (``AFTER_COMPUTE``), so force convergence
-criteria (``fmax``), logs and optimisers see only the atoms that move, as in ASE. The per-step
-cost is one multiply of the forces. Temperatures reported by alchemi-hooks count 3 degrees of
-freedom per moving atom.
+Frozen atoms are those with the bool atom field ``frozen`` set; ``indices`` or ``mask`` (atoms of
+the batch the run starts with, like ASE's ``FixAtoms``) are added to that field when a run
+starts, so the choice travels with each system. The engine keeps atoms marked ``frozen`` from
+moving (``alchemi_core.dynamics.constraints``); the hook marks them, zeroes their velocities
+when systems enter, and zeroes their forces after each model forward, so ``fmax``, logs and
+optimisers see only the atoms that move, as in ASE.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -74,7 +67,6 @@ class FreezeAtomsHook(Hook):
         self._free: torch.Tensor | None = None
         self._held_version: Any = None
 
-    # ------------------------------------------------------------------ lifecycle
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         self._mark(batch)
         self._free_key = None
@@ -111,7 +103,6 @@ class FreezeAtomsHook(Hook):
         else:
             batch.set_field(FIELD, chosen, "node")
 
-    # ------------------------------------------------------------------ the two points
     def free_weight(self, batch: Batch, dynamics: Any) -> torch.Tensor:
         """``[V, 1]`` 0.0 for frozen atoms of the hook's systems, 1.0 elsewhere (cached)."""
         atoms = self._scope.atoms(batch, dynamics)
@@ -131,8 +122,7 @@ class FreezeAtomsHook(Hook):
         return self._free
 
     def hold(self, batch: Batch, dynamics: Any) -> None:
-        """Zero the velocities of frozen atoms when systems entered since the last call (the
-        engine's weights already keep frozen atoms from moving)."""
+        """Zero the velocities of frozen atoms when systems entered since the last call."""
         key = (id(batch), batch.version)
         if key == self._held_version:
             return

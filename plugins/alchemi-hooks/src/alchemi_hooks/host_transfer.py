@@ -1,14 +1,10 @@
 """Move small tables from the device to a background consumer without stalling the step.
 
-``HostTransfer.submit(table, meta)`` enqueues a non-blocking copy of ``table`` into a pinned host
-buffer, records a CUDA event behind it and returns at once; a worker thread waits on that event
-(the wait releases the GIL), then hands the host copy to ``consume(array, meta)``, in submission
-order. On a CPU the copy is a plain one. A fixed set of buffers is reused
-(:class:`alchemi_core.data.staging.HostStaging`), so a run allocates pinned memory only when a
-table outgrows its slot; when every slot is still waiting for the
-consumer, ``submit`` waits for one (the consumer is then the bottleneck and the wait bounds
-memory). An exception in ``consume`` is raised, as :class:`HookWorkerError`, by the next
-``submit`` or by ``close``: nothing fails silently.
+``HostTransfer.submit(table, meta)`` enqueues a non-blocking copy of ``table`` into a reused
+pinned buffer behind a CUDA event; a worker thread waits on that event, then hands the host copy
+to ``consume(array, meta)``, in order. When every buffer waits for the consumer, ``submit`` waits
+for one. An exception in ``consume`` is raised, as :class:`HookWorkerError`, by the next
+``submit`` or by ``close``.
 
 Example:
     >>> import torch

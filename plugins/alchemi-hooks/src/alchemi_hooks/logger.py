@@ -1,25 +1,15 @@
 """``LoggingHook``: one row per system every N steps, written off the step path.
 
 Each row holds ``step, system_id, status, time, energy, kinetic_energy, total_energy, fmax,
-temperature``: the step index, the system's id and status, the time the system has spent in the
-stage (fs: its steps in the stage times the stage's ``dt``), its potential, kinetic and total
-energy (eV), its largest atomic force norm (eV/Å) and its instantaneous temperature (K) with the
-degrees of freedom the stage's thermostat uses: ``3N - 3`` when the stage keeps the centre of mass
-at rest (``Langevin(fix_com=True)``, Nose-Hoover, velocity Verlet), ``3N`` otherwise, frozen
-atoms not counted (:func:`alchemi_hooks.observables.temperature`). Only
-the systems of the hook's stage are logged (in a ``FusedStage``, the MD stage's hook logs the MD
-systems). The row for step ``k`` describes the state at the end of step ``k`` (after ``k + 1``
-integration steps), when ``k`` is a multiple of ``frequency``.
+temperature`` (fs, eV, eV/Å, K) of a system of the hook's stage: ``time`` is its steps in the
+stage times ``dt``, the temperature counts the degrees of freedom the stage's thermostat uses
+(:func:`alchemi_hooks.observables.temperature`). The row for step ``k`` is the state at the end
+of step ``k``, when ``k`` is a multiple of ``frequency``.
 
-The values are computed on the device and copied to the host without blocking; a background
-thread formats and writes them (:mod:`alchemi_hooks.host_transfer`), so the stepping thread never
-waits for the GPU or the disk. The file is opened when the run starts and flushed and closed when
-it ends (also after an error). The first run of a hook truncates ``log_path`` and writes the
-header; later runs of the same hook append to it.
-
-Backends: ``"csv"`` writes ``log_path``; ``writer`` (any callable) receives, on the background
-thread, one dict per logged step of equal-length numpy arrays keyed by the column names (it may
-keep them). Given both, both get the rows.
+The values are computed on the device and written by a background thread
+(:mod:`alchemi_hooks.host_transfer`), so the step never waits for the GPU or the disk. The first
+run of a hook truncates ``log_path`` and writes the header; later runs append. ``writer`` (any
+callable) receives one dict of numpy columns per logged step, on that thread.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -103,7 +93,6 @@ class LoggingHook(Hook):
         self._opened_before = False
         self._float_format = "%.9g"
 
-    # ------------------------------------------------------------------ lifecycle
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         self._open(batch)
 
@@ -135,7 +124,6 @@ class LoggingHook(Hook):
             self._opened_before = True
         self._transfer = HostTransfer(self._consume, name="LoggingHook")
 
-    # ------------------------------------------------------------------ the step
     def __call__(self, batch: Batch, dynamics: Any) -> None:
         if self._transfer is None:
             self._open(batch)
@@ -166,7 +154,6 @@ class LoggingHook(Hook):
         table[:, _TEMPERATURE] = temperature(batch, ke, com_fixed=com_fixed(dynamics))
         return table
 
-    # ------------------------------------------------------------------ the writer thread
     def _consume(self, table: np.ndarray, step: int) -> None:
         rows = table[table[:, _IN_STAGE] > 0.5]
         columns = {
@@ -203,19 +190,3 @@ def _dt(batch: Batch, dynamics: Any) -> torch.Tensor | float:
         return per_system("dt", batch).to(torch.float64)
     dt = getattr(dynamics, "dt", 1.0)
     return dt.to(torch.float64) if isinstance(dt, torch.Tensor) else float(dt)
-
-
-def read_log(path: str | os.PathLike[str]) -> Any:
-    """A log file (this hook's CSV, or a workflow's) as a table: a ``pandas.DataFrame`` when pandas
-    is installed, else a dict of numpy columns (see :func:`alchemi_core.workflow.logs.read_log`).
-
-    Example:
-        >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
-        >>> _ = open(path, "w").write("step,system_id,energy\\n0,3,-1.5\\n")
-        >>> float(read_log(path)["energy"][0])
-        -1.5
-    """
-    from alchemi_core.workflow.logs import read_log as load
-
-    return load(path)

@@ -1,11 +1,9 @@
 """``NaNDetectorHook``: stop a run the moment NaN or infinite values appear, naming where.
 
-Every ``frequency`` steps the hook tests the named fields of its stage's systems on the device
-(one ``isfinite`` per field and a per-system reduction) and reads back one flag. Only when that
-flag is set does it read the details back and raise :class:`~alchemi_hooks.errors.NonFiniteError`
-naming each affected system (``system_id``), field and atom (numbered within its system), so a
-diverging structure is found without searching a trajectory. Atom, edge and system fields all
-work (``positions``, ``forces``, ``velocities``, ``energy``, ``stress``, ...).
+Every ``frequency`` steps the hook tests the named fields (atom, edge or system level) of its
+stage's systems on the device and reads back one flag; only when it is set does it read the
+details and raise :class:`~alchemi_hooks.errors.NonFiniteError` naming each affected system
+(``system_id``), field and atom (numbered within its system).
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics

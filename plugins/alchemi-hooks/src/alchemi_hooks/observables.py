@@ -2,14 +2,10 @@
 
 Units are alchemi's: velocities in Å/fs, masses in amu, energies in eV, forces in eV/Å, K.
 
-Temperature is ``T = 2 KE / (f kB)`` with ``f = 3 (N - N_frozen)`` degrees of freedom: three
-per atom that moves, as ASE's ``Atoms.get_temperature()`` counts them for atoms under
-``FixAtoms``. Atoms are frozen by the bool atom field ``frozen`` when the batch has one, single
-components by ``frozen_axes`` (one degree of freedom less each, as under ``FixCartesian``). With
-``com_fixed=True`` the three centre-of-mass degrees of freedom are removed (``f = 3N - 3``), as
-a stage that keeps the centre of mass at rest thermalises only those: :func:`com_fixed` tells
-from a stage (``Langevin(fix_com=True)``, Nose-Hoover and velocity Verlet keep it at rest; a
-Langevin with ``fix_com=False`` samples all 3N). A system with no moving atom reports 0 K.
+Temperature is ``T = 2 KE / (f kB)`` with ``f`` the Cartesian components that move, as ASE
+counts them under ``FixAtoms`` (field ``frozen``) and ``FixCartesian`` (``frozen_axes``), less
+three with ``com_fixed=True`` for a stage that keeps the centre of mass at rest
+(:func:`com_fixed`). A system with no moving atom reports 0 K.
 
 Example:
     >>> import torch
@@ -49,10 +45,8 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
 
 
 def degrees_of_freedom(batch: Batch, com_fixed: bool = False) -> torch.Tensor:
-    """``[B]`` the Cartesian components that move: three per atom that is not ``frozen``, less
-    one per component ``frozen_axes`` holds (as ASE's ``FixCartesian.get_removed_dof``), and
-    less three with ``com_fixed`` when nothing is held (held atoms already pin the centre of
-    mass; see the module docstring)."""
+    """``[B]`` the Cartesian components that move, less three with ``com_fixed`` when nothing is
+    held (held atoms already pin the centre of mass)."""
     free = free_components(batch, batch.positions.dtype)
     dof = per_system_sum(free, batch)
     if com_fixed:

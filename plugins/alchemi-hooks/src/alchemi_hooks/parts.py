@@ -1,10 +1,8 @@
 """``HookPart``: one hook point of a hook that acts at several (listed in the hook's ``parts``).
 
-The engine schedules each part at its own stage and frequency and calls it with the usual
-``(batch, dynamics)``; the outer hook keeps the state and the lifecycle methods. A part holds a
-bound method of a hook (its own, in practice) weakly: the hook holds its parts, and a strong
-reference back would make a cycle that keeps a dropped hook (and the batch it last saw) alive
-until Python's cycle collector runs. Any other callable is held as given.
+The engine schedules each part at its own stage and frequency; the outer hook keeps the state
+and the lifecycle methods. A part holds a bound method of a hook weakly (the hook holds its
+parts: a strong reference back would be a cycle); any other callable is held as given.
 
 Example:
     >>> from alchemi_core.dynamics import DynamicsStage

@@ -1,7 +1,4 @@
-"""Entry point of alchemi-hooks: registers its hooks as strings; imports nothing heavy.
-
-Each hook is ``hook:<name>`` in the registry and importable from ``alchemi_core.dynamics.hooks``.
-"""
+"""Entry point of alchemi-hooks: registers its hooks as strings; imports nothing heavy."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """``ProgressHook``: a live progress bar for a run.
 
-Every ``frequency`` steps, and once more when the run ends, it shows the steps done (of ``total``, when known), the systems done
-(graduated to sinks or waiting in the batch at the exit status) and active, and the throughput in
-atom-steps per second over the last interval. It draws with rich when installed, else tqdm, else
-prints a plain line; pick one with ``backend``. The counts read the systems' status back from
-the device once per update, so keep ``frequency`` at tens of steps or more on a GPU. The numbers
-are the whole run's, whichever stage the hook is given to.
+Every ``frequency`` steps, and when the run ends, it shows the steps done, the systems done and
+active, and the atom-steps per second over the last interval, with rich, else tqdm, else a plain
+line (``backend``). Each update reads the status back once: keep ``frequency`` at tens of steps
+or more on a GPU. The numbers are the whole run's, whichever stage the hook is given to.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -19,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.hook import Hook
 from alchemi_core.dynamics.stage import DynamicsStage
@@ -29,14 +27,6 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 BACKENDS = ("auto", "rich", "tqdm", "plain")
-
-
-class Display(Protocol):
-    """Where progress goes: ``update`` every ``frequency`` steps, ``close`` at run end."""
-
-    def update(self, step: int, info: str) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class PlainDisplay:
@@ -96,6 +86,9 @@ class RichDisplay:
     def close(self) -> None:
         self.progress.refresh()
         self.progress.stop()
+
+
+Display = PlainDisplay | TqdmDisplay | RichDisplay
 
 
 def make_display(backend: str, file: IO[str], total: int | None, unit: str = "steps") -> Display:
@@ -200,10 +193,8 @@ class ProgressHook(Hook):
             self._display.update(steps, f"{done} done, {active} active, {self.throughput:.3g} atom-steps/s")
 
     def on_run_end(self, batch: Batch, dynamics: Any) -> None:
-        # The last state (every step, the final counts) is drawn even when the run did not end
-        # on an update step.
+        # The final state is drawn even when the run did not end on an update step.
         run = dynamics.context.run
-        # The run counts steps done; a stage's step index is that of its last step.
         steps = run.steps_done if run is not None else dynamics.context.step + 1
         if self._display is not None and (steps > self._last_step or self.structures is not None):
             self._draw(batch, dynamics, steps)

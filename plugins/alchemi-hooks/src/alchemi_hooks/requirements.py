@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 
 
 def require_fields(batch: Batch, names: Iterable[str], who: str, fix: str) -> None:
-    """Raise ``ConfigurationError`` naming the fields of ``names`` the batch lacks, what it has,
-    and ``fix`` (how to give them)."""
+    """Raise ``ConfigurationError`` naming the fields the batch lacks, what it has, and ``fix``."""
     missing = [n for n in names if n not in batch]
     if missing:
         raise ConfigurationError(

@@ -1,13 +1,9 @@
 """Which systems and atoms a hook acts on.
 
-Inside a stage the engine keeps ``dynamics.context.system_mask`` (``[B]`` bool, None for all)
-on the systems that stage integrates; a hook must act on those only, so the same hook class
-works in a single stage, in each sub-stage of a ``FusedStage`` and while inflight refill
-changes the batch. A hook given to a ``FusedStage`` itself gets the fused stage's context,
-which covers the systems of all its sub-stages (not the graduated ones that wait in the batch).
-The engine rewrites its masks in place, only at check steps, and gives the context a new
-``version`` when it does; the views derived here are cached on that number, so on other steps
-they cost nothing.
+Inside a stage the engine keeps ``dynamics.context.system_mask`` (``[B]`` bool, None for all) on
+the systems that stage integrates; a hook acts on those only. The engine changes its masks only
+at check steps and gives the context a new ``version`` when it does; the atom views derived here
+are cached on that number.
 
 Example:
     >>> import torch
@@ -31,17 +27,6 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 
-def stage_system_mask(dynamics: Any) -> torch.Tensor | None:
-    """The systems of ``dynamics`` (its context's ``system_mask``; None means every system)."""
-    mask: torch.Tensor | None = dynamics.context.system_mask
-    return mask
-
-
-def mask_key(dynamics: Any, batch: Batch) -> tuple[int, int]:
-    """Changes whenever the masks of ``dynamics`` may have (the context's version)."""
-    return (id(batch), dynamics.context.version)
-
-
 class Scope:
     """Per-hook cache of the systems (``[B]`` bool) and atoms (``[V]`` bool) of its stage."""
 
@@ -52,7 +37,8 @@ class Scope:
 
     def systems(self, batch: Batch, dynamics: Any) -> torch.Tensor | None:
         """``[B]`` bool, True for the systems the hook acts on; None means every system."""
-        return stage_system_mask(dynamics)
+        mask: torch.Tensor | None = dynamics.context.system_mask
+        return mask
 
     def atoms(self, batch: Batch, dynamics: Any) -> torch.Tensor | None:
         """``[V]`` bool, True for atoms of the systems the hook acts on; None means every atom."""
@@ -65,7 +51,7 @@ class Scope:
         return self._outside
 
     def _refresh_atoms(self, batch: Batch, dynamics: Any) -> None:
-        key = mask_key(dynamics, batch)
+        key = (id(batch), dynamics.context.version)
         if self._atom_key == key:
             return
         sys = self.systems(batch, dynamics)

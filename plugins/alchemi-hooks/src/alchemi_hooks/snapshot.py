@@ -2,11 +2,7 @@
 
 ``SnapshotHook(sink, frequency)`` writes the systems of its stage every N steps (a trajectory);
 ``ConvergedSnapshotHook(sink)`` writes, at each convergence check, the systems that just
-converged (``dynamics.converged_mask``), e.g. relaxed structures before their MD stage. Any
-``DataSink`` works: ``HostMemory``, ``GPUBuffer`` (alchemi-warp), ``ZarrData`` (alchemi-zarr) or
-your own. Writing needs the number of selected systems on the host, so each write reads back
-once, at the hook's frequency only. A full sink raises its ``CapacityError``: nothing is dropped
-silently.
+converged. Any ``DataSink`` works; a full sink raises its ``CapacityError``.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics, HostMemory

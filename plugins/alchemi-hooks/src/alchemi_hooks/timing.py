@@ -9,11 +9,9 @@ The hook puts a mark at each of the eight points of a step (``BEFORE_STEP`` ...
 * ``checks``: ``AFTER_STEP`` -> the next ``BEFORE_STEP`` (convergence, graduation, refill),
 * ``hooks``: every other interval (other hooks and the engine's bookkeeping between points).
 
-Marks sit among the other hooks of a point in the order hooks were given, so list this hook
-first or last to include or exclude their time. On a GPU the marks are CUDA events on the
-current stream (device time, read when they have completed, without stalling the step; the
-rest is read at run end); on a CPU they are ``time.perf_counter()``. ``summary()`` returns the
-totals; a table is printed at run end (``report=False`` turns it off).
+List this hook first or last to include or exclude the other hooks' time. On a GPU the marks
+are CUDA events (device time, read once completed), on a CPU ``time.perf_counter()``.
+``summary()`` returns the totals; a table is printed at run end unless ``report=False``.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -86,7 +84,6 @@ class StageTimingHook(Hook):
         self._wall = 0.0
         self._run_started = 0.0
 
-    # ------------------------------------------------------------------ lifecycle
     def on_run_start(self, batch: Batch, dynamics: Any) -> None:
         self._reset()
         self._cuda = batch.device.type == "cuda"
@@ -102,7 +99,6 @@ class StageTimingHook(Hook):
         """A mark at ``BEFORE_STEP`` (the engine calls the parts; this is for calling by hand)."""
         self._mark(_P.BEFORE_STEP, dynamics)
 
-    # ------------------------------------------------------------------ marks
     def _marker(self, point: DynamicsStage) -> Any:
         hook = weakref.ref(self)  # the hook holds its parts: a strong reference would be a cycle
 
@@ -151,7 +147,6 @@ class StageTimingHook(Hook):
             if self._cuda:
                 self._spare.append(last)
 
-    # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, Any]:
         """Totals per phase: ``{"steps": n, "wall_s": s, "phases": {phase: {"total_s", "per_step_ms",
         "share", "intervals"}}}``, shares of the time between the marks."""

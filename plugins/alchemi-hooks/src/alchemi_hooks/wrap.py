@@ -1,16 +1,10 @@
 """``WrapPeriodicHook``: put atoms that left the cell back in, along its periodic axes.
 
-An atom's fractional coordinates are ``s = r C^-1`` (the rows of ``cell`` are the lattice
-vectors, as in ASE); along each periodic axis the hook subtracts ``floor(s)`` lattice vectors,
-which brings ``s`` into ``[0, 1)``. Moving an atom by a lattice vector changes no energy or force
-of a periodic model, and coordinates along non-periodic axes are never touched. Triclinic cells
-work the same way. A cell with zero-length vectors along non-periodic axes (a slab's missing
-``c``) is completed with vectors perpendicular to the others, as ASE does, before inverting.
-
-A wrap moves atoms by whole lattice vectors without changing ``batch.version``: a model that
-keeps a neighbour list must notice displacements beyond half its skin (and rebuild) rather than
-key its list on the version alone. Run the hook every few tens of steps: atoms rarely go far in
-between, and its kernels run only at that frequency.
+Along each periodic axis the hook subtracts ``floor(s)`` lattice vectors from an atom with
+fractional coordinates ``s = r C^-1`` (rows of ``cell`` are lattice vectors, as in ASE); other
+axes are never touched. Zero-length vectors along non-periodic axes (a slab's missing ``c``) are
+completed with perpendicular ones, as ASE does. A wrap does not change ``batch.version``: a
+model's neighbour list must notice displacements itself, not key on the version alone.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -72,11 +66,7 @@ def complete_cell(cell: torch.Tensor) -> torch.Tensor:
 
 def reciprocal_rows(cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``d_i`` with ``d_i . a_j = delta_ij`` (so fractional ``s_i = d_i . r``), and which cells
-    are invertible.
-
-    The explicit 3x3 inverse (cross products over the volume) is a few elementwise kernels, far
-    cheaper than a batched LU factorisation, and never checks errors on the host.
-    """
+    are invertible: cross products over the volume, no batched LU and no host check."""
     a, b, c = cell.unbind(1)
     cross = torch.stack((torch.linalg.cross(b, c), torch.linalg.cross(c, a), torch.linalg.cross(a, b)), dim=1)
     volume = (a * cross[:, 0]).sum(dim=-1)

@@ -1,14 +1,10 @@
 """torch.distributed transports for pipelines: ``comm:gloo`` (CPUs) and ``comm:nccl`` (GPUs).
 
-Both join the process group from the torchrun environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) with ``init_process_group(timeout=timeout_s)``,
-or adopt a group the program already initialised. Tensors travel as their raw bytes (a
-contiguous ``uint8`` view, no copy), so every dtype arrives bit for bit, bool included, whatever
-the transport's own dtype table says.
-
-Failure: a waiting rank stops with a ``PeerError`` when its peer's connection closes (gloo), when
-a peer recorded a failure in the rendezvous store (polled while NCCL transfers are in flight), or
-after ``timeout_s``. See ``alchemi_nccl.signals`` and docs/pipelines.md.
+Both join the process group from the torchrun environment, or adopt one the program already
+initialised. Tensors travel as their raw bytes (a ``uint8`` view, no copy), so every dtype
+arrives bit for bit. A waiting rank stops with a ``PeerError`` when its peer's connection closes
+(gloo), when a peer recorded a failure in the rendezvous store (``alchemi_nccl.signals``), or
+after ``timeout_s``.
 
 Example (under ``torchrun --nproc-per-node=2``)::
 
@@ -57,10 +53,8 @@ def wire_view(tensor: torch.Tensor) -> torch.Tensor:
 class _TorchWork(Work):
     """A torch.distributed work item, waited on with failure detection.
 
-    ``done()`` asks NCCL's work directly; gloo's point-to-point work says it is complete only
-    once waited on, so the first ``done()`` hands the wait to a helper thread and reports when
-    it returned (the bytes are then in place; a GPU receive's copy from host memory still runs
-    in ``wait()``, on the caller's stream).
+    Gloo's point-to-point work is complete only once waited on, so its first ``done()`` hands
+    the wait to a helper thread (a GPU receive's copy from host memory still runs in ``wait()``).
     """
 
     def __init__(self, backend: TorchDistributedBackend, work: Any, peer: int, then: Callable[[], None] | None) -> None:
@@ -107,8 +101,8 @@ class TorchDistributedBackend(CommBackend):
         timeout_s: Longest wait for a peer; also the process group's timeout.
         rank, world_size, local_rank, master_addr, master_port: Override the launcher's
             environment (default: read ``RANK``, ``WORLD_SIZE``, ... at ``init()``).
-        heartbeat_s: Time between two heartbeats in the rendezvous store (a background thread),
-            and between two checks for a failure recorded by another rank.
+        heartbeat_s: Time between two heartbeats in the rendezvous store, and between two checks
+            for a failure recorded by another rank.
     """
 
     name = "torch"
@@ -137,7 +131,6 @@ class TorchDistributedBackend(CommBackend):
         self._owns_group = False
         self._signals = StoreSignals(None, 0, 1, self.timeout_s)
 
-    # ------------------------------------------------------------------ joining
     def _launch_env(self) -> LaunchEnv:
         o: dict[str, Any] = self._overrides
         if o["rank"] is not None and o["world_size"] is not None:
@@ -247,7 +240,6 @@ class TorchDistributedBackend(CommBackend):
         self._owns_group = False
         self.env = None
 
-    # ------------------------------------------------------------------ transfers
     def isend_tensor(self, tensor: torch.Tensor, dst: int) -> Work:
         import torch.distributed as dist
 
@@ -289,13 +281,12 @@ class TorchDistributedBackend(CommBackend):
         who = f"rank {peer}" if peer is not None else "a peer"
         if origin is not None:
             me = self.env.rank if self.env else None
-            # A record that blames this rank (it hung, the others gave up on it): the link's peer is what it lost.
+            # A record that blames this rank (the others gave up on it): it lost the link's peer.
             blamed = origin[0] if origin[0] != me else peer
             return PeerError(f"{origin[1]} (seen by rank {me if me is not None else '?'} through {who})", blamed)
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return PeerError(f"comm:{self.name}: lost {who}: {text}", peer)
 
-    # ------------------------------------------------------------------ collectives
     def _flag_tensor(self, value: int) -> torch.Tensor:
         return torch.tensor([int(value)], dtype=torch.int64, device=self.device)
 
@@ -323,7 +314,6 @@ class TorchDistributedBackend(CommBackend):
     def barrier(self) -> None:
         self.all_reduce_max(0)
 
-    # ------------------------------------------------------------------ signals
     def notify_failure(self, message: str, rank: int | None = None) -> None:
         self._signals.notify(message, rank)
 
@@ -384,14 +374,10 @@ class GlooBackend(TorchDistributedBackend):
 class NcclBackend(TorchDistributedBackend):
     """``comm:nccl``: NVLink/InfiniBand/sockets between GPUs, one GPU per rank (``LOCAL_RANK``).
 
-    The group is joined without ``device_id``: communicators are then made lazily, a two-rank one
-    per neighbouring pair on its first transfer (an eager world communicator could be split for
-    point-to-point, which needs every rank), and the world one on the first flag reduction.
-
-    NCCL transfers run on the GPU; while one is in flight the host polls it and, every
-    ``POLL_CHECK_S``, the failure record and the peer's heartbeat, so a rank whose peer failed
-    stops within about a second (a killed peer: once its heartbeat is stale) instead of at NCCL's
-    timeout. The process group's own timeout (``timeout_s`` plus a margin) is the last resort.
+    The group is joined without ``device_id``, so communicators are made lazily: a two-rank one
+    per neighbouring pair on its first transfer, the world one on the first flag reduction. While
+    a transfer is in flight the host polls it and, every ``POLL_CHECK_S``, the failure record and
+    the peer's heartbeat, so a rank whose peer failed stops within seconds, not at NCCL's timeout.
     """
 
     name = "nccl"
@@ -412,7 +398,6 @@ class NcclBackend(TorchDistributedBackend):
         torch.cuda.set_device(env.local_rank)
 
     def _group_timeout_s(self) -> float:
-        # The group's watchdog aborts after its timeout: leave room for our own error first.
         return self.timeout_s + self.WATCHDOG_MARGIN_S
 
     @property

@@ -1,7 +1,5 @@
-"""Where this process sits in a launched job: the torchrun environment, read once.
-
-torchrun (``python -m torch.distributed.run``) sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT`` for every process it starts; so do most cluster launchers.
+"""Where this process sits in a launched job: the torchrun environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), read once.
 
 Example:
     >>> from alchemi_nccl.launch_env import LaunchEnv

@@ -1,17 +1,14 @@
 """Out-of-band signals between pipeline ranks through the c10d rendezvous store.
 
-The data links (gloo sockets, NCCL channels) carry frames; they cannot say *why* a peer stopped,
-and NCCL cannot notice a dead peer at all until its timeout. The rendezvous store every rank is
-already connected to (torchrun's agent store, or the one rank 0 hosts) carries three things:
+The data links cannot say *why* a peer stopped, and NCCL does not notice a dead peer until its
+timeout. The rendezvous store every rank is connected to carries:
 
 - a failure record (``{"rank": r, "message": ...}`` as JSON: data, never code) that a failing
-  rank writes once and waiting ranks poll, so they stop with the origin's message;
-- per-rank heartbeat counters, bumped every ``beat_s`` by a background thread, so a process
-  that was killed is noticed within ``stale_s`` even by a rank that no longer talks to it (a
-  process that hangs keeps beating: its neighbours' transfers time out instead, and they record
-  the failure);
-- per-run *finished* marks, so a rank that ends early waits for the others before tearing down a
-  connection (or the store it hosts) that a peer still uses.
+  rank writes once and waiting ranks poll;
+- per-rank heartbeat counters, bumped every ``beat_s`` by a background thread, so a killed
+  process is noticed within ``stale_s``;
+- per-run *finished* marks, so a rank that ends early waits before tearing down a connection
+  (or the store it hosts) that a peer still uses.
 
 Every store operation is best effort: a lost store never fails a healthy run by itself.
 
@@ -81,7 +78,6 @@ class StoreSignals:
         self._thread: threading.Thread | None = None
         self._last_beat: dict[int, tuple[int, float]] = {}
 
-    # ------------------------------------------------------------------ heartbeat thread
     def start(self) -> None:
         """Start beating in a daemon thread (idempotent; nothing without a store)."""
         if self.store is None or self._thread is not None:
@@ -106,7 +102,6 @@ class StoreSignals:
                 return
             self._stop.wait(self.beat_s)
 
-    # ------------------------------------------------------------------ failure record
     def notify(self, message: str, rank: int | None = None) -> None:
         """Record the failure of ``rank`` (default: this one; the first record wins; never raises)."""
         if self.store is None:
@@ -139,7 +134,6 @@ class StoreSignals:
         if origin is not None and origin[0] != self.rank:
             raise PeerError(origin[1], origin[0])
 
-    # ------------------------------------------------------------------ liveness
     def beat(self) -> None:
         """Check for a recorded failure, at most once per ``beat_s`` (called between iterations).
 
@@ -156,8 +150,7 @@ class StoreSignals:
 
     def watch_all(self) -> None:
         """Raise if a failure is recorded or any other rank's heartbeat is stale, at most once
-        per ``beat_s`` (the data-parallel ranks call it after every step; store errors are
-        ignored, as in :meth:`watch`).
+        per ``beat_s`` (a store lost for ``stale_s`` counts as a failure).
 
         Raises:
             PeerError: As ``raise_if_failed`` and ``check_alive``.
@@ -185,8 +178,8 @@ class StoreSignals:
             self._store_lost_since = None
 
     def check_alive(self, rank: int) -> None:
-        """Raise when ``rank``'s heartbeat has not moved for ``stale_s`` (one store round trip;
-        call it repeatedly: the first call only starts the clock).
+        """Raise when ``rank``'s heartbeat has not moved for ``stale_s`` (the first call only
+        starts the clock).
 
         Raises:
             PeerError: The rank's process is gone.
@@ -206,7 +199,7 @@ class StoreSignals:
 
     def watch(self, peer: int | None) -> None:
         """While waiting on ``peer``: raise if a failure is recorded or the peer's heartbeat is
-        stale. Store errors are ignored (this is a shortcut; timeouts remain the rule).
+        stale (store errors are ignored: timeouts remain the rule).
 
         Raises:
             PeerError: As ``raise_if_failed`` and ``check_alive``.

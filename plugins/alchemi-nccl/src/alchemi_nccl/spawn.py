@@ -1,10 +1,8 @@
 """Start a group of ranks on this machine without torchrun: for tests and quick experiments.
 
 :class:`RankPool` keeps worker processes up and runs a function on every rank of a fresh group
-(each with a backend already joined), so a test suite pays the Python and torch start-up once;
-:func:`spawn_group` is a one-off pool; :func:`launch_script` starts one ``python script.py`` process per rank
-with the same environment torchrun would set, and reports each rank's exit code, output and
-wall time. Both pick a free port for the rendezvous.
+(each with a backend joined), so a test suite pays the start-up once; :func:`spawn_group` is a
+one-off pool; :func:`launch_script` starts ``python script.py`` once per rank as torchrun would.
 
 Example::
 

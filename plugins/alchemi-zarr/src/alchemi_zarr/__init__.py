@@ -10,7 +10,6 @@
   writing rank (data-parallel runs), read as one set; :func:`open_reader` opens either kind.
 
 The store layout is documented in ``docs/storage.md`` and defined in :mod:`alchemi_zarr.layout`.
-Submodules import lazily, so ``import alchemi_zarr`` stays cheap.
 """
 
 from __future__ import annotations
@@ -41,6 +40,4 @@ _WHERE = {
     "open_reader": "alchemi_zarr.sharded",
 }
 __all__ = sorted(_WHERE)
-
-# Lazy, so the plugin entry point imports nothing heavy.
 __getattr__ = lazy_exports(__name__, _WHERE)

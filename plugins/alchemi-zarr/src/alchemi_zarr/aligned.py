@@ -1,12 +1,9 @@
 """Appends that cover whole chunks, so zarr never reads a chunk back to merge into it.
 
-Zarr writes a chunk that a selection covers only in part by reading it, decoding it, merging
-the new rows and encoding it again. An append starts inside the chunk the last one ended in and
-ends inside another, so every field would pay a read and a decode per append. Instead, the
-writer remembers the committed rows of each field's last, partly filled chunk (its *tail*) and
-writes ``tail + new rows + zero padding`` from one chunk boundary to the next: every chunk it
-touches is complete. Rows past the commit are not records (the padding is overwritten by the
-next append), so nothing a reader sees changes.
+Zarr writes a partly covered chunk by reading, decoding and merging it. Instead, the writer
+remembers the committed rows of each field's last, partly filled chunk (its *tail*) and writes
+``tail + new rows + zero padding`` from one chunk boundary to the next. Rows past the commit are
+not records (the padding is overwritten by the next append).
 
 Example:
     >>> import numpy as np
@@ -75,8 +72,7 @@ class ChunkTails:
         rest = rows[taken + whole :]
         if len(rest):
             pieces.append((start + whole, _padded([rest], chunk, rows)))
-        # The new tail: rows of the last chunk, from its boundary to the end (copied: the caller
-        # may reuse its buffer).
+        # The new tail, copied: the caller may reuse its buffer.
         end_boundary = hi - hi % chunk
         if end_boundary >= lo:
             new_tail = np.array(rows[end_boundary - lo :])

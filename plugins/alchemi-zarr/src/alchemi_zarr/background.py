@@ -1,11 +1,9 @@
 """A background thread that appends snapshots to a store while the caller goes on stepping.
 
 Jobs are written in the order they were submitted; jobs already waiting when the thread takes
-the next one are merged into one append (one commit), which makes many small writes cheap. At most ``max_pending`` wait in the queue; a
-further ``submit`` blocks until one is written, which bounds host memory. A failed job is kept,
-with the ``system_id`` of the systems it held, and raised by the next ``submit``, ``flush`` or
-``close``: nothing is lost silently. At interpreter exit, pending jobs are written before the
-process ends.
+the next one are merged into one append (one commit). A further ``submit`` blocks while
+``max_pending`` wait, which bounds host memory. A failed job is raised, naming its systems, by
+the next ``submit``, ``flush`` or ``close``; at interpreter exit, pending jobs are written.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -24,7 +22,7 @@ import queue
 import threading
 from collections.abc import Mapping
 
-from alchemi_zarr.pending import AsyncWriter, BackgroundWriteError
+from alchemi_zarr.pending import MAX_MERGE, AsyncWriter, BackgroundWriteError
 from alchemi_zarr.records import HostRecords, Snapshot, same_field_runs
 from alchemi_zarr.storage import AtomicStore
 
@@ -38,15 +36,11 @@ class BackgroundWriter(AsyncWriter):
         store: The store, opened for appending.
         units: Units of custom fields, recorded in the header.
         max_pending: Most snapshots waiting to be written before ``submit`` blocks.
-        max_merge: Most queued snapshots committed together in one append.
     """
 
-    def __init__(
-        self, store: AtomicStore, units: Mapping[str, str] | None = None, max_pending: int = 8, max_merge: int = 64
-    ) -> None:
+    def __init__(self, store: AtomicStore, units: Mapping[str, str] | None = None, max_pending: int = 8) -> None:
         super().__init__(store.where, max_pending, stored=store.num_systems)
         self.store = store
-        self.max_merge = max(1, int(max_merge))
         self.units = dict(units or {})
         self._thread = threading.Thread(target=self._run, name=f"alchemi-zarr-writer {store.where}", daemon=True)
         self._thread.start()
@@ -54,17 +48,14 @@ class BackgroundWriter(AsyncWriter):
     def _run(self) -> None:
         while True:
             jobs = [self.queue.get()]
-            # Coalesce whatever else is already queued: one commit for many small writes costs
-            # one zarr round per field instead of one per write.
-            while jobs[-1] is not None and len(jobs) < self.max_merge:
+            while jobs[-1] is not None and len(jobs) < MAX_MERGE:
                 try:
                     jobs.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
             work = [j for j in jobs if j is not None]
             try:
-                for group in self._same_fields(work):
-                    self._write(group)
+                self._write(work)
             finally:
                 for snap, _ in work:
                     snap.release()  # written or failed: the host buffers take the next copies
@@ -73,25 +64,22 @@ class BackgroundWriter(AsyncWriter):
             if jobs[-1] is None:
                 return
 
-    def _same_fields(self, jobs: list[tuple[Snapshot, int]]) -> list[list[tuple[HostRecords, tuple[Snapshot, int]]]]:
-        """Jobs converted to records (a failed conversion fails its job alone), grouped into runs
-        with identical fields, each committed by one append."""
+    def _write(self, jobs: list[tuple[Snapshot, int]]) -> None:
+        """Append ``jobs``, each run of identical fields in one commit; a failure fails its jobs."""
         converted: list[tuple[HostRecords, tuple[Snapshot, int]]] = []
         for snap, count in jobs:
             try:
                 converted.append((HostRecords.from_snapshot(snap, self.units), (snap, count)))
             except BaseException as exc:  # noqa: BLE001 - kept and raised in the caller's thread
                 self.ledger.failed(exc, snap.id_list(), count)
-        return same_field_runs(converted)
-
-    def _write(self, group: list[tuple[HostRecords, tuple[Snapshot, int]]]) -> None:
-        try:
-            self.store.append(HostRecords.concat([r for r, _ in group]))
-        except BaseException as exc:  # noqa: BLE001 - kept and raised in the caller's thread
-            for _, (snap, count) in group:
-                self.ledger.failed(exc, snap.id_list(), count)
-            return
-        self.ledger.committed(sum(count for _, (_, count) in group), stored=self.store.num_systems)
+        for run in same_field_runs(converted):
+            try:
+                self.store.append(HostRecords.concat([r for r, _ in run]))
+            except BaseException as exc:  # noqa: BLE001 - kept and raised in the caller's thread
+                for _, (snap, count) in run:
+                    self.ledger.failed(exc, snap.id_list(), count)
+            else:
+                self.ledger.committed(sum(count for _, (_, count) in run), stored=self.store.num_systems)
 
     def flush(self) -> None:
         """Wait until everything submitted is written, then raise any failure."""

@@ -1,17 +1,12 @@
 """Whole chunks encoded here and stored directly, as the Zarr v3 specification defines them.
 
-Appends write whole chunks only (:mod:`alchemi_zarr.aligned`), and every array alchemi creates
-has one of two codec chains: ``bytes`` (little-endian, C order) then ``crc32c`` (the chunk's
-bytes followed by their CRC-32C, 4 bytes little-endian), or ``bytes``, ``blosc`` and
-``crc32c`` (stores of an earlier version: ``bytes`` then ``zstd``). Encoding a whole chunk is
-then a checksum (and one blosc call), and storing it one file written on a local store
-(:mod:`alchemi_zarr.local_files`) or one ``set`` on any other store. Going through zarr's array
-assignment instead costs per chunk several asyncio tasks, a selection, a merge and extra
-copies: on the W5 snapshot (10.6 MB in 21 chunks) about half the writer's time. Arrays with
-any other codec chain are written through zarr; the bytes written here are the ones zarr writes
-(tested), so any Zarr v3 reader reads them. The metadata is read by what it holds rather than by
-zarr's class names, which zarr 3.4 changed; an array of alchemi's that still cannot be read is
-said once, as a ``RuntimeWarning``.
+Appends write whole chunks only (:mod:`alchemi_zarr.aligned`), and alchemi's arrays have one of
+three codec chains after little-endian ``bytes``: ``crc32c``, ``blosc`` + ``crc32c``, or ``zstd``
+(zarr's default, the commit's). Encoding a whole chunk is then a checksum (and one compressor
+call), and storing it one file on a local store (:mod:`alchemi_zarr.local_files`) or one ``set``
+on any other store, where zarr's array assignment spends several asyncio tasks, a selection and
+copies per chunk. The bytes are the ones zarr writes (tested), so any Zarr v3 reader reads them;
+arrays with other codec chains are written through zarr.
 
 Example:
     >>> import numpy as np, zarr
@@ -33,14 +28,12 @@ import numpy as np
 
 from alchemi_zarr.local_files import ChunkFile, local_root, write_files
 
-#: An encoded chunk, in parts to be written one after another: no copy joins the data and its
-#: checksum on the way to a file.
+#: An encoded chunk, in parts written one after another (no copy joins the data and its checksum).
 Parts = list[Any]
 Encoder = Callable[[np.ndarray], Parts]
 
-#: Write a local store's whole chunks as files here (:mod:`alchemi_zarr.local_files`) and read its
-#: commit directly, or go through zarr's store like any other store's (False: for measurements,
-#: ``benchmarks.store_append --via``).
+#: Write a local store's whole chunks as files here and read its commit directly (False: through
+#: zarr, as ``tools/store_append.py --via`` compares).
 LOCAL_FILES = True
 
 
@@ -58,13 +51,10 @@ def _crc32c(chunk: np.ndarray) -> Parts:
 
 def _chain(arr: Any) -> str | None:
     """Which of alchemi's codec chains ``arr`` has (``"crc32c"``, ``"zstd"`` or
-    ``"blosc+crc32c"``, each after little-endian ``bytes``, on a regular grid of whole rows), or
-    None (zarr must encode and decode its chunks).
+    ``"blosc+crc32c"``, on a regular grid of whole rows), or None (zarr must encode its chunks).
 
-    The metadata is read by what it holds, not by its classes: zarr 3.4 (Python 3.12 and later)
-    renamed the regular chunk grid's class and made a codec's endianness a string, and a check
-    against the old names sent every chunk through zarr (about 1.5x slower appends) without a
-    word. Anything else unexpected is warned about once, then zarr does the work."""
+    The metadata is read by what it holds, not by zarr's class names (zarr 3.4 renamed the
+    regular chunk grid and made endianness a string); anything unexpected is warned about once."""
     try:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
@@ -84,7 +74,7 @@ def _chain(arr: Any) -> str | None:
         rest = codecs[1:]
         if len(rest) == 1 and isinstance(rest[0], Crc32cCodec):
             return "crc32c"
-        if len(rest) == 1 and isinstance(rest[0], ZstdCodec):  # stores written before blosc
+        if len(rest) == 1 and isinstance(rest[0], ZstdCodec):
             return "zstd"
         if len(rest) == 2 and isinstance(rest[0], BloscCodec) and isinstance(rest[1], Crc32cCodec):
             return "blosc+crc32c"
@@ -94,8 +84,7 @@ def _chain(arr: Any) -> str | None:
 
 
 def encoder(arr: Any) -> Encoder | None:
-    """How to encode a whole chunk of ``arr`` here, or None when zarr must (another codec chain,
-    a big-endian or irregular layout: see :func:`_chain`)."""
+    """How to encode a whole chunk of ``arr`` here, or None when zarr must (see :func:`_chain`)."""
     chain = _chain(arr)
     if chain == "crc32c":
         return _crc32c
@@ -135,9 +124,8 @@ def _warn_once(why: str) -> None:
 
 def read_local_chunk(arr: Any, index: int) -> np.ndarray | None:
     """Whole chunk ``index`` (along rows) of a local store's array with one of alchemi's codec
-    chains, read and decoded here (a missing chunk is its fill value); None when zarr must read
-    it (another store or codec chain). Reading a three-value array through zarr costs about a
-    millisecond of event-loop round trips; the commit is read so at every append.
+    chains, read and decoded here, without zarr's event-loop round trips (a missing chunk is its
+    fill value); None when zarr must read it.
 
     Raises:
         ValueError: The chunk fails its checksum or does not decode to a whole chunk.
@@ -171,8 +159,7 @@ def read_local_chunk(arr: Any, index: int) -> np.ndarray | None:
 
 
 def _blosc(codec: Any, dtype: np.dtype) -> Any:
-    """numcodecs' Blosc set up as zarr's ``codec`` (the frame header records these settings, so
-    any blosc reader decodes it), or None for settings it does not map."""
+    """numcodecs' Blosc set up as zarr's ``codec``, or None for settings it does not map."""
     from numcodecs import Blosc
 
     shuffles = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
@@ -199,12 +186,9 @@ def _chunk_sets(arr: Any, rows: slice, values: np.ndarray, encode: Encoder) -> l
 
 
 def write_pieces(pieces: list[tuple[Any, slice, np.ndarray]], committed: Mapping[str, int] | None = None) -> None:
-    """Assign every ``array[rows] = values``, returning when all are done.
-
-    Pieces of whole chunks of arrays with alchemi's codecs are encoded here; a local store's are
-    written as files by a few threads (:mod:`alchemi_zarr.local_files`), any other store's stored
-    with one ``set`` each on zarr's event loop (their I/O overlaps), as are the pieces zarr
-    encodes.
+    """Assign every ``array[rows] = values``, returning when all are done: whole chunks of
+    alchemi's codec chains are encoded here (a local store's written as files, any other store's
+    stored with one ``set`` each), the rest go through zarr; zarr's writes overlap on its loop.
 
     Args:
         pieces: ``(array, rows, values)`` to assign.

@@ -9,8 +9,6 @@ Example:
     >>> path = os.path.join(tempfile.mkdtemp(), "out.extxyz")
     >>> export_extxyz("memory://export-doc", path)
     2
-    >>> [len(a) for a in ase.io.read(path, index=":")]
-    [3, 2]
 """
 
 from __future__ import annotations
@@ -33,17 +31,8 @@ def export_extxyz(
     exclude: Iterable[str] = (),
     block_size: int = 1024,
 ) -> int:
-    """Write structures ``start:stop`` of a store to the extended XYZ file ``path`` (replaced).
-
-    Args:
-        source: An ``AtomicDataZarrReader`` or ``ShardedZarrReader``, or anything one opens
-            (path, URL, zarr store; the root of a sharded store reads as one set).
-        path: The output file.
-        exclude: Fields to leave out.
-        block_size: Structures converted and written per block.
-
-    Returns:
-        The number of frames written.
-    """
+    """:func:`~alchemi_zarr.extxyz.write_extxyz` of ``source``: an ``AtomicDataZarrReader`` or
+    ``ShardedZarrReader``, or anything one opens (path, URL, zarr store; the root of a sharded
+    store reads as one set)."""
     reader = source if isinstance(source, AtomicDataZarrReader | ShardedZarrReader) else open_reader(source)
     return write_extxyz(reader, path, start=start, stop=stop, exclude=exclude, block_size=block_size)

@@ -1,14 +1,9 @@
 """Write an alchemi store to extended XYZ through ASE, in blocks, so a large store streams.
 
-Each structure becomes one frame: numbers, positions, cell, pbc, masses and velocities, with
-energy, forces and stress as calculator results (what ``ase.io.read`` gives back as
-``atoms.get_potential_energy()`` and friends). Other atom fields become per-atom arrays and other
-system fields ``atoms.info`` entries (``system_id``, ``status``, ...), under their own names
-(ASE reads a per-atom ``charges`` column back as the calculator's charges). Extended XYZ keeps
-positions and forces to 8 decimals; the store itself keeps every bit.
-
-``alchemi_zarr.export.export_extxyz`` opens a store by path or URL (sharded or not) and writes
-it with :func:`write_extxyz`.
+Each structure becomes one frame (``AtomicData.to_atoms()``): energy, forces and stress as
+calculator results, other atom fields as per-atom arrays, other system fields in ``atoms.info``.
+Extended XYZ keeps positions and forces to 8 decimals; the store itself keeps every bit.
+``alchemi_zarr.export_extxyz`` opens a store by path or URL (sharded or not) and writes it.
 
 Example:
     >>> import ase.io, tempfile, os
@@ -27,22 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from alchemi_core.data import AtomicData
 from alchemi_core.data.ase_io import EDGE_FIELDS
-
-if TYPE_CHECKING:
-    import ase
-
-
-def structure_to_atoms(data: AtomicData, exclude: Iterable[str] = ()) -> ase.Atoms:
-    """One frame: ``AtomicData.to_atoms()`` (every field, see :mod:`alchemi_core.data.ase_io`).
-
-    Raises:
-        InvalidDataError: A field that extended XYZ cannot hold (and that is not excluded).
-    """
-    return data.to_atoms(exclude=(*EDGE_FIELDS, *exclude))
 
 
 def write_extxyz(
@@ -65,15 +47,18 @@ def write_extxyz(
 
     Returns:
         The number of frames written.
+
+    Raises:
+        InvalidDataError: A field that extended XYZ cannot hold (and that is not excluded).
     """
     import ase.io
 
     stop = len(reader) if stop is None else min(int(stop), len(reader))
-    exclude = tuple(exclude)
+    exclude = (*EDGE_FIELDS, *exclude)
     Path(path).unlink(missing_ok=True)
     written = 0
     for lo in range(int(start), stop, block_size):
-        frames = [structure_to_atoms(reader[i], exclude) for i in range(lo, min(lo + block_size, stop))]
+        frames = [reader[i].to_atoms(exclude=exclude) for i in range(lo, min(lo + block_size, stop))]
         ase.io.write(str(path), frames, format="extxyz", append=written > 0)
         written += len(frames)
     return written

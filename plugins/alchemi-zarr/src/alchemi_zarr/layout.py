@@ -10,9 +10,8 @@ A store is one Zarr v3 group::
     <root>/edges/<field>    one row per edge, all systems concatenated
     <root>/systems/<field>  one row per system
 
-Arrays may be longer than the committed count (they grow geometrically, and a crashed write
-leaves a tail); only rows below the committed pointers are records. Index fields
-(``neighbor_list``) hold atom indices local to their system, so every record stands alone.
+Arrays may be longer than the committed count; only rows below the committed pointers are
+records. Index fields (``neighbor_list``) hold atom indices local to their system.
 ``docs/storage.md`` describes the format for people; this module is its single definition.
 
 Example:
@@ -43,8 +42,7 @@ EDGE_PTR = "edge_ptr"
 #: Sub-group holding the fields of each level.
 LEVEL_GROUP: dict[Level, str] = {Level.NODE: "atoms", Level.EDGE: "edges", Level.SYSTEM: "systems"}
 
-#: Units of the fields alchemi knows (eV, Å, fs, amu, e); other fields record ``None`` unless the
-#: writer is told their units.
+#: Units of the fields alchemi knows; other fields record ``None`` unless the writer is told.
 KNOWN_UNITS: dict[str, str] = {
     "positions": "Å",
     "cell": "Å",
@@ -60,8 +58,7 @@ KNOWN_UNITS: dict[str, str] = {
     "charges": "e",
 }
 
-# torch dtype -> (name recorded in the header, numpy dtype zarr stores). bfloat16 has no numpy
-# dtype: its bits are stored as uint16 and viewed back on reading, so nothing is rounded.
+# torch dtype -> (header name, numpy dtype stored); bfloat16's bits are stored as uint16.
 _DTYPES: dict[torch.dtype, tuple[str, np.dtype]] = {
     torch.bool: ("bool", np.dtype(np.bool_)),
     torch.uint8: ("uint8", np.dtype(np.uint8)),
@@ -78,10 +75,8 @@ _DTYPES: dict[torch.dtype, tuple[str, np.dtype]] = {
 }
 _BY_NAME: dict[str, torch.dtype] = {name: dt for dt, (name, _) in _DTYPES.items()}
 
-#: Uncompressed bytes aimed at per chunk: reading one system decodes about one chunk per field,
-#: so chunks stay small enough for cheap random access, and large enough that a trajectory
-#: snapshot of 10^5 atoms is a few chunks per field (zarr's cost is per chunk: 512 KiB writes a
-#: 221k-atom snapshot twice as fast as 128 KiB and reads one system 12 % slower).
+#: Uncompressed bytes aimed at per chunk: small for cheap random access (reading one system
+#: decodes about one chunk per field), large for few chunks per snapshot (zarr's cost is per chunk).
 CHUNK_BYTES = 512 * 1024
 MIN_CHUNK_ROWS = 256
 MAX_CHUNK_ROWS = 1 << 18

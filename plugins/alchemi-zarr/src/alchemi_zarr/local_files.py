@@ -1,20 +1,10 @@
 """A local store's encoded chunks written as files by a few threads of this module.
 
-Zarr's local store writes each chunk on a worker thread of its event loop (``asyncio.to_thread``,
-one task per chunk) through a temporary file renamed over the chunk. For an append of many whole
-chunks that costs more than the bytes: the tasks' Python work (paths, a temporary name, the
-rename, the loop's bookkeeping) contends for the interpreter lock while each write is short.
-W5's 8.1 MB snapshot in 29 chunks on a 2-core machine (``python -m benchmarks.store_append
---chunk-kib 512 --via zarr,files --file-threads 1,2,4 --rounds 4``, medians of four rounds): in
-``/dev/shm`` 18.4 ms through zarr's store, 11.0 written here by one thread, 9.0 by two and 9.7 by
-four; on its disk 21.9, 17.8, 14.4 and 14.7 ms. A write into the page cache is short, but under
-writeback it blocks, and threads overlap that: four is the default, for machines with more cores.
-
-A chunk that holds committed rows (the first chunk of an append, which it shares with the
-records before it) goes through a temporary file renamed over it, so a crash leaves either its
-old or its new bytes. A chunk past the committed end holds no record yet: it is written in
-place, and a crash that tears it leaves bytes no reader reads (the commit does not cover them)
-and the next append overwrites.
+Zarr's local store spends an asyncio task and its Python work per chunk, contending for the
+interpreter lock; here plain writes on a few threads overlap (``python -m tools.store_append
+--via zarr,files`` compares both). A chunk that holds committed rows goes through a temporary
+file renamed over it, so a crash leaves its old or its new bytes; a chunk past the committed
+end holds no record yet and is written in place (a torn one is never read, and overwritten).
 
 Example:
     >>> import tempfile
@@ -40,8 +30,7 @@ import attrs
 
 from alchemi_zarr.stores import local_folder
 
-#: Threads that write an append's chunk files (the appending thread is one of them). A write
-#: into the page cache is short, but on a disk under writeback it blocks; threads overlap that.
+#: Threads that write an append's chunk files (the appending thread is one of them).
 FILE_THREADS = 4
 _names = itertools.count()
 _executor: ThreadPoolExecutor | None = None
@@ -106,8 +95,7 @@ def write_files(root: Path, files: Sequence[ChunkFile], threads: int | None = No
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """This process's file writers, at least ``workers`` of them (a forked child makes its own:
-    threads do not fork). Made again only to grow, so appends of few chunks do not churn it."""
+    """This process's file writers, at least ``workers`` of them (a forked child makes its own)."""
     global _executor, _executor_key
     with _executor_lock:
         pid, size = _executor_key

@@ -7,11 +7,11 @@ Failures are kept with the ``system_id`` of the systems they held and raised, on
 
 Example:
     >>> ledger = WriteLedger("memory://doc")
-    >>> ledger.submitted(3); ledger.pending
+    >>> ledger.submitted(3); ledger.held()
     3
     >>> ledger.failed(OSError("disk full"), [4, 5], 2); ledger.committed(1, stored=1)
-    >>> ledger.pending, ledger.held()
-    (0, 1)
+    >>> ledger.held()
+    1
     >>> try:
     ...     ledger.raise_errors()
     ... except BackgroundWriteError as exc:
@@ -39,19 +39,12 @@ from alchemi_zarr.tuning import ZarrTuning
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
+#: Most queued jobs a writer commits together in one append.
+MAX_MERGE = 64
+
 
 class BackgroundWriteError(AlchemiError, RuntimeError):
     """An asynchronous write failed; the message names the systems that were not stored."""
-
-
-def run_at_exit(fn: Callable[[], object]) -> None:
-    """Call ``fn`` at interpreter exit, before ``concurrent.futures`` stops its thread pools (zarr
-    writes through them, so a plain ``atexit`` handler would come too late)."""
-    register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
-    try:
-        register(fn) if register is not None else atexit.register(fn)
-    except RuntimeError:  # already shutting down: nothing can be scheduled any more
-        pass
 
 
 class WriteLedger:
@@ -59,6 +52,7 @@ class WriteLedger:
 
     Args:
         where: The store, as messages name it.
+        stored: Systems already in the store.
     """
 
     def __init__(self, where: str, stored: int = 0) -> None:
@@ -67,12 +61,6 @@ class WriteLedger:
         self._pending = 0
         self._stored = int(stored)
         self._errors: list[tuple[BaseException, list[int], int]] = []
-
-    @property
-    def pending(self) -> int:
-        """Systems submitted and neither committed nor failed yet."""
-        with self._changed:
-            return self._pending
 
     def held(self) -> int:
         """Systems in the store plus those pending, read together (what capacity counts)."""
@@ -124,14 +112,15 @@ class WriteLedger:
 
 class AsyncWriter(ABC):
     """What both asynchronous writers share: a bounded queue of ``(snapshot, count)`` jobs, the
-    ledger, refusing work once closed, and draining at interpreter exit.
-
-    Subclasses consume ``self.queue`` (``None`` means stop) and implement ``flush`` and ``close``.
+    ledger, refusing work once closed, and draining at interpreter exit. Subclasses consume
+    ``self.queue`` (``None`` means stop) and define ``flush()`` (wait until everything submitted
+    is committed, then raise any failure) and ``close()`` (also stop the writer).
 
     Args:
         where: The store, as messages name it.
         max_pending: Most jobs waiting in the queue before ``submit`` blocks.
         stored: Systems already in the store.
+        make_slot: Makes the staging slots (default: ``HostStaging``'s).
     """
 
     def __init__(
@@ -143,8 +132,9 @@ class AsyncWriter(ABC):
         # Host buffers for the queued jobs, the one being written and the one being copied.
         self.staging = HostStaging(self.queue.maxsize + 2, make_slot=make_slot)
         self.closed = False
-        # Drain at interpreter exit, so a script that forgets close() keeps its data. The weak
-        # reference lets an unused writer be collected.
+        # Drained at interpreter exit, before concurrent.futures stops the thread pools zarr
+        # writes through (a plain atexit handler would come too late). Weakly: an unused writer
+        # can be collected.
         ref = weakref.ref(self)
 
         def drain() -> None:
@@ -152,12 +142,17 @@ class AsyncWriter(ABC):
             if writer is not None:
                 writer.close_quietly()
 
-        run_at_exit(drain)
+        register = getattr(threading, "_register_atexit", atexit.register)
+        try:
+            register(drain)
+        except RuntimeError:  # already shutting down: nothing can be scheduled any more
+            pass
 
-    @property
-    def pending(self) -> int:
-        """Systems submitted but not yet committed."""
-        return self.ledger.pending
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
 
     def submit(self, snap: Snapshot, count: int) -> None:
         """Queue a snapshot of ``count`` systems for writing (blocks while ``max_pending`` jobs
@@ -192,22 +187,14 @@ class AsyncWriter(ABC):
             raise BackgroundWriteError(f"the background writer of {self.where} is closed")
         self.raise_errors()
 
-    @abstractmethod
-    def flush(self) -> None:
-        """Wait until everything submitted is committed, then raise any failure."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Commit what is pending, stop the writer, and raise any failure."""
-
     def close_dropped(self) -> None:
         """:meth:`close_quietly` for a sink dropped without ``close()`` (its finalizer), on a
         thread of its own.
 
-        A finalizer runs on whatever thread collects the sink: zarr's event-loop thread or one of
-        the loop's executor threads among them. Waiting there for the writer, whose writes wait
-        on that loop, would never end, so the finalizer only starts the close. (The thread is
-        not a daemon: the interpreter waits for it at exit, while zarr's loop still runs.)
+        A finalizer runs on whatever thread collects the sink, zarr's event-loop thread or one of
+        the loop's executor threads among them; waiting there for the writer, whose writes wait
+        on that loop, would never end. The thread is not a daemon: the interpreter waits for it
+        at exit, while zarr's loop still runs.
         """
         threading.Thread(target=self.close_quietly, name="alchemi-zarr-close").start()
 

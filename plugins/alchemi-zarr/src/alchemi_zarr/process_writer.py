@@ -1,26 +1,20 @@
-"""``ProcessWriter``: asynchronous appends done by a child process, off the stepping interpreter.
+"""``ProcessWriter``: appends done by a child process, off the stepping interpreter.
 
-A writer thread in the stepping process would share its interpreter lock with zarr, whose
-per-chunk Python work then delays every step that wants the lock back (on a GPU, the host
-falls behind and the device idles). Here the stepping process only waits for each snapshot's
-device-to-host copy (on a helper thread, lock released) and tells a child process
-(``python -m alchemi_zarr.process_writer``) where it lies: on Linux the copy lands in staging
-slots of shared memory the child maps (:mod:`alchemi_zarr.shared_staging`), so only a header
-goes through the pipe and a slot is reused once the child has answered for it; elsewhere, and
-for fields the writer must transform (indices made per-system), the arrays go through the pipe.
-The child appends them to the store, merging jobs that queue up, and answers in order. Nothing
-is lost silently:
+A writer thread would share the stepping process's interpreter lock with zarr's per-chunk Python
+work, delaying every step that wants it back. Here the stepping process only waits for each
+snapshot's device-to-host copy (on a helper thread, lock released) and tells a child process
+(``python -m alchemi_zarr.process_writer``) where it lies: on Linux in shared-memory staging
+slots (:mod:`alchemi_zarr.shared_staging`), so only a header goes through the pipe; elsewhere,
+and for fields the writer transforms, the arrays go through the pipe. The child appends them,
+merging jobs that queue up, and answers in order. Nothing is lost silently:
 
-- a failed append is answered with its exception and raised, naming the systems, by the next
-  ``submit``, ``flush`` or ``close`` (as with the thread writer);
+- a failed append is raised, naming the systems, by the next ``submit``, ``flush`` or ``close``;
 - if the child dies, every job it had not committed is reported the same way;
-- if the parent dies, the child commits every job it received whole, then exits (the pipe's end
-  of file tells it; it holds the shared slots' files itself); a job cut off mid-transfer is
-  never written, and the store's commit
-  protocol keeps a crash of the child itself from tearing a record.
+- if the parent dies, the child commits every job it received whole, then exits; a job cut off
+  mid-transfer is never written, and the store's commit protocol keeps a crash of the child
+  itself from tearing a record.
 
-The store must be one that another process can open: a local path or an fsspec URL other than
-``memory://`` (``ZarrData`` picks the thread writer for the others).
+The store must be one another process can open: a local path or a URL other than ``memory://``.
 
 Example:
     >>> import tempfile
@@ -48,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from alchemi_zarr.pending import AsyncWriter, BackgroundWriteError
+from alchemi_zarr.pending import MAX_MERGE, AsyncWriter, BackgroundWriteError
 from alchemi_zarr.records import HostRecords, Snapshot, same_field_runs
 from alchemi_zarr.shared_staging import SharedSlot, SlotMaps, shared_staging_available
 
@@ -67,7 +61,6 @@ class ProcessWriter(AsyncWriter):
         storage_options: fsspec options for URLs.
         units: Units of custom fields, recorded in the header.
         max_pending: Most snapshots waiting in this process before ``submit`` blocks.
-        max_merge: Most received jobs the child commits together in one append.
         stored: Systems already in the store.
     """
 
@@ -78,10 +71,8 @@ class ProcessWriter(AsyncWriter):
         storage_options: dict[str, Any] | None = None,
         units: Mapping[str, str] | None = None,
         max_pending: int = 8,
-        max_merge: int = 64,
         stored: int = 0,
     ) -> None:
-        # On Linux the staging slots are shared memory the child maps (handed over at start).
         shared = shared_staging_available()
         super().__init__(where, max_pending, stored, make_slot=SharedSlot if shared else None)
         self.units = dict(units or {})
@@ -91,8 +82,7 @@ class ProcessWriter(AsyncWriter):
         self._lock = threading.Lock()
         fds = [slot.fd for slot in self.staging.all if isinstance(slot, SharedSlot)]
         self._child, self._jobs, self._answers = _start_child(fds)
-        self._jobs.send({"store": store, "storage_options": storage_options, "max_merge": max(1, int(max_merge)),
-                         "slot_fds": fds})
+        self._jobs.send({"store": store, "storage_options": storage_options, "slot_fds": fds})
         self._feeder = threading.Thread(target=self._feed, name=f"alchemi-zarr-feeder {where}", daemon=True)
         self._reader = threading.Thread(target=self._read, name=f"alchemi-zarr-answers {where}", daemon=True)
         self._feeder.start()
@@ -122,7 +112,6 @@ class ProcessWriter(AsyncWriter):
                     slot.close()
         self.raise_errors()
 
-    # ------------------------------------------------------------------ the two helper threads
     def _feed(self) -> None:
         """Wait for each snapshot's copy, then stream it to the child (the lock is released while
         waiting and while the pipe takes the bytes)."""
@@ -175,7 +164,6 @@ class ProcessWriter(AsyncWriter):
             self._jobs.send(header)
             for (_, _, _, offset), a in zip(fields, records.fields.values(), strict=True):
                 if offset is None:
-                    # numpy's stubs declare arrays buffers only for Python >= 3.12 (the target is 3.10)
                     self._jobs.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         except OSError as exc:  # the child is gone; the answer reader reports what it held
             self._child_gone(BackgroundWriteError(f"the writer process of {self.where} is gone ({exc!r})"))
@@ -235,11 +223,8 @@ class ProcessWriter(AsyncWriter):
 
 
 def _start_child(slot_fds: list[int]) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
-    """Start ``python -m alchemi_zarr.process_writer`` with a job pipe and an answer pipe.
-
-    A fresh interpreter (not ``multiprocessing``): the parent's ``__main__`` is never re-run and
-    nothing of a CUDA context is inherited. It sees the parent's ``sys.path``.
-    """
+    """Start ``python -m alchemi_zarr.process_writer`` with a job pipe and an answer pipe: a fresh
+    interpreter on the parent's ``sys.path`` (no re-run ``__main__``, no inherited CUDA context)."""
     jobs_r, jobs_w = os.pipe()
     answers_r, answers_w = os.pipe()
     _widen(jobs_w)
@@ -267,7 +252,6 @@ def _widen(fd: int) -> None:
         pass
 
 
-# ---------------------------------------------------------------------- the child's side
 def _receive(jobs: Connection, maps: SlotMaps) -> tuple[HostRecords, int] | None:
     """The next whole job, or None at the stop message or end of file (a cut-off job is dropped).
     Fields in a shared slot are read where they lie; the others come through the pipe."""
@@ -315,7 +299,6 @@ def serve(jobs: Connection, answers: Connection) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         _answer(answers, ("fatal", _portable(exc)))
         return 1
-    max_merge = init["max_merge"]
     maps = SlotMaps(init["slot_fds"])
     stopping = False
     while not stopping:
@@ -323,8 +306,7 @@ def serve(jobs: Connection, answers: Connection) -> int:
         if job is None:
             return 0
         received = [job]
-        # Merge what has already arrived: one commit for many jobs.
-        while len(received) < max_merge and jobs.poll():
+        while len(received) < MAX_MERGE and jobs.poll():
             job = _receive(jobs, maps)
             if job is None:
                 stopping = True

@@ -1,10 +1,8 @@
 """``AtomicDataZarrReader``: random access to the structures of an alchemi Zarr store.
 
-Opening reads the committed count and the per-system pointers only (16 bytes per structure), so
-``get_metadata(i)`` and ``get_all_metadata()`` cost no data reads and ``SizeAwareSampler`` can
-plan batches over a store far larger than memory. ``reader[i]`` reads that structure's rows of
-each field through a small cache of decoded chunks, so reading neighbours in order decodes each
-chunk once.
+Opening reads the committed count and the per-system pointers only, so ``get_metadata(i)`` and
+``get_all_metadata()`` cost no data reads (``SizeAwareSampler`` plans over stores larger than
+memory). ``reader[i]`` reads through a small cache of decoded chunks.
 
 Example:
     >>> from alchemi_core.testing import random_structures
@@ -18,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,34 +30,10 @@ from alchemi_core.errors import InvalidDataError
 from alchemi_zarr.storage import AtomicStore
 
 
-class _ChunkCache:
-    """Decoded, chunk-aligned blocks of one array, least recently used dropped first."""
-
-    def __init__(self, store: AtomicStore, name: str, limit: int, max_blocks: int) -> None:
-        arr = store.array(name)
-        self._store, self._name = store, name
-        self._block = int(arr.chunks[0])
-        self._limit = limit  # committed rows: the tail beyond is not data
-        self._empty = np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
-        self._blocks: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max = max_blocks
-
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        if hi <= lo:
-            return self._empty
-        b = self._block
-        parts = []
-        for k in range(lo // b, (hi - 1) // b + 1):
-            block = self._blocks.get(k)
-            if block is None:
-                block = self._store.read_rows(self._name, k * b, min((k + 1) * b, self._limit))
-                self._blocks[k] = block
-                if len(self._blocks) > self._max:
-                    self._blocks.popitem(last=False)
-            else:
-                self._blocks.move_to_end(k)
-            parts.append(block[max(lo - k * b, 0) : hi - k * b])
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+def _read_block(store: AtomicStore, limits: dict[str, int], name: str, k: int) -> np.ndarray:
+    """Chunk ``k`` of field ``name``, decoded (only its committed rows)."""
+    b = store.array(name).chunks[0]
+    return store.read_rows(name, k * b, min((k + 1) * b, limits[name]))
 
 
 class AtomicDataZarrReader:
@@ -70,7 +44,7 @@ class AtomicDataZarrReader:
         store: A path, an fsspec URL, a dict or a zarr store written by ``ZarrData`` or
             ``AtomicDataZarrWriter``.
         storage_options: fsspec options for URLs.
-        cache_chunks: Decoded chunks kept per field (memory: up to 512 KiB each).
+        cache_chunks: Decoded chunks kept per field (up to 512 KiB each).
 
     Raises:
         InvalidDataError: No alchemi store there, or a damaged one.
@@ -87,11 +61,19 @@ class AtomicDataZarrReader:
             raise InvalidDataError(f"{self.store.where} is damaged: its pointers are not non-decreasing from 0")
         self._atom_ptr, self._edge_ptr = atom_ptr, edge_ptr
         limits = {Level.SYSTEM: self.store.num_systems, Level.NODE: self.store.num_atoms, Level.EDGE: self.store.num_edges}
-        header = self.store.header
-        self._caches = {
-            name: _ChunkCache(self.store, name, limits[spec.level], self.cache_chunks)
-            for name, spec in (header.fields.items() if header is not None else ())
-        }
+        fields = self.store.header.fields if self.store.header is not None else {}
+        self._limits = {name: limits[spec.level] for name, spec in fields.items()}  # committed rows
+        # Decoded chunks, least recently used dropped first (no reference back to the reader).
+        self._block = functools.lru_cache(maxsize=max(1, self.cache_chunks * len(fields)))(
+            functools.partial(_read_block, self.store, self._limits))
+
+    def _rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        arr = self.store.array(name)
+        if hi <= lo:
+            return np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
+        b = arr.chunks[0]
+        parts = [self._block(name, k)[max(lo - k * b, 0) : hi - k * b] for k in range(lo // b, (hi - 1) // b + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def refresh(self) -> int:
         """Pick up records committed since opening; returns the new length."""
@@ -99,7 +81,6 @@ class AtomicDataZarrReader:
             self._load_pointers()
         return len(self)
 
-    # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
         return self.store.num_systems
 
@@ -142,7 +123,6 @@ class AtomicDataZarrReader:
             return np.arange(len(self), dtype=np.int64)
         return self.store.read_rows("system_id", 0, len(self)).reshape(len(self), -1)[:, 0].astype(np.int64)
 
-    # ------------------------------------------------------------------ structures
     def __getitem__(self, index: int) -> AtomicData:
         """Structure ``index`` with every stored field (neighbour indices local to it).
 
@@ -158,7 +138,7 @@ class AtomicDataZarrReader:
             Level.NODE: (int(self._atom_ptr[i]), int(self._atom_ptr[i + 1])),
             Level.EDGE: (int(self._edge_ptr[i]), int(self._edge_ptr[i + 1])),
         }
-        rows = {name: self._caches[name].rows(*bounds[spec.level]) for name, spec in header.fields.items()}
+        rows = {name: self._rows(name, *bounds[spec.level]) for name, spec in header.fields.items()}
         return self.store.read_structure(rows, i)
 
     def __iter__(self) -> Iterator[AtomicData]:

@@ -1,9 +1,8 @@
 """Systems on their way between a ``Batch`` and a store: host copies, local atom indices.
 
-A write copies the selected systems to host memory (:func:`snapshot`, asynchronous on a GPU) and
-turns them into :class:`HostRecords`: one numpy array per field in the dtype zarr stores, index
-fields shifted so each system's atom indices start at 0. Reading goes the other way
-(:func:`to_tensor`, :func:`to_batch_indices`).
+A write copies the selected systems to host memory (:func:`snapshot`) and turns them into
+:class:`HostRecords`: numpy rows per field, index fields shifted so each system's atom indices
+start at 0. Reading goes the other way (:func:`to_tensor`, :func:`to_batch_indices`).
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -33,6 +32,7 @@ from alchemi_zarr.tuning import ZarrTuning
 
 T = TypeVar("T")
 
+
 @attrs.define
 class Snapshot:
     """Host tensors of some systems; on a GPU the copy may still be in flight until
@@ -60,8 +60,7 @@ class Snapshot:
             self.event = None
 
     def release(self) -> None:
-        """The host data is no longer needed: its staging buffers may take the next copy
-        (a no-op without staging, and after the first call)."""
+        """Give the staging buffers back (a no-op without staging, and after the first call)."""
         done, self.on_release = self.on_release, None
         if done is not None:
             self.wait()
@@ -76,14 +75,11 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
              tuning: ZarrTuning | None = None) -> Snapshot:
     """Copy every field of ``batch`` to host memory.
 
-    With a staging ``slot`` (see :mod:`alchemi_core.data.staging`) the copies go into its
-    reused buffers, and ``release`` (called by :meth:`Snapshot.release`) gives it back once the
-    host data is consumed; without one, GPU fields go to new pinned tensors and CPU fields are
-    cloned when ``copy`` is True (so the caller may go on changing the batch while a background
-    thread writes the snapshot). GPU copies are non-blocking (no host synchronisation;
-    :meth:`Snapshot.wait` waits): on the current stream, or with ``copy`` and
-    ``tuning.copy_stream`` (default: :meth:`ZarrTuning.for_device` of the batch's device), from
-    device copies on a side stream.
+    With a staging ``slot`` the copies go into its reused buffers, and ``release`` (called by
+    :meth:`Snapshot.release`) gives it back; without one, GPU fields go to new pinned tensors and
+    CPU fields are cloned when ``copy`` is True (the caller may go on changing the batch). GPU
+    copies never block the host (:meth:`Snapshot.wait` waits); with ``copy`` and
+    ``tuning.copy_stream`` (default: the batch device's) they run on a side stream.
     """
     tensors: dict[str, torch.Tensor] = {}
     on_gpu = batch.device.type == "cuda"
@@ -112,8 +108,7 @@ def snapshot(batch: Batch, copy: bool, slot: StagingSlot | None = None, release:
 
 def _copy_to_host(sources: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], on_gpu: bool, copy: bool,
                   slot: StagingSlot | None) -> torch.cuda.Event | None:
-    """Fill ``tensors`` with host copies of ``sources`` (GPU ones on the current stream), and
-    return the event recorded after them (None on a CPU)."""
+    """Fill ``tensors`` with host copies of ``sources``; the event recorded after them (None on a CPU)."""
     if slot is not None:
         slot.reserve(sum(t.numel() * t.element_size() for t in sources.values()), pinned=on_gpu)
     for name, t in sources.items():
@@ -183,8 +178,7 @@ class HostRecords:
         """Records of a (finished) snapshot; ``units`` name the units of custom fields.
 
         Raises:
-            InvalidDataError: The snapshot holds one ``system_id`` twice (one write stores each
-                system once; a trajectory writes a system again in later writes).
+            InvalidDataError: The snapshot holds one ``system_id`` twice.
         """
         snap.wait()
         if snap.system_ids is not None:

@@ -1,19 +1,12 @@
-"""One results store for many writing processes: a root group whose parts are alchemi stores,
-and :class:`ShardedZarrReader`, which reads it as one set.
+"""One results store for many writing processes: a root group whose parts are alchemi stores.
 
-A data-parallel run (``alchemi_core.parallel``) gives each rank its own part, ``<root>/part-00003``
-for rank 3: an ordinary alchemi store (docs/storage.md) that only that rank appends to, so no
-lock is needed and no two ranks can interleave a record, on a local disk, a shared file system
-or an object store alike. A part's records commit as any store's do (whole or not at all), so a
-killed rank leaves its committed records intact. :class:`ShardedZarrReader` reads the union of
-the parts as one dataset, with the interface of ``AtomicDataZarrReader``; :func:`open_reader`
-opens a root or a single store alike, and so does ``ZarrData(root).read()``. The ranks write
-through :class:`alchemi_zarr.sharded_store.ShardedZarrStore`.
-
-The root is a Zarr group whose attribute ``alchemi_sharded`` marks it
-(``{"format": "alchemi.sharded", "version": 1}``). Parts are found by listing the root, so a
-rerun with another number of ranks reads every part already there; rank *r* of any run
-appends to part *r*.
+A data-parallel run (``alchemi_core.parallel``) gives rank *r* its own part, ``<root>/part-0000r``:
+an ordinary alchemi store (docs/storage.md) that only that rank appends to, so no lock is needed
+and a killed rank leaves its committed records intact. :mod:`alchemi_zarr.sharded_store` is what the
+ranks write through; :class:`ShardedZarrReader` reads the union of the parts as one dataset (the
+interface of ``AtomicDataZarrReader``), and :func:`open_reader` opens a root or a single store
+alike. The root is a Zarr group marked by its attribute ``alchemi_sharded``; parts are found by
+listing it, so a rerun with another number of ranks reads every part already there.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -54,6 +47,7 @@ def part_name(rank: int) -> str:
 
 
 def root_text(root: str | os.PathLike[str]) -> str:
+    """The root as a path or URL string."""
     if isinstance(root, os.PathLike):
         return os.fspath(root)
     if not isinstance(root, str):
@@ -136,9 +130,6 @@ def column_of(part: AtomicStore, name: str) -> np.ndarray:
     return np.asarray(part.read_rows(name, 0, part.num_systems), dtype=np.int64).reshape(-1)
 
 
-def system_ids_of(part: AtomicStore) -> np.ndarray:
-    return column_of(part, "system_id")
-
 
 class ShardedZarrReader:
     """Every part of a sharded results store as one dataset (the interface of
@@ -208,12 +199,10 @@ class ShardedZarrReader:
 
     def system_ids(self) -> np.ndarray:
         """The ``system_id`` of every record, in reader order."""
-        ids = [system_ids_of(p.store) for p in self.parts]
+        ids = [column_of(p.store, "system_id") for p in self.parts]
         return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
-    def get_all_system_ids(self) -> np.ndarray:
-        """Every record's ``system_id``, as ``AtomicDataZarrReader.get_all_system_ids`` gives it."""
-        return self.system_ids()
+    get_all_system_ids = system_ids
 
     def column(self, name: str) -> np.ndarray:
         """Every record's rows of system field ``name`` (e.g. ``energy``), in reader order."""

@@ -18,16 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from alchemi_zarr.sharded import (
-    ShardedZarrReader,
-    column_of,
-    join_part,
-    open_root,
-    part_name,
-    part_names,
-    root_text,
-    system_ids_of,
-)
+from alchemi_zarr.sharded import ShardedZarrReader, column_of, join_part, open_root, part_name, part_names, root_text
 from alchemi_zarr.sink import ZarrData
 from alchemi_zarr.storage import AtomicStore
 
@@ -90,7 +81,7 @@ class ShardedZarrStore:
         return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
     def _results(self, part: AtomicStore) -> np.ndarray:
-        ids = system_ids_of(part)
+        ids = column_of(part, "system_id")
         if not len(self.frame_statuses) or not len(ids):
             return ids
         status = column_of(part, "status")

@@ -1,16 +1,11 @@
 """Staging slots in memory shared with the writer process: snapshots are copied once, there.
 
-Sending a W5 snapshot (10.6 MB) through a pipe cost the writer process ~12 ms of its ~45 ms per
-snapshot (the receiving side copies it twice) and the stepping process another copy. Here each
-staging slot is an anonymous shared-memory file (``memfd``) that both processes map: the
-device-to-host copy lands in it (page-locked with ``cudaHostRegister`` when the source is on a
-GPU, so the copy stays non-blocking), only a small header goes through the pipe, and the slot
-is given back when the writer answers for the job. The files are handed to the writer when it
-starts (their descriptors), so a writer whose parent died can still commit what it received;
-a slot grows (``ftruncate``) when a larger snapshot comes, and the writer maps it again.
-
-Linux only (``os.memfd_create``); elsewhere :func:`shared_staging_available` is False and the
-writer takes snapshots through the pipe.
+A snapshot sent through a pipe is copied three more times. Here each staging slot is an
+anonymous shared-memory file (``memfd``) that both processes map: the device-to-host copy lands
+in it (page-locked with ``cudaHostRegister`` for a GPU source, so it stays non-blocking), only a
+header goes through the pipe, and the slot is given back when the writer answers for the job.
+The writer is handed the files at its start, so it can commit what it received after its parent
+died. Linux only (``os.memfd_create``); elsewhere snapshots go through the pipe.
 
 Example:
     >>> import torch
@@ -103,8 +98,7 @@ class SharedSlot(StagingSlot):
         self._region = torch.frombuffer(self._map, dtype=torch.uint8)
         self._pin_tried = pinned
         if pinned and torch.cuda.is_available():
-            # Page-locked, so device-to-host copies into it are asynchronous; if the driver
-            # refuses, copies still work, only synchronously.
+            # Page-locked for asynchronous copies; if the driver refuses, copies are synchronous.
             code = torch.cuda.cudart().cudaHostRegister(self._region.data_ptr(), size, 0)
             self._registered = int(code) == 0
 

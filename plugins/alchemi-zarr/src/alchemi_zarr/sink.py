@@ -2,18 +2,10 @@
 
 Each ``write`` stores the selected systems as whole records: a crash leaves every record either
 fully readable or absent, and reopening the store continues after the last committed record.
-Every field, dtype and ``system_id`` round-trips; :meth:`ZarrData.read` gives them back as one
-batch on the CPU.
-
-A write copies the selected systems to host memory and hands them to zarr. With
-``asynchronous=True`` the zarr part happens in the background while the caller (the dynamics
-loop) goes on; on a GPU the copy itself is non-blocking (pinned memory, the current stream).
-A store another process can open (a local path, or a URL other than ``memory://``) is written
-by a child process, so zarr's Python work never competes with the stepping thread for the
-interpreter lock (``asynchronous="process"``); other stores by a thread (``"thread"``).
-``flush()`` waits for pending writes, ``close()`` also stops the writer; both raise a failed
-write's error. ``len()`` and the capacity count pending systems, so capacity errors stay
-immediate.
+With ``asynchronous=True`` the zarr part happens in the background while the dynamics loop goes
+on: by a child process for a store another process can open (``"process"``), else by a thread
+(``"thread"``). ``flush()`` waits for pending writes, ``close()`` also stops the writer; both
+raise a failed write's error. ``len()`` and the capacity count pending systems.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -59,8 +51,7 @@ class ZarrData(DataSink):
 
     Args:
         store: A local path, an fsspec URL (``memory://``, ``file://``, ``s3://`` with
-            ``alchemi-zarr[s3]``), a dict, or a zarr store object. An existing store is
-            continued.
+            ``alchemi-zarr[s3]``), a dict, or a zarr store object; an existing one is continued.
         capacity: Most systems the store may hold, those already in it included (None: no limit).
         asynchronous: Write in the background (call ``flush()``/``close()`` to wait): True picks
             a child process for stores another process can open and a thread otherwise;
@@ -68,8 +59,7 @@ class ZarrData(DataSink):
         max_pending: In asynchronous mode, most writes queued before ``write`` blocks.
         units: Units of custom fields, recorded in the store, e.g. ``{"dipole": "e*Å"}``.
         storage_options: fsspec options for URLs (credentials, endpoints).
-        tuning: How writes copy a batch off its device (default: ``ZarrTuning.for_device`` of
-            the batch's device; see ``alchemi_zarr.tuning``).
+        tuning: How writes copy a batch off its device (default: ``ZarrTuning.for_device``).
 
     Raises:
         InvalidDataError: ``store`` holds something other than an alchemi store.
@@ -115,7 +105,6 @@ class ZarrData(DataSink):
                 stored=self.store.num_systems,
             )
         if self._background is not None:
-            # A sink dropped without close(): its writer still commits what is pending, then ends.
             weakref.finalize(self, self._background.close_dropped)
 
     @property
@@ -134,7 +123,6 @@ class ZarrData(DataSink):
             )
         return self._store
 
-    # ------------------------------------------------------------------ DataSink
     @property
     def capacity(self) -> int:
         return self._capacity
@@ -174,7 +162,7 @@ class ZarrData(DataSink):
             return
         selected = batch.index_select(m) if m is not None else batch
         if self._background is None:
-            # From a GPU, through one reused pinned buffer set (no allocation per write).
+            # From a GPU through one reused pinned buffer set.
             slot = self._staging.acquire() if selected.device.type == "cuda" else None
             try:
                 self.store.append(HostRecords.from_snapshot(snapshot(selected, copy=False, slot=slot), self.units))
@@ -182,28 +170,23 @@ class ZarrData(DataSink):
                 if slot is not None:
                     self._staging.release(slot)
         else:
-            # Copied into the writer's reused host buffers: the caller may go on changing the batch.
             self._background.submit_batch(selected, n, self.tuning)
 
     def read(self) -> Batch:
-        """Every stored system as one batch on the CPU (waits for pending writes first); for the
-        root of a sharded store, the records of every part.
+        """Every stored system as one batch on the CPU (after pending writes); for the root of a
+        sharded store, the records of every part.
 
         Raises:
             RuntimeError: The store holds no systems.
             InvalidDataError: A record is not a valid structure, a chunk is damaged, or (in a
-                run's records, which have ``status``) a structure's last record is stored twice
-                (see ``alchemi_zarr.validity.repeated_records``); the message names the records
-                or the array.
+                run's records, which have ``status``) a structure's last record is stored twice.
         """
         if self._sharded is not None:
             if self._sharded.refresh() == 0:
                 raise CapacityError(f"ZarrData({self._sharded.root}) is empty: nothing to read")
             batch, where = self._sharded.read_batch(), self._sharded.root
         else:
-            self.flush()
-            self.store.refresh()
-            if self.store.num_systems == 0:
+            if self._committed() == 0:
                 raise CapacityError(f"ZarrData({self.store.where}) is empty: nothing to read")
             batch, where = self.store.read_batch(0, self.store.num_systems), self.store.where
         if "status" in batch:  # a run's records: each structure's result is stored once
@@ -217,48 +200,49 @@ class ZarrData(DataSink):
         if self._background is not None:
             self._background.ledger.cleared()
 
-    # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint records: where the store is and how many records it had committed
-        (waits for pending writes first), and the ``system_id`` of the last one."""
+        """Where the store is, how many records it committed (after pending writes), and the
+        ``system_id`` of the last one."""
+        n = self._committed()
+        return {"where": self.store.where, "committed": n, "last_system_id": self._system_id_of(n - 1)}
+
+    def _committed(self) -> int:
+        """Records committed, after pending writes."""
         self.flush()
         self.store.refresh()
-        n = self.store.num_systems
-        last = None
-        if n and self.store.header is not None and "system_id" in self.store.header.fields:
-            last = int(self.store.read_rows("system_id", n - 1, n).reshape(-1)[0])
-        return {"where": self.store.where, "committed": n, "last_system_id": last}
+        return self.store.num_systems
+
+    def _system_id_of(self, record: int) -> int | None:
+        """The ``system_id`` of committed record ``record`` (None without one, or for record -1)."""
+        if record < 0 or self.store.header is None or "system_id" not in self.store.header.fields:
+            return None
+        return int(self.store.read_rows("system_id", record, record + 1).reshape(-1)[0])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Return the store to the checkpoint: the records committed after it (by the run that
-        was interrupted) are cut off, since the resumed run writes them again.
+        """Return the store to the checkpoint: records committed after it are cut off (the resumed
+        run writes them again).
 
         Raises:
             InvalidDataError: The store holds fewer records than the checkpoint counted, or a
                 different record where the checkpoint's last one was (it was replaced or changed).
         """
-        self.flush()
-        self.store.refresh()
-        keep, held = int(state["committed"]), self.store.num_systems
+        keep, held = int(state["committed"]), self._committed()
         where = self.store.where
         if held < keep:
             raise InvalidDataError(
                 f"ZarrData({where}) holds {held} records but the checkpoint counted {keep}: the store was "
                 "replaced or cut since the checkpoint; resume with the store the checkpointed run wrote"
             )
-        last = state.get("last_system_id")
-        if keep and last is not None and self.store.header is not None and "system_id" in self.store.header.fields:
-            found = int(self.store.read_rows("system_id", keep - 1, keep).reshape(-1)[0])
-            if found != int(last):
-                raise InvalidDataError(
-                    f"ZarrData({where}): record {keep - 1} has system_id {found} but the checkpoint's has "
-                    f"{last}: this is not the store the checkpointed run wrote"
-                )
+        last, found = state.get("last_system_id"), self._system_id_of(keep - 1)
+        if last is not None and found is not None and found != int(last):
+            raise InvalidDataError(
+                f"ZarrData({where}): record {keep - 1} has system_id {found} but the checkpoint's has "
+                f"{last}: this is not the store the checkpointed run wrote"
+            )
         self.store.truncate(keep)
         if self._background is not None:
             self._background.ledger.cleared(stored=keep)
 
-    # ------------------------------------------------------------------ asynchronous mode
     def flush(self) -> None:
         """Wait until every write so far is committed.
 
@@ -279,7 +263,6 @@ class ZarrData(DataSink):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ convenience
     def reader(self) -> Any:
         """A reader of every record (after flushing): an ``AtomicDataZarrReader``, or for the root
         of a sharded store a ``ShardedZarrReader`` (the same interface, over all its parts)."""

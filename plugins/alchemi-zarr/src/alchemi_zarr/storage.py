@@ -1,13 +1,10 @@
 """``AtomicStore``: one alchemi Zarr store (layout in :mod:`alchemi_zarr.layout`), appended to
 whole records at a time and read by row ranges.
 
-An append writes, in this order: the header (only into an empty store), any array growth
-(metadata), the data rows and the pointers past the committed end, and last the ``commit``
-array. Every write of an object that holds committed data replaces it atomically, so a crash at
-any point leaves the old commit, whose records are untouched (rows sharing a chunk with new rows
-are rewritten with their old values, all or nothing); chunks wholly past the commit may be
-written in place (a local store's, :mod:`alchemi_zarr.local_files`). The uncommitted tail is
-ignored on reopening and overwritten by the next append.
+An append writes the header (only into an empty store), any array growth, the data rows and
+the pointers past the committed end, and last the ``commit`` array. Every write of an object that
+holds committed data replaces it atomically, so a crash at any point leaves the old commit and its
+records untouched; the uncommitted tail is ignored on reopening and overwritten by the next append.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -42,11 +39,9 @@ _LEVEL_INDEX = {Level.SYSTEM: 0, Level.NODE: 1, Level.EDGE: 2}
 
 
 def _compressors(dtype: np.dtype | None = None) -> Any:
-    """Codecs of one array: for integers and booleans (ids, elements, flags, pointers) blosc's
-    lz4 with byte shuffling (they shrink 20-200x at ~5 GB/s; numcodecs' plain zstd took 1.2 ms
-    per 512 KiB chunk, a quarter of a snapshot's write), then a CRC-32C checksum; for floats the
-    checksum alone (trajectory floats shrink ~10 % under zstd for a third of the write time).
-    Either way a damaged chunk is an error on reading instead of wrong numbers."""
+    """Codecs of one array: blosc's lz4 with byte shuffling for integers and booleans (ids,
+    elements, pointers: they shrink many times over, cheaply), none for floats (they barely
+    shrink); then a CRC-32C checksum, so a damaged chunk is an error on reading."""
     from zarr.codecs import BloscCodec, Crc32cCodec
 
     if dtype is not None and dtype.kind in "fc":
@@ -55,14 +50,12 @@ def _compressors(dtype: np.dtype | None = None) -> Any:
     return [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=itemsize), Crc32cCodec()]
 
 
-#: Every chunk is stored, even one equal to the fill value: zarr would otherwise compare each
-#: chunk with it, a pass over all the data, to save space only for all-zero chunks.
+#: Every chunk is stored, even one equal to the fill value (zarr would compare each one with it).
 _ARRAY_CONFIG: Any = {"write_empty_chunks": True}
 
 
 def _raised_by_a_codec(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a codec's decoding: numcodecs' compiled codecs raise plain
-    RuntimeErrors for input that does not decompress (a garbled zstd or blosc chunk)."""
+    """Whether ``exc`` came out of numcodecs (its codecs raise plain RuntimeErrors on bad input)."""
     tb = exc.__traceback__
     while tb is not None:
         if "numcodecs" in tb.tb_frame.f_code.co_filename:
@@ -74,11 +67,7 @@ def _raised_by_a_codec(exc: BaseException) -> bool:
 def check_write_target(zarr_store: Any, where: str, folder: Path | None) -> None:
     """Refuse to write where a store cannot be, or where it would mix with someone else's data:
     a regular file, a folder that cannot be made, a folder of other files, a Zarr v2 group.
-
-    Args:
-        zarr_store: The zarr store (see :func:`~alchemi_zarr.stores.resolve_store`).
-        where: Its name for messages.
-        folder: Its local folder (None for other stores); made when absent.
+    ``folder`` is a local store's folder (made when absent), None for other stores.
 
     Raises:
         InvalidDataError: Naming the path, what is there and what to do.
@@ -138,15 +127,13 @@ class AtomicStore:
             self._group = self._open_group(zarr, "r")
         else:
             check_write_target(self.zarr_store, self.where, self._lock_path)
-            # Under the writer lock: two writers creating one new store at once would otherwise
-            # race between zarr's "no group here" and its write of one (ContainsGroupError).
+            # Locked: two writers creating one store would race (ContainsGroupError).
             with writer_lock(self.where, self._lock_path):
                 self._group = self._open_group(zarr, "a")
                 if layout.HEADER_KEY not in self._group.attrs:
                     self._initialise()
         self._load()
 
-    # ------------------------------------------------------------------ opening
     def _open_group(self, zarr: Any, mode: str) -> Any:
         try:
             return zarr.open_group(self.zarr_store, mode=mode, zarr_format=3)
@@ -155,8 +142,6 @@ class AtomicStore:
         except Exception as exc:
             if not (type(exc).__module__.startswith("zarr.") or isinstance(exc, ValueError)):
                 raise
-            # An array where the group should be, unreadable metadata (garbled zarr.json): zarr's
-            # and json's own complaints.
             raise InvalidDataError(
                 f"{self.where} is not an alchemi store, or a damaged one: its group metadata (zarr.json) is "
                 f"unreadable or not a group's ({type(exc).__name__}: {exc})"
@@ -189,8 +174,7 @@ class AtomicStore:
         counts = self._read_commit()
         if counts[0] == 0:
             self._check_commit_not_lost()
-            # Whatever an empty store's header says was never committed (a crashed first append,
-            # a cleared store): there are no fields yet, and the first append decides them.
+            # An empty store's header was never committed: the first append decides the fields.
             self.header, self.counts = None, (0, 0, 0)
             return
         self.header = header
@@ -227,8 +211,7 @@ class AtomicStore:
             raise self._damaged(key, f"has chunks that fail to decode ({type(exc).__name__}: {exc})") from None
 
     def _check_commit_not_lost(self) -> None:
-        """An empty commit while the pointers hold records means the commit was lost, not that
-        the store is empty: appending would overwrite every record."""
+        """An empty commit while the pointers hold records is a lost commit, not an empty store."""
         if layout.COMMIT not in self._group and layout.ATOM_PTR in self._group:
             rows = self._open_array(layout.ATOM_PTR).shape[0]
             if rows > 1:
@@ -236,7 +219,7 @@ class AtomicStore:
 
     def _check_layout(self, header: Header, counts: tuple[int, int, int]) -> None:
         """Every array the header names exists with its dtype, row shape and enough rows, and the
-        pointers rise from 0 to the committed counts (all of them when opened for writing)."""
+        pointers end at the committed counts (and rise from 0, checked when opened for writing)."""
         systems = counts[0]
         for key, total in ((layout.ATOM_PTR, counts[1]), (layout.EDGE_PTR, counts[2])):
             arr = self._arrays[key] = self._open_array(key)
@@ -275,8 +258,7 @@ class AtomicStore:
         return int(values[0]), int(values[1]), int(values[2])
 
     def _read_commit_chunk(self, arr: Any) -> np.ndarray:
-        """The commit's three values: read directly on a local store (every append reads it),
-        through zarr elsewhere."""
+        """The commit's three values: read directly on a local store (every append reads it)."""
         try:
             direct = read_local_chunk(arr, 0) if arr.shape == (3,) and arr.chunks == (3,) else None
         except ValueError as exc:  # a damaged commit chunk, as zarr's read reports one
@@ -297,7 +279,6 @@ class AtomicStore:
         self._load()
         return True
 
-    # ------------------------------------------------------------------ sizes and access
     @property
     def num_systems(self) -> int:
         return self.counts[0]
@@ -369,9 +350,7 @@ class AtomicStore:
         return Batch.from_segments(fields, levels, num_atoms, num_edges, device=device)
 
     def read_structure(self, rows: Mapping[str, np.ndarray], index: int) -> AtomicData:
-        """One structure from its rows (local indices), checked as :meth:`read_batch` checks
-        records (:func:`~alchemi_zarr.validity.check_records`) and validated like any new
-        ``AtomicData``.
+        """One structure from its rows (local indices), checked as :meth:`read_batch` checks records.
 
         Raises:
             InvalidDataError: The stored record is not a valid structure (the message names it).
@@ -387,7 +366,6 @@ class AtomicStore:
         except InvalidDataError as exc:
             raise InvalidDataError(f"record {index} of {self.where} is not a valid structure: {exc}") from None
 
-    # ------------------------------------------------------------------ appending
     def append(self, records: HostRecords) -> None:
         """Store ``records`` after the committed ones, committing them last.
 
@@ -462,19 +440,13 @@ class AtomicStore:
             chunk = arr.chunks[0]
             self._grow(name, ChunkTails.end(lo + len(rows), chunk))
             committed[arr.path] = lo
-            for first, values in self._tails.pieces(name, lo, rows, chunk, self._reader(arr)):
+            for first, values in self._tails.pieces(name, lo, rows, chunk, lambda a, b, arr=arr: arr[a:b]):
                 pieces.append((arr, slice(first, first + len(values)), values))
         write_pieces(pieces, committed)
-        # The commit point, after every data write has returned: before it, a reader (or a
-        # reopened writer) sees none of these records. Its one chunk holds records, so it is
-        # replaced whole (a local store's through a temporary file; no zarr round trips).
+        # The commit point, after every data write has returned; its one chunk is replaced whole.
         commit = self.array(layout.COMMIT)
         write_pieces([(commit, slice(0, 3), np.array([s0 + k, n0 + n, e0 + e], dtype=np.int64))])
         self.counts = (s0 + k, n0 + n, e0 + e)
-
-    @staticmethod
-    def _reader(arr: Any) -> Any:
-        return lambda start, stop: arr[start:stop]
 
     def _grow(self, name: str, rows: int) -> None:
         arr = self.array(name)
@@ -484,9 +456,8 @@ class AtomicStore:
             arr.resize((max(rows, 2 * have, arr.chunks[0]), *arr.shape[1:]))
 
     def truncate(self, num_systems: int) -> None:
-        """Keep the first ``num_systems`` records and forget the rest (a checkpoint's resume:
-        records written after it are written again). Only the commit changes; the rows past it
-        are an uncommitted tail that the next append overwrites.
+        """Keep the first ``num_systems`` records and forget the rest (a checkpoint's resume); only
+        the commit changes.
 
         Raises:
             InvalidDataError: The store holds fewer records than ``num_systems``.

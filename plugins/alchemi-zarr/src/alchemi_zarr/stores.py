@@ -2,16 +2,10 @@
 store, and serialise writers of one store.
 
 Local paths and ``file://`` URLs become a ``zarr.storage.LocalStore``, whose writes replace each
-file atomically (zarr >= 3.1.3): a crash never leaves a half-written metadata file or chunk of
-records. (Appends write chunks past the commit, which hold no records yet, in place:
-:mod:`alchemi_zarr.local_files`.)
-Other URLs (``memory://``, ``s3://``, ...) go through fsspec; object stores put whole objects, which
-is atomic too.
-
-Writers append under :func:`writer_lock`: an advisory ``flock`` on a local store's directory
-(held per append, so processes and threads take turns and a killed process releases it) and an
-in-process lock for every other store. Remote stores have no cross-process lock: keep to
-one writing process per remote store.
+file atomically (zarr >= 3.1.3); other URLs go through fsspec, whose object stores put whole
+objects. Writers append under :func:`writer_lock`: an advisory ``flock`` on a local store's
+directory (a killed process releases it) and an in-process lock for every store. Remote stores
+have no cross-process lock: keep to one writing process per remote store.
 
 Example:
     >>> store, where, lock_path = resolve_store("memory://doc-example", read_only=False)
@@ -87,8 +81,7 @@ def local_folder(store: Any) -> Path | None:
 @contextlib.contextmanager
 def writer_lock(key: str, lock_path: Path | None) -> Iterator[None]:
     """Hold the store's writer lock: the in-process lock for ``key`` and, for a local store, an
-    exclusive ``flock`` on its directory ``lock_path`` (waiting for a writer in another process).
-    Locking the directory itself adds no file that zarr would not recognise."""
+    exclusive ``flock`` on its directory ``lock_path`` (no lock file that zarr would not know)."""
     with _process_locks_guard:
         lock = _process_locks.setdefault(key, threading.Lock())
     with lock:

@@ -1,11 +1,9 @@
 """What a stored record must hold to read back as a structure: the checks ``AtomicData`` makes of
 a new structure, on the records of a store, vectorised over many records at once.
 
-A sink stores what it is given and a store can be crafted or damaged, so every read checks what
-it gives back: ``reader[i]``, ``read_batch`` and ``ZarrData.read()`` all go through
-:func:`check_records` and name the first record that fails (its index, ``system_id`` and status).
-The checks read values back, so they run when records are read, never inside a step; on valid
-records each costs one reduction per field.
+A store can be crafted or damaged, so ``reader[i]``, ``read_batch`` and ``ZarrData.read()`` go
+through :func:`check_records` and name the first record that fails (its index, ``system_id`` and
+status). The checks run when records are read, never inside a step.
 
 Example:
     >>> import numpy as np, torch
@@ -59,15 +57,14 @@ def check_records(
     atom_owner = np.repeat(np.arange(len(num_atoms)), num_atoms)
     atom_start = np.concatenate(([0], np.cumsum(num_atoms)[:-1])).astype(np.int64)
     found: list[tuple[int, str]] = []  # (record, what is wrong)
-    # The checks run in numpy: on a busy CPU torch's threaded reductions took ~10 ms on 40,000 rows.
+    # In numpy: torch's threaded reductions are slow on a busy CPU.
     z = fields["atomic_numbers"]
     if z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool or z.dim() != 1:
         found.append((0, f"atomic_numbers are stored as {z.dtype} rows of shape {list(z.shape[1:])}, not integers"))
     elif z.numel() and int(_numpy(z).min()) < 0:
         row = int(np.flatnonzero(_numpy(z) < 0)[0])
         found.append(_at(row, atom_owner, atom_start, f"atomic number {int(z[row])}", "(atomic numbers are 0 or more)"))
-    # A quarantined record (negative status) holds the values that failed, as evidence: only the
-    # records of structures that did not fail must be finite.
+    # A quarantined record (negative status) keeps the values that failed, as evidence.
     failed = _quarantined(fields, len(num_atoms))
     for name in sorted(FINITE_FIELDS & fields.keys()):
         t = fields[name]
@@ -122,10 +119,8 @@ IDENTITY = ("system_id", "status", "stage_steps")
 
 def repeated_records(columns: Mapping[str, np.ndarray]) -> list[list[int]]:
     """Groups of record indices where a structure's last record (its result, or its latest frame)
-    is stored twice or more: the same ``system_id``, and the same ``status`` and ``stage_steps``
-    where the store has them. [] when there are none or no ``system_id``. Earlier frames that
-    repeat (a trajectory run again after an interruption) are not counted: the structure's result
-    is still there once.
+    is stored twice or more: the same ``system_id``, ``status`` and ``stage_steps`` (where the
+    store has them). Earlier frames that repeat (a rerun trajectory) are not counted.
 
     Example:
         >>> ids, status = np.array([0, 1, 0, 0, 1, 1]), np.array([0, 0, 0, 2, 2, 2])
@@ -179,8 +174,7 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _all_finite(a: np.ndarray) -> bool:
-    """Every value finite, in one reduction on valid data (NaN and inf survive a sum; an infinite
-    sum of finite values, an overflow, sends it to the exact test)."""
+    """Every value finite: one sum on valid data (an overflow falls back to the exact test)."""
     with np.errstate(over="ignore", invalid="ignore"):
         return math.isfinite(float(a.sum())) or bool(np.isfinite(a).all())
 

@@ -1,8 +1,8 @@
 """``AtomicDataZarrWriter``: write structures (``AtomicData`` lists or batches) to an alchemi store,
 e.g. a dataset for ``AtomicDataZarrReader`` and ``SizeAwareSampler``.
 
-Structures are written in blocks of ``block_size``, each block committed whole; an existing store
-is continued. The store is the same as ``ZarrData``'s: either reads the other's.
+Structures are written in blocks of ``block_size``, each committed whole; an existing store is
+continued. The store is the same as ``ZarrData``'s.
 
 Example:
     >>> from alchemi_core.testing import random_structures
