@@ -38,6 +38,11 @@ _wp: Any = None
 _streams: dict[tuple[int, int], Any] = {}
 # Recorded single-kernel launches are mutated per call (new arguments), so each thread has its own.
 _local = threading.local()
+# Warp is not safe for launches from several threads at once: recording a launch can load a module
+# that another thread's kernel is running from, and two CPU kernels running at once crashed the
+# process (thread ranks of one process, ``InProcessBackend``). Launches take turns here; on a GPU
+# the turn ends when the kernel is queued.
+_launch_lock = threading.RLock()
 
 
 class KernelLaunchError(AlchemiError, RuntimeError):
@@ -195,7 +200,8 @@ class LaunchSequence:
         """
         if _threads(dim) <= 0:
             return  # Warp records nothing for an empty grid (it returns None)
-        cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=self.device, record_cmd=True)
+        with _launch_lock:
+            cmd = warp().launch(kernel, dim=dim, inputs=inputs, device=self.device, record_cmd=True)
         if cmd is None:
             raise KernelLaunchError(
                 f"{self.who}: Warp could not prepare kernel {kernel.key!r} for device {self.device}: "
@@ -206,8 +212,9 @@ class LaunchSequence:
 
     def run(self, stream: Any = None) -> None:
         """Launch every recorded kernel, in order, on ``stream`` (the device's default if None)."""
-        for cmd in self._commands:
-            cmd.launch(stream)
+        with _launch_lock:
+            for cmd in self._commands:
+                cmd.launch(stream)
 
     def __len__(self) -> int:
         return len(self._commands)
@@ -299,8 +306,9 @@ def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], devi
     if entry is None:
         inputs = [_warp_arg(wp, a, as_ctype=False) for a in args]
         target = stream.device if stream is not None else "cpu"
-        entry = launches[key] = [wp.launch(kernel, dim=dims, inputs=inputs, device=target, record_cmd=True), dims,
-                                 bound]
+        with _launch_lock:
+            recorded = wp.launch(kernel, dim=dims, inputs=inputs, device=target, record_cmd=True)
+        entry = launches[key] = [recorded, dims, bound]
     else:
         recorded, held = entry[0], entry[2]
         for i, a in enumerate(args):
@@ -314,7 +322,8 @@ def launch_args(kernel: Any, dim: int | Sequence[int], args: Sequence[Any], devi
         if entry[1] != dims:  # rebuilding the launch bounds costs as much as the launch
             recorded.set_dim(dims)
             entry[1] = dims
-    entry[0].launch(stream)
+    with _launch_lock:
+        entry[0].launch(stream)
 
 
 def _bound_as(a: Any) -> Any:
