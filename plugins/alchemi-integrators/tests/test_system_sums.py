@@ -8,9 +8,6 @@ import pytest
 import torch
 
 from alchemi_core.workspace import Workspace
-from alchemi_integrators.base import warp_available
-
-pytestmark = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
 
 SIZES = {
     "one atom": [1],

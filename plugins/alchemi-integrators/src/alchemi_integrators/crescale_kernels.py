@@ -1,8 +1,7 @@
-"""C-rescale's NPT step as Warp kernels (``integrator:npt-crescale``, ``backend="warp"``).
+"""C-rescale's NPT step as Warp kernels (``integrator:npt-crescale``).
 
-The torch path of :class:`~alchemi_integrators.npt.NPTCRescale` draws three normal numbers per
-atom for each thermostat half step and spends about a hundred small operations a step on 3x3
-matrices and per-atom copies of them. Here a step is three kernels per system and five per atom,
+A specialised set of kernels (a generic torch step is about a hundred small operations on 3x3
+matrices and per-atom copies of them): a step is three kernels per system and five per atom,
 each atom pass also writing its share of the kinetic tensor where the next system kernel needs it
 (:mod:`~alchemi_integrators.npt_common`):
 
@@ -19,13 +18,13 @@ part of :meth:`NPTCRescale.state_dict`) and ``system_id``, so a system's numbers
 where it sits in the batch. The thermostat (stochastic velocity rescaling) needs the sum of
 ``N_f`` squared normal numbers: it draws the first normal and a chi-squared variate of ``N_f - 1``
 degrees of freedom (twice a gamma variate, Marsaglia and Tsang's method), one draw per system
-whatever its size. The distribution is the torch path's; the numbers are not, so the two
-backends agree in distribution, not step by step.
+whatever its size. The test oracle (three normals per atom from a torch generator) agrees with it
+in distribution, not step by step.
 
 Example:
     >>> from alchemi_core import registry
     >>> npt = registry.build("integrator:npt-crescale", model=model, dt=5.0, temperature=50.0,
-    ...                      compressibility=60.0, backend="warp")  # doctest: +SKIP
+    ...                      compressibility=60.0)  # doctest: +SKIP
 """
 
 from __future__ import annotations

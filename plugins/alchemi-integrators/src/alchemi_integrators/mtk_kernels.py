@@ -1,10 +1,10 @@
-"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``, ``backend="warp"``).
+"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``).
 
-The torch path of :class:`~alchemi_integrators.npt.NPTMTK` is about two hundred small operations
-a step: 3x3 exponentials of every system's strain rate as batched matrix products, the kinetic
-tensor as an ``index_add_`` of per-atom outer products (one address per system and component, so
-the atoms of a large system queue on it), and each atom's rows times its system's matrix through
-a per-atom copy of the matrix. Here a step is two kernels per system and four per atom:
+Specialised kernels: the step as generic torch operations is about two hundred small operations
+(3x3 exponentials of every system's strain rate as batched matrix products, the kinetic tensor as
+an ``index_add_`` of per-atom outer products, one address per system and component, so the atoms
+of a large system queue on it, and each atom's rows times its system's matrix through a per-atom
+copy of the matrix). Here a step is two kernels per system and four per atom:
 
 * before the forces: each atom's share of the kinetic tensor ``sum_i m_i v_i v_i^T`` (two vec3
   per atom: the diagonal and ``xy, xz, yz``), summed per system by
@@ -16,15 +16,14 @@ a per-atom copy of the matrix. Here a step is two kernels per system and four pe
   atom kicks and writes its kinetic-tensor share, the sums, one per system kicks the strain rate
   and walks the chains, and one per atom scales the velocities by the particle chain.
 
-The arithmetic is the torch path's, in the same order (:mod:`~alchemi_integrators.npt_common`),
-so both backends agree to rounding. Systems another stage integrates are left untouched. Nothing
+The arithmetic is the test oracle's, in the same order (:mod:`~alchemi_integrators.npt_common`),
+so both agree to rounding. Systems another stage integrates are left untouched. Nothing
 is read back and every buffer lives in the integrator's workspace, so a step replays in a CUDA
 graph, and a CPU replays recorded launches.
 
 Example:
     >>> from alchemi_core import registry
-    >>> npt = registry.build("integrator:npt-mtk", model=model, dt=5.0, temperature=50.0,
-    ...                      backend="warp")  # doctest: +SKIP
+    >>> npt = registry.build("integrator:npt-mtk", model=model, dt=5.0, temperature=50.0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ if TYPE_CHECKING:
 @wp.func
 def _kick_cell(g: Any, k: Any, cell: Any, stress: Any, p_ext: Any, nf: Any, mass: Any, h: Any, anisotropic: wp.int32):
     # g += h G / W, G = V (k / V - sigma - p I) + (tr k / N_f) I, projected on symmetric or
-    # isotropic strains (NPTMTK._kick_cell).
+    # isotropic strains (the test oracle's _kick_cell).
     eye = eye3(g)
     volume = volume3(cell)
     force = (k / volume - stress - eye * p_ext) * volume + eye * (trace3(k) / nf)
@@ -89,7 +88,7 @@ def _kick_cell(g: Any, k: Any, cell: Any, stress: Any, p_ext: Any, nf: Any, mass
 
 @wp.func
 def _kick_maps(g: Any, nf: Any, h: Any):
-    # v <- v exp(-B h) + (F/m) h phi1(-B h), B = g + tr(g)/N_f I (NPTMTK._kick_atoms).
+    # v <- v exp(-B h) + (F/m) h phi1(-B h), B = g + tr(g)/N_f I (the test oracle's _kick_atoms).
     damp = -(g + eye3(g) * (trace3(g) / nf)) * h
     return expm3(damp), phi1_3(damp) * h
 

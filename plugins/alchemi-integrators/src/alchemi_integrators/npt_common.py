@@ -4,7 +4,7 @@ sums, and the launcher that passes ``[B, 3, 3]`` tensors as mat33 arrays.
 
 The 3x3 functions repeat :mod:`~alchemi_integrators.cell_math`'s arithmetic in the same order
 (exponentials by two squarings of an eighth-order Taylor polynomial, ``phi1`` to tenth order), so
-the Warp and torch backends agree to rounding. The kinetic tensor ``sum_i m_i v_i v_i^T`` is
+the kernels and the torch test oracles agree to rounding. The kinetic tensor ``sum_i m_i v_i v_i^T`` is
 summed as two vec3 per atom (the diagonal and ``xy, xz, yz``) by
 :func:`~alchemi_integrators.system_sums.system_sums`: no atomic add per atom into one address, so
 one large system sums as fast as many small ones.
@@ -94,7 +94,7 @@ def expm3(a: Any):
 
 @wp.func
 def phi1_3(x: Any):
-    # cell_math.phi1(x, order=10): sum_k x^k / (k + 1)!, by Horner from k = 10.
+    # phi1(x, order=10) = (exp(x) - 1) / x: sum_k x^k / (k + 1)!, by Horner from k = 10.
     eye = eye3(x)
     k = type(x[0, 0])(1.0)
     fact = k

@@ -1,4 +1,4 @@
-"""Fused Warp kernels for the integrators (the ``backend="warp"`` path).
+"""Fused Warp kernels for the integrators: their one implementation, on CPUs and GPUs alike.
 
 Each update of an integrator is one to three kernel launches over the batch's tensors, zero-copy
 through ``wp.from_torch`` and on torch's current CUDA stream, so they order with the model's torch
@@ -18,7 +18,7 @@ warp-lang 1.5 are used.
 
 Example:
     >>> from alchemi_integrators import Langevin
-    >>> nvt = Langevin(model, dt=5.0, temperature=50.0, friction=0.01, backend="warp")  # doctest: +SKIP
+    >>> nvt = Langevin(model, dt=5.0, temperature=50.0, friction=0.01)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from alchemi_integrators.kernel_funcs import (
     gaussian3,
     half_kick,
     idle,
-    keyed_state,
 )
 from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
@@ -582,15 +581,26 @@ def nose_hoover_post(dyn: Any, batch: Batch) -> None:
     launches.launch("scale", _scale, batch.num_nodes, (v, sys, scale), batch.device)
 
 
-def fire_pre(dyn: Any, batch: Batch) -> None:
+def fire_pre(dyn: Any, batch: Batch, rows: Any = None) -> None:
+    """FIRE's whole step over the atoms, or over a cell filter's ``rows``
+    (:class:`~alchemi_integrators.fire.FilterRows`: the atoms, then three cell rows per system)."""
     x, v, f, im, sys, _, act = _common(dyn, batch)
     launches = _launches(dyn)
     dtype, dev = v.dtype, v.device
     sums = dyn.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
     sums.zero_()
-    powers = dyn.work.get("fire_powers", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
-    launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, powers), batch.device)
-    system_sums(launches, dyn.work, "fire_powers", powers, sys, sums, _largest_system(dyn, batch))
+    largest = _largest_system(dyn, batch)
+    if rows is None:
+        n, capacity = batch.num_nodes, batch.node_capacity
+        powers = dyn.work.get("fire_powers", n, capacity, (3,), dtype, dev)
+        launches.launch("powers", _fire_powers, n, (v, f, powers), batch.device)
+        system_sums(launches, dyn.work, "fire_powers", powers, sys, sums, largest)
+    else:
+        x, v, f, im, sys = rows.x, rows.v, rows.f, rows.inv_mass, rows.system
+        n = capacity = int(x.shape[0])
+        launches.launch("powers", _fire_powers, n, (v, f, rows.powers), batch.device)
+        system_sums(launches, dyn.work, "fire_powers", rows.atom_powers, batch.batch_idx, sums, largest)
+        system_sums(launches, dyn.work, "fire_cell_powers", rows.cell_powers, rows.cell_system, sums, 3)
     fire2 = bool(dyn.uses_fire2)
     per = dyn.per_system
     delay = per("n_delay" if fire2 else "n_min", batch)
@@ -604,36 +614,24 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
     )
     launches.launch("fire_system", _fire_system, batch.num_graphs, args, batch.device)
     per_atom = dyn.maxstep_scope == "atom"
-    dx = dyn.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+    dx = dyn.work.get("fire_dx", n, capacity, (3,), dtype, dev)
     dx_sq = dyn.work.get("fire_dx_sq", batch.num_graphs, batch.system_capacity, (), dtype, dev)
     if not per_atom:
         dx_sq.zero_()
     args = (x, v, f, im, sys, act, coeff, int(per_atom), dx, dx_sq)
-    launches.launch("fire_atoms", _fire_atoms, batch.num_nodes, args, batch.device)
+    launches.launch("fire_atoms", _fire_atoms, n, args, batch.device)
     if not per_atom:
-        launches.launch("fire_move", _fire_move, batch.num_nodes, (x, sys, act, coeff, dx, dx_sq), batch.device)
+        launches.launch("fire_move", _fire_move, n, (x, sys, act, coeff, dx, dx_sq), batch.device)
 
 
 # ---------------------------------------------------------------------------------------------
-# counter-based normal numbers (capturable in a CUDA graph, unlike a torch.Generator's draws)
+# counter-based draws (capturable in a CUDA graph, unlike a torch.Generator's draws)
 # ---------------------------------------------------------------------------------------------
-
-
-@wp.kernel
-def _counter_normals(out: wp.array(dtype=Any), seed: wp.int32, counter: wp.array(dtype=wp.int32)):
-    # N(0, 1) keyed by (seed, draw number, index): a replayed graph reads the advanced counter.
-    i = wp.tid()
-    state = keyed_state(seed, counter[0], i)
-    out[i] = type(out[i])(wp.randn(state))
 
 
 @wp.kernel
 def _advance_counter(counter: wp.array(dtype=wp.int32)):
     counter[0] = counter[0] + 1
-
-
-for _scalar in (wp.float32, wp.float64):
-    wp.overload(_counter_normals, {"out": wp.array(dtype=_scalar)})
 
 
 def warp_seed(seed: int) -> int:
@@ -646,12 +644,3 @@ def advance_counter(launches: RecordedLaunches, name: str, counter: torch.Tensor
     step's replays each draw the next numbers."""
     launches.launch(f"{name}:advance", _advance_counter, 1, (counter,), counter.device)
 
-
-def counter_normals(launches: WarpLaunches, name: str, out: torch.Tensor, seed: int, counter: torch.Tensor) -> None:
-    """Fill the contiguous tensor ``out`` with standard normal numbers keyed by ``seed``, the draw
-    number ``counter`` (a device int32 ``[1]``) and the index, then advance the counter; nothing
-    is read back and no generator state lives on the host, so a captured step replays with fresh
-    numbers each time."""
-    flat = out.view(-1)
-    launches.launch(f"{name}:draw", _counter_normals, flat.numel(), (flat, warp_seed(seed), counter), out.device)
-    advance_counter(launches, name, counter)
