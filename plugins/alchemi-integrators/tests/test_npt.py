@@ -133,9 +133,9 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
     """Steps replay recorded launches: a run of 23 steps converts as many tensors for Warp as a
     run of 3 (the integrator's buffers, the batch's fields and its cached parameters stay the same
     objects, so no step after the first ones records a launch again)."""
-    from alchemi_integrators import npt_common
+    from alchemi_integrators import kernel_funcs
 
-    original = npt_common.NPTLaunches._to_warp
+    original = kernel_funcs.Launches._to_warp
     counts = []
     for steps in (3, 23):
         batch = _argon_batch(2)
@@ -148,7 +148,7 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
             return original(self, label, value)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(npt_common.NPTLaunches, "_to_warp", counting)
+            mp.setattr(kernel_funcs.Launches, "_to_warp", counting)
             npt.run(batch, n_steps=steps)
         counts.append(len(calls))
     assert counts[0] > 0 and counts[1] == counts[0], counts

@@ -34,12 +34,8 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators.kernel_funcs import chain_walk, declare_overloads, idle
+from alchemi_integrators.kernel_funcs import chain_walk, declare_overloads, idle, launches_of
 from alchemi_integrators.npt_common import (
-    MATRIX_ARGS,
-    ROWS_ARGS,
-    VECTORS,
-    atom_args,
     expm3,
     eye3,
     in_dtype,
@@ -49,7 +45,6 @@ from alchemi_integrators.npt_common import (
     kinetic_tensor,
     maps,
     matmul3,
-    npt_launches,
     parts,
     phi1_3,
     scale_buffer,
@@ -63,6 +58,7 @@ from alchemi_integrators.npt_fields import (
     THERMOSTAT_POSITIONS,
     THERMOSTAT_VELOCITIES,
 )
+from alchemi_integrators.warp_kernels import active_flags, common, scale_by_system, typed
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -247,8 +243,7 @@ def _kick_parts(
     off[i] = o
 
 
-declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],
-                  vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +252,6 @@ declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],
 
 
 def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cell: torch.Tensor) -> tuple[Any, ...]:
-    from alchemi_integrators.warp_kernels import _active, _typed
-
     per = dyn.per_system
     dtype = batch.positions.dtype
     weights = dyn.cached("npt_weights", batch,
@@ -269,15 +262,15 @@ def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cel
         getattr(batch, THERMOSTAT_POSITIONS), getattr(batch, THERMOSTAT_VELOCITIES),
         getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
         per("temperature", batch), per("pressure", batch), per("tau_t", batch), per("tau_p", batch),
-        dyn.system_dof(batch), per("dt", batch), _active(dyn, batch), weights, dyn.chain_steps,
-        _typed(dyn.cell_dof, batch), _typed(KB, batch), int(dyn.anisotropic),
+        dyn.system_dof(batch), per("dt", batch), active_flags(dyn, batch), weights, dyn.chain_steps,
+        typed(dyn.cell_dof, batch), typed(KB, batch), int(dyn.anisotropic),
     )
 
 
 def mtk_pre(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update before the forces (see the module docstring)."""
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     diag, off = parts(dyn, batch)
     launches.launch("parts", kinetic_parts, batch.num_nodes, (v, inv_mass, diag, off), batch.device)
     kd, ko = kinetic_sums(dyn, batch, diag, off)
@@ -293,10 +286,8 @@ def mtk_pre(dyn: Any, batch: Batch) -> None:
 
 def mtk_post(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update after the forces (see the module docstring)."""
-    from alchemi_integrators.warp_kernels import _scale
-
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     kick, push, grow, carry = maps(dyn, batch, ("kick", "push", "grow", "carry"))
     g = getattr(batch, CELL_STRAIN_RATE)
     args = (g, dyn.system_dof(batch), dyn.per_system("dt", batch), active, kick, push)
@@ -309,4 +300,4 @@ def mtk_post(dyn: Any, batch: Batch) -> None:
     args = (*_system_args(dyn, batch, kd, ko, in_dtype(dyn, batch, "cell")), 0, kick, push, grow, carry, scale)
     launches.launch("post_system", _system_update, batch.num_graphs, args, batch.device)
     # The velocity scaling of Nose-Hoover NVT's second half (warp_kernels' kernel).
-    launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)
+    launches.launch("scale", scale_by_system, batch.num_nodes, (v, system, scale), batch.device)
