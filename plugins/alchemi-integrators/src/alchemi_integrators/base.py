@@ -121,10 +121,6 @@ class Integrator(BaseDynamics):
         batch.set_field(name, torch.zeros((rows, *tail), dtype=dtype, device=batch.device), level)
 
     # ------------------------------------------------------------------ helpers for steps
-    def values(self, name: str, batch: Batch) -> float | torch.Tensor:
-        """Parameter ``name`` as a Python number, or ``[B]`` values in the batch's dtype."""
-        return self.parameters[name].values(batch, batch.positions.dtype)
-
     def per_system(self, name: str, batch: Batch) -> torch.Tensor:
         """Parameter ``name`` as ``[B]`` values (a scalar is broadcast once and kept)."""
         param = self.parameters[name]
@@ -205,13 +201,6 @@ class Integrator(BaseDynamics):
             return False
         return all(build is not None and _copy_into(old, build())
                    for _, old, build, masks in list(self._cache.values()) if masks)
-
-    def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
-        """Gather ``[B, k]`` per-system values to ``[V, k]`` per atom into a kept buffer."""
-        tail = tuple(values.shape[1:])
-        out = self.work.get(name, batch.num_nodes, batch.node_capacity, tail, values.dtype, values.device)
-        torch.index_select(values, 0, batch.batch_idx, out=out)
-        return out
 
     def active(self, batch: Batch) -> torch.Tensor | None:
         """``[B]`` 1.0 for systems this stage integrates now and 0.0 for the others (None: all)."""

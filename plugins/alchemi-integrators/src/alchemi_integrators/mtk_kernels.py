@@ -36,6 +36,11 @@ import warp as wp
 from alchemi_core.units import KB
 from alchemi_integrators.kernel_funcs import chain_walk, declare_overloads, idle, launches_of
 from alchemi_integrators.npt_common import (
+    BAROSTAT_CHAIN_POSITIONS,
+    BAROSTAT_CHAIN_VELOCITIES,
+    CELL_STRAIN_RATE,
+    THERMOSTAT_POSITIONS,
+    THERMOSTAT_VELOCITIES,
     expm3,
     eye3,
     in_dtype,
@@ -50,13 +55,6 @@ from alchemi_integrators.npt_common import (
     scale_buffer,
     trace3,
     volume3,
-)
-from alchemi_integrators.npt_fields import (
-    BAROSTAT_CHAIN_POSITIONS,
-    BAROSTAT_CHAIN_VELOCITIES,
-    CELL_STRAIN_RATE,
-    THERMOSTAT_POSITIONS,
-    THERMOSTAT_VELOCITIES,
 )
 from alchemi_integrators.warp_kernels import active_flags, common, scale_by_system, typed
 

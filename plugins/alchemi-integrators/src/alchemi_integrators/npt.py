@@ -61,7 +61,7 @@ from alchemi_integrators import crescale_kernels, mtk_kernels
 from alchemi_integrators.base import MDIntegrator
 from alchemi_integrators.cell_math import det3
 from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS
-from alchemi_integrators.npt_fields import (
+from alchemi_integrators.npt_common import (
     BAROSTAT_CHAIN_POSITIONS,
     BAROSTAT_CHAIN_VELOCITIES,
     CELL_STRAIN_RATE,

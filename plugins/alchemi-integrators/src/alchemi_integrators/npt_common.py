@@ -27,6 +27,15 @@ from alchemi_integrators.warp_kernels import largest_system
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
+#: MTK's state (system-level fields): the cell's strain rate ``[B, 3, 3]`` (1/fs) and the particle
+#: thermostat's and the barostat's chains, positions and velocities ``[B, M]``.
+CELL_STRAIN_RATE = "npt_strain_rate"
+THERMOSTAT_POSITIONS = "npt_thermostat_positions"
+THERMOSTAT_VELOCITIES = "npt_thermostat_velocities"
+BAROSTAT_CHAIN_POSITIONS = "npt_barostat_chain_positions"
+BAROSTAT_CHAIN_VELOCITIES = "npt_barostat_chain_velocities"
+
+
 # ---------------------------------------------------------------------------------------------
 # 3x3 functions (cell_math's, for one matrix) and the kinetic tensor
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from alchemi_integrators.cell_filter import CELL_VELOCITY
 from alchemi_integrators.cell_math import expm
 from alchemi_integrators.fire import FIRE_ALPHA, FIRE_DT, FIRE_POSITIVE_STEPS, FIRE_STEPS
 from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
-from alchemi_integrators.npt_fields import (
+from alchemi_integrators.npt_common import (
     BAROSTAT_CHAIN_POSITIONS,
     BAROSTAT_CHAIN_VELOCITIES,
     CELL_STRAIN_RATE,
@@ -203,7 +203,9 @@ class _TorchFire(_Oracle):
     is production's: with a cell filter, the filter's fmax for the convergence check."""
 
     def _parameter_values(self: Any, batch: Batch) -> dict[str, Any]:
-        return {name: self.values(name, batch) for name in self.parameters if name != "dt"}
+        dtype = batch.positions.dtype
+        return {name: p.scalar if p.scalar is not None else p.per_system(batch, dtype)
+                for name, p in self.parameters.items() if name != "dt"}
 
     def _state(self: Any, batch: Batch) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(batch, n) for n in (FIRE_DT, FIRE_ALPHA, FIRE_POSITIVE_STEPS, FIRE_STEPS))
