@@ -150,3 +150,11 @@ def test_build_by_name_with_the_briefs_arguments() -> None:
     from alchemi_integrators import FIRE
 
     assert ExportedFIRE is FIRE
+
+
+@pytest.mark.parametrize("value", ["torch", "warp", "auto"])
+def test_the_removed_backend_argument_is_a_clear_error(value: str) -> None:
+    """``backend=`` went with the torch steps (one implementation per integrator): any value,
+    old or not, is refused with a message that says to drop it, never silently ignored."""
+    with pytest.raises(ConfigurationError, match=rf"backend='{value}' is no longer an option.*drop the argument"):
+        Langevin(DemoModelWrapper(), temperature=300.0, backend=value)
