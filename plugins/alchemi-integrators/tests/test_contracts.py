@@ -40,6 +40,12 @@ class TestLangevin(_Contract):
         return Langevin(model=model, n_steps=n_steps, dt=0.5, **kwargs)
 
 
+class TestLangevinFreeCentreOfMass(TestLangevin):
+    """Noise not projected onto zero net momentum (``fix_com=False``): held atoms still hold."""
+
+    integrator_kwargs = {**TestLangevin.integrator_kwargs, "fix_com": False}
+
+
 class TestNoseHoover(_Contract):
     integrator_kwargs = {"temperature": 300.0, "tau": 20.0}
 
