@@ -102,7 +102,7 @@ def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:
             "count": {"in": systems.num_systems, "out": batch.num_graphs}}
 
 
-def alchemi_npt(kind: str, systems: Systems, device: str, steps: int, backend: str = "auto") -> dict[str, Any]:
+def alchemi_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[str, Any]:
     from alchemi_core import registry
     from alchemi_integrators.thermo import temperature
     from benchmarks.adapters.alchemi import to_batch
@@ -112,7 +112,7 @@ def alchemi_npt(kind: str, systems: Systems, device: str, steps: int, backend: s
     for compiled in (True, False):
         batch = to_batch(systems, device)  # W1's crystal with its Maxwell-Boltzmann velocities at 50 K
         npt = registry.build(f"integrator:npt-{kind}", model=_alchemi_model(), dt=NPT_DT, temperature=NPT_T,
-                             pressure=0.0, tau_t=TAU_T, tau_p=TAU_P, random_seed=0, backend=backend, **extra)
+                             pressure=0.0, tau_t=TAU_T, tau_p=TAU_P, random_seed=0, **extra)
         if compiled:
             npt = npt.compile()
         try:
@@ -285,8 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--frameworks", default="alchemi,torchsim,nvalchemi")
     p.add_argument("--parts", default="relax,npt", help="which halves to run: relax, npt or both")
-    p.add_argument("--npt-backends", default="auto",
-                   help="alchemi's NPT on these backends, each its own entry (e.g. torch,warp: before/after)")
     args = p.parse_args(argv)
     dev = args.device
     frameworks = args.frameworks.split(",")
@@ -329,10 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         frameworks = []
     for kind in ("mtk", "crescale"):
         if "alchemi" in frameworks:
-            for backend in args.npt_backends.split(","):
-                key = f"alchemi-{kind}" if backend == "auto" else f"alchemi-{kind}-{backend}"
-                out["npt"][key] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps, backend)
-                save()
+            out["npt"][f"alchemi-{kind}"] = _attempt(alchemi_npt, kind, crystal, dev, npt_steps)
+            save()
         if "torchsim" in frameworks:
             out["npt"][f"torchsim-{kind}"] = _attempt(torchsim_npt, kind, crystal, dev, max(3, npt_steps // 10))
             save()

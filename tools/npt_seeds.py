@@ -1,10 +1,11 @@
-"""Whether an NPT integrator's backends sample the same ensemble: many seeds of each, pooled.
+"""Whether an NPT integrator and its torch test oracle sample the same ensemble: many seeds of each, pooled.
 
-``tests/integration/test_npt_statistics.py`` checks one seed. A change to how a backend draws its
-random numbers (C-rescale's Warp step draws one chi-squared per system where torch draws three
-normals per atom) needs more: this runs ``--seeds`` seeds of ``--systems`` float64 argon cells of
-256 atoms per backend (50 K, 0 GPa, dt 5 fs, the statistics test's settings) and reports, per
-backend, each quantity's mean over every system of every seed with its standard error, each
+``tests/integration/test_npt_statistics.py`` checks one seed. A change to how the kernels draw
+their random numbers (C-rescale's Warp step draws one chi-squared per system where its torch oracle,
+``plugins/alchemi-integrators/tests/integrators_testkit/oracles.py``, draws three normals per atom)
+needs more: this runs ``--seeds`` seeds of ``--systems`` float64 argon cells of 256 atoms for each
+of ``--backends`` (``warp``: the integrator; ``torch``: its oracle; 50 K, 0 GPa, dt 5 fs, the
+statistics test's settings) and reports, for each, each quantity's mean over every system of every seed with its standard error, each
 seed's mean pressure in standard errors of that seed (Student's t with ``systems - 1`` degrees of
 freedom when the sampler is right), and how much more the seeds' means spread than their own
 errors say (1 when systems are independent). One JSON line per run goes to ``--jsonl``.
@@ -59,8 +60,17 @@ def sample(kind: str, backend: str, seed: int, systems: int, equilibrate: int, p
     batch = Batch.from_atoms(cells, dtype=torch.float64)
     model = registry.build("model:lennard-jones", epsilon=EPS, sigma=SIG, cutoff=RC, shift_energy=True)
     options = {"compressibility": 60.0} if kind == "crescale" else {}
-    npt = registry.build(f"integrator:npt-{kind}", model=model, dt=5.0, temperature=T, pressure=0.0, tau_t=100.0,
-                         tau_p=500.0, initial_temperature=T, random_seed=seed, backend=backend, **options)
+    cls = registry.resolve(f"integrator:npt-{kind}")
+    if backend == "torch":
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "alchemi-integrators" / "tests"))
+        from integrators_testkit.oracles import oracle
+
+        cls = oracle(cls)
+    npt = cls(model, dt=5.0, temperature=T, pressure=0.0, tau_t=100.0, tau_p=500.0, initial_temperature=T,
+              random_seed=seed, **options)
     start = time.perf_counter()
     npt.run(batch, n_steps=equilibrate)
     rows: dict[str, list[torch.Tensor]] = {"pressure": [], "volume": [], "temperature": []}
@@ -70,7 +80,7 @@ def sample(kind: str, backend: str, seed: int, systems: int, equilibrate: int, p
         rows["pressure"].append(npt.pressure_tensor(batch).diagonal(dim1=-2, dim2=-1).mean(-1).clone())
         rows["temperature"].append(temperature(batch).clone())
     series = {k: torch.stack(v) for k, v in rows.items()}  # [samples, systems]
-    out: dict[str, Any] = {"kind": kind, "backend": npt.active_backend, "seed": seed,
+    out: dict[str, Any] = {"kind": kind, "backend": backend, "seed": seed,
                            "seconds": round(time.perf_counter() - start, 2)}
     out.update({k: v.mean(0).tolist() for k, v in series.items()})
     out["volume_variance"] = series["volume"].var(0).tolist()

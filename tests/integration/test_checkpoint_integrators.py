@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from ase.build import bulk
 
@@ -10,12 +9,11 @@ from alchemi_core import registry
 from alchemi_core.data import Batch
 
 
-@pytest.mark.parametrize("backend", ["torch", "warp"])
-def test_langevin_resumes_its_noise(tmp_path, backend):
+def test_langevin_resumes_its_noise(tmp_path):
     def stage():
         model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
         return registry.build("integrator:langevin", model=model, n_steps=30, dt=5.0, temperature=50.0,
-                              friction=0.01, initial_temperature=50.0, random_seed=7, backend=backend)
+                              friction=0.01, initial_temperature=50.0, random_seed=7)
 
     cells = [bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2) for _ in range(2)]
     whole = stage().run(Batch.from_atoms(cells, dtype=torch.float64))

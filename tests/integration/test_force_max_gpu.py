@@ -39,7 +39,7 @@ def _relaxed(kernel: bool) -> tuple[Batch, Any]:
     cells = rattled_argon(8, 0.05, 0.02, repeats=((2, 2, 2), (3, 2, 2)))  # different starts: different checks
     batch = Batch.from_atoms(cells, dtype=torch.float32).to(CUDA)
     model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
-    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0, backend="warp",
+    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0,
                           convergence_hook=ConvergenceHook.from_fmax(0.05, frequency=1), tuning=tuning).compile()
     with fire:
         fire.run(batch)

@@ -31,8 +31,8 @@ def _model() -> Any:
     return registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
 
 
-def _fire(backend: str) -> Any:
-    return registry.build("integrator:fire", model=_model(), n_steps=400, dt=5.0, dt_max=50.0, backend=backend,
+def _fire() -> Any:
+    return registry.build("integrator:fire", model=_model(), n_steps=400, dt=5.0, dt_max=50.0,
                           convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
 
 
@@ -46,10 +46,9 @@ def _relaxed(stage: Any, compiled: bool) -> tuple[Batch, Any]:
     return batch, stage
 
 
-@pytest.mark.parametrize("backend", ["torch", "warp"])
-def test_fire_keeps_its_graph_while_systems_converge(backend: str) -> None:
-    eager, _ = _relaxed(_fire(backend), compiled=False)
-    graphed, stage = _relaxed(_fire(backend), compiled=True)
+def test_fire_keeps_its_graph_while_systems_converge() -> None:
+    eager, _ = _relaxed(_fire(), compiled=False)
+    graphed, stage = _relaxed(_fire(), compiled=True)
     assert eager.status.tolist() == [1] * 6
     fire_steps = eager.fire_steps.tolist()
     # The systems converged at several different checks, and the graph was captured once.
@@ -65,7 +64,7 @@ def test_fused_relax_then_md_keeps_its_graph_and_matches_eager() -> None:
     velocities (``init_state``) in place, and the replayed step integrates it from then on."""
 
     def fused() -> FusedStage:
-        relax = _fire("warp")
+        relax = _fire()
         md = registry.build("integrator:velocity-verlet", model=_model(), n_steps=30, dt=2.0,
                             initial_temperature=20.0, random_seed=3)
         return FusedStage([(0, relax), (1, md)])
@@ -86,7 +85,7 @@ def test_a_structure_that_fails_leaves_a_masked_captured_step_in_place() -> None
 
     def fire() -> Any:
         return registry.build("integrator:fire", model=ExplodingModel(_model(), explode=[2]), n_steps=400,
-                              dt=5.0, dt_max=50.0, backend="warp",
+                              dt=5.0, dt_max=50.0,
                               convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1))
 
     eager, eager_stage = _relaxed(fire(), compiled=False)
@@ -126,9 +125,9 @@ def test_fused_relax_then_langevin_with_the_com_held_matches_eager() -> None:
 
     def fused() -> FusedStage:
         md = registry.build("integrator:langevin", model=_model(), n_steps=30, dt=2.0, temperature=40.0,
-                            friction=0.02, random_seed=5, backend="warp", fix_com=True)
+                            friction=0.02, random_seed=5, fix_com=True)
         langevins.append(md)
-        return FusedStage([(0, _fire("warp")), (1, md)])
+        return FusedStage([(0, _fire()), (1, md)])
 
     eager, _ = _relaxed(fused(), compiled=False)
     graphed, stage = _relaxed(fused(), compiled=True)

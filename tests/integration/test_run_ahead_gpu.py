@@ -35,7 +35,7 @@ def _relaxed(mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch,
     if explode:
         # NaN from the first call: a captured step calls the model's Python once, at its capture.
         model = ExplodingModel(model, explode=explode)
-    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0, backend="warp",
+    fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0,
                           convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1), tuning=tuning).compile()
     writes: list[int] = []
     original = masks.Masks._write_masks

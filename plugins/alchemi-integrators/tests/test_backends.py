@@ -1,6 +1,7 @@
-"""The Warp kernels take the same steps as the torch path (float64, to rounding), masks included.
+"""The production step (Warp kernels) takes the same steps as its torch oracle
+(integrators_testkit/oracles.py; float64, to rounding), masks included.
 
-Langevin's noise differs between backends by design (Warp draws it per system in-kernel), so
+Langevin's noise differs between the two by design (Warp draws it per system in-kernel), so
 Langevin is compared at zero friction here and checked statistically in test_langevin.py.
 """
 
@@ -12,15 +13,12 @@ import pytest
 import torch
 from integrators_testkit.cases import CASES
 from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.oracles import implementation
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
 from alchemi_integrators import FIRE2, Langevin, NoseHooverChain, VelocityVerlet
-from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import initialize_velocities
-
-pytestmark = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
-
 
 
 def _start() -> Batch:
@@ -30,11 +28,11 @@ def _start() -> Batch:
 
 
 @pytest.mark.parametrize(("cls", "kwargs"), CASES, ids=lambda c: c.__name__ if isinstance(c, type) else "")
-def test_warp_matches_torch(cls: type, kwargs: dict[str, Any]) -> None:
+def test_production_matches_the_oracle(cls: type, kwargs: dict[str, Any]) -> None:
     final = {}
     for backend in ("torch", "warp"):
         batch = _start()
-        cls(ReferenceLJ(), n_steps=120, backend=backend, **kwargs).run(batch)
+        implementation(cls, backend)(ReferenceLJ(), n_steps=120, **kwargs).run(batch)
         final[backend] = batch
     torch_run, warp_run = final["torch"], final["warp"]
     assert (torch_run.positions - _start().positions).abs().max().item() > 1e-3  # they moved
@@ -48,20 +46,20 @@ def test_warp_matches_torch(cls: type, kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize("second", [VelocityVerlet, NoseHooverChain, Langevin])
 def test_fused_relax_then_md_masks_agree(second: type) -> None:
     """FIRE2 then MD in one fused stage: systems switch stage at different steps, so every
-    kernel runs with part of the batch masked out. Both backends end in the same state."""
+    kernel runs with part of the batch masked out. Production and oracle end in the same state."""
     extra: dict[str, Any] = {"initial_temperature": 30.0, "random_seed": 9}
     if second is not VelocityVerlet:
         extra["temperature"] = 50.0
     if second is Langevin:
-        # The torch path draws (zero-weighted) noise from the generator that also draws the
+        # The oracle draws (zero-weighted) noise from the generator that also draws the
         # initial velocities, so with noise the draws would differ; start from FIRE's rest.
         extra = {"temperature": 50.0, "friction": 0.0}
     final = {}
     for backend in ("torch", "warp"):
         batch = _start()
-        relax = FIRE2(ReferenceLJ(), n_steps=300, dt=5.0, dt_max=40.0, backend=backend,
-                      convergence_hook=ConvergenceHook.from_fmax(5e-3))
-        md = second(ReferenceLJ(), n_steps=40, dt=5.0, backend=backend, **extra)
+        relax = implementation(FIRE2, backend)(ReferenceLJ(), n_steps=300, dt=5.0, dt_max=40.0,
+                                               convergence_hook=ConvergenceHook.from_fmax(5e-3))
+        md = implementation(second, backend)(ReferenceLJ(), n_steps=40, dt=5.0, **extra)
         out = (relax + md).run(batch)
         assert out.status.tolist() == [2, 2, 2]
         final[backend] = out

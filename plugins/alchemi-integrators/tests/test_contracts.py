@@ -1,4 +1,4 @@
-"""Every integrator passes alchemi's integrator contract, on each backend available here."""
+"""Every integrator passes alchemi's integrator contract (its one implementation, Warp kernels)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,9 @@ from alchemi_core.data import Batch
 from alchemi_core.dynamics import DynamicsStage
 from alchemi_core.testing.contracts import IntegratorContract
 from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
-from alchemi_integrators.base import warp_available
 
-BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
 _AFTER_STEP = DynamicsStage.AFTER_STEP
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-class _Contract(IntegratorContract):
-    @pytest.fixture(autouse=True)
-    def _backend(self, backend: str) -> None:
-        self.integrator_kwargs = {**type(self).integrator_kwargs, "backend": backend}
+_Contract = IntegratorContract
 
 
 class TestVelocityVerlet(_Contract):
@@ -52,6 +40,12 @@ class TestLangevin(_Contract):
         return Langevin(model=model, n_steps=n_steps, dt=0.5, **kwargs)
 
 
+class TestLangevinFreeCentreOfMass(TestLangevin):
+    """Noise not projected onto zero net momentum (``fix_com=False``): held atoms still hold."""
+
+    integrator_kwargs = {**TestLangevin.integrator_kwargs, "fix_com": False}
+
+
 class TestNoseHoover(_Contract):
     integrator_kwargs = {"temperature": 300.0, "tau": 20.0}
 
@@ -69,7 +63,7 @@ class TestFIRE2(_Contract):
         return FIRE2(model=model, n_steps=n_steps, dt=0.5, **kwargs)
 
 
-# The same suites on a GPU (both backends); skipped without CUDA (conftest.py).
+# The same suites on a GPU; skipped without CUDA (conftest.py).
 @pytest.mark.gpu
 class TestVelocityVerletGpu(TestVelocityVerlet):
     device = "cuda"
@@ -95,7 +89,7 @@ class TestFIRE2Gpu(TestFIRE2):
     device = "cuda"
 
 
-# Integrators that move cells: periodic argon cells and a model that gives stress (torch backend).
+# Integrators that move cells: periodic argon cells and a model that gives stress.
 class _CellContract(IntegratorContract):
     def model(self) -> Any:
         from integrators_testkit.lj_reference import ReferenceLJ
@@ -138,14 +132,8 @@ class TestNPTCRescale(_CellContract):
         return NPTCRescale(model=model, n_steps=n_steps, dt=5.0, **kwargs)
 
 
-# Constraints on every backend. The contract's own test runs each class above on torch and Warp;
-# these add backend="auto", NPT's two backends and Langevin's backends with fix_com on and off.
-LANGEVIN_BACKENDS = ("torch", "warp", "auto")
-
-
 @pytest.mark.parametrize("fix_com", [True, False])
-@pytest.mark.parametrize("backend", LANGEVIN_BACKENDS)
-def test_langevin_keeps_a_slabs_fixed_atoms_on_every_backend(backend: str, fix_com: bool) -> None:
+def test_langevin_keeps_a_slabs_fixed_atoms(fix_com: bool) -> None:
     """An argon slab whose bottom layer carries ASE's ``FixAtoms``, at 50 K with 5 fs steps: the
     bottom layer stays exactly where it was, with zero velocity, while the rest moves."""
     from ase.build import fcc111
@@ -154,40 +142,23 @@ def test_langevin_keeps_a_slabs_fixed_atoms_on_every_backend(backend: str, fix_c
 
     from alchemi_core.testing.contracts import assert_held
 
-    if backend != "torch" and not warp_available():
-        pytest.skip("needs warp-lang")
     slab = fcc111("Ar", size=(2, 2, 3), a=5.26, vacuum=6.0)
     slab.set_constraint(FixAtoms(mask=slab.get_tags() == 3))
     batch = Batch.from_atoms([slab, slab], dtype=torch.float64)
     start = batch.positions.clone()
-    stage = Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=50.0, friction=0.01, fix_com=fix_com,
-                     initial_temperature=50.0, random_seed=0, backend=backend)
-    stage.run(batch)
-    assert stage.active_backend == ("warp" if backend == "auto" else backend)
+    Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=50.0, friction=0.01, fix_com=fix_com,
+             initial_temperature=50.0, random_seed=0).run(batch)
     assert_held(batch, batch.frozen.unsqueeze(-1).expand(-1, 3), start)
 
 
-@pytest.mark.parametrize(("contract", "backend"), [
-    (TestVelocityVerletWarmStart, "auto"), (TestLangevin, "auto"), (TestNoseHoover, "auto"), (TestFIRE, "auto"),
-    (TestFIRE2, "auto"), (TestFIRECellFilter, "auto"), (TestFIRE2UnitCellFilter, "torch"),
-    *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
-])
-def test_held_coordinates_on_more_backends(contract: type, backend: str, device: str = "cpu") -> None:
-    """The contract's constraint test on the backends its class does not run."""
-    case = contract()
-    case.device = device
-    case.integrator_kwargs = {**contract.integrator_kwargs, "backend": backend}
-    case.test_held_atoms_and_components_never_move()
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize(("contract", "backend"), [
-    (TestFIRECellFilter, "torch"), (TestFIRE2UnitCellFilter, "torch"),
-    *[(c, b) for c in (TestNPTMTK, TestNPTMTKAnisotropic, TestNPTCRescale) for b in BACKENDS],
-])
-def test_held_coordinates_follow_the_cell_on_gpu(contract: type, backend: str) -> None:
+@pytest.mark.parametrize("contract", [TestFIRECellFilter, TestFIRE2UnitCellFilter, TestNPTMTK, TestNPTMTKAnisotropic,
+                                      TestNPTCRescale])
+def test_held_coordinates_follow_the_cell_on_gpu(contract: type) -> None:
     """Cell filters and barostats with held atoms and components on a GPU."""
-    test_held_coordinates_on_more_backends(contract, backend, device="cuda")
+    case = contract()
+    case.device = "cuda"
+    case.test_held_atoms_and_components_never_move()
 
 
 def test_a_variable_cell_relaxation_then_md_carries_held_atoms_then_keeps_them_exactly() -> None:

@@ -9,27 +9,17 @@ import pytest
 import torch
 from ase.optimize import FIRE as AseFIRE
 from integrators_testkit.lj_reference import MASS, ReferenceLJ, argon, ase_lj_calculator
+from integrators_testkit.oracles import A_F, A_KICK, A_V, B_OLD, B_V, CAP, implementation, oracle
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, Hook
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import ACCELERATION
 from alchemi_integrators import FIRE, FIRE2
-from alchemi_integrators.base import warp_available
-from alchemi_integrators.fire import (
-    A_F,
-    A_KICK,
-    A_V,
-    B_OLD,
-    B_V,
-    CAP,
-    FIRE_ALPHA,
-    FIRE_DT,
-    FIRE_POSITIVE_STEPS,
-    FIRE_STEPS,
-)
+from alchemi_integrators.fire import FIRE_ALPHA, FIRE_DT, FIRE_POSITIVE_STEPS, FIRE_STEPS
 
-BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
+#: Production (Warp) and its torch oracle (integrators_testkit/oracles.py).
+BACKENDS = ["torch", "warp"]
 #: Both optimisers stop where the largest force drops below FMAX, so their energies can differ by
 #: what is left above the minimum, of order N fmax² / (2 k) with k ~ 0.05-0.5 eV/Å² for argon:
 #: at W2's 0.05 eV/Å that is meV (measured 2e-3 eV at 0.01 eV/Å); at 1e-3 eV/Å it is < 1e-5 eV,
@@ -63,8 +53,8 @@ def test_fire_reproduces_ase_step_by_step(backend: str, core_tuning) -> None:
     data = _rattled(3)
     batch = Batch.from_data_list(data)
     steps = 60
-    FIRE(ReferenceLJ(), n_steps=steps, dt=0.1 / to_ase, dt_max=1.0 / to_ase, maxstep=0.2, maxstep_scope="system",
-         backend=backend, tuning=core_tuning).run(batch)
+    implementation(FIRE, backend)(ReferenceLJ(), n_steps=steps, dt=0.1 / to_ase, dt_max=1.0 / to_ase, maxstep=0.2,
+                                  maxstep_scope="system", tuning=core_tuning).run(batch)
     for i, d in enumerate(data):
         positions, _, dt, _ = _ase_fire(d, steps=steps)
         np.testing.assert_allclose(batch.positions[32 * i : 32 * (i + 1)].numpy(), positions, rtol=0, atol=1e-10)
@@ -135,17 +125,18 @@ def test_maxstep_caps_every_step(cls: type, scope: str, backend: str) -> None:
     batch = Batch.from_data_list([data, argon(1, rattle=0.3, seed=2)])
     probe = _StepSize()
     after = _After(probe)
-    cls(ReferenceLJ(), n_steps=30, dt=200.0, dt_max=400.0, maxstep=0.05, maxstep_scope=scope, backend=backend,
-        hooks=[probe, after]).run(batch)
+    implementation(cls, backend)(ReferenceLJ(), n_steps=30, dt=200.0, dt_max=400.0, maxstep=0.05, maxstep_scope=scope,
+                                 hooks=[probe, after]).run(batch)
     largest = probe.atom if scope == "atom" else probe.system
     assert max(largest) <= 0.05 + 1e-12
     assert max(largest) > 0.049  # the cap was reached, so it was tested
 
 
 def _bound_fire2(**kwargs: object) -> tuple[FIRE2, Batch]:
+    """The torch oracle's FIRE2 (whose rules production matches step by step: test_backends.py)."""
     batch = Batch.from_data_list([argon(1)] * 5)
-    relax = FIRE2(ReferenceLJ(), dt=2.0, dt_max=8.0, dt_min=0.5, n_delay=3, f_inc=1.5, f_dec=0.5, alpha_start=0.25,
-                  f_alpha=0.9, maxstep=0.3, backend="torch", **kwargs)
+    relax = oracle(FIRE2)(ReferenceLJ(), dt=2.0, dt_max=8.0, dt_min=0.5, n_delay=3, f_inc=1.5, f_dec=0.5,
+                          alpha_start=0.25, f_alpha=0.9, maxstep=0.3, **kwargs)
     batch.set_field("velocities", torch.zeros_like(batch.positions), "node")
     relax.setup(batch)
     relax.init_state(batch, torch.ones(batch.num_graphs, dtype=torch.bool))

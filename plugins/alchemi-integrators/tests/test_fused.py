@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.oracles import implementation
 from integrators_testkit.recording import Record
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
 from alchemi_integrators import FIRE, Langevin, VelocityVerlet
-from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, temperature
 
-BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
+#: Production (Warp) and its torch oracle (integrators_testkit/oracles.py).
+BACKENDS = ["torch", "warp"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -27,12 +28,12 @@ def test_each_stage_moves_only_its_systems(backend: str, core_tuning) -> None:
     batch = start.clone()
     batch.set_field("status", torch.tensor([0, 1]), "system")
     positions = Record(lambda b, d: b.positions.view(-1))
-    nve = VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, hooks=[positions], tuning=core_tuning)
-    nvt = Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=300.0, friction=0.1, backend=backend, tuning=core_tuning)
+    nve = implementation(VelocityVerlet, backend)(ReferenceLJ(), n_steps=30, dt=5.0, hooks=[positions], tuning=core_tuning)
+    nvt = implementation(Langevin, backend)(ReferenceLJ(), n_steps=30, dt=5.0, temperature=300.0, friction=0.1, tuning=core_tuning)
     (nve + nvt).run(batch)
     track = torch.tensor(positions.array()).view(-1, 8, 3)
     alone = start.index_select([0])
-    VelocityVerlet(ReferenceLJ(), n_steps=30, dt=5.0, backend=backend, tuning=core_tuning).run(alone)
+    implementation(VelocityVerlet, backend)(ReferenceLJ(), n_steps=30, dt=5.0, tuning=core_tuning).run(alone)
     torch.testing.assert_close(track[29, :4], alone.positions, rtol=0, atol=1e-12)
     assert not torch.allclose(track[40, :4], track[29, :4])  # then it moved on in Langevin
     assert (track[29, 4:] - track[0, 4:]).abs().max() > 1e-3  # system 1 moved while in Langevin
@@ -57,16 +58,15 @@ def test_relaxed_systems_enter_md_at_the_initial_temperature(core_tuning) -> Non
     assert center_of_mass_velocity(out).abs().max().item() < 1e-12
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(backend: str, core_tuning) -> None:
+def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(core_tuning) -> None:
     """A captured step keeps reading the tensors it was captured with. After system 0 leaves the
     Langevin stage, ``refresh_for_replay`` rewrites those same tensors to what a stage that
     started with system 0 already gone computes. (The stage is compiled: only a run that may
     replay a captured step keeps what refreshing needs; on a CPU it steps eagerly all the same.)"""
 
     def stages() -> tuple[Langevin, object]:
-        nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, backend=backend, tuning=core_tuning)
-        return nvt, (nvt + VelocityVerlet(ReferenceLJ(), n_steps=50, dt=5.0, backend=backend, tuning=core_tuning)).compile()
+        nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, tuning=core_tuning)
+        return nvt, (nvt + VelocityVerlet(ReferenceLJ(), n_steps=50, dt=5.0, tuning=core_tuning)).compile()
 
     def start(status: list[int]) -> Batch:
         batch = Batch.from_data_list([argon(1, rattle=0.1, seed=0), argon(1, rattle=0.1, seed=1)])

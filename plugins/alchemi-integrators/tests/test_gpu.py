@@ -1,4 +1,4 @@
-"""The same checks on a CUDA GPU: contracts, Warp = torch, physics, streams, no host syncs.
+"""The same checks on a CUDA GPU: contracts, production = torch oracle, physics, streams, no host syncs.
 
 Skipped without a GPU (conftest.py). Run on the GPU machine with ``-m gpu``.
 """
@@ -13,6 +13,7 @@ import pytest
 import torch
 from integrators_testkit.cases import CASES
 from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.oracles import implementation
 from integrators_testkit.recording import Record, integrated_autocorrelation_time
 
 from alchemi_core.data import Batch
@@ -33,12 +34,12 @@ def _start(dtype: torch.dtype = torch.float64) -> Batch:
 
 
 @pytest.mark.parametrize(("cls", "kwargs"), CASES, ids=lambda c: c.__name__ if isinstance(c, type) else "")
-def test_warp_matches_torch_on_gpu(cls: type, kwargs: dict[str, Any]) -> None:
+def test_production_matches_the_oracle_on_gpu(cls: type, kwargs: dict[str, Any]) -> None:
     kwargs = {k: v.to(CUDA) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     final = {}
     for backend in ("torch", "warp"):
         batch = _start()
-        cls(ReferenceLJ(), n_steps=120, backend=backend, **kwargs).run(batch)
+        implementation(cls, backend)(ReferenceLJ(), n_steps=120, **kwargs).run(batch)
         final[backend] = batch
     torch.testing.assert_close(final["warp"].positions, final["torch"].positions, rtol=0, atol=1e-11)
     torch.testing.assert_close(final["warp"].velocities, final["torch"].velocities, rtol=0, atol=1e-12)
@@ -48,7 +49,7 @@ def test_nve_float32_energy_on_gpu() -> None:
     """test_nve.py's bounds, float32, Warp kernels on the GPU."""
     batch = Batch.from_data_list([argon(2, dtype=torch.float32)]).to(CUDA)
     record = Record(lambda b, d: b.energy.view(-1).double() + kinetic_energy(b).double(), frequency=10)
-    VelocityVerlet(ReferenceLJ(), n_steps=10_000, dt=5.0, initial_temperature=100.0, random_seed=0, backend="warp",
+    VelocityVerlet(ReferenceLJ(), n_steps=10_000, dt=5.0, initial_temperature=100.0, random_seed=0,
                    hooks=[record]).run(batch)
     energy = record.array()[:, 0]
     times = np.arange(len(energy)) * 50.0
@@ -62,7 +63,7 @@ def test_langevin_canonical_on_gpu() -> None:
     batch = Batch.from_data_list([argon(2, rattle=0.02, seed=s) for s in range(systems)]).to(CUDA)
     record = Record(lambda b, d: kinetic_energy(b))
     Langevin(ReferenceLJ(), n_steps=3000, dt=5.0, temperature=target, friction=0.01, initial_temperature=target,
-             random_seed=7, backend="warp", hooks=[record]).run(batch)
+             random_seed=7, hooks=[record]).run(batch)
     ke = record.array()[300:]
     dof = degrees_of_freedom(batch)[0].item()
     n_eff = ke.size / np.mean([integrated_autocorrelation_time(ke[:, s]) for s in range(systems)])
@@ -89,20 +90,19 @@ class Springs:
 #: Every MD and relaxation integrator (30 steps: ``run()`` ends on its own); the second Langevin
 #: reads its temperature from the system field ``target`` (:func:`_start` gives it).
 STEPPERS = [
-    lambda m, b: VelocityVerlet(m, n_steps=30, dt=1.0, backend=b),
-    lambda m, b: Langevin(m, n_steps=30, dt=1.0, temperature=300.0, backend=b),
-    lambda m, b: Langevin(m, n_steps=30, dt=1.0, temperature="target", fix_com=False, backend=b),
-    lambda m, b: NoseHooverChain(m, n_steps=30, dt=1.0, temperature=300.0, backend=b),
-    lambda m, b: FIRE(m, n_steps=30, dt=1.0, backend=b),
-    lambda m, b: FIRE2(m, n_steps=30, dt=1.0, maxstep_scope="system", backend=b),
+    lambda m: VelocityVerlet(m, n_steps=30, dt=1.0),
+    lambda m: Langevin(m, n_steps=30, dt=1.0, temperature=300.0),
+    lambda m: Langevin(m, n_steps=30, dt=1.0, temperature="target", fix_com=False),
+    lambda m: NoseHooverChain(m, n_steps=30, dt=1.0, temperature=300.0),
+    lambda m: FIRE(m, n_steps=30, dt=1.0),
+    lambda m: FIRE2(m, n_steps=30, dt=1.0, maxstep_scope="system"),
 ]
 
 
-@pytest.mark.parametrize("backend", ["warp", "torch"])
 @pytest.mark.parametrize("make", STEPPERS)
-def test_a_step_never_synchronises_with_the_host(make: Any, backend: str) -> None:
+def test_a_step_never_synchronises_with_the_host(make: Any) -> None:
     batch = _start()
-    dynamics = make(Springs(batch), backend)
+    dynamics = make(Springs(batch))
     dynamics.step(batch)  # the first step prepares the run (allowed to read back)
     dynamics.step(batch)
     with no_host_sync():
@@ -117,7 +117,7 @@ def test_kernels_run_on_torchs_current_stream() -> None:
     finals = []
     for use_side_stream in (False, True):
         batch = _start(torch.float32)
-        nvt = Langevin(ReferenceLJ(), n_steps=200, dt=5.0, temperature=50.0, random_seed=3, backend="warp")
+        nvt = Langevin(ReferenceLJ(), n_steps=200, dt=5.0, temperature=50.0, random_seed=3)
         if use_side_stream:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -133,16 +133,15 @@ def test_kernels_run_on_torchs_current_stream() -> None:
 
 
 
-@pytest.mark.parametrize("backend", ["warp", "torch"])
 @pytest.mark.parametrize("make", STEPPERS)
-def test_held_atoms_stay_without_host_syncs_and_in_a_captured_step(make: Any, backend: str) -> None:
+def test_held_atoms_stay_without_host_syncs_and_in_a_captured_step(make: Any) -> None:
     """Held atoms and components (``frozen``, ``frozen_axes``) stay bit for bit on the GPU: in
     steps that never synchronise with the host, and in a step captured as a CUDA graph."""
     from alchemi_core.testing.contracts import assert_held, hold_some
 
     batch = _start()
     start, held = batch.positions.clone(), hold_some(batch)
-    dynamics = make(_pulled(batch), backend)
+    dynamics = make(_pulled(batch))
     dynamics.step(batch)  # the first step prepares the run (allowed to read back)
     dynamics.step(batch)
     with no_host_sync():
@@ -152,7 +151,7 @@ def test_held_atoms_stay_without_host_syncs_and_in_a_captured_step(make: Any, ba
 
     batch = _start()
     start, held = batch.positions.clone(), hold_some(batch)
-    stage = make(_pulled(batch), backend).compile()
+    stage = make(_pulled(batch)).compile()
     stage.run(batch)
     assert stage._engine.graph_captures >= 1
     assert_held(batch, held, start)

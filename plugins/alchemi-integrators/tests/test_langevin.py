@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.oracles import implementation
 from integrators_testkit.recording import Record, integrated_autocorrelation_time
 from integrators_testkit.resume import resumed_run
 
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.units import KB
 from alchemi_integrators import Langevin, VelocityVerlet
-from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import (
     center_of_mass_velocity,
     degrees_of_freedom,
@@ -22,8 +22,8 @@ from alchemi_integrators.thermo import (
     kinetic_energy,
 )
 
-BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
-needs_warp = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
+#: Production (Warp) and its torch oracle (integrators_testkit/oracles.py).
+BACKENDS = ["torch", "warp"]
 
 
 class FreeAtoms:
@@ -34,11 +34,8 @@ class FreeAtoms:
 
 
 @pytest.mark.slow  # a long sampled trajectory (the oldest-Warp run leaves it out)
-@pytest.mark.parametrize(
-    ("backend", "fix_com"),
-    [("torch", True), pytest.param("warp", False, marks=needs_warp)],
-)
-def test_canonical_temperature_and_kinetic_energy_fluctuations(backend: str, fix_com: bool) -> None:
+@pytest.mark.parametrize("fix_com", [True, False])
+def test_canonical_temperature_and_kinetic_energy_fluctuations(fix_com: bool) -> None:
     """W1's parameters (50 K, dt 5 fs, friction 0.01/fs) on 8 argon cells of 32 atoms.
 
     In the canonical ensemble the kinetic energy of f quadratic degrees of freedom has mean
@@ -55,7 +52,7 @@ def test_canonical_temperature_and_kinetic_energy_fluctuations(backend: str, fix
     record = Record(lambda b, d: kinetic_energy(b))
     nvt = Langevin(
         ReferenceLJ(), n_steps=steps, dt=5.0, temperature=target, friction=0.01, initial_temperature=target,
-        random_seed=7, fix_com=fix_com, backend=backend, hooks=[record],
+        random_seed=7, fix_com=fix_com, hooks=[record],
     )
     nvt.run(batch)
     ke = record.array()[burn_in:]
@@ -77,9 +74,8 @@ def test_canonical_temperature_and_kinetic_energy_fluctuations(backend: str, fix
 
 
 def test_the_centre_of_mass_stays_at_rest_in_systems_of_different_sizes_and_masses() -> None:
-    """The torch step sums each system's noise momentum over a view when systems are of one size,
-    and per component by index otherwise: here they differ (1, 3, 5 and 2 atoms of mixed
-    elements), and each system's centre of mass must stay at rest while its atoms move."""
+    """Systems of different sizes (1, 3, 5 and 2 atoms of mixed elements) and masses: each
+    system's centre of mass stays at rest while its atoms move."""
     rng = np.random.default_rng(3)
     systems = []
     for n in (1, 3, 5, 2):
@@ -87,8 +83,7 @@ def test_the_centre_of_mass_stays_at_rest_in_systems_of_different_sizes_and_mass
         systems.append(AtomicData(atomic_numbers=numbers, positions=torch.tensor(rng.normal(size=(n, 3)) * 3.0)))
     batch = Batch.from_data_list(systems)
     start = batch.positions.clone()
-    Langevin(FreeAtoms(), n_steps=50, dt=2.0, temperature=300.0, friction=0.05, random_seed=1, fix_com=True,
-             backend="torch").run(batch)
+    Langevin(FreeAtoms(), n_steps=50, dt=2.0, temperature=300.0, friction=0.05, random_seed=1, fix_com=True).run(batch)
     assert center_of_mass_velocity(batch).abs().max().item() < 1e-12
     moved = (batch.positions - start).norm(dim=1)
     assert moved[1:].min().item() > 1e-3  # atoms of the systems of several atoms did move
@@ -106,8 +101,8 @@ def test_ornstein_uhlenbeck_step_is_exact(backend: str) -> None:
     batch = Batch.from_data_list([data, data])
     u = torch.tensor([0.01, -0.02, 0.005], dtype=torch.float64)
     batch.set_field("velocities", u.repeat(2 * n_atoms, 1), "node")
-    Langevin(FreeAtoms(), n_steps=k, dt=dt, temperature=temps, friction=friction, fix_com=False,
-             random_seed=3, backend=backend).run(batch)
+    implementation(Langevin, backend)(FreeAtoms(), n_steps=k, dt=dt, temperature=temps, friction=friction, fix_com=False,
+             random_seed=3).run(batch)
     v = batch.velocities.view(2, n_atoms, 3)
     mass = 39.948
     for s in range(2):
@@ -124,22 +119,20 @@ def test_zero_friction_is_velocity_verlet(backend: str) -> None:
     for cls, kwargs in ((Langevin, {"temperature": 300.0, "friction": 0.0}), (VelocityVerlet, {})):
         batch = Batch.from_data_list([argon(1, rattle=0.1, seed=1), argon(1, rattle=0.1, seed=2)])
         initialize_velocities(batch, 40.0, seed=0)
-        cls(ReferenceLJ(), n_steps=50, dt=5.0, backend=backend, **kwargs).run(batch)
+        implementation(cls, backend)(ReferenceLJ(), n_steps=50, dt=5.0, **kwargs).run(batch)
         runs.append(batch)
     torch.testing.assert_close(runs[0].positions, runs[1].positions, rtol=0, atol=1e-13)
     torch.testing.assert_close(runs[0].velocities, runs[1].velocities, rtol=0, atol=1e-15)
 
 
-@needs_warp
-def test_warp_noise_does_not_depend_on_the_batch_layout() -> None:
-    """The Warp backend keys its noise by system, so a system's stochastic trajectory is the same
+def test_noise_does_not_depend_on_the_batch_layout() -> None:
+    """The kernel keys its noise by system, so a system's stochastic trajectory is the same
     alone and in a batch (and in any slot)."""
     together = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(3)])
     together.set_field("system_id", torch.tensor([10, 11, 12]), "system")
     alone = together.index_select([2])
     for batch in (together, alone):
-        Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=100.0, friction=0.05, random_seed=5,
-                 backend="warp").run(batch)
+        Langevin(ReferenceLJ(), n_steps=30, dt=5.0, temperature=100.0, friction=0.05, random_seed=5).run(batch)
     torch.testing.assert_close(together.index_select([2]).positions, alone.positions, rtol=0, atol=1e-12)
     assert not torch.allclose(together.index_select([0]).positions, alone.positions)
 
@@ -149,7 +142,7 @@ def test_same_seed_same_trajectory(backend: str) -> None:
     finals = []
     for seed in (1, 1, 2):
         batch = Batch.from_data_list([argon(1, rattle=0.1, seed=0)])
-        Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=100.0, random_seed=seed, backend=backend).run(batch)
+        implementation(Langevin, backend)(ReferenceLJ(), n_steps=20, dt=5.0, temperature=100.0, random_seed=seed).run(batch)
         finals.append(batch.positions)
     assert torch.equal(finals[0], finals[1])
     assert not torch.allclose(finals[0], finals[2])
@@ -162,15 +155,14 @@ def test_resume_from_checkpoint_gives_the_same_trajectory(backend: str) -> None:
     list afresh, which changes the order of its force sums in the last bit)."""
 
     def fresh() -> Langevin:
-        return Langevin(ReferenceLJ(), n_steps=15, dt=5.0, temperature=80.0, friction=0.05, random_seed=21,
-                        backend=backend)
+        return implementation(Langevin, backend)(ReferenceLJ(), n_steps=15, dt=5.0, temperature=80.0, friction=0.05, random_seed=21)
 
     batch = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(2)])
     resumed, unrestored = resumed_run(fresh, batch)  # batch: the uninterrupted 30 steps
     torch.testing.assert_close(resumed.positions, batch.positions, rtol=0, atol=1e-13)
     torch.testing.assert_close(resumed.velocities, batch.velocities, rtol=0, atol=1e-15)
-    # Without the random state, the torch path replays its first noise: another trajectory. The
-    # Warp path keys its noise by each system's step counter, a batch field: it needs nothing more.
+    # Without the random state, the oracle replays its first noise: another trajectory. The
+    # production step keys its noise by each system's step counter, a batch field: it needs nothing more.
     differs = (unrestored.positions - batch.positions).abs().max().item() > 1e-6
     assert differs == (backend == "torch")
 

@@ -14,8 +14,7 @@ from alchemi_core.tuning import CoreTuning
 from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
 
 STAGES = {
-    "langevin-torch": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01, backend="torch"),
-    "langevin-warp": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01, backend="warp"),
+    "langevin": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01),
     "fire": lambda m: FIRE(m, dt=1.0),
     "velocity-verlet": lambda m: VelocityVerlet(m, dt=2.0),
     "nose-hoover": lambda m: NoseHooverChain(m, dt=2.0, temperature=50.0),

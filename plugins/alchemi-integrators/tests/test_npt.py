@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from integrators_testkit.lj_reference import ReferenceLJ, argon
+from integrators_testkit.oracles import implementation
 from integrators_testkit.resume import resumed_run
 
 from alchemi_core import registry, units
@@ -49,25 +50,17 @@ def test_mtk_conserves_its_energy(anisotropic: bool) -> None:
     assert (torch.linalg.det(batch.cell) / v0 - 1).abs().max().item() > 1e-3  # the volume moved
 
 
-def _needs_cpu_warp() -> None:
-    pytest.importorskip("warp")
-    from alchemi_core.warp_runtime import warp
-
-    if not warp().is_cpu_available():
-        pytest.skip("this warp-lang build cannot compile CPU kernels")
-
-
 _MTK_STATE = ("positions", "velocities", "cell", "npt_strain_rate", "npt_thermostat_positions",
               "npt_thermostat_velocities", "npt_barostat_chain_positions", "npt_barostat_chain_velocities")
 
 
 #: C-rescale with its noise off: the thermostat's coupling off (tau_t huge) and the barostat's
-#: noise negligible (T near 0 K), so both backends take the same pressure-driven steps.
+#: noise negligible (T near 0 K), so production and oracle take the same pressure-driven steps.
 _QUIET_CRESCALE = {"dt": 5.0, "temperature": 1e-24, "tau_t": 1e30, "tau_p": 100.0, "compressibility": 60.0}
 
 
 def _mtk_runs(anisotropic: bool, steps: int, prepare=None, **kwargs) -> dict[str, tuple[Batch, torch.Tensor]]:
-    """Four systems at per-system temperatures, ``steps`` MTK steps on each backend."""
+    """Four systems at per-system temperatures, ``steps`` MTK steps of production and of the oracle."""
     runs = {}
     for backend in ("torch", "warp"):
         batch = _argon_batch(4)
@@ -76,10 +69,9 @@ def _mtk_runs(anisotropic: bool, steps: int, prepare=None, **kwargs) -> dict[str
         dtype = batch.positions.dtype
         batch.set_field("target_t", torch.tensor([30.0, 50.0, 70.0, 90.0], dtype=dtype), "system")
         initialize_velocities(batch, 50.0, seed=3)
-        npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature="target_t", pressure=0.0, tau_t=50.0, tau_p=200.0,
-                     anisotropic=anisotropic, backend=backend, **kwargs)
+        npt = implementation(NPTMTK, backend)(ReferenceLJ(), dt=5.0, temperature="target_t", pressure=0.0, tau_t=50.0, tau_p=200.0,
+                     anisotropic=anisotropic, **kwargs)
         npt.run(batch, n_steps=steps)
-        assert npt.active_backend == backend
         runs[backend] = (batch, npt.conserved_energy(batch))
     return runs
 
@@ -88,7 +80,6 @@ def _mtk_runs(anisotropic: bool, steps: int, prepare=None, **kwargs) -> dict[str
 def test_mtk_warp_backend_takes_the_torch_steps(anisotropic: bool) -> None:
     """The Warp kernels (mtk_kernels) take MTK's torch steps: 60 steps of four float64 systems
     with per-system temperatures and a moving cell agree in every state field to rounding."""
-    _needs_cpu_warp()
     runs = _mtk_runs(anisotropic, 60, chain_length=4, yoshida_order=5)
     (a, ea), (b, eb) = runs["warp"], runs["torch"]
     assert (torch.linalg.det(a.cell) / torch.linalg.det(_argon_batch(4).cell) - 1).abs().min().item() > 1e-4
@@ -115,7 +106,6 @@ def _f32_atoms(batch: Batch) -> Batch:
 def test_mtk_warp_backend_in_float32_with_a_float64_cell() -> None:
     """Float32 atoms under a float64 cell (the kernels work in the atoms' precision and write the
     cell back in its own): both backends stay within float32 rounding of each other."""
-    _needs_cpu_warp()
     runs = _mtk_runs(False, 30, prepare=_f32_atoms)
     (a, _), (b, _) = runs["warp"], runs["torch"]
     assert a.positions.dtype == torch.float32 and a.cell.dtype == torch.float64
@@ -126,12 +116,11 @@ def test_mtk_warp_backend_in_float32_with_a_float64_cell() -> None:
 def test_crescale_warp_backend_in_float32_with_a_float64_cell() -> None:
     """C-rescale likewise (its noise off, so both backends take the same steps): float32 atoms,
     a float64 cell that moves, the two backends within float32 rounding of each other."""
-    _needs_cpu_warp()
     final = {}
     for backend in ("torch", "warp"):
         batch = _f32_atoms(_argon_batch(3, strain=1.02))
         initialize_velocities(batch, 40.0, seed=2)
-        NPTCRescale(ReferenceLJ(), n_steps=30, backend=backend, **_QUIET_CRESCALE).run(batch)
+        implementation(NPTCRescale, backend)(ReferenceLJ(), n_steps=30, **_QUIET_CRESCALE).run(batch)
         final[backend] = batch
     a, b = final["warp"], final["torch"]
     assert a.positions.dtype == torch.float32 and a.cell.dtype == torch.float64
@@ -144,15 +133,14 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
     """Steps replay recorded launches: a run of 23 steps converts as many tensors for Warp as a
     run of 3 (the integrator's buffers, the batch's fields and its cached parameters stay the same
     objects, so no step after the first ones records a launch again)."""
-    _needs_cpu_warp()
-    from alchemi_integrators import npt_common
+    from alchemi_integrators import kernel_funcs
 
-    original = npt_common.NPTLaunches._to_warp
+    original = kernel_funcs.Launches._to_warp
     counts = []
     for steps in (3, 23):
         batch = _argon_batch(2)
         initialize_velocities(batch, 50.0, seed=1)
-        npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature=50.0, tau_p=200.0, backend="warp")
+        npt = NPTMTK(ReferenceLJ(), dt=5.0, temperature=50.0, tau_p=200.0)
         calls = []
 
         def counting(self, label, value, calls=calls):
@@ -160,7 +148,7 @@ def test_mtk_warp_step_replays_its_recorded_launches() -> None:
             return original(self, label, value)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(npt_common.NPTLaunches, "_to_warp", counting)
+            mp.setattr(kernel_funcs.Launches, "_to_warp", counting)
             npt.run(batch, n_steps=steps)
         counts.append(len(calls))
     assert counts[0] > 0 and counts[1] == counts[0], counts
@@ -197,12 +185,10 @@ def test_crescale_resumes_from_its_state_dict(backend: str) -> None:
     """C-rescale's draws are keyed by a draw counter that ``state_dict()`` carries: saving it with
     the batch and resuming reproduces the uninterrupted run; resuming without it draws the first
     numbers again and goes elsewhere."""
-    if backend == "warp":
-        _needs_cpu_warp()
 
     def fresh() -> NPTCRescale:
-        return NPTCRescale(ReferenceLJ(), n_steps=12, dt=5.0, temperature=50.0, tau_t=50.0, tau_p=200.0,
-                           compressibility=60.0, anisotropic=True, random_seed=9, backend=backend)
+        return implementation(NPTCRescale, backend)(ReferenceLJ(), n_steps=12, dt=5.0, temperature=50.0, tau_t=50.0, tau_p=200.0,
+                           compressibility=60.0, anisotropic=True, random_seed=9)
 
     batch = _argon_batch(2)
     initialize_velocities(batch, 50.0, seed=3)
@@ -267,10 +253,10 @@ class _MixedSteps(Hook):
 
 #: Each NPT integrator deterministic: MTK as it is, C-rescale with its noise off.
 _DETERMINISTIC_NPT = {
-    "mtk": lambda backend: NPTMTK(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0,
-                                  initial_temperature=50.0, random_seed=5, backend=backend),
-    "crescale": lambda backend: NPTCRescale(ReferenceLJ(), n_steps=40, initial_temperature=50.0, random_seed=5,
-                                            backend=backend, **_QUIET_CRESCALE),
+    "mtk": lambda backend: implementation(NPTMTK, backend)(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0,
+                                  initial_temperature=50.0, random_seed=5),
+    "crescale": lambda backend: implementation(NPTCRescale, backend)(ReferenceLJ(), n_steps=40, initial_temperature=50.0,
+                                                                     random_seed=5, **_QUIET_CRESCALE),
 }
 
 
@@ -278,17 +264,15 @@ _DETERMINISTIC_NPT = {
 def test_npt_backends_agree_when_systems_enter_at_different_steps(kind: str) -> None:
     """FIRE2 relaxes three cells and hands each to NPT when it converges: while some systems are
     still relaxing, the NPT kernels must leave them alone. Warp and torch end in the same state."""
-    _needs_cpu_warp()
     final = {}
     for backend in ("torch", "warp"):
         batch = Batch.from_data_list([_argon_batch(1, rattle=0.1, strain=strain)[0] for strain in (1.0, 1.02, 1.05)])
         mixed = _MixedSteps()
-        relax = FIRE2(ReferenceLJ(), n_steps=400, dt=5.0, dt_max=50.0, cell_filter="frechet", backend="torch",
+        relax = FIRE2(ReferenceLJ(), n_steps=400, dt=5.0, dt_max=50.0, cell_filter="frechet",
                       convergence_hook=ConvergenceHook.from_fmax(0.01), hooks=[mixed])
         md = _DETERMINISTIC_NPT[kind](backend)
         out = FusedStage([(0, relax), (1, md)]).run(batch)
         assert out is not None and (out.status == 2).all()
-        assert md.active_backend == backend
         assert mixed.steps > 0  # MTK stepped while other systems were still relaxing
         final[backend] = out
     for field in ("positions", "velocities", "cell"):
@@ -300,16 +284,14 @@ def test_crescale_backends_agree_when_the_noise_is_off() -> None:
     """With the thermostat's coupling off (tau_t huge) and the barostat's noise negligible (T near
     0 K), C-rescale is deterministic: the Warp kernels and the torch operations take the same 80
     steps of the pressure-driven cell, isotropic and anisotropic."""
-    _needs_cpu_warp()
     for anisotropic in (False, True):
         final = {}
         for backend in ("torch", "warp"):
             batch = _argon_batch(3, strain=1.02)
             initialize_velocities(batch, 40.0, seed=2)
-            npt = NPTCRescale(ReferenceLJ(), n_steps=80, pressure=0.0, anisotropic=anisotropic, backend=backend,
+            npt = implementation(NPTCRescale, backend)(ReferenceLJ(), n_steps=80, pressure=0.0, anisotropic=anisotropic,
                               **_QUIET_CRESCALE)
             npt.run(batch)
-            assert npt.active_backend == backend
             final[backend] = batch
         assert (torch.linalg.det(final["warp"].cell) / torch.linalg.det(_argon_batch(3, strain=1.02).cell)).min() < 0.995
         for field in ("positions", "velocities", "cell"):
@@ -323,14 +305,12 @@ def test_crescale_warp_thermostat_samples_canonical_kinetic_energies() -> None:
     within 2 % and the kinetic energy's variance is ``N_f (kB T)² / 2`` within 15 %. A short
     ``tau_t`` makes the chi-squared draw carry most of each new kinetic energy, so a wrong one
     shows in the variance."""
-    _needs_cpu_warp()
     batch = _argon_batch(16, rattle=0.05)
     initialize_velocities(batch, 50.0, seed=6)
     model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=6.0, shift_energy=True)
     npt = NPTCRescale(model, dt=5.0, temperature=50.0, pressure=0.0, tau_t=1.0, tau_p=500.0, compressibility=60.0,
                       random_seed=8)
     npt.run(batch, n_steps=200)
-    assert npt.active_backend == "warp"
     samples = []
     for _ in range(150):
         npt.run(batch, n_steps=10)
@@ -348,7 +328,6 @@ def test_crescale_draws_the_sum_of_squared_normals_as_chi_squared(count: int) ->
     chi-squared variate of N_f - 1 (twice a Marsaglia-Tsang gamma): over 40,000 keys its mean is
     N_f and its variance 2 N_f (five standard errors), and its 1 % and 99 % quantiles are the
     distribution's (from the squares of torch's normals)."""
-    _needs_cpu_warp()
     import warp as wp
 
     from alchemi_integrators import crescale_kernels
@@ -370,20 +349,3 @@ def test_crescale_draws_the_sum_of_squared_normals_as_chi_squared(count: int) ->
     reference = (torch.randn(size, count, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) ** 2).sum(1)
     for q in (0.01, 0.99):
         assert abs(out.quantile(q).item() / reference.quantile(q).item() - 1) < 0.06
-
-
-def test_crescale_noise_is_standard_normal_and_fresh_each_draw() -> None:
-    """The counter-based draws (what a captured CUDA graph replays) are N(0, 1), differ between
-    draws, and repeat for the same seed."""
-    pytest.importorskip("warp")
-    npt = NPTCRescale(ReferenceLJ(), random_seed=5)
-    a, b = torch.empty(200_000, dtype=torch.float64), torch.empty(200_000, dtype=torch.float64)
-    npt._normals(a, "test")
-    npt._normals(b, "test")
-    for x in (a, b):
-        assert abs(x.mean().item()) < 0.01 and abs(x.std().item() - 1.0) < 0.01
-    assert (a - b).abs().max().item() > 1.0
-    again = NPTCRescale(ReferenceLJ(), random_seed=5)
-    c = torch.empty_like(a)
-    again._normals(c, "test")
-    assert torch.equal(a, c)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from integrators_testkit.oracles import implementation
 
 from alchemi_core import registry
 from alchemi_core.data import AtomicData, Batch
@@ -15,10 +16,10 @@ from alchemi_core.dynamics import SizeAwareSampler
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_integrators import FIRE2, Langevin, NoseHooverChain, VelocityVerlet
-from alchemi_integrators.base import warp_available
 from alchemi_integrators.thermo import initialize_velocities
 
-BACKENDS = ["torch"] + (["warp"] if warp_available() else [])
+#: Production (Warp) and its torch oracle (integrators_testkit/oracles.py).
+BACKENDS = ["torch", "warp"]
 
 
 def _molecule(n: int, seed: int, dt: float | None = None) -> AtomicData:
@@ -53,9 +54,9 @@ def test_each_system_gets_its_own_value(form: str, backend: str) -> None:
         batch.set_field("my_dt", torch.tensor(dts, dtype=torch.float64), "system")
         batch.set_field("my_T", torch.tensor(temps, dtype=torch.float32).unsqueeze(-1), "system")  # [B, 1], float32
         dt, temperature = "my_dt", "my_T"
-    NoseHooverChain(DemoModelWrapper(), n_steps=25, dt=dt, temperature=temperature, tau=5.0, backend=backend).run(batch)
+    implementation(NoseHooverChain, backend)(DemoModelWrapper(), n_steps=25, dt=dt, temperature=temperature, tau=5.0).run(batch)
     for i, d in enumerate(data):
-        ref = _alone(d, NoseHooverChain, 25, dt=dts[i], temperature=temps[i], tau=5.0, backend=backend)
+        ref = _alone(d, implementation(NoseHooverChain, backend), 25, dt=dts[i], temperature=temps[i], tau=5.0)
         torch.testing.assert_close(batch.index_select([i]).positions, ref.positions, rtol=0, atol=1e-12)
 
 
@@ -149,3 +150,11 @@ def test_build_by_name_with_the_briefs_arguments() -> None:
     from alchemi_integrators import FIRE
 
     assert ExportedFIRE is FIRE
+
+
+@pytest.mark.parametrize("value", ["torch", "warp", "auto"])
+def test_the_removed_backend_argument_is_a_clear_error(value: str) -> None:
+    """``backend=`` went with the torch steps (one implementation per integrator): any value,
+    old or not, is refused with a message that says to drop it, never silently ignored."""
+    with pytest.raises(ConfigurationError, match=rf"backend='{value}' is no longer an option.*drop the argument"):
+        Langevin(DemoModelWrapper(), temperature=300.0, backend=value)

@@ -8,9 +8,6 @@ import pytest
 import torch
 
 from alchemi_core.workspace import Workspace
-from alchemi_integrators.base import warp_available
-
-pytestmark = pytest.mark.skipif(not warp_available(), reason="needs warp-lang")
 
 SIZES = {
     "one atom": [1],
@@ -33,11 +30,11 @@ def _case(sizes: list[int], dtype: torch.dtype, device: str, seed: int = 0) -> t
 
 
 def _sums(values: torch.Tensor, system: torch.Tensor, systems: int, largest: int | None = None) -> torch.Tensor:
+    from alchemi_integrators.kernel_funcs import Launches
     from alchemi_integrators.system_sums import system_sums
-    from alchemi_integrators.warp_kernels import WarpLaunches
 
     out = torch.zeros(systems, 3, dtype=values.dtype, device=values.device)
-    system_sums(WarpLaunches(), Workspace(), "t", values, system, out, largest)
+    system_sums(Launches(), Workspace(), "t", values, system, out, largest)
     return out
 
 
@@ -58,11 +55,11 @@ def test_chunked_sums_equal_a_plain_sum(name: str, levels: str) -> None:
 
 
 def test_a_batch_of_small_systems_takes_one_launch() -> None:
+    from alchemi_integrators.kernel_funcs import Launches
     from alchemi_integrators.system_sums import system_sums
-    from alchemi_integrators.warp_kernels import WarpLaunches
 
     values, system = _case([256] * 8, torch.float64, "cpu")
-    launches = WarpLaunches()
+    launches = Launches()
     names: list[str] = []
     original = launches.launch
     launches.launch = lambda name, *args: (names.append(name), original(name, *args))[1]  # type: ignore[method-assign]
@@ -73,11 +70,11 @@ def test_a_batch_of_small_systems_takes_one_launch() -> None:
 def test_float32_sums_and_totals_are_added_to_not_replaced() -> None:
     sizes = SIZES["straddling"]
     values, system = _case(sizes, torch.float32, "cpu", seed=3)
+    from alchemi_integrators.kernel_funcs import Launches
     from alchemi_integrators.system_sums import system_sums
-    from alchemi_integrators.warp_kernels import WarpLaunches
 
     out = torch.full((len(sizes), 3), 10.0)
-    launches, work = WarpLaunches(), Workspace()
+    launches, work = Launches(), Workspace()
     system_sums(launches, work, "t", values, system, out)
     system_sums(launches, work, "t", values, system, out)  # replayed: adds again
     expected = 10.0 + 2.0 * _reference(values, system, len(sizes))

@@ -1,23 +1,11 @@
-"""What every integrator of this package shares: parameters, state fields, backends, scratch space.
+"""What every integrator of this package shares: parameters, state fields, scratch space.
 
 An integrator here is a :class:`~alchemi_core.dynamics.BaseDynamics` whose physical parameters are
 :class:`~alchemi_integrators.parameters.SystemParameter` objects (a scalar, one value per system,
 or a field name), whose per-system state lives in batch fields created in ``setup`` and reset for
-entering systems in ``init_state``, and whose step runs on one of two backends:
-
-* ``"torch"``: a few fused torch operations per update (``addcmul_``, ``index_add_``), with
-  coefficients cached between steps while the batch's composition and the stage's masks stay the
-  same. Runs anywhere.
-* ``"warp"``: fused Warp kernels launched on torch's current stream, zero-copy on the batch's
-  tensors. Needs ``warp-lang``.
-
-``backend="auto"`` (the default) picks Warp on CUDA devices when ``warp-lang`` is installed. On a
-CPU it picks what measured faster there (:attr:`Integrator.cpu_backend`): torch for velocity
-Verlet (a few vectorised operations); Warp for Langevin (one kernel per half-step, its Gaussian
-draws inside it, the same kernels as on a GPU), and for Nose-Hoover chains, FIRE and both NPT
-integrators, whose per-system bookkeeping is one Warp kernel instead of tens of tiny torch
-operations (about 3x and 8x faster for 64 argon cells of 108 atoms on one core; MTK 3.3x for 12
-cells of 256 atoms on two, C-rescale 2x for 4 cells of 256).
+entering systems in ``init_state``, and whose step is one implementation on every device: fused
+Warp kernels (:mod:`~alchemi_integrators.warp_kernels`) launched on torch's current stream,
+zero-copy on the batch's tensors, the same on a CPU as on a GPU.
 
 Example:
     >>> from alchemi_core import registry
@@ -35,23 +23,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alchemi_core.dynamics import BaseDynamics
-from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_core.errors import ConfigurationError
 from alchemi_core.workspace import Workspace
 from alchemi_integrators.parameters import ParameterValue, SystemParameter
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-BACKENDS = ("auto", "torch", "warp")
-
-__all__ = ["BACKENDS", "Integrator", "MDIntegrator", "Workspace", "warp_available"]
-
-
-def warp_available() -> bool:
-    """Whether ``warp-lang`` can be imported."""
-    import importlib.util
-
-    return importlib.util.find_spec("warp") is not None
+__all__ = ["Integrator", "MDIntegrator", "Workspace"]
 
 
 class Integrator(BaseDynamics):
@@ -61,29 +40,24 @@ class Integrator(BaseDynamics):
         model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]`` for a batch.
         n_steps: Steps of ``run()`` (each system's budget inside fused stages and pipelines).
         dt: Time step in fs: a number, ``[B]`` tensor, or the name of a system-level field.
-        backend: ``"auto"``, ``"torch"`` or ``"warp"`` (see the module docstring).
         **kwargs: Passed to ``BaseDynamics``: ``hooks``, ``convergence_hook``, ``sampler``,
             ``refill_frequency``, ``sinks``, ``comm_mode``, ``buffer_config``, ``name``.
 
     Raises:
-        ConfigurationError: A parameter out of range or an unknown backend.
+        ConfigurationError: A parameter out of range, or ``backend`` (removed: there is one
+            implementation).
     """
 
-    def __init__(
-        self, model: Any, n_steps: int = 1000, dt: ParameterValue = 1.0, *, backend: str = "auto", **kwargs: Any
-    ) -> None:
-        if backend not in BACKENDS:
-            raise ConfigurationError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "warp" and not warp_available():
-            raise MissingDependencyError(
-                f"{type(self).__name__}(backend='warp') needs warp-lang: pip install 'warp-lang>=1.5'"
+    def __init__(self, model: Any, n_steps: int = 1000, dt: ParameterValue = 1.0, **kwargs: Any) -> None:
+        if "backend" in kwargs:
+            raise ConfigurationError(
+                f"{type(self).__name__}: backend={kwargs['backend']!r} is no longer an option: every integrator "
+                "has one implementation, its Warp kernels, on CPUs and GPUs alike; drop the argument"
             )
         #: The parameters by name, each a scalar, per-system tensor or field name.
         self.parameters: dict[str, SystemParameter] = {}
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         self.declare("dt", dt, unit="fs", low=0.0, low_open=True)
-        self.backend = backend
-        self.active_backend: str | None = None
         self.work = Workspace()
         #: Values derived from the masks and parameters: name -> (key, value, build, reads masks).
         #: ``build`` is kept only where a captured step may need the value refreshed in place
@@ -92,7 +66,6 @@ class Integrator(BaseDynamics):
         #: cycle collector ran.
         self._cache: dict[str, tuple[Hashable, Any, Callable[[], Any] | None, bool]] = {}
         self._reads_user_fields = False
-        self._warp: Any = None
 
     @staticmethod
     def _check_dt(dt: Any) -> Any:
@@ -111,7 +84,7 @@ class Integrator(BaseDynamics):
 
     # ------------------------------------------------------------------ run lifecycle
     def setup(self, batch: Batch) -> None:
-        """Bind parameters, choose the backend and create state fields (once per run)."""
+        """Bind parameters and create state fields (once per run)."""
         run = self.context.run
         why_not = ""
         if run is not None and run.refills:
@@ -120,11 +93,10 @@ class Integrator(BaseDynamics):
             why_not = "this stage starts without systems (a downstream pipeline rank)"
         for param in self.parameters.values():
             param.bind(batch, self.own_field(param.name), tensor_allowed=not why_not, why_not=why_not)
-        self.active_backend = self._choose_backend(batch.device)
-        if self.active_backend == "warp" and batch.positions.dtype not in (torch.float32, torch.float64):
+        if batch.positions.dtype not in (torch.float32, torch.float64):
             raise ConfigurationError(
                 f"{self.name}: the Warp kernels take float32 or float64 positions, got "
-                f"{batch.positions.dtype}; convert the batch or pass backend='torch'"
+                f"{batch.positions.dtype}; convert the batch (batch.to(torch.float32))"
             )
         self._cache.clear()
         self._reads_user_fields = any(p.varies for p in self.parameters.values())
@@ -134,16 +106,6 @@ class Integrator(BaseDynamics):
         """Empty the cache of mask-derived values at a run's end: its build functions close over
         this integrator (a cycle), and the next run's ``setup`` would empty it anyway."""
         self._cache.clear()
-
-    #: The backend ``"auto"`` picks on a CPU when warp-lang is installed (see the module docstring).
-    cpu_backend = "torch"
-
-    def _choose_backend(self, device: torch.device) -> str:
-        if self.backend != "auto":
-            return self.backend
-        if not warp_available():
-            return "torch"
-        return "warp" if device.type == "cuda" else self.cpu_backend
 
     def create_state(self, batch: Batch) -> None:
         """Create the per-system state fields this integrator keeps (subclasses)."""
@@ -158,44 +120,7 @@ class Integrator(BaseDynamics):
         rows = batch.num_nodes if level == "node" else batch.num_graphs
         batch.set_field(name, torch.zeros((rows, *tail), dtype=dtype, device=batch.device), level)
 
-    def pre_update(self, batch: Batch) -> None:
-        if self.active_backend == "warp":
-            self.warp_pre_update(batch)
-        else:
-            self.torch_pre_update(batch)
-
-    def post_update(self, batch: Batch) -> None:
-        if self.active_backend == "warp":
-            self.warp_post_update(batch)
-        else:
-            self.torch_post_update(batch)
-
-    def torch_pre_update(self, batch: Batch) -> None:
-        raise NotImplementedError
-
-    def torch_post_update(self, batch: Batch) -> None:
-        raise NotImplementedError
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no Warp path; use backend='torch'")
-
-    def warp_post_update(self, batch: Batch) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no Warp path; use backend='torch'")
-
-    @property
-    def warp_kernels(self) -> Any:
-        """The Warp kernel module (imported on first use)."""
-        if self._warp is None:
-            from alchemi_integrators import warp_kernels
-
-            self._warp = warp_kernels
-        return self._warp
-
     # ------------------------------------------------------------------ helpers for steps
-    def values(self, name: str, batch: Batch) -> float | torch.Tensor:
-        """Parameter ``name`` as a Python number, or ``[B]`` values in the batch's dtype."""
-        return self.parameters[name].values(batch, batch.positions.dtype)
-
     def per_system(self, name: str, batch: Batch) -> torch.Tensor:
         """Parameter ``name`` as ``[B]`` values (a scalar is broadcast once and kept)."""
         param = self.parameters[name]
@@ -277,13 +202,6 @@ class Integrator(BaseDynamics):
         return all(build is not None and _copy_into(old, build())
                    for _, old, build, masks in list(self._cache.values()) if masks)
 
-    def to_atoms(self, batch: Batch, values: torch.Tensor, name: str) -> torch.Tensor:
-        """Gather ``[B, k]`` per-system values to ``[V, k]`` per atom into a kept buffer."""
-        tail = tuple(values.shape[1:])
-        out = self.work.get(name, batch.num_nodes, batch.node_capacity, tail, values.dtype, values.device)
-        torch.index_select(values, 0, batch.batch_idx, out=out)
-        return out
-
     def active(self, batch: Batch) -> torch.Tensor | None:
         """``[B]`` 1.0 for systems this stage integrates now and 0.0 for the others (None: all)."""
         mask = self.context.system_mask
@@ -293,7 +211,7 @@ class Integrator(BaseDynamics):
 
     def __repr__(self) -> str:
         params = ", ".join(repr(p) for p in self.parameters.values())
-        return f"{self.name}(n_steps={self.n_steps}, {params}, backend={self.backend!r})"
+        return f"{self.name}(n_steps={self.n_steps}, {params})"
 
 
 class MDIntegrator(Integrator):

@@ -11,7 +11,6 @@ order one.
   of ``[[L^T, G], [0, L^T]]``).
 * :func:`logm_near_identity`: inverse scaling and squaring (Denman-Beavers square roots, then the
   series of ``log(1 + x)``), accurate for deformation gradients within ~50 % of the identity.
-* :func:`phi1`: ``(exp(X) - 1) / X`` as a series, for exact drifts under a constant strain rate.
 
 Example:
     >>> import torch
@@ -22,11 +21,9 @@ Example:
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-__all__ = ["det3", "expm", "expm_frechet_adjoint", "inv3", "logm_near_identity", "phi1", "sym"]
+__all__ = ["det3", "expm", "expm_frechet_adjoint", "inv3", "logm_near_identity"]
 
 
 def det3(m: torch.Tensor) -> torch.Tensor:
@@ -108,21 +105,3 @@ def logm_near_identity(f: torch.Tensor, roots: int = 3, terms: int = 14) -> torc
     for k in range(terms - 1, 0, -1):
         out = x @ (out + _eye_like(f) * ((-1.0) ** (k + 1) / k))
     return out * float(2**roots)
-
-
-def phi1(x: torch.Tensor, order: int = 10) -> torch.Tensor:
-    """``(exp(x) - 1) / x = sum_k x^k / (k + 1)!`` for ``[..., n, n]`` matrices with ``|x| <~ 0.1``.
-
-    Under a constant strain rate ``g``, ``dr/dt = v + g r`` integrates over ``t`` to
-    ``r(t) = exp(g t) r + t phi1(g t) v``.
-    """
-    eye = _eye_like(x)
-    out = eye / float(math.factorial(order + 1))
-    for k in range(order - 1, -1, -1):
-        out = eye / float(math.factorial(k + 1)) + x @ out
-    return out
-
-
-def sym(a: torch.Tensor) -> torch.Tensor:
-    """The symmetric part ``(a + a^T) / 2`` of ``[..., n, n]`` matrices."""
-    return 0.5 * (a + a.transpose(-1, -2))

@@ -1,8 +1,7 @@
-"""C-rescale's NPT step as Warp kernels (``integrator:npt-crescale``, ``backend="warp"``).
+"""C-rescale's NPT step as Warp kernels (``integrator:npt-crescale``).
 
-The torch path of :class:`~alchemi_integrators.npt.NPTCRescale` draws three normal numbers per
-atom for each thermostat half step and spends about a hundred small operations a step on 3x3
-matrices and per-atom copies of them. Here a step is three kernels per system and five per atom,
+A specialised set of kernels (a generic torch step is about a hundred small operations on 3x3
+matrices and per-atom copies of them): a step is three kernels per system and five per atom,
 each atom pass also writing its share of the kinetic tensor where the next system kernel needs it
 (:mod:`~alchemi_integrators.npt_common`):
 
@@ -19,13 +18,13 @@ part of :meth:`NPTCRescale.state_dict`) and ``system_id``, so a system's numbers
 where it sits in the batch. The thermostat (stochastic velocity rescaling) needs the sum of
 ``N_f`` squared normal numbers: it draws the first normal and a chi-squared variate of ``N_f - 1``
 degrees of freedom (twice a gamma variate, Marsaglia and Tsang's method), one draw per system
-whatever its size. The distribution is the torch path's; the numbers are not, so the two
-backends agree in distribution, not step by step.
+whatever its size. The test oracle (three normals per atom from a torch generator) agrees with it
+in distribution, not step by step.
 
 Example:
     >>> from alchemi_core import registry
     >>> npt = registry.build("integrator:npt-crescale", model=model, dt=5.0, temperature=50.0,
-    ...                      compressibility=60.0, backend="warp")  # doctest: +SKIP
+    ...                      compressibility=60.0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,12 +35,8 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators.kernel_funcs import declare_overloads, half_kick, idle, keyed_state
+from alchemi_integrators.kernel_funcs import declare_overloads, half_kick, idle, keyed_state, launches_of
 from alchemi_integrators.npt_common import (
-    MATRIX_ARGS,
-    ROWS_ARGS,
-    VECTORS,
-    atom_args,
     expm3,
     eye3,
     in_dtype,
@@ -51,12 +46,12 @@ from alchemi_integrators.npt_common import (
     kinetic_tensor,
     maps,
     matmul3,
-    npt_launches,
     parts,
     scale_buffer,
     trace3,
     volume3,
 )
+from alchemi_integrators.warp_kernels import active_flags, advance_counter, common, scale_by_system, typed, warp_seed
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -282,8 +277,7 @@ def _kick(
     off[i] = o
 
 
-declare_overloads([_thermostat, _rescale, _scale_kick_drift, _rescale_drift, _kick],
-                  vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+declare_overloads([_thermostat, _rescale, _scale_kick_drift, _rescale_drift, _kick],)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,30 +287,24 @@ declare_overloads([_thermostat, _rescale, _scale_kick_drift, _rescale_drift, _ki
 
 def _draws(dyn: Any, batch: Batch) -> tuple[int, torch.Tensor]:
     """The seed as a Warp int and this device's draw counter (advanced after each use)."""
-    from alchemi_integrators.warp_kernels import warp_seed
-
     return warp_seed(dyn.random_seed), dyn.noise_counter(batch.device)
 
 
 def _thermostat_factors(dyn: Any, batch: Batch, kd: torch.Tensor) -> torch.Tensor:
-    from alchemi_integrators.warp_kernels import _active, _typed, advance_counter
-
     seed, counter = _draws(dyn, batch)
     per = dyn.per_system
     scale = scale_buffer(dyn, batch)
     args = (kd, batch.system_id, per("temperature", batch), per("tau_t", batch), dyn.system_dof(batch),
-            per("dt", batch), _active(dyn, batch), seed, counter, _typed(KB, batch), scale)
-    npt_launches(dyn).launch("thermostat", _thermostat, batch.num_graphs, args, batch.device)
-    advance_counter(npt_launches(dyn), "thermostat", counter)
+            per("dt", batch), active_flags(dyn, batch), seed, counter, typed(KB, batch), scale)
+    launches_of(dyn).launch("thermostat", _thermostat, batch.num_graphs, args, batch.device)
+    advance_counter(launches_of(dyn), "thermostat", counter)
     return scale
 
 
 def crescale_pre(dyn: Any, batch: Batch) -> None:
     """``NPTCRescale``'s update before the forces (see the module docstring)."""
-    from alchemi_integrators.warp_kernels import _typed, advance_counter
-
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     dt = dyn.per_system("dt", batch)
     diag, off = parts(dyn, batch)
     launches.launch("parts", kinetic_parts, batch.num_nodes, (v, inv_mass, diag, off), batch.device)
@@ -331,7 +319,7 @@ def crescale_pre(dyn: Any, batch: Batch) -> None:
     grow, shrink = maps(dyn, batch, ("grow", "shrink"))
     args = (kd, ko, batch.system_id, cell, in_dtype(dyn, batch, "stress"), per("temperature", batch),
             per("pressure", batch), per("tau_p", batch), per("compressibility", batch), dt, active, seed, counter,
-            _typed(KB, batch), int(dyn.anisotropic), grow, shrink)
+            typed(KB, batch), int(dyn.anisotropic), grow, shrink)
     launches.launch("rescale", _rescale, batch.num_graphs, args, batch.device)
     advance_counter(launches, "rescale", counter)
     if cell is not batch.cell:
@@ -342,13 +330,11 @@ def crescale_pre(dyn: Any, batch: Batch) -> None:
 
 def crescale_post(dyn: Any, batch: Batch) -> None:
     """``NPTCRescale``'s update after the forces (see the module docstring)."""
-    from alchemi_integrators.warp_kernels import _scale
-
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     diag, off = parts(dyn, batch)
     args = (v, f, inv_mass, system, active, dyn.per_system("dt", batch), diag, off)
     launches.launch("kick", _kick, batch.num_nodes, args, batch.device)
     kd, _ = kinetic_sums(dyn, batch, diag, off)
     scale = _thermostat_factors(dyn, batch, kd)
-    launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)
+    launches.launch("scale", scale_by_system, batch.num_nodes, (v, system, scale), batch.device)

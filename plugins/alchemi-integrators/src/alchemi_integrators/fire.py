@@ -39,7 +39,8 @@ atoms, as ASE's ``FrechetCellFilter`` / ``UnitCellFilter`` under an ASE optimise
 :mod:`alchemi_integrators.cell_filter`): the cell's three rows of degrees of freedom take part in
 the power, the mixing and the step cap like three more atoms, with the system's mean atomic mass,
 and ``scalar_pressure`` (eV/Å³; a number, ``[B]`` tensor or field name) is the target pressure.
-Its step needs the model's stress, and runs on the torch backend. An ``fmax`` criterion of the
+Its step needs the model's stress; the filter's coordinates (the atoms and the cell's rows) take
+the same Warp step as atoms do without a filter. An ``fmax`` criterion of the
 convergence hook then counts the filter's forces (atoms' and cell's), ASE's criterion: the hook
 is given a copy that reads :data:`~alchemi_integrators.cell_filter.CELL_FILTER_FMAX` instead.
 
@@ -58,7 +59,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 import torch
@@ -66,6 +67,7 @@ import torch
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import ACCELERATION
+from alchemi_integrators import warp_kernels
 from alchemi_integrators.base import Integrator
 from alchemi_integrators.cell_filter import (
     CELL_DOF,
@@ -87,14 +89,32 @@ FIRE_STEPS = "fire_steps"
 
 MAXSTEP_SCOPES = ("atom", "system")
 
-#: Per-system coefficient columns of one step: v' = A_V v + A_F F + A_KICK F/m; dx = B_V v' + B_OLD v.
-A_V, A_F, A_KICK, B_V, B_OLD, CAP = range(6)
+
+
+class FilterRows(NamedTuple):
+    """A cell filter's coordinates as ``[V + 3B, 3]`` rows (the atoms, then each system's three
+    cell rows) for FIRE's Warp step, and views of their two parts."""
+
+    x: torch.Tensor
+    v: torch.Tensor
+    f: torch.Tensor
+    inv_mass: torch.Tensor
+    system: torch.Tensor
+    powers: torch.Tensor
+    atom_powers: torch.Tensor
+    cell_powers: torch.Tensor
+    cell_system: torch.Tensor
+    atom_steps: torch.Tensor
+    cell_steps: torch.Tensor
+    atom_velocities: torch.Tensor
+    cell_velocities: torch.Tensor
+    atom_forces: torch.Tensor
+    cell_forces: torch.Tensor
 
 
 class _FireBase(Integrator):
     """What FIRE and FIRE2 share: state fields, reductions, the per-atom update and the cap."""
 
-    cpu_backend = "warp"
     #: FIRE 2.0's rules (delay, minimum dt, half step back) instead of the original FIRE's.
     uses_fire2 = False
 
@@ -144,16 +164,11 @@ class _FireBase(Integrator):
                     "pass cell_filter='frechet' or 'unit'"
                 )
             return
-        if self.backend == "warp":
-            raise ConfigurationError(f"{type(self).__name__}(cell_filter=...) runs on backend='torch' or 'auto'")
         self.cell_filter = CellFilter(cell_filter, **filter_options)
         self.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
         self.needs_stress = self.moves_cell = True
         if self.convergence_hook is not None:
             self.convergence_hook = _count_cell_forces(self.convergence_hook)
-
-    def _choose_backend(self, device: torch.device) -> str:
-        return "torch" if self.cell_filter is not None else super()._choose_backend(device)
 
     def _check_step_bounds(self) -> None:
         """``dt_min <= dt <= dt_max`` where the values are known now (numbers or tensors)."""
@@ -211,146 +226,67 @@ class _FireBase(Integrator):
         return self.cell_filter is None
 
     # ------------------------------------------------------------------ the step
-    def powers(self, batch: Batch, forces: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, 3]`` per system: ``F . v``, ``v . v`` and ``F . F`` summed over its atoms."""
-        v, f = batch.velocities, batch.forces if forces is None else forces
-        per_atom = self.work.get("fire_products", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
-        torch.sum(f * v, dim=-1, out=per_atom[:, 0])
-        torch.sum(v * v, dim=-1, out=per_atom[:, 1])
-        torch.sum(f * f, dim=-1, out=per_atom[:, 2])
-        sums = self.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), v.dtype, v.device)
-        return sums.zero_().index_add_(0, batch.batch_idx, per_atom)
-
-    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        """Advance the per-system state; return ``[B, 6]`` step coefficients (columns A_V...CAP)."""
-        raise NotImplementedError
-
-    def _step_coefficients(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        coeff = self.system_update(batch, sums)
-        active = self.context.system_mask
-        if active is not None:
-            # Systems of other stages: v' = v and dx = 0 (their state was left as it was).
-            # fill_ passes the value as a kernel argument: an indexed assignment of a Python
-            # number copies a CPU tensor to the device, which a CUDA graph capture refuses.
-            still = torch.zeros_like(coeff[0])
-            still.narrow(0, A_V, 1).fill_(1.0)
-            coeff = torch.where(active.unsqueeze(-1), coeff, still)
-        return coeff
-
-    def torch_pre_update(self, batch: Batch) -> None:
-        if self.cell_filter is not None:
-            self._cell_step(batch)
+    def pre_update(self, batch: Batch) -> None:
+        if self.cell_filter is None:
+            warp_kernels.fire_pre(self, batch)
             return
-        coeff = self._step_coefficients(batch, self.powers(batch))
-        c = self.to_atoms(batch, coeff, "fire_coeff")
-        v, f, x = batch.velocities, batch.forces, batch.positions
-        dx = self.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
-        torch.mul(v, c[:, B_OLD : B_OLD + 1], out=dx)
-        v.mul_(c[:, A_V : A_V + 1]).addcmul_(f, c[:, A_F : A_F + 1])
-        v.addcmul_(f, c[:, A_KICK : A_KICK + 1] * self.inv_mass)
-        dx.addcmul_(v, c[:, B_V : B_V + 1])
-        self._cap(batch, dx, c[:, CAP : CAP + 1])
-        x.add_(dx)
+        # The filter's coordinates (atoms, then three cell rows per system) take the same Warp
+        # step from zero, so afterwards they hold the step, which the filter maps back.
+        rows = self._filter_rows(batch)
+        self._filter_forces(batch, rows.atom_forces, rows.cell_forces)
+        cell_velocity = getattr(batch, CELL_VELOCITY).view(-1, 3)
+        rows.atom_velocities.copy_(batch.velocities)
+        rows.cell_velocities.copy_(cell_velocity)
+        rows.x.zero_()
+        warp_kernels.fire_pre(self, batch, rows)
+        batch.velocities.copy_(rows.atom_velocities)
+        cell_velocity.copy_(rows.cell_velocities)
+        self.cell_filter.move(batch, rows.atom_steps, rows.cell_steps.view(-1, 3, 3), self.context.system_mask)
 
-    def _cap(self, batch: Batch, dx: torch.Tensor, cap: torch.Tensor) -> None:
-        """Scale ``dx`` in place so it respects ``maxstep`` (see the module docstring)."""
-        if self.maxstep_scope == "atom":
-            norm = torch.linalg.vector_norm(dx, dim=-1, keepdim=True)
-        else:
-            sq = (dx * dx).sum(-1)
-            per_sys = torch.zeros(batch.num_graphs, dtype=dx.dtype, device=dx.device).index_add_(0, batch.batch_idx, sq)
-            norm = per_sys.sqrt().index_select(0, batch.batch_idx).unsqueeze(-1)
-        dx.mul_(torch.clamp(cap / norm.clamp(min=torch.finfo(dx.dtype).tiny), max=1.0))
-
-    def torch_post_update(self, batch: Batch) -> None:
+    def post_update(self, batch: Batch) -> None:
         # The whole step is in pre_update: it uses the forces of the current positions. With a
         # cell filter, the filter's fmax of the new positions is computed here, for the
         # convergence check that follows.
-        if self.cell_filter is not None:
-            self._filter_forces(batch, with_fmax=True)
-
-    # ------------------------------------------------------------------ cell filter
-    def _filter_forces(self, batch: Batch, with_fmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Atom forces in the undeformed frame ``[V, 3]`` and cell forces ``[B, 3, 3]`` of the
-        current positions, cell and stress; with ``with_fmax``, also the filter's fmax of them
-        (only the one after the forward is read, by the checks).
-
-        Computed afresh at every call, in pre_update and again in post_update: reusing the
-        previous post_update's values behind a host-side test made a replayed CUDA graph part
-        from the eager step (seen on an H200), and the cost is a few small kernels."""
-        assert self.cell_filter is not None
+        if self.cell_filter is None:
+            return
         dtype, dev = batch.positions.dtype, batch.device
         atom = self.work.get("filter_atom_forces", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
         cell = self.work.get("filter_cell_forces", batch.num_graphs, batch.system_capacity, (3, 3), dtype, dev)
-        _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom)
-        cell.copy_(cell_forces)
-        if with_fmax:
-            self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
-        return atom, cell
+        self._filter_forces(batch, atom, cell.view(-1, 3))
+        self.cell_filter.fmax(batch, atom, cell, getattr(batch, CELL_FILTER_FMAX))
+
+    # ------------------------------------------------------------------ cell filter
+    def _filter_forces(self, batch: Batch, atom_out: torch.Tensor, cell_out: torch.Tensor) -> None:
+        """Atom forces in the undeformed frame into ``atom_out`` ``[V, 3]`` and cell forces into
+        ``cell_out`` ``[3B, 3]``, of the current positions, cell and stress.
+
+        Computed afresh at every call, in pre_update and again in post_update: reusing the
+        previous post_update's values behind a host-side test made a replayed CUDA graph part
+        from the eager step, and the cost is a few small kernels."""
+        assert self.cell_filter is not None
+        _, cell_forces = self.cell_filter.forces(batch, self.per_system("scalar_pressure", batch), atom_out)
+        cell_out.copy_(cell_forces.reshape(-1, 3))
 
     def _cell_inv_mass(self, batch: Batch) -> torch.Tensor:
-        """``[B, 1, 1]`` acceleration per unit force of the cell rows: the system's mean atomic mass."""
+        """``[B]`` acceleration per unit force of the cell rows: the system's mean atomic mass."""
+        m = batch.atomic_masses
+        total = torch.zeros(batch.num_graphs, dtype=m.dtype, device=m.device).index_add_(0, batch.batch_idx, m)
+        mean = total / batch.node_counts.to(m.dtype).clamp(min=1)
+        return (ACCELERATION / mean).to(batch.positions.dtype)
 
-        def build() -> torch.Tensor:
-            m = batch.atomic_masses
-            total = torch.zeros(batch.num_graphs, dtype=m.dtype, device=m.device).index_add_(0, batch.batch_idx, m)
-            mean = total / batch.node_counts.to(m.dtype).clamp(min=1)
-            return (ACCELERATION / mean).to(batch.positions.dtype).view(-1, 1, 1)
+    def _filter_rows(self, batch: Batch) -> FilterRows:
+        """The filter's coordinates as rows: buffers kept while the batch's systems stay."""
 
-        return self.cached("cell_inv_mass", batch, build, reads_fields=False, masks=False)
+        def build() -> FilterRows:
+            n, b = batch.num_nodes, batch.num_graphs
+            dtype, dev = batch.positions.dtype, batch.device
+            x, v, f, powers = (torch.empty(n + 3 * b, 3, dtype=dtype, device=dev) for _ in range(4))
+            cell_system = torch.arange(b, device=dev).repeat_interleave(3)
+            inv_mass = torch.cat([self.inv_mass.view(-1), self._cell_inv_mass(batch).repeat_interleave(3)])
+            return FilterRows(x, v, f, inv_mass, torch.cat([batch.batch_idx, cell_system]), powers,
+                              powers[:n], powers[n:], cell_system, x[:n], x[n:], v[:n], v[n:], f[:n], f[n:])
 
-    def _cell_step(self, batch: Batch) -> None:
-        assert self.cell_filter is not None
-        f_atoms, f_cell = self._filter_forces(batch)
-        v, vc = batch.velocities, getattr(batch, CELL_VELOCITY)
-        sums = self.powers(batch, forces=f_atoms)
-        sums[:, 0] += (f_cell * vc).sum((1, 2))
-        sums[:, 1] += (vc * vc).sum((1, 2))
-        sums[:, 2] += (f_cell * f_cell).sum((1, 2))
-        coeff = self._step_coefficients(batch, sums)
-        c = self.to_atoms(batch, coeff, "fire_coeff")
-        dx = self.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), v.dtype, v.device)
-        torch.mul(v, c[:, B_OLD : B_OLD + 1], out=dx)
-        v.mul_(c[:, A_V : A_V + 1]).addcmul_(f_atoms, c[:, A_F : A_F + 1])
-        v.addcmul_(f_atoms, c[:, A_KICK : A_KICK + 1] * self.inv_mass)
-        dx.addcmul_(v, c[:, B_V : B_V + 1])
-        cs = coeff.view(-1, 6, 1, 1)
-        d_cell = vc * cs[:, B_OLD]
-        vc.mul_(cs[:, A_V]).addcmul_(f_cell, cs[:, A_F])
-        vc.addcmul_(f_cell, cs[:, A_KICK] * self._cell_inv_mass(batch))
-        d_cell.addcmul_(vc, cs[:, B_V])
-        self._cap_with_cell(batch, dx, d_cell, c[:, CAP : CAP + 1], cs[:, CAP])
-        self.cell_filter.move(batch, dx, d_cell, self.context.system_mask)
-
-    def _cap_with_cell(
-        self, batch: Batch, dx: torch.Tensor, d_cell: torch.Tensor, cap: torch.Tensor, cell_cap: torch.Tensor
-    ) -> None:
-        """The step cap over atoms and cell rows (each row, or each system's whole step)."""
-        tiny = torch.finfo(dx.dtype).tiny
-        if self.maxstep_scope == "atom":
-            norm = torch.linalg.vector_norm(dx, dim=-1, keepdim=True)
-            dx.mul_(torch.clamp(cap / norm.clamp(min=tiny), max=1.0))
-            cell_norm = torch.linalg.vector_norm(d_cell, dim=-1, keepdim=True)
-            d_cell.mul_(torch.clamp(cell_cap / cell_norm.clamp(min=tiny), max=1.0))
-            return
-        sq = torch.zeros(batch.num_graphs, dtype=dx.dtype, device=dx.device).index_add_(
-            0, batch.batch_idx, (dx * dx).sum(-1)
-        )
-        sq.add_((d_cell * d_cell).sum((1, 2)))
-        scale = torch.clamp(cell_cap.view(-1) / sq.sqrt().clamp(min=tiny), max=1.0)
-        dx.mul_(scale.index_select(0, batch.batch_idx).unsqueeze(-1))
-        d_cell.mul_(scale.view(-1, 1, 1))
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        self.warp_kernels.fire_pre(self, batch)
-
-    def warp_post_update(self, batch: Batch) -> None:
-        return None
-
-    # ------------------------------------------------------------------ helpers
-    def _parameter_values(self, batch: Batch) -> dict[str, float | torch.Tensor]:
-        """Every parameter but dt (whose per-system value is state) as a number or ``[B]`` values."""
-        return {name: self.values(name, batch) for name in self.parameters if name != "dt"}
+        return self.cached("filter_rows", batch, build, reads_fields=False, masks=False)
 
     def _state(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (
@@ -359,19 +295,6 @@ class _FireBase(Integrator):
             getattr(batch, FIRE_POSITIVE_STEPS),
             getattr(batch, FIRE_STEPS),
         )
-
-    def _keep_inactive(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-        """``new`` where this stage integrates the system, else ``old``."""
-        mask = self.context.system_mask
-        return new if mask is None else torch.where(mask, new, old)
-
-    @staticmethod
-    def _steer(sums: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-        """``a |v| / |F|`` per system (0 where F = 0): the weight of F in the velocity mixing."""
-        vv, ff = sums[:, 1], sums[:, 2]
-        ratio = torch.where(ff > 0, vv / torch.where(ff > 0, ff, 1.0), 0.0)
-        return alpha * ratio.sqrt()
-
 
 class FIRE(_FireBase):
     """FIRE as in ASE (see the module docstring).
@@ -390,7 +313,7 @@ class FIRE(_FireBase):
         maxstep_scope: ``"atom"`` or ``"system"`` (ASE's).
         **kwargs: The cell filter's options (``cell_filter``, ``scalar_pressure``,
             ``hydrostatic_strain``, ``constant_volume``, ``mask``, ``cell_factor``: see the module
-            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`), ``backend`` and
+            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`) and
             ``BaseDynamics``'s arguments (``convergence_hook``, ...).
 
     Every parameter except ``maxstep_scope`` is a number, a ``[B]`` tensor or a field name.
@@ -420,32 +343,6 @@ class FIRE(_FireBase):
             f_inc=f_inc, f_dec=f_dec, alpha_start=alpha_start, f_alpha=f_alpha, **kwargs,
         )
 
-    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        p = self._parameter_values(batch)
-        dt, alpha, positive_steps, steps = self._state(batch)
-        first = positive_steps < 0
-        uphill_or_first = sums[:, 0] <= 0
-        downhill = ~uphill_or_first & ~first
-        grow = downhill & (positive_steps > p["n_min"])
-        keep = downhill | first
-        grown = torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"]))
-        new_dt = torch.where(grow, grown, torch.where(keep, dt, dt * p["f_dec"]))
-        reset = _full_like(alpha, p["alpha_start"])
-        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(keep, alpha, reset))
-        coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
-        coeff[:, A_V] = torch.where(downhill, 1.0 - alpha, first.to(dt.dtype))
-        coeff[:, A_F] = torch.where(downhill, self._steer(sums, alpha), 0.0)
-        coeff[:, A_KICK] = new_dt
-        coeff[:, B_V] = new_dt
-        coeff[:, B_OLD] = 0.0
-        coeff[:, CAP] = p["maxstep"]
-        dt.copy_(self._keep_inactive(new_dt, dt))
-        alpha.copy_(self._keep_inactive(new_alpha, alpha))
-        positive_steps.copy_(self._keep_inactive(torch.where(downhill, positive_steps + 1, 0), positive_steps))
-        steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
-        return coeff
-
-
 class FIRE2(_FireBase):
     """FIRE 2.0 (see the module docstring); defaults are the paper's recommended values (LAMMPS's too).
 
@@ -466,7 +363,7 @@ class FIRE2(_FireBase):
         maxstep_scope: ``"atom"`` or ``"system"``.
         **kwargs: The cell filter's options (``cell_filter``, ``scalar_pressure``,
             ``hydrostatic_strain``, ``constant_volume``, ``mask``, ``cell_factor``: see the module
-            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`), ``backend`` and
+            docstring and :class:`~alchemi_integrators.cell_filter.CellFilter`) and
             ``BaseDynamics``'s arguments (``convergence_hook``, ...).
     """
 
@@ -504,40 +401,6 @@ class FIRE2(_FireBase):
         self.initial_delay = bool(initial_delay)
         self.half_step_back = bool(half_step_back)
 
-    def system_update(self, batch: Batch, sums: torch.Tensor) -> torch.Tensor:
-        p = self._parameter_values(batch)
-        dt, alpha, positive_steps, steps = self._state(batch)
-        downhill = sums[:, 0] > 0
-        new_positive = torch.where(downhill, positive_steps + 1, 0)
-        grow = downhill & (new_positive > p["n_delay"])
-        cut = ~downhill
-        if self.initial_delay:
-            cut = cut & (steps + 1 >= p["n_delay"])
-        cut_dt = dt * p["f_dec"]
-        new_dt = torch.where(
-            grow,
-            torch.minimum(dt * p["f_inc"], _full_like(dt, p["dt_max"])),
-            torch.where(cut & (cut_dt >= p["dt_min"]), cut_dt, dt),
-        )
-        reset = _full_like(alpha, p["alpha_start"])
-        new_alpha = torch.where(grow, alpha * p["f_alpha"], torch.where(cut, reset, alpha))
-        mix = torch.where(downhill, 1.0 - alpha, 1.0)
-        coeff = self.work.get("fire_sys", batch.num_graphs, batch.system_capacity, (6,), dt.dtype, dt.device)
-        # v' = mix (v + dt F/m) + steer F when downhill; v' = dt F/m (from rest) when not.
-        coeff[:, A_V] = torch.where(downhill, mix, 0.0)
-        coeff[:, A_F] = torch.where(downhill, self._steer(sums, alpha), 0.0)
-        coeff[:, A_KICK] = mix * new_dt
-        coeff[:, B_V] = new_dt
-        coeff[:, B_OLD] = torch.where(downhill, 0.0, -0.5 * new_dt) if self.half_step_back else 0.0
-        coeff[:, CAP] = p["maxstep"]
-        dt.copy_(self._keep_inactive(new_dt, dt))
-        alpha.copy_(self._keep_inactive(new_alpha, alpha))
-        positive_steps.copy_(self._keep_inactive(new_positive, positive_steps))
-        steps.add_(1 if self.context.system_mask is None else self.context.system_mask.to(steps.dtype))
-        return coeff
-
-
-
 def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
     """A copy of ``hook`` whose ``fmax`` criteria read the cell filter's fmax (atoms and cell)."""
     criteria = [attrs.evolve(c, key=CELL_FILTER_FMAX) if c.key == "fmax" else c for c in hook.criteria]
@@ -547,10 +410,6 @@ def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
         criteria=criteria, source_status=hook.source_status, target_status=hook.target_status,
         frequency=hook.frequency,
     )
-
-
-def _full_like(t: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:
-    return torch.full_like(t, value) if isinstance(value, float) else value
 
 
 def _known_values(param: Any) -> torch.Tensor | None:

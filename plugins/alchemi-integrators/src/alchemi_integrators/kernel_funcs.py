@@ -1,24 +1,56 @@
 """What the integrators' Warp kernels share (:mod:`~alchemi_integrators.warp_kernels`,
-:mod:`~alchemi_integrators.npt_common`): the
-half-kick, the idle-system test, the per-atom Gaussian draws, a Nose-Hoover chain's half step, and
-:func:`declare_overloads`, which types their generic arguments."""
+:mod:`~alchemi_integrators.npt_common`): the half-kick, the idle-system test, the per-atom
+Gaussian draws, a Nose-Hoover chain's half step, :func:`declare_overloads`, which types their
+generic arguments, and :class:`Launches`, which passes tensors to them by argument name."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 import warp as wp
 
+from alchemi_core.warp_runtime import RecordedLaunches, warp
+
 #: Arguments that hold a vector per atom or system (``wp.vec3``), by name.
-VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers"})
+VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers", "values", "partial",
+                         "totals", "diag", "off", "kd", "ko"})
 #: Arguments that hold rows of scalars per system (``wp.array2d``), by name.
-ARRAY2D_ARGS = frozenset({"xi", "vxi", "coeff"})
+ARRAY2D_ARGS = frozenset({"xi", "vxi", "coeff", "bxi", "bvxi"})
+#: Arguments that hold a 3x3 matrix per system (``wp.mat33``), by name.
+MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry", "shrink"})
+
+
+class Launches(RecordedLaunches):
+    """Core's recorded launches, with this package's ``[N, 3]`` arguments (:data:`VECTOR_ARGS`) as
+    vec3 arrays and ``[B, 3, 3]`` ones (:data:`MATRIX_ARGS`) as mat33 arrays.
+
+    Example:
+        >>> launches = Launches()
+    """
+
+    def __init__(self) -> None:
+        super().__init__(vector_args=VECTOR_ARGS)
+
+    def _to_warp(self, label: str, value: Any) -> Any:
+        if label in MATRIX_ARGS and isinstance(value, torch.Tensor):
+            dtype = {torch.float32: wp.mat33f, torch.float64: wp.mat33d}[value.dtype]
+            return warp().from_torch(value, dtype=dtype)
+        return super()._to_warp(label, value)
+
+
+def launches_of(dyn: Any) -> Launches:
+    """The integrator's recorded launches (made on first use)."""
+    recorded = getattr(dyn, "_warp_launches", None)
+    if recorded is None:
+        recorded = dyn._warp_launches = Launches()
+    return recorded
 
 
 def declare_overloads(
     kernels: Iterable[Any], vectors: frozenset[str] = VECTOR_ARGS, rows: frozenset[str] = ARRAY2D_ARGS,
-    matrices: frozenset[str] = frozenset(),
+    matrices: frozenset[str] = MATRIX_ARGS,
 ) -> None:
     """Declare each kernel for float32 and float64 together, so its module compiles once (and is
     cached by Warp) instead of once per dtype met at run time: a generic scalar becomes the

@@ -1,10 +1,10 @@
-"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``, ``backend="warp"``).
+"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``).
 
-The torch path of :class:`~alchemi_integrators.npt.NPTMTK` is about two hundred small operations
-a step: 3x3 exponentials of every system's strain rate as batched matrix products, the kinetic
-tensor as an ``index_add_`` of per-atom outer products (one address per system and component, so
-the atoms of a large system queue on it), and each atom's rows times its system's matrix through
-a per-atom copy of the matrix. Here a step is two kernels per system and four per atom:
+Specialised kernels: the step as generic torch operations is about two hundred small operations
+(3x3 exponentials of every system's strain rate as batched matrix products, the kinetic tensor as
+an ``index_add_`` of per-atom outer products, one address per system and component, so the atoms
+of a large system queue on it, and each atom's rows times its system's matrix through a per-atom
+copy of the matrix). Here a step is two kernels per system and four per atom:
 
 * before the forces: each atom's share of the kinetic tensor ``sum_i m_i v_i v_i^T`` (two vec3
   per atom: the diagonal and ``xy, xz, yz``), summed per system by
@@ -16,15 +16,14 @@ a per-atom copy of the matrix. Here a step is two kernels per system and four pe
   atom kicks and writes its kinetic-tensor share, the sums, one per system kicks the strain rate
   and walks the chains, and one per atom scales the velocities by the particle chain.
 
-The arithmetic is the torch path's, in the same order (:mod:`~alchemi_integrators.npt_common`),
-so both backends agree to rounding. Systems another stage integrates are left untouched. Nothing
+The arithmetic is the test oracle's, in the same order (:mod:`~alchemi_integrators.npt_common`),
+so both agree to rounding. Systems another stage integrates are left untouched. Nothing
 is read back and every buffer lives in the integrator's workspace, so a step replays in a CUDA
 graph, and a CPU replays recorded launches.
 
 Example:
     >>> from alchemi_core import registry
-    >>> npt = registry.build("integrator:npt-mtk", model=model, dt=5.0, temperature=50.0,
-    ...                      backend="warp")  # doctest: +SKIP
+    >>> npt = registry.build("integrator:npt-mtk", model=model, dt=5.0, temperature=50.0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -35,12 +34,13 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators.kernel_funcs import chain_walk, declare_overloads, idle
+from alchemi_integrators.kernel_funcs import chain_walk, declare_overloads, idle, launches_of
 from alchemi_integrators.npt_common import (
-    MATRIX_ARGS,
-    ROWS_ARGS,
-    VECTORS,
-    atom_args,
+    BAROSTAT_CHAIN_POSITIONS,
+    BAROSTAT_CHAIN_VELOCITIES,
+    CELL_STRAIN_RATE,
+    THERMOSTAT_POSITIONS,
+    THERMOSTAT_VELOCITIES,
     expm3,
     eye3,
     in_dtype,
@@ -50,20 +50,13 @@ from alchemi_integrators.npt_common import (
     kinetic_tensor,
     maps,
     matmul3,
-    npt_launches,
     parts,
     phi1_3,
     scale_buffer,
     trace3,
     volume3,
 )
-from alchemi_integrators.npt_fields import (
-    BAROSTAT_CHAIN_POSITIONS,
-    BAROSTAT_CHAIN_VELOCITIES,
-    CELL_STRAIN_RATE,
-    THERMOSTAT_POSITIONS,
-    THERMOSTAT_VELOCITIES,
-)
+from alchemi_integrators.warp_kernels import active_flags, common, scale_by_system, typed
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -76,7 +69,7 @@ if TYPE_CHECKING:
 @wp.func
 def _kick_cell(g: Any, k: Any, cell: Any, stress: Any, p_ext: Any, nf: Any, mass: Any, h: Any, anisotropic: wp.int32):
     # g += h G / W, G = V (k / V - sigma - p I) + (tr k / N_f) I, projected on symmetric or
-    # isotropic strains (NPTMTK._kick_cell).
+    # isotropic strains (the test oracle's _kick_cell).
     eye = eye3(g)
     volume = volume3(cell)
     force = (k / volume - stress - eye * p_ext) * volume + eye * (trace3(k) / nf)
@@ -89,7 +82,7 @@ def _kick_cell(g: Any, k: Any, cell: Any, stress: Any, p_ext: Any, nf: Any, mass
 
 @wp.func
 def _kick_maps(g: Any, nf: Any, h: Any):
-    # v <- v exp(-B h) + (F/m) h phi1(-B h), B = g + tr(g)/N_f I (NPTMTK._kick_atoms).
+    # v <- v exp(-B h) + (F/m) h phi1(-B h), B = g + tr(g)/N_f I (the test oracle's _kick_atoms).
     damp = -(g + eye3(g) * (trace3(g) / nf)) * h
     return expm3(damp), phi1_3(damp) * h
 
@@ -248,8 +241,7 @@ def _kick_parts(
     off[i] = o
 
 
-declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],
-                  vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,8 +250,6 @@ declare_overloads([_system_update, _pre_atoms, _kick_system, _kick_parts],
 
 
 def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cell: torch.Tensor) -> tuple[Any, ...]:
-    from alchemi_integrators.warp_kernels import _active, _typed
-
     per = dyn.per_system
     dtype = batch.positions.dtype
     weights = dyn.cached("npt_weights", batch,
@@ -270,15 +260,15 @@ def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cel
         getattr(batch, THERMOSTAT_POSITIONS), getattr(batch, THERMOSTAT_VELOCITIES),
         getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
         per("temperature", batch), per("pressure", batch), per("tau_t", batch), per("tau_p", batch),
-        dyn.system_dof(batch), per("dt", batch), _active(dyn, batch), weights, dyn.chain_steps,
-        _typed(dyn.cell_dof, batch), _typed(KB, batch), int(dyn.anisotropic),
+        dyn.system_dof(batch), per("dt", batch), active_flags(dyn, batch), weights, dyn.chain_steps,
+        typed(dyn.cell_dof, batch), typed(KB, batch), int(dyn.anisotropic),
     )
 
 
 def mtk_pre(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update before the forces (see the module docstring)."""
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     diag, off = parts(dyn, batch)
     launches.launch("parts", kinetic_parts, batch.num_nodes, (v, inv_mass, diag, off), batch.device)
     kd, ko = kinetic_sums(dyn, batch, diag, off)
@@ -294,10 +284,8 @@ def mtk_pre(dyn: Any, batch: Batch) -> None:
 
 def mtk_post(dyn: Any, batch: Batch) -> None:
     """``NPTMTK``'s update after the forces (see the module docstring)."""
-    from alchemi_integrators.warp_kernels import _scale
-
-    launches = npt_launches(dyn)
-    v, f, inv_mass, system, active = atom_args(dyn, batch)
+    launches = launches_of(dyn)
+    _, v, f, inv_mass, system, _, active = common(dyn, batch)
     kick, push, grow, carry = maps(dyn, batch, ("kick", "push", "grow", "carry"))
     g = getattr(batch, CELL_STRAIN_RATE)
     args = (g, dyn.system_dof(batch), dyn.per_system("dt", batch), active, kick, push)
@@ -310,4 +298,4 @@ def mtk_post(dyn: Any, batch: Batch) -> None:
     args = (*_system_args(dyn, batch, kd, ko, in_dtype(dyn, batch, "cell")), 0, kick, push, grow, carry, scale)
     launches.launch("post_system", _system_update, batch.num_graphs, args, batch.device)
     # The velocity scaling of Nose-Hoover NVT's second half (warp_kernels' kernel).
-    launches.launch("scale", _scale, batch.num_nodes, (v, system, scale), batch.device)
+    launches.launch("scale", scale_by_system, batch.num_nodes, (v, system, scale), batch.device)

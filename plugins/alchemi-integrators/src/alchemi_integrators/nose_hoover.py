@@ -34,10 +34,10 @@ import torch
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import KB
+from alchemi_integrators import warp_kernels
 from alchemi_integrators.base import MDIntegrator
 from alchemi_integrators.parameters import ParameterValue
 from alchemi_integrators.thermo import degrees_of_freedom, kinetic_energy
-from alchemi_integrators.verlet import kick, kick_and_drift
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -68,7 +68,7 @@ class NoseHooverChain(MDIntegrator):
         chain_length: Thermostats per chain, M >= 1 (1 is plain Nose-Hoover).
         chain_steps: Sub-steps n_c of each thermostat half-step.
         yoshida_order: Suzuki-Yoshida order of each sub-step: 1, 3 or 5.
-        **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s
+        **kwargs: ``initial_temperature``, ``random_seed`` and ``BaseDynamics``'s
             arguments.
 
     Raises:
@@ -78,7 +78,6 @@ class NoseHooverChain(MDIntegrator):
     #: Keeps each system's centre of mass at rest (loggers count 3N - 3 degrees of freedom).
     conserves_momentum = True
 
-    cpu_backend = "warp"
     #: The thermostat state fields, positions then velocities (the Warp kernels read them by name).
     chain_fields = (CHAIN_POSITIONS, CHAIN_VELOCITIES)
 
@@ -146,88 +145,8 @@ class NoseHooverChain(MDIntegrator):
         thermostat_pe = kt * (degrees_of_freedom(batch) * xi[:, 0] + xi[:, 1:].sum(-1))
         return kinetic_energy(batch) + batch.energy.view(-1) + thermostat_ke + thermostat_pe
 
-    def _half_step_chain(self, batch: Batch) -> torch.Tensor:
-        """Advance the chains by dt/2 and return ``[B]`` factors to scale velocities by."""
-        dt = self.per_system("dt", batch)
-        active = self.active(batch)
-        half = 0.5 * dt if active is None else 0.5 * dt * active  # 0: the chain stays put
-        kt = self.per_system("temperature", batch) * KB
-        return nhc_half_step(
-            kinetic_energy(batch),
-            getattr(batch, CHAIN_POSITIONS),
-            getattr(batch, CHAIN_VELOCITIES),
-            self.chain_masses(batch),
-            kt,
-            degrees_of_freedom(batch),
-            half,
-            YOSHIDA_WEIGHTS[self.yoshida_order],
-            self.chain_steps,
-        )
+    def pre_update(self, batch: Batch) -> None:
+        warp_kernels.nose_hoover_pre(self, batch)
 
-    def _scale_velocities(self, batch: Batch, scale: torch.Tensor) -> None:
-        batch.velocities.mul_(self.to_atoms(batch, scale.unsqueeze(-1), "nhc_scale"))
-
-    def torch_pre_update(self, batch: Batch) -> None:
-        self._scale_velocities(batch, self._half_step_chain(batch))
-        kick_and_drift(self, batch)
-
-    def torch_post_update(self, batch: Batch) -> None:
-        kick(self, batch)
-        self._scale_velocities(batch, self._half_step_chain(batch))
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        self.warp_kernels.nose_hoover_pre(self, batch)
-
-    def warp_post_update(self, batch: Batch) -> None:
-        self.warp_kernels.nose_hoover_post(self, batch)
-
-
-def nhc_half_step(
-    ke: torch.Tensor,
-    xi: torch.Tensor,
-    vxi: torch.Tensor,
-    q: torch.Tensor,
-    kt: torch.Tensor,
-    nf: torch.Tensor,
-    half_dt: torch.Tensor,
-    weights: tuple[float, ...],
-    chain_steps: int,
-) -> torch.Tensor:
-    """Integrate ``[B, M]`` chains over ``half_dt`` ``[B]`` in place; return the velocity scale.
-
-    Each sub-step of length h (``w half_dt / chain_steps``) is the symmetric Trotter factorisation
-    of MTK 1996: the last thermostat's velocity gets h/2 of its force, each lower one is scaled
-    by exp(-h/4 v_{j+1}), kicked by h/2 of its force and scaled again, the particle velocities are
-    scaled by exp(-h v_1), the positions move by h v_j, and the same updates run back up the chain.
-    The kinetic energy is updated through the scale factor, so no reduction over atoms is needed.
-    """
-    m = xi.shape[1]
-    scale = torch.ones_like(ke)
-    ke = ke.clone()
-
-    def force(j: int) -> torch.Tensor:
-        if j == 0:
-            return (2.0 * ke - nf * kt) / q[:, 0]
-        return (q[:, j - 1] * vxi[:, j - 1] ** 2 - kt) / q[:, j]
-
-    def kick(j: int, h: torch.Tensor) -> None:
-        if j + 1 < m:
-            damp = torch.exp(-0.25 * h * vxi[:, j + 1])
-            vxi[:, j] *= damp
-            vxi[:, j] += 0.5 * h * force(j)
-            vxi[:, j] *= damp
-        else:
-            vxi[:, j] += 0.5 * h * force(j)
-
-    for _ in range(chain_steps):
-        for w in weights:
-            h = half_dt * (w / chain_steps)
-            for j in reversed(range(m)):
-                kick(j, h)
-            s = torch.exp(-h * vxi[:, 0])
-            scale *= s
-            ke *= s * s
-            xi += h.unsqueeze(-1) * vxi
-            for j in range(m):
-                kick(j, h)
-    return scale
+    def post_update(self, batch: Batch) -> None:
+        warp_kernels.nose_hoover_post(self, batch)

@@ -57,10 +57,11 @@ import torch
 
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
-from alchemi_integrators.base import MDIntegrator, warp_available
-from alchemi_integrators.cell_math import det3, expm, phi1, sym
-from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS, nhc_half_step
-from alchemi_integrators.npt_fields import (
+from alchemi_integrators import crescale_kernels, mtk_kernels
+from alchemi_integrators.base import MDIntegrator
+from alchemi_integrators.cell_math import det3
+from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS
+from alchemi_integrators.npt_common import (
     BAROSTAT_CHAIN_POSITIONS,
     BAROSTAT_CHAIN_VELOCITIES,
     CELL_STRAIN_RATE,
@@ -107,12 +108,6 @@ class _NPTBase(MDIntegrator):
         super().setup(batch)
 
     # ------------------------------------------------------------------ helpers
-    def _step_sizes(self, batch: Batch, fraction: float) -> torch.Tensor:
-        """``[B]`` ``fraction * dt``, 0 for systems this stage does not integrate now."""
-        h = self.per_system("dt", batch) * fraction
-        active = self.active(batch)
-        return h if active is None else h * active
-
     def kt(self, batch: Batch) -> torch.Tensor:
         return self.per_system("temperature", batch) * KB
 
@@ -136,24 +131,6 @@ class _NPTBase(MDIntegrator):
         stress = batch.stress.to(batch.positions.dtype)
         return self.kinetic_tensor(batch) / self.volume(batch).view(-1, 1, 1) - stress
 
-    def _project(self, g: torch.Tensor) -> torch.Tensor:
-        """The part of a ``[B, 3, 3]`` cell force the cell follows: symmetric, or isotropic."""
-        if self.anisotropic:
-            return sym(g)
-        eye = torch.eye(3, dtype=g.dtype, device=g.device)
-        return g.diagonal(dim1=-2, dim2=-1).mean(-1).view(-1, 1, 1) * eye
-
-    def _rows_times(self, batch: Batch, rows: torch.Tensor, mats: torch.Tensor, name: str) -> torch.Tensor:
-        """``rows[i] @ mats[system of i]`` for ``[V, 3]`` rows and ``[B, 3, 3]`` matrices."""
-        per_atom = self.to_atoms(batch, mats.reshape(-1, 9), name).view(-1, 3, 3)
-        return torch.bmm(rows.unsqueeze(1), per_atom).squeeze(1)
-
-    def _scale_velocities(self, batch: Batch, scale: torch.Tensor) -> None:
-        batch.velocities.mul_(self.to_atoms(batch, scale.unsqueeze(-1), "npt_velocity_scale"))
-
-    def _accelerations(self, batch: Batch) -> torch.Tensor:
-        return batch.forces * self.inv_mass
-
     def system_dof(self, batch: Batch) -> torch.Tensor:
         """``[B]`` degrees of freedom ``3N - 3`` (kept while the batch's systems stay the same)."""
         return self.cached("npt_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False, masks=False)
@@ -174,13 +151,8 @@ class NPTMTK(_NPTBase):
         chain_length: Thermostats per chain (particles and barostat).
         chain_steps: Sub-steps of each chain half-step.
         yoshida_order: Suzuki-Yoshida order of the chain sub-steps: 1, 3 or 5.
-        **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
+        **kwargs: ``initial_temperature``, ``random_seed`` and ``BaseDynamics``'s.
     """
-
-    #: Both backends take the same steps; the Warp one (:mod:`~alchemi_integrators.mtk_kernels`)
-    #: is a handful of kernels a step where the torch one is about two hundred small operations
-    #: (captured on an H100 at 256 x 1024: 0.634 against 4.89 ms a step).
-    cpu_backend = "warp"
 
     def __init__(
         self,
@@ -253,87 +225,15 @@ class NPTMTK(_NPTBase):
             total = total + 0.5 * (q * vxi * vxi).sum(-1) + kt * (dof * xi[:, 0] + xi[:, 1:].sum(-1))
         return total
 
-    # ------------------------------------------------------------------ the step
-    def _chains(self, batch: Batch) -> None:
-        """Both chains over dt/2: the barostat's scales g, the particles' scales v."""
-        kt = self.kt(batch)
-        weights = YOSHIDA_WEIGHTS[self.yoshida_order]
-        g = getattr(batch, CELL_STRAIN_RATE)
-        cell_dof = self.cached("npt_cell_dof", batch, lambda: torch.full_like(kt, self.cell_dof), reads_fields=False)
-        nf = degrees_of_freedom(batch)
-        chains = (
-            ("npt_cell_chain", self._barostat_ke(batch), BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES,
-             "tau_p", cell_dof),
-            ("npt_atom_chain", kinetic_energy(batch), THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES, "tau_t", nf),
-        )
-        half = self._step_sizes(batch, 0.5)
-        scales = [
-            nhc_half_step(ke, getattr(batch, xi), getattr(batch, vxi), self._chain_masses(batch, dof, tau), kt, dof,
-                          half, weights, self.chain_steps)
-            for _, ke, xi, vxi, tau, dof in chains
-        ]
-        g.mul_(scales[0].view(-1, 1, 1))
-        self._scale_velocities(batch, scales[1])
-
-    def _kick_cell(self, batch: Batch) -> None:
-        """``g += dt/2 G / W`` with ``G = V (P - p I) + (2 KE / N_f) I``."""
-        half = self._step_sizes(batch, 0.5)
-        volume = self.volume(batch).view(-1, 1, 1)
-        eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
-        nf = degrees_of_freedom(batch).view(-1, 1, 1)
-        two_ke = 2.0 * kinetic_energy(batch).view(-1, 1, 1)
-        p_ext = self.per_system("pressure", batch).view(-1, 1, 1)
-        force = volume * (self.pressure_tensor(batch) - p_ext * eye) + (two_ke / nf) * eye
-        g = getattr(batch, CELL_STRAIN_RATE)
-        g.add_(self._project(force) * (half / self.barostat_mass(batch)).view(-1, 1, 1))
-
-    def _kick_atoms(self, batch: Batch) -> None:
-        """``v <- exp(-B h) v + h phi1(-B h) F/m`` with ``B = g + tr(g)/N_f I``, h = dt/2."""
-        half = self._step_sizes(batch, 0.5).view(-1, 1, 1)
-        g = getattr(batch, CELL_STRAIN_RATE)
-        eye = torch.eye(3, dtype=g.dtype, device=g.device)
-        trace = g.diagonal(dim1=-2, dim2=-1).sum(-1).view(-1, 1, 1)
-        damp = -(g + trace / degrees_of_freedom(batch).view(-1, 1, 1) * eye) * half
-        v = batch.velocities
-        new_v = self._rows_times(batch, v, expm(damp, squarings=2, order=8), "npt_a")
-        new_v += self._rows_times(batch, self._accelerations(batch), phi1(damp) * half, "npt_b")
-        v.copy_(new_v)
-
-    def _drift(self, batch: Batch) -> None:
-        """``x <- exp(g dt) x + dt phi1(g dt) v``; ``h <- exp(g dt) h`` (as rows: ``x @ exp``)."""
-        dt = self._step_sizes(batch, 1.0).view(-1, 1, 1)
-        strain = getattr(batch, CELL_STRAIN_RATE) * dt
-        grow = expm(strain, squarings=2, order=8)
-        x = batch.positions
-        new_x = self._rows_times(batch, x, grow, "npt_a")
-        new_x += self._rows_times(batch, batch.velocities, phi1(strain) * dt, "npt_b")
-        x.copy_(new_x)
-        batch.cell.copy_((batch.cell.to(grow.dtype) @ grow).to(batch.cell.dtype))
-
-    def torch_pre_update(self, batch: Batch) -> None:
-        self._chains(batch)
-        self._kick_cell(batch)
-        self._kick_atoms(batch)
-        self._drift(batch)
-
-    def torch_post_update(self, batch: Batch) -> None:
-        self._kick_atoms(batch)
-        self._kick_cell(batch)
-        self._chains(batch)
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        from alchemi_integrators import mtk_kernels
-
-        mtk_kernels.mtk_pre(self, batch)
-
-    def warp_post_update(self, batch: Batch) -> None:
-        from alchemi_integrators import mtk_kernels
-
-        mtk_kernels.mtk_post(self, batch)
-
     def yoshida_weights(self) -> tuple[float, ...]:
         """The Suzuki-Yoshida weights of the chains' sub-steps."""
         return YOSHIDA_WEIGHTS[self.yoshida_order]
+
+    def pre_update(self, batch: Batch) -> None:
+        mtk_kernels.mtk_pre(self, batch)
+
+    def post_update(self, batch: Batch) -> None:
+        mtk_kernels.mtk_post(self, batch)
 
 
 class NPTCRescale(_NPTBase):
@@ -350,13 +250,8 @@ class NPTCRescale(_NPTBase):
         compressibility: ``beta_T`` in Å³/eV (default water's 4.5e-5 per bar, 72 Å³/eV; LJ argon at
             50 K is ~60 Å³/eV).
         anisotropic: All six strain components fluctuate (else only the volume).
-        **kwargs: ``initial_temperature``, ``random_seed``, ``backend`` and ``BaseDynamics``'s.
+        **kwargs: ``initial_temperature``, ``random_seed`` and ``BaseDynamics``'s.
     """
-
-    #: The Warp backend (:mod:`~alchemi_integrators.crescale_kernels`) draws its own numbers (one
-    #: chi-squared variate per system where torch draws three normals per atom): the same
-    #: dynamics in distribution, not step by step.
-    cpu_backend = "warp"
 
     def __init__(
         self,
@@ -375,20 +270,6 @@ class NPTCRescale(_NPTBase):
         super().__init__(model, n_steps, dt, temperature, pressure, tau_t, tau_p, anisotropic=anisotropic, **kwargs)
         self.declare("compressibility", compressibility, unit="Å³/eV", low=0.0, low_open=True)
         self._noise_counters: dict[torch.device, torch.Tensor] = {}
-        self._launches: Any = None
-
-    def _normals(self, out: torch.Tensor, name: str) -> None:
-        """Fill ``out`` with N(0, 1) numbers: Warp's counter-based generator when warp-lang is
-        installed (a CUDA graph replays it with fresh numbers), else this integrator's torch
-        generator. Both are seeded by ``random_seed``."""
-        if not warp_available():
-            out.normal_(generator=self.generator(out.device))
-            return
-        from alchemi_integrators import warp_kernels
-
-        if self._launches is None:
-            self._launches = warp_kernels.WarpLaunches()
-        warp_kernels.counter_normals(self._launches, name, out, self.random_seed, self.noise_counter(out.device))
 
     def noise_counter(self, device: torch.device) -> torch.Tensor:
         """This device's draw counter (a device int32 ``[1]``), which keys the Warp draws."""
@@ -410,96 +291,8 @@ class NPTCRescale(_NPTBase):
             for d, n in state.get("noise_counters", {}).items()
         }
 
-    def _noise_weights(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-atom-component weights that pick ``N_f = 3N - 3`` of the ``3N`` normals of each
-        system (all but the first atom's y, z and the second atom's x), and the index of the
-        first atom's x, whose normal is the thermostat's correlated one."""
-
-        def build() -> tuple[torch.Tensor, torch.Tensor]:
-            w = torch.ones(batch.num_nodes, 3, dtype=batch.positions.dtype, device=batch.device)
-            first = batch.batch_ptr[:-1]
-            w[first, 1] = 0.0
-            w[first, 2] = 0.0
-            w[(first + 1).clamp(max=batch.num_nodes - 1), 0] = 0.0
-            return w, first * 3
-
-        return self.cached("csvr_weights", batch, build, reads_fields=False)
-
-    def _thermostat(self, batch: Batch) -> None:
-        """Stochastic velocity rescaling over dt/2: the kinetic energy jumps to a sample of its
-        canonical relaxation (Bussi, Donadio & Parrinello 2007), one factor per system."""
-        half = self._step_sizes(batch, 0.5)
-        c = torch.exp(-half / self.per_system("tau_t", batch))
-        nf = degrees_of_freedom(batch)
-        ke = kinetic_energy(batch)
-        target = 0.5 * nf * self.kt(batch)
-        noise = self.work.get("csvr_noise", batch.num_nodes, batch.node_capacity, (3,), ke.dtype, ke.device)
-        self._normals(noise, "csvr")
-        weights, first = self._noise_weights(batch)
-        chi2 = torch.zeros_like(ke).index_add_(0, batch.batch_idx, (noise * noise * weights).sum(-1))
-        r1 = noise.view(-1).index_select(0, first)
-        safe_ke = ke.clamp(min=torch.finfo(ke.dtype).tiny)
-        new_ke = c * ke + (1.0 - c) * target * chi2 / nf + 2.0 * r1 * torch.sqrt(c * (1.0 - c) * ke * target / nf)
-        alpha = torch.sqrt(new_ke.clamp(min=0.0) / safe_ke)
-        flip = (r1 + torch.sqrt(c * nf * ke / ((1.0 - c).clamp(min=1e-300) * target))) < 0
-        alpha = torch.where(flip, -alpha, alpha)
-        self._scale_velocities(batch, torch.where(ke > 0, alpha, torch.ones_like(alpha)))
-
-    def _rescale(self, batch: Batch) -> None:
-        """One step of the cell's stochastic equation; atoms and cell scale with it."""
-        dt = self._step_sizes(batch, 1.0).view(-1, 1, 1)
-        volume = self.volume(batch).view(-1, 1, 1)
-        kt = self.kt(batch).view(-1, 1, 1)
-        beta = self.per_system("compressibility", batch).view(-1, 1, 1)
-        tau = self.per_system("tau_p", batch).view(-1, 1, 1)
-        eye = torch.eye(3, dtype=volume.dtype, device=volume.device)
-        p_ext = self.per_system("pressure", batch).view(-1, 1, 1)
-        drive = self.pressure_tensor(batch) - p_ext * eye
-        noise = self.work.get("crescale_noise", batch.num_graphs, batch.system_capacity, (3, 3), volume.dtype,
-                              volume.device)
-        self._normals(noise, "crescale")
-        if self.anisotropic:
-            # Per component: mobility beta/(3 tau); sym() of unit normals gives the off-diagonal
-            # strains half the variance of the diagonal ones, as their doubled force requires.
-            d_strain = (beta / (3.0 * tau)) * sym(drive) * dt
-            d_strain = d_strain + torch.sqrt(2.0 * kt * beta * dt / (3.0 * volume * tau)) * sym(noise)
-        else:
-            p_int = drive.diagonal(dim1=-2, dim2=-1).mean(-1).view(-1, 1, 1)
-            d_eps = (beta / tau) * p_int * dt + torch.sqrt(2.0 * kt * beta * dt / (volume * tau)) * noise[:, :1, :1]
-            d_strain = d_eps / 3.0 * eye
-        grow = expm(d_strain, squarings=2, order=8)
-        shrink = expm(-d_strain, squarings=2, order=8)
-        x = batch.positions
-        x.copy_(self._rows_times(batch, x, grow, "npt_a"))
-        v = batch.velocities
-        v.copy_(self._rows_times(batch, v, shrink, "npt_b"))
-        batch.cell.copy_((batch.cell.to(grow.dtype) @ grow).to(batch.cell.dtype))
-
-    def _half_drift(self, batch: Batch) -> None:
-        half = self.to_atoms(batch, self._step_sizes(batch, 0.5).unsqueeze(-1), "npt_half")
-        batch.positions.addcmul_(batch.velocities, half)
-
-    def _half_kick(self, batch: Batch) -> None:
-        half = self.to_atoms(batch, self._step_sizes(batch, 0.5).unsqueeze(-1), "npt_half")
-        batch.velocities.addcmul_(self._accelerations(batch), half)
-
-    def torch_pre_update(self, batch: Batch) -> None:
-        self._thermostat(batch)
-        self._half_kick(batch)
-        self._half_drift(batch)
-        self._rescale(batch)
-        self._half_drift(batch)
-
-    def torch_post_update(self, batch: Batch) -> None:
-        self._half_kick(batch)
-        self._thermostat(batch)
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        from alchemi_integrators import crescale_kernels
-
+    def pre_update(self, batch: Batch) -> None:
         crescale_kernels.crescale_pre(self, batch)
 
-    def warp_post_update(self, batch: Batch) -> None:
-        from alchemi_integrators import crescale_kernels
-
+    def post_update(self, batch: Batch) -> None:
         crescale_kernels.crescale_post(self, batch)

@@ -1,17 +1,16 @@
-"""What constant-pressure Warp kernels share (:mod:`~alchemi_integrators.mtk_kernels` today):
-3x3 matrix functions for one system, each atom's share of the kinetic tensor and its per-system
-sums, and the launcher that passes ``[B, 3, 3]`` tensors as mat33 arrays.
+"""What the constant-pressure Warp kernels share (:mod:`~alchemi_integrators.mtk_kernels`,
+:mod:`~alchemi_integrators.crescale_kernels`): 3x3 matrix functions for one system, each atom's
+share of the kinetic tensor and its per-system sums.
 
 The 3x3 functions repeat :mod:`~alchemi_integrators.cell_math`'s arithmetic in the same order
 (exponentials by two squarings of an eighth-order Taylor polynomial, ``phi1`` to tenth order), so
-the Warp and torch backends agree to rounding. The kinetic tensor ``sum_i m_i v_i v_i^T`` is
+the kernels and the torch test oracles agree to rounding. The kinetic tensor ``sum_i m_i v_i v_i^T`` is
 summed as two vec3 per atom (the diagonal and ``xy, xz, yz``) by
 :func:`~alchemi_integrators.system_sums.system_sums`: no atomic add per atom into one address, so
 one large system sums as fast as many small ones.
 
 Example:
-    >>> from alchemi_integrators.npt_common import NPTLaunches
-    >>> launches = NPTLaunches()
+    >>> from alchemi_integrators.npt_common import in_dtype
 """
 
 from __future__ import annotations
@@ -21,33 +20,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 import warp as wp
 
-from alchemi_core.warp_runtime import RecordedLaunches, warp
-from alchemi_integrators.kernel_funcs import VECTOR_ARGS, declare_overloads
-from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
+from alchemi_integrators.kernel_funcs import declare_overloads, launches_of
 from alchemi_integrators.system_sums import system_sums
+from alchemi_integrators.warp_kernels import largest_system
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: Kernel arguments that take ``[B, 3, 3]`` tensors as mat33 arrays.
-MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry", "shrink"})
-#: Kernel arguments that take ``[N, 3]`` tensors as vec3 arrays.
-VECTORS = VECTOR_ARGS | SUM_VECTOR_ARGS | frozenset({"diag", "off", "kd", "ko"})
-#: Kernel arguments that take ``[B, M]`` tensors as 2-D arrays (the two chains).
-ROWS_ARGS = frozenset({"xi", "vxi", "bxi", "bvxi"})
-
-
-class NPTLaunches(RecordedLaunches):
-    """Recorded launches whose ``[B, 3, 3]`` arguments (:data:`MATRIX_ARGS`) become mat33 arrays."""
-
-    def __init__(self) -> None:
-        super().__init__(vector_args=VECTORS)
-
-    def _to_warp(self, label: str, value: Any) -> Any:
-        if label in MATRIX_ARGS and isinstance(value, torch.Tensor):
-            dtype = {torch.float32: wp.mat33f, torch.float64: wp.mat33d}[value.dtype]
-            return warp().from_torch(value, dtype=dtype)
-        return super()._to_warp(label, value)
+#: MTK's state (system-level fields): the cell's strain rate ``[B, 3, 3]`` (1/fs) and the particle
+#: thermostat's and the barostat's chains, positions and velocities ``[B, M]``.
+CELL_STRAIN_RATE = "npt_strain_rate"
+THERMOSTAT_POSITIONS = "npt_thermostat_positions"
+THERMOSTAT_VELOCITIES = "npt_thermostat_velocities"
+BAROSTAT_CHAIN_POSITIONS = "npt_barostat_chain_positions"
+BAROSTAT_CHAIN_VELOCITIES = "npt_barostat_chain_velocities"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +80,7 @@ def expm3(a: Any):
 
 @wp.func
 def phi1_3(x: Any):
-    # cell_math.phi1(x, order=10): sum_k x^k / (k + 1)!, by Horner from k = 10.
+    # phi1(x, order=10) = (exp(x) - 1) / x: sum_k x^k / (k + 1)!, by Horner from k = 10.
     eye = eye3(x)
     k = type(x[0, 0])(1.0)
     fact = k
@@ -142,20 +128,12 @@ def kinetic_parts(v: wp.array(dtype=Any), inv_mass: wp.array(dtype=Any), diag: w
     off[i] = o
 
 
-declare_overloads([kinetic_parts], vectors=VECTORS, rows=ROWS_ARGS, matrices=MATRIX_ARGS)
+declare_overloads([kinetic_parts])
 
 
 # ---------------------------------------------------------------------------------------------
 # buffers and launches
 # ---------------------------------------------------------------------------------------------
-
-
-def npt_launches(dyn: Any) -> NPTLaunches:
-    """The integrator's recorded launches (made on first use)."""
-    launches = getattr(dyn, "_npt_launches", None)
-    if launches is None:
-        launches = dyn._npt_launches = NPTLaunches()
-    return launches
 
 
 def in_dtype(dyn: Any, batch: Batch, name: str) -> torch.Tensor:
@@ -171,16 +149,14 @@ def in_dtype(dyn: Any, batch: Batch, name: str) -> torch.Tensor:
 
 def kinetic_sums(dyn: Any, batch: Batch, diag: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, 3]`` sums of the atoms' kinetic-tensor shares: diagonal and off-diagonal."""
-    from alchemi_integrators.warp_kernels import _largest_system
-
     work, dtype, device = dyn.work, diag.dtype, diag.device
     kd = work.get("npt_kd", batch.num_graphs, batch.system_capacity, (3,), dtype, device)
     ko = work.get("npt_ko", batch.num_graphs, batch.system_capacity, (3,), dtype, device)
     kd.zero_()
     ko.zero_()
-    largest = _largest_system(dyn, batch)
-    system_sums(npt_launches(dyn), work, "npt_kd", diag, batch.batch_idx, kd, largest)
-    system_sums(npt_launches(dyn), work, "npt_ko", off, batch.batch_idx, ko, largest)
+    largest = largest_system(dyn, batch)
+    system_sums(launches_of(dyn), work, "npt_kd", diag, batch.batch_idx, kd, largest)
+    system_sums(launches_of(dyn), work, "npt_ko", off, batch.batch_idx, ko, largest)
     return kd, ko
 
 
@@ -203,12 +179,3 @@ def scale_buffer(dyn: Any, batch: Batch) -> torch.Tensor:
     """The ``[B]`` buffer of per-system velocity factors."""
     dtype = batch.positions.dtype
     return dyn.work.get("npt_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
-
-
-def atom_args(dyn: Any, batch: Batch) -> tuple[Any, ...]:
-    """What every atom kernel reads: velocities, forces, ``1/m`` (in Å/fs² per eV/Å), each atom's
-    system and the per-system active flags."""
-    from alchemi_integrators.warp_kernels import _active
-
-    inv_mass = dyn.cached("warp_inv_mass", batch, lambda: dyn.inv_mass.view(-1), reads_fields=False, masks=False)
-    return batch.velocities, batch.forces, inv_mass, batch.batch_idx, _active(dyn, batch)

@@ -132,11 +132,6 @@ class SystemParameter:
             )
 
     @property
-    def is_scalar(self) -> bool:
-        """True when every system shares one Python number (the fastest path)."""
-        return self.scalar is not None
-
-    @property
     def varies(self) -> bool:
         """True when the values can change between steps (read from a user's field)."""
         return self.field is not None
@@ -221,10 +216,6 @@ class SystemParameter:
             out = self._buffer = torch.empty(values.shape, dtype=dtype, device=values.device)
         out.copy_(values)
         return out
-
-    def values(self, batch: Batch, dtype: torch.dtype) -> float | torch.Tensor:
-        """The scalar, or the ``[B]`` per-system values of a bound parameter."""
-        return self.scalar if self.scalar is not None else self.per_system(batch, dtype)
 
     def __repr__(self) -> str:
         if self.scalar is not None:

@@ -1,32 +1,24 @@
-"""Per-system sums of per-atom vec3 values, fast for one system of millions of atoms and for
-many small ones.
+"""Per-system sums of per-atom vec3 values, in levels of chunks (a specialised kernel: an atomic
+add per atom into its system's total serialises on one address in a large system).
 
-An atomic add per atom into its system's total serialises on one address: in one system of
-1,048,576 atoms, Langevin's momentum sum took 5.5 ms of a 6.3 ms step on an H200. Here the atoms
-are summed in levels of contiguous chunks instead (a system's atoms are contiguous in a batch).
-At each level a thread adds up ``WIDTH`` consecutive values and keeps the sum of its first run
-of equal system index as a partial, tagged with that system; the runs after it (systems that
-start inside the chunk) go straight to their totals, so a system gets at most one such add per
-level. The next level sums the tagged partials the same way, and the last adds every run to
-its total. A system of ``n`` atoms thus receives about ``n / WIDTH**LEVELS`` atomic adds (256 for
-a million atoms) and a small one a few. A batch of small systems needs fewer levels, and each
-level is a launch: given the largest system's size, :func:`levels_for` takes as few as leave
-each system at most :data:`ADDS_PER_SYSTEM` adds (one level for W1's 256-atom systems). The
-levels change only the order of the adds, never the sums; that order is not fixed anyway, so
-results agree with a plain sum to rounding, as the per-atom atomics did.
-
-The levels are Warp kernels on torch's stream with no host synchronisation and scratch kept in
-a :class:`~alchemi_core.workspace.Workspace`, so they replay inside a captured step.
+At each level a thread adds up ``WIDTH`` consecutive values (a system's atoms are contiguous) and
+keeps the sum of its first run of equal system index as a partial tagged with that system; later
+runs in the chunk go straight to their totals. The next level sums the partials the same way, and
+the last adds every run to its total, so a system of ``n`` atoms receives about
+``n / WIDTH**LEVELS`` atomic adds. :func:`levels_for` takes as few levels (launches) as leave each
+system at most :data:`ADDS_PER_SYSTEM` adds. The levels change only the order of the adds. No host
+synchronisation, scratch in a :class:`~alchemi_core.workspace.Workspace`: they replay in a
+captured step.
 
 Example:
     >>> import torch
     >>> from alchemi_core.workspace import Workspace
     >>> from alchemi_integrators.system_sums import system_sums
-    >>> from alchemi_integrators.warp_kernels import WarpLaunches
+    >>> from alchemi_integrators.kernel_funcs import Launches
     >>> values = torch.ones(100, 3)
     >>> system = torch.repeat_interleave(torch.arange(3), torch.tensor([1, 60, 39]))
     >>> out = torch.zeros(3, 3)
-    >>> system_sums(WarpLaunches(), Workspace(), "demo", values, system, out)
+    >>> system_sums(Launches(), Workspace(), "demo", values, system, out)
     >>> out[:, 0].tolist()
     [1.0, 60.0, 39.0]
 """
@@ -41,7 +33,7 @@ import warp as wp
 from alchemi_core.workspace import Workspace
 
 #: Values per thread at every level: a constant, so the loop unrolls and a thread's loads are
-#: all in flight at once (a dynamic loop of 32 waited for each: 39 us for 262k atoms on an H200).
+#: all in flight at once.
 WIDTH = 16
 #: Levels of partial sums at most: a system of n atoms gets about n / WIDTH**LEVELS atomic adds
 #: (256 for a million atoms).
@@ -49,8 +41,6 @@ LEVELS = 3
 #: A batch whose systems are small takes fewer levels (each a launch): as few as leave every
 #: system at most this many atomic adds into its total (one level up to WIDTH * ADDS atoms).
 ADDS_PER_SYSTEM = 16
-#: Kernel arguments that take ``[N, 3]`` tensors as vec3 arrays (for the launcher).
-VECTOR_ARGS = frozenset({"values", "partial", "totals"})
 
 _WIDTH = wp.constant(WIDTH)
 
@@ -76,7 +66,7 @@ def _chunk_sums(
     if system[wp.min(lo + _WIDTH, count) - 1] == cur:
         # The whole chunk is one system (indices do not decrease): the usual case, summed in the
         # same order as below but with no store or atomic add between the loads, which can then
-        # all be in flight at once. (W8's NPT steps on an H100, in one visit: 8-9 % faster.)
+        # all be in flight at once.
         for q in range(1, _WIDTH):
             i = lo + q
             if i < count:
@@ -134,8 +124,8 @@ def system_sums(
     """Add ``values`` (``[N, 3]``, atoms of a system contiguous) into ``totals`` (``[B, 3]``) by
     ``system`` (``[N]`` int64, non-decreasing); ``totals`` is not zeroed here.
 
-    ``launches`` is a :class:`~alchemi_core.warp_runtime.RecordedLaunches` whose vector
-    arguments include :data:`VECTOR_ARGS`; ``work`` holds the partials under ``name``.
+    ``launches`` is a :class:`~alchemi_integrators.kernel_funcs.Launches`; ``work`` holds the
+    partials under ``name``.
     ``largest``: the most atoms of one system (host-known, e.g. ``batch.num_nodes_per_system``),
     which sets the levels (:func:`levels_for`); None takes all :data:`LEVELS`.
     """

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alchemi_integrators.base import Integrator, MDIntegrator
+from alchemi_integrators import warp_kernels
+from alchemi_integrators.base import MDIntegrator
 from alchemi_integrators.parameters import ParameterValue
 
 if TYPE_CHECKING:
@@ -37,8 +38,8 @@ class VelocityVerlet(MDIntegrator):
         model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]``.
         n_steps: Steps of ``run()``.
         dt: Time step in fs (number, ``[B]`` tensor or system field name).
-        **kwargs: ``initial_temperature``, ``random_seed`` (see ``MDIntegrator``), ``backend``,
-            and ``BaseDynamics``'s ``hooks``, ``convergence_hook``, ``sampler``,
+        **kwargs: ``initial_temperature``, ``random_seed`` (see ``MDIntegrator``) and
+            ``BaseDynamics``'s ``hooks``, ``convergence_hook``, ``sampler``,
             ``refill_frequency``, ``sinks``, ``comm_mode``, ``buffer_config``, ``name``.
     """
 
@@ -54,46 +55,8 @@ class VelocityVerlet(MDIntegrator):
 
         return kinetic_energy(batch) + batch.energy.view(-1)
 
-    def torch_pre_update(self, batch: Batch) -> None:
-        kick_and_drift(self, batch)
+    def pre_update(self, batch: Batch) -> None:
+        warp_kernels.verlet_pre(self, batch)
 
-    def torch_post_update(self, batch: Batch) -> None:
-        kick(self, batch)
-
-    def warp_pre_update(self, batch: Batch) -> None:
-        self.warp_kernels.verlet_pre(self, batch)
-
-    def warp_post_update(self, batch: Batch) -> None:
-        self.warp_kernels.verlet_post(self, batch)
-
-
-def verlet_coefficients(dyn: Integrator, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
-    """Per atom: the half-kick factor ``dt/2 / m`` (Å/fs per eV/Å) and the drift ``dt`` (fs),
-    zero for atoms of systems the stage does not move; cached between steps."""
-
-    def build() -> tuple[torch.Tensor, torch.Tensor | float]:
-        dt = dyn.values("dt", batch)
-        weight = dyn.context.node_weight
-        if isinstance(dt, float) and weight is None:
-            return dyn.inv_mass * (0.5 * dt), dt
-        drift = dt.index_select(0, batch.batch_idx).unsqueeze(-1) if isinstance(dt, torch.Tensor) else dt
-        drift = drift * weight if weight is not None else drift
-        return dyn.inv_mass * drift * 0.5, drift
-
-    return dyn.cached("verlet", batch, build)
-
-
-def kick_and_drift(dyn: Integrator, batch: Batch) -> None:
-    """``v += dt/2 F/m; x += dt v`` (two fused torch operations)."""
-    half_kick, drift = verlet_coefficients(dyn, batch)
-    v = batch.velocities
-    v.addcmul_(batch.forces, half_kick)
-    if isinstance(drift, float):
-        batch.positions.add_(v, alpha=drift)
-    else:
-        batch.positions.addcmul_(v, drift)
-
-
-def kick(dyn: Integrator, batch: Batch) -> None:
-    """``v += dt/2 F/m``."""
-    batch.velocities.addcmul_(batch.forces, verlet_coefficients(dyn, batch)[0])
+    def post_update(self, batch: Batch) -> None:
+        warp_kernels.verlet_post(self, batch)

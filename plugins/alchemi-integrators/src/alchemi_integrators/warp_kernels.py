@@ -1,4 +1,4 @@
-"""Fused Warp kernels for the integrators (the ``backend="warp"`` path).
+"""Fused Warp kernels for the integrators: their one implementation, on CPUs and GPUs alike.
 
 Each update of an integrator is one to three kernel launches over the batch's tensors, zero-copy
 through ``wp.from_torch`` and on torch's current CUDA stream, so they order with the model's torch
@@ -18,7 +18,7 @@ warp-lang 1.5 are used.
 
 Example:
     >>> from alchemi_integrators import Langevin
-    >>> nvt = Langevin(model, dt=5.0, temperature=50.0, friction=0.01, backend="warp")  # doctest: +SKIP
+    >>> nvt = Langevin(model, dt=5.0, temperature=50.0, friction=0.01)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ import warp as wp
 from alchemi_core.units import KB
 from alchemi_core.warp_runtime import RecordedLaunches
 from alchemi_integrators.kernel_funcs import (
-    VECTOR_ARGS,
     chain_walk,
     declare_overloads,
     gaussian3,
     half_kick,
     idle,
-    keyed_state,
+    launches_of,
 )
-from alchemi_integrators.system_sums import VECTOR_ARGS as SUM_VECTOR_ARGS
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
 
@@ -254,7 +252,7 @@ def _kick_kinetic_energy(
 
 
 @wp.kernel
-def _scale(v: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), scale: wp.array(dtype=Any)):
+def scale_by_system(v: wp.array(dtype=Any), system: wp.array(dtype=wp.int64), scale: wp.array(dtype=Any)):
     i = wp.tid()
     v[i] = v[i] * scale[system[i]]
 
@@ -420,7 +418,7 @@ def _fire_move(
 wp.init()
 declare_overloads([
     _kick_drift, _kick, _langevin_baoa, _langevin_remove_com_drift, _langevin_kick_count, _kinetic_energy,
-    _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, _scale, _fire_powers, _fire_system, _fire_atoms,
+    _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, scale_by_system, _fire_powers, _fire_system, _fire_atoms,
     _fire_move,
 ])
 
@@ -428,25 +426,13 @@ declare_overloads([
 # launching
 # ---------------------------------------------------------------------------------------------
 
-# Launches go through core's Warp runtime (torch's stream, recorded launches replayed while the
-# arguments stay the same objects); [N, 3] arguments of these names are vec3 arrays.
-_VECTORS = VECTOR_ARGS | SUM_VECTOR_ARGS
-
-
-class WarpLaunches(RecordedLaunches):
-    """Core's recorded launches, with this module's vector arguments (``x``, ``v``, ``f``, ...)."""
-
-    def __init__(self) -> None:
-        super().__init__(vector_args=_VECTORS)
-
-
 # ---------------------------------------------------------------------------------------------
 # integrator steps
 # ---------------------------------------------------------------------------------------------
 
 
-def _common(dyn: Integrator, batch: Batch) -> tuple[Any, ...]:
-    """Atom data every kernel reads: positions, velocities, forces, 1/m, system of each atom,
+def common(dyn: Integrator, batch: Batch) -> tuple[Any, ...]:
+    """Atom data the atom kernels read: positions, velocities, forces, 1/m, system of each atom,
     per-system dt and active flags."""
     return (
         batch.positions,
@@ -455,11 +441,12 @@ def _common(dyn: Integrator, batch: Batch) -> tuple[Any, ...]:
         dyn.cached("warp_inv_mass", batch, lambda: dyn.inv_mass.view(-1), reads_fields=False, masks=False),
         batch.batch_idx,
         dyn.per_system("dt", batch),
-        _active(dyn, batch),
+        active_flags(dyn, batch),
     )
 
 
-def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
+def active_flags(dyn: Integrator, batch: Batch) -> torch.Tensor:
+    """``[B]`` 1.0 for systems this stage integrates now, 0.0 for the others (kernels skip those)."""
     active = dyn.active(batch)
     if active is not None:
         return active
@@ -470,41 +457,34 @@ def _active(dyn: Integrator, batch: Batch) -> torch.Tensor:
     )
 
 
-def _launches(dyn: Integrator) -> WarpLaunches:
-    launches = getattr(dyn, "_warp_launches", None)
-    if launches is None:
-        launches = WarpLaunches()
-        dyn._warp_launches = launches  # type: ignore[attr-defined]
-    return launches
-
-
-def _typed(value: float, batch: Batch) -> tuple[float, torch.dtype]:
+def typed(value: float, batch: Batch) -> tuple[float, torch.dtype]:
+    """``value`` as a Warp scalar of the batch's precision (for :class:`~.kernel_funcs.Launches`)."""
     return (float(value), batch.positions.dtype)
 
 
-def _largest_system(dyn: Any, batch: Batch) -> int:
+def largest_system(dyn: Any, batch: Batch) -> int:
     """The most atoms of one system of ``batch`` (host data, kept while its systems last)."""
     return dyn.cached("largest_system", batch, lambda: int(batch.num_nodes_per_system.max(initial=0)),
                       reads_fields=False, masks=False)
 
 
 def verlet_pre(dyn: Integrator, batch: Batch) -> None:
-    x, v, f, im, sys, dt, act = _common(dyn, batch)
-    _launches(dyn).launch("kick_drift", _kick_drift, batch.num_nodes, (x, v, f, im, sys, dt, act), batch.device)
+    x, v, f, im, sys, dt, act = common(dyn, batch)
+    launches_of(dyn).launch("kick_drift", _kick_drift, batch.num_nodes, (x, v, f, im, sys, dt, act), batch.device)
 
 
 def verlet_post(dyn: Integrator, batch: Batch) -> None:
-    _, v, f, im, sys, dt, act = _common(dyn, batch)
-    _launches(dyn).launch("kick", _kick, batch.num_nodes, (v, f, im, sys, dt, act), batch.device)
+    _, v, f, im, sys, dt, act = common(dyn, batch)
+    launches_of(dyn).launch("kick", _kick, batch.num_nodes, (v, f, im, sys, dt, act), batch.device)
 
 
 def langevin_pre(dyn: Any, batch: Batch) -> None:
-    x, v, f, im, sys, dt, act = _common(dyn, batch)
+    x, v, f, im, sys, dt, act = common(dyn, batch)
     mass, total = dyn.cached(
         "warp_mass", batch, lambda: tuple(t.view(-1) for t in masses_and_totals(batch, dyn.inv_mass)),
         reads_fields=False, masks=False,
     )
-    launches = _launches(dyn)
+    launches = launches_of(dyn)
     seed = int(dyn.random_seed % (2**31 - 1))
     friction, temperature = dyn.per_system("friction", batch), dyn.per_system("temperature", batch)
     noise_step = getattr(batch, dyn.noise_field)
@@ -514,12 +494,12 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
              if dyn.fix_com else momentum)
     args = (
         x, v, f, im, mass, sys, batch.batch_ptr, batch.system_id, noise_step, dt, friction, temperature, act,
-        _typed(KB, batch), seed, int(dyn.fix_com), kicks,
+        typed(KB, batch), seed, int(dyn.fix_com), kicks,
     )
     launches.launch("baoa", _langevin_baoa, batch.num_nodes, args, batch.device)
     if dyn.fix_com:
         momentum.zero_()
-        system_sums(launches, dyn.work, "momentum", kicks, sys, momentum, _largest_system(dyn, batch))
+        system_sums(launches, dyn.work, "momentum", kicks, sys, momentum, largest_system(dyn, batch))
         launches.launch(
             "com", _langevin_remove_com_drift, batch.num_nodes, (x, v, sys, momentum, total, dt, act),
             batch.device,
@@ -527,9 +507,9 @@ def langevin_pre(dyn: Any, batch: Batch) -> None:
 
 
 def langevin_post(dyn: Any, batch: Batch) -> None:
-    _, v, f, im, sys, dt, act = _common(dyn, batch)
+    _, v, f, im, sys, dt, act = common(dyn, batch)
     args = (v, f, im, sys, batch.batch_ptr, getattr(batch, dyn.noise_field), dt, act)
-    _launches(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
+    launches_of(dyn).launch("kick_count", _langevin_kick_count, batch.num_nodes, args, batch.device)
 
 
 def _chain(dyn: Any, batch: Batch, ke: torch.Tensor) -> torch.Tensor:
@@ -554,16 +534,16 @@ def chain_half_step(
                    reads_fields=False, masks=False)
     scale = dyn.work.get(f"{name}_scale", batch.num_graphs, batch.system_capacity, (), dtype, batch.device)
     args = (
-        ke, xi, vxi, dyn.per_system("temperature", batch), tau, nf, dyn.per_system("dt", batch), _active(dyn, batch),
-        w, dyn.chain_steps, _typed(KB, batch), scale,
+        ke, xi, vxi, dyn.per_system("temperature", batch), tau, nf, dyn.per_system("dt", batch), active_flags(dyn, batch),
+        w, dyn.chain_steps, typed(KB, batch), scale,
     )
-    _launches(dyn).launch(name, _nhc_half_step, batch.num_graphs, args, batch.device)
+    launches_of(dyn).launch(name, _nhc_half_step, batch.num_graphs, args, batch.device)
     return scale
 
 
 def nose_hoover_pre(dyn: Any, batch: Batch) -> None:
-    x, v, f, im, sys, dt, act = _common(dyn, batch)
-    launches = _launches(dyn)
+    x, v, f, im, sys, dt, act = common(dyn, batch)
+    launches = launches_of(dyn)
     ke = dyn.work.get("nhc_ke", batch.num_graphs, batch.system_capacity, (), v.dtype, v.device)
     ke.zero_()
     launches.launch("ke", _kinetic_energy, batch.num_nodes, (v, im, sys, ke), batch.device)
@@ -573,24 +553,35 @@ def nose_hoover_pre(dyn: Any, batch: Batch) -> None:
 
 
 def nose_hoover_post(dyn: Any, batch: Batch) -> None:
-    _, v, f, im, sys, dt, act = _common(dyn, batch)
-    launches = _launches(dyn)
+    _, v, f, im, sys, dt, act = common(dyn, batch)
+    launches = launches_of(dyn)
     ke = dyn.work.get("nhc_ke", batch.num_graphs, batch.system_capacity, (), v.dtype, v.device)
     ke.zero_()
     launches.launch("kick_ke", _kick_kinetic_energy, batch.num_nodes, (v, f, im, sys, dt, act, ke), batch.device)
     scale = _chain(dyn, batch, ke)
-    launches.launch("scale", _scale, batch.num_nodes, (v, sys, scale), batch.device)
+    launches.launch("scale", scale_by_system, batch.num_nodes, (v, sys, scale), batch.device)
 
 
-def fire_pre(dyn: Any, batch: Batch) -> None:
-    x, v, f, im, sys, _, act = _common(dyn, batch)
-    launches = _launches(dyn)
+def fire_pre(dyn: Any, batch: Batch, rows: Any = None) -> None:
+    """FIRE's whole step over the atoms, or over a cell filter's ``rows``
+    (:class:`~alchemi_integrators.fire.FilterRows`: the atoms, then three cell rows per system)."""
+    x, v, f, im, sys, _, act = common(dyn, batch)
+    launches = launches_of(dyn)
     dtype, dev = v.dtype, v.device
     sums = dyn.work.get("fire_sums", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
     sums.zero_()
-    powers = dyn.work.get("fire_powers", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
-    launches.launch("powers", _fire_powers, batch.num_nodes, (v, f, powers), batch.device)
-    system_sums(launches, dyn.work, "fire_powers", powers, sys, sums, _largest_system(dyn, batch))
+    largest = largest_system(dyn, batch)
+    if rows is None:
+        n, capacity = batch.num_nodes, batch.node_capacity
+        powers = dyn.work.get("fire_powers", n, capacity, (3,), dtype, dev)
+        launches.launch("powers", _fire_powers, n, (v, f, powers), batch.device)
+        system_sums(launches, dyn.work, "fire_powers", powers, sys, sums, largest)
+    else:
+        x, v, f, im, sys = rows.x, rows.v, rows.f, rows.inv_mass, rows.system
+        n = capacity = int(x.shape[0])
+        launches.launch("powers", _fire_powers, n, (v, f, rows.powers), batch.device)
+        system_sums(launches, dyn.work, "fire_powers", rows.atom_powers, batch.batch_idx, sums, largest)
+        system_sums(launches, dyn.work, "fire_cell_powers", rows.cell_powers, rows.cell_system, sums, 3)
     fire2 = bool(dyn.uses_fire2)
     per = dyn.per_system
     delay = per("n_delay" if fire2 else "n_min", batch)
@@ -604,36 +595,24 @@ def fire_pre(dyn: Any, batch: Batch) -> None:
     )
     launches.launch("fire_system", _fire_system, batch.num_graphs, args, batch.device)
     per_atom = dyn.maxstep_scope == "atom"
-    dx = dyn.work.get("fire_dx", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+    dx = dyn.work.get("fire_dx", n, capacity, (3,), dtype, dev)
     dx_sq = dyn.work.get("fire_dx_sq", batch.num_graphs, batch.system_capacity, (), dtype, dev)
     if not per_atom:
         dx_sq.zero_()
     args = (x, v, f, im, sys, act, coeff, int(per_atom), dx, dx_sq)
-    launches.launch("fire_atoms", _fire_atoms, batch.num_nodes, args, batch.device)
+    launches.launch("fire_atoms", _fire_atoms, n, args, batch.device)
     if not per_atom:
-        launches.launch("fire_move", _fire_move, batch.num_nodes, (x, sys, act, coeff, dx, dx_sq), batch.device)
+        launches.launch("fire_move", _fire_move, n, (x, sys, act, coeff, dx, dx_sq), batch.device)
 
 
 # ---------------------------------------------------------------------------------------------
-# counter-based normal numbers (capturable in a CUDA graph, unlike a torch.Generator's draws)
+# counter-based draws (capturable in a CUDA graph, unlike a torch.Generator's draws)
 # ---------------------------------------------------------------------------------------------
-
-
-@wp.kernel
-def _counter_normals(out: wp.array(dtype=Any), seed: wp.int32, counter: wp.array(dtype=wp.int32)):
-    # N(0, 1) keyed by (seed, draw number, index): a replayed graph reads the advanced counter.
-    i = wp.tid()
-    state = keyed_state(seed, counter[0], i)
-    out[i] = type(out[i])(wp.randn(state))
 
 
 @wp.kernel
 def _advance_counter(counter: wp.array(dtype=wp.int32)):
     counter[0] = counter[0] + 1
-
-
-for _scalar in (wp.float32, wp.float64):
-    wp.overload(_counter_normals, {"out": wp.array(dtype=_scalar)})
 
 
 def warp_seed(seed: int) -> int:
@@ -646,12 +625,3 @@ def advance_counter(launches: RecordedLaunches, name: str, counter: torch.Tensor
     step's replays each draw the next numbers."""
     launches.launch(f"{name}:advance", _advance_counter, 1, (counter,), counter.device)
 
-
-def counter_normals(launches: WarpLaunches, name: str, out: torch.Tensor, seed: int, counter: torch.Tensor) -> None:
-    """Fill the contiguous tensor ``out`` with standard normal numbers keyed by ``seed``, the draw
-    number ``counter`` (a device int32 ``[1]``) and the index, then advance the counter; nothing
-    is read back and no generator state lives on the host, so a captured step replays with fresh
-    numbers each time."""
-    flat = out.view(-1)
-    launches.launch(f"{name}:draw", _counter_normals, flat.numel(), (flat, warp_seed(seed), counter), out.device)
-    advance_counter(launches, name, counter)
