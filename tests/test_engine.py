@@ -120,8 +120,8 @@ class MoveSystemAt(Hook):
 
 
 def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites_them():
-    """Checks every step with nothing converging leave the stage's masks (and the integrators'
-    caches keyed on their version) alone; a system moved by the check, or by a hook between two
+    """Checks every step with nothing converging leave the stage's masks (and the values derived
+    from them) alone; a system moved by the check, or by a hook between two
     checks, is taken out of its stage at the next check."""
     model = DemoModelWrapper()
     quiet = MaskVersions()
@@ -138,33 +138,45 @@ def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites
     assert len(set(versions.versions)) == 2
 
 
-class DerivesFromMasksInPython(DemoDynamics):
-    """A stage that keeps a value derived from its masks in Python: it cannot be refreshed."""
+class DerivesActive(DemoDynamics):
+    """Registers a ``[B]`` float copy of its system mask through its context, as integrators do."""
 
-    def refresh_for_replay(self, batch):
-        return False
+    def pre_update(self, batch):
+        ctx = self.context
+        if ctx.system_mask is not None:
+            self.active = ctx.derived("active", lambda: ctx.system_mask.to(batch.positions.dtype))
+        super().pre_update(batch)
 
 
-@pytest.mark.parametrize(("cls", "keeps"), [(DemoDynamics, True), (DerivesFromMasksInPython, False)])
-def test_a_captured_step_is_kept_across_a_check_only_if_every_stage_refreshes(cls, keeps):
-    """After a check moves a system out of its stage, a captured step (the graph of
-    ``compile()`` on a GPU) replays on if each stage refreshes in place what it derived from
-    the masks (``refresh_for_replay``), and is captured anew otherwise; the GPU tests replay
-    such runs against eager ones (tests/integration/test_graph_across_checks_gpu.py)."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_engine_rebuilds_what_a_stage_derived_from_its_masks_in_place(compiled):
+    """A captured step (the graph of ``compile()`` on a GPU) reads the derived values it was
+    captured with: when a check moves a system out of a stage, the engine rewrites them in place
+    (and keeps the step). Where no step is captured it keeps no build (a build refers to the stage):
+    the value is dropped and the stage's next call builds it anew. A change of systems and the run's
+    end drop every value. The GPU tests replay such runs against eager ones
+    (tests/integration/test_graph_across_checks_gpu.py)."""
     model = DemoModelWrapper()
-    first = cls(model=model, n_steps=20, dt=0.5,
-                convergence_hook=ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}], frequency=1))
+    first = DerivesActive(model=model, n_steps=20, dt=0.5)
     fused = first + DemoDynamics(model=model, n_steps=20, dt=0.5)
-    batch = make_batch([3, 4])
+    if compiled:
+        fused = fused.compile()
+    batch = make_batch([3, 4, 2])
     fused.step(batch)
-    engine = fused._engine
-    engine._graph_masks = engine._mask_versions()  # as a capture at this point records them
-    assert engine._graph_sees_current_masks()
+    engine, held = fused._engine, first.active
+    assert held.tolist() == [1.0, 1.0, 1.0]
     batch.status[0] = 1  # system 0 leaves the first stage, as a check moves it
     engine._update_masks()
-    assert engine._graph_masks != engine._mask_versions()
-    assert engine._graph_sees_current_masks() is keeps
-    assert (engine._graph_masks == engine._mask_versions()) is keeps
+    fused.step(batch)
+    assert first.active.tolist() == [0.0, 1.0, 1.0]
+    assert (first.active is held) is compiled
+    assert (first.context.derived("active", lambda: None) is first.active)
+    batch.defrag(torch.tensor([False, False, True]))  # a system left: the values are dropped
+    engine.after_removal()
+    fused.step(batch)
+    assert first.active.tolist() == [0.0, 1.0] and first.active is not held
+    engine.release_run()
+    assert first.context.derived("gone", lambda: 7) == 7 and first.context.derived("active", lambda: 8) == 8
 
 
 def test_criteria_must_all_pass():

@@ -130,9 +130,8 @@ class Admission(Measuring):
             batch.stage_steps.masked_fill_(moved, 0)
             if self._moves_enter_stages:
                 self._init_entering(moved)
-            # A captured step stays: the masks are rewritten in place below, and before its next
-            # replay each stage refreshes what it derived from them (or it is captured anew:
-            # StepLoop._graph_sees_current_masks).
+            # A captured step stays: the masks, and what the stages derived from them, are
+            # rewritten in place below.
         if self.sampler is not None or self.sinks:
             if k % self.refill_frequency == 0:
                 self._graduate_and_refill()

@@ -56,15 +56,12 @@ class Engine(Admission):
         inner = [f for p in INNER_POINTS for f, _, _ in self.table[p]]
         self._inner_hooks = bool(inner)
         self._inner_frequencies = tuple(sorted(set(inner)))
-        contexts = [s.context for s in self.subs]
-        if all(self.owner_context is not c for c in contexts):
-            contexts.append(self.owner_context)
-        self._contexts = tuple(contexts)
 
     def _attach_all(self) -> None:
         """Give every stage (and the run's owner) its context for this run."""
-        for ctx in (*(s.context for s in self.subs), self.owner_context):
-            ctx.batch = self.batch
+        keeps = self.graph_requested or self._rewrites_masks_in_steps()
+        for ctx in self._contexts:
+            ctx.batch, ctx.keeps_builds = self.batch, keeps
         for s in self.subs:
             s.dynamics._attach(self, s)
         attach_owner = getattr(self.owner, "_attach_owner", None)

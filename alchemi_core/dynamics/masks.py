@@ -6,12 +6,13 @@ atoms of other stages and for atoms marked ``frozen``) and ``inv_mass * weight``
 them in the stage's :class:`~alchemi_core.dynamics.context.StepContext` with a new version; it
 also rereads the held atoms and components (:mod:`~alchemi_core.dynamics.constraints`). The
 buffers are reallocated only when the batch's layout changes and rewritten in place otherwise,
-so a captured CUDA graph keeps seeing them.
+so a captured CUDA graph keeps seeing them. Each rewrite rebuilds, in place, what the stages
+registered as derived from the masks (``StepContext.derived``), and a change of systems drops it.
 
-Where every stage can rebuild what it derives from the masks on the device alone
-(``BaseDynamics.mask_values_in_step``: FIRE), a run's step rewrites them itself, at its start
+Where every stage's derived values are built on the device alone
+(``BaseDynamics.mask_values_in_step``: FIRE), a run's step rewrites the masks itself, at its start
 (:meth:`Masks._write_masks`, captured with the step on a GPU): a check whose systems converged
-then leaves the masks to the next step, instead of rewriting them and the stages' values from the
+then leaves the masks to the next step, instead of rewriting them and the derived values from the
 host before it (``CoreTuning.masks_in_step``, per device type; :meth:`Masks._may_write_masks_in_step` says
 when it applies).
 """
@@ -47,7 +48,7 @@ class Masks(EngineState):
 
         The masks live in buffers that are reallocated only when the set of systems changes,
         and are rewritten in place otherwise, so a captured CUDA graph keeps seeing them; each
-        rewrite gives the contexts a new version so caches can tell. Atoms of a batch field
+        rewrite gives the contexts a new version and rebuilds their derived values. Atoms of a batch field
         ``frozen`` get weight 0 in every stage, and the step puts back whatever an update moved of
         them and of the components ``frozen_axes`` holds (``constraints``).
         """
@@ -56,6 +57,7 @@ class Masks(EngineState):
         inv_mass = self.inv_mass()
         version = next_version()
         frozen = batch.frozen.reshape(-1).to(torch.bool) if "frozen" in batch else None
+        fresh = self._masks_version != batch.version  # other systems, or buffers reallocated below
         for s in self.subs:
             if not self.masked and frozen is None:
                 s.sys_mask = s.node_weight = None
@@ -67,6 +69,7 @@ class Masks(EngineState):
                 s.node_weight = torch.empty(batch.num_nodes, 1, dtype=batch.positions.dtype, device=batch.device)
                 s.weighted_inv_mass = torch.empty_like(s.node_weight)
                 s.buffers_version = batch.version
+                fresh = True
             if s.sys_mask is not None:
                 self._write_stage_mask(s, frozen)
             else:
@@ -75,6 +78,8 @@ class Masks(EngineState):
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
             self._publish(s, inv_mass, version)
         self._publish_owner(inv_mass, version)
+        if not all([ctx.refresh_derived(systems_changed=fresh) for ctx in self._contexts]):
+            self._retire_step_graph()  # a derived value changed its layout: capture anew
         self.constraints.write(batch, self.moves_cells)
         self._schedule_budget_check()
         held = self._masks_status
@@ -96,7 +101,7 @@ class Masks(EngineState):
 
     def _rewrites_masks_in_steps(self) -> bool:
         # The device part of ``_may_write_masks_in_step`` (the rest changes from check to check),
-        # also what tells stages to keep the means to rebuild their mask-derived values.
+        # also what tells the contexts to keep the builds of their derived values.
         device = self.batch.device.type if self.batch is not None else "cpu"
         return self.tuning().masks_in_step and (device != "cuda" or self.graph_requested)
 
@@ -117,7 +122,7 @@ class Masks(EngineState):
     def _write_masks(self) -> None:
         """The start of a step that rewrites the masks itself: each stage's mask, atom weights and
         weighted inverse masses from the statuses (same buffers and versions), the statuses they
-        were written for, and the stages' values derived from them (``rebuild_mask_values``)."""
+        were written for, and the values derived from them (``StepContext.derived``)."""
         batch = self.batch
         assert batch is not None and self._masks_status is not None
         inv_mass = self.inv_mass()
@@ -126,8 +131,8 @@ class Masks(EngineState):
             self._write_stage_mask(s, None)
             torch.mul(inv_mass, s.node_weight, out=s.weighted_inv_mass)
         self._masks_status.copy_(batch.status)
-        for s in self.subs:
-            s.dynamics.rebuild_mask_values(batch)
+        for ctx in self._contexts:
+            ctx.refresh_derived(systems_changed=False)
 
     def _masks_out_of_date(self) -> bool:
         """Whether a status changed or systems came or went since the masks were written (atoms
@@ -220,14 +225,15 @@ class Masks(EngineState):
         """Let each stage set up integrator state for systems that just entered it.
 
         The systems changed before the masks are rewritten, so the contexts get a new version
-        and inverse masses first: an integrator's caches must not serve the old layout here.
+        and inverse masses first, and drop their derived values: they describe the old layout.
         """
         batch = self.batch
         assert batch is not None
         if self._inv_mass_version != batch.version:
             inv_mass, version = self.inv_mass(), next_version()
-            for ctx in (*(s.context for s in self.subs), self.owner_context):
+            for ctx in self._contexts:
                 ctx.batch, ctx.inv_mass, ctx.version = batch, inv_mass, version
+                ctx.refresh_derived(systems_changed=True)
         status = batch.status
         for s in self.subs:
             s.dynamics.init_state(batch, entering & (status == s.code))

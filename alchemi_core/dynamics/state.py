@@ -199,13 +199,12 @@ class EngineState:
         single = len(self.subs) == 1 and owner is self.subs[0].dynamics
         self.owner_context = self.subs[0].context if single else StepContext(self.entry_status)
         self._owner_buffers_version = -1
-        for s in self.subs:
-            s.context.run = self.run_view
-        self.owner_context.run = self.run_view
+        #: Every distinct context of this run (a plain stage's owner context is its own).
+        self._contexts = tuple({id(c): c for c in (*(s.context for s in self.subs), self.owner_context)}.values())
+        for ctx in self._contexts:
+            ctx.run = self.run_view
         self._graph: Any = None
         self._graph_key = -1
-        #: The contexts' mask versions the captured graph's stages were last refreshed for.
-        self._graph_masks: tuple[int, ...] = ()
         #: False on pipeline ranks that pass graduates downstream instead of to sinks.
         self.graduate_to_sinks = True
         #: Systems moved out to sinks so far.
@@ -227,12 +226,6 @@ class EngineState:
         self.health_every = HEALTH_INTERVAL if self.check_interval == 0 else 0
         #: Such a health check's codes, on their way to the host (read at the next one).
         self._health_pending: PendingCodes | None = None
-
-    @property
-    def refreshes_in_place(self) -> bool:
-        """Whether the stages' values derived from their masks may have to be rebuilt in place:
-        a captured step replays, or a step may rewrite the masks itself."""
-        return bool(self.graph_requested or self._rewrites_masks_in_steps())
 
     def _rewrites_masks_in_steps(self) -> bool:
         """Whether a step may rewrite the masks itself (the masks' part of the engine says)."""
@@ -264,11 +257,11 @@ class EngineState:
         self._check_capture.release()
 
     def release_run(self) -> None:
-        """The run has ended: drop its graphs and let every stage release what only it needed
-        (``BaseDynamics.release_run_state``). A later ``step()`` on this engine rebuilds both."""
+        """The run has ended: drop its graphs and the contexts' derived values, whose builds may
+        close over their stages. A later ``step()`` on this engine rebuilds both."""
         self.release_graphs()
-        for s in self.subs:
-            s.dynamics.release_run_state()
+        for ctx in self._contexts:
+            ctx.refresh_derived(systems_changed=True)
 
     def _retire_step_graph(self) -> None:
         """Drop the captured step (the next step captures anew); its memory pool serves the next

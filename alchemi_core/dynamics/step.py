@@ -61,8 +61,6 @@ ON_CONVERGE = int(DynamicsStage.ON_CONVERGE)
 class StepLoop(Masks):
     """The step layer of the engine (see the module docstring)."""
 
-    #: Every distinct context of this run; each step writes its index into them.
-    _contexts: tuple[Any, ...] = ()
     #: Whether this run's checks may run the next step ahead (:meth:`_may_run_ahead`), and the
     #: step count the run stops at (None: until done).
     _ahead_on = False
@@ -312,13 +310,16 @@ class StepLoop(Masks):
     def _graph_step(self, k: int) -> None:
         """Replay the captured step; capture it first when the set of systems changed.
 
+        A check that moves systems between stages rewrites the masks, and the values derived from
+        them (``StepContext.derived``), in place: the graph stays right across it.
+
         Capturing records without executing, so step ``k`` itself runs eagerly (on a side
         stream, which also warms up lazily initialised libraries) and the capture of the same
         sequence serves the following steps.
         """
         assert self.batch is not None
         key = self.batch.version
-        if self._graph is not None and self._graph_key == key and self._graph_sees_current_masks():
+        if self._graph is not None and self._graph_key == key:
             self._graph.replay()
             return
         old, self._graph = self._graph, None
@@ -336,30 +337,7 @@ class StepLoop(Masks):
         graph, _ = capture_graph(lambda: self._body(k, False), side, replaces=old, spare=not much)
         del old  # never replayed again: the new graph took over its memory pool
         self._graph, self._graph_key = graph, key
-        self._graph_masks = self._mask_versions()
         self.graph_captures += 1
-
-    def _mask_versions(self) -> tuple[int, ...]:
-        return (*(s.context.version for s in self.subs), self.owner_context.version)
-
-    def _graph_sees_current_masks(self) -> bool:
-        """Whether the captured step is right for the masks as they are now.
-
-        A check that moves systems between stages (or out of them) rewrites the masks in place and
-        gives the contexts new versions, without changing the batch. The graph reads the mask
-        buffers themselves, so it stays right if every stage brings what it derived from them up to
-        date in place (``refresh_for_replay``); a stage that cannot has the step captured anew.
-        On W2 (2,048 FIRE relaxations, checks every step) systems converge at about half the
-        checks, and each capture costs a few eager steps' time.
-        """
-        versions = self._mask_versions()
-        if versions == self._graph_masks:
-            return True
-        assert self.batch is not None
-        if all(s.dynamics.refresh_for_replay(self.batch) for s in self.subs):
-            self._graph_masks = versions
-            return True
-        return False
 
 
 def _check_shapes(model: Any, out: Any, batch: Any) -> None:

@@ -1,8 +1,8 @@
 """On a GPU: a captured step outlives the checks that move systems between stages.
 
-Relaxations converge at different checks. Each such check rewrites the masks in place; the
-integrators refresh what they derived from them (``refresh_for_replay``), so the graph captured
-at the start keeps replaying, and the run ends exactly where the eager run ends.
+Relaxations converge at different checks. Each such check rewrites the masks in place, and the
+engine rebuilds in place what the integrators derived from them (``StepContext.derived``), so the
+graph captured at the start keeps replaying, and the run ends exactly where the eager run ends.
 """
 
 from __future__ import annotations

@@ -35,8 +35,3 @@ class SymplecticEuler(BaseDynamics):
 
     def post_update(self, batch: Batch) -> None:
         return None
-
-    def refresh_for_replay(self, batch: Batch) -> bool:
-        # Reads only the context's tensors, which the engine rewrites in place: a captured step
-        # stays right when a check moves systems between stages.
-        return True
