@@ -202,18 +202,18 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""
         if self._engine is None:
             raise AlchemiError(f"{self.name}.inv_mass is only available during a run")
-        return self._engine.inv_mass()
+        return self._engine.masks.inv_mass(self._engine.state.batch)
 
     @property
     def step_count(self) -> int:
         """Steps the run has completed: during a step, that step's index; after ``run(n)``, ``n``
         (as in nvalchemi)."""
-        return int(self._engine.step_count) if self._engine is not None else 0
+        return int(self._engine.state.step_count) if self._engine is not None else 0
 
     @property
     def active_batch(self) -> Batch | None:
         """The batch of the current (or last) run."""
-        return self._engine.batch if self._engine is not None else None
+        return self._engine.state.batch if self._engine is not None else None
 
     @property
     def quarantined(self) -> list[Quarantined]:

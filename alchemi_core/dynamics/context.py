@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -182,23 +182,6 @@ class StepContext:
         return f"StepContext(stage_code={self.stage_code}, step={self.step}, version={self.version}, systems={owned})"
 
 
-class RunState(Protocol):
-    """The counters of a run that :class:`RunView` exposes (the engine has them)."""
-
-    @property
-    def step_count(self) -> int: ...
-    @property
-    def exit_status(self) -> int: ...
-    @property
-    def written_count(self) -> int: ...
-    @property
-    def loaded_count(self) -> int: ...
-    @property
-    def graduate_on_budget(self) -> bool: ...
-    @property
-    def sampler(self) -> object | None: ...
-
-
 class RunView:
     """Read-only facts about the run a context belongs to, for hooks that report on it.
 
@@ -215,45 +198,46 @@ class RunView:
 
     __slots__ = ("_run",)
 
-    def __init__(self, engine: RunState) -> None:
-        # Weak: the engine holds its stages' contexts, which hold this view (see
+    def __init__(self, state: Any) -> None:
+        # Weak: the run's state holds its stages' contexts, which hold this view (see
         # ``alchemi_core.dynamics.weak``); the stage that ran keeps the engine alive.
-        self._run = ref_to(engine)
+        self._run = ref_to(state)
 
     @property
-    def _engine(self) -> RunState:
-        return cast("RunState", alive(self._run, "run"))
+    def _state(self) -> Any:
+        """The run's ``state.RunState`` (its counters)."""
+        return alive(self._run, "run")
 
     @property
     def steps_done(self) -> int:
         """Steps the run has completed."""
-        return int(self._engine.step_count)
+        return int(self._state.step_count)
 
     @property
     def exit_status(self) -> int:
         """The status at which a system has finished the run's stages."""
-        return int(self._engine.exit_status)
+        return int(self._state.exit_status)
 
     @property
     def written_count(self) -> int:
         """Systems moved out to sinks (or passed downstream) so far."""
-        return int(self._engine.written_count)
+        return int(self._state.written_count)
 
     @property
     def loaded_count(self) -> int:
         """Systems taken in from the initial batch and the sampler so far."""
-        return int(self._engine.loaded_count)
+        return int(self._state.loaded_count)
 
     @property
     def refills(self) -> bool:
         """True when the run refills free slots from a sampler (systems arrive during the run)."""
-        return self._engine.sampler is not None
+        return self._state.sampler is not None
 
     @property
     def ends_on_graduation(self) -> bool:
         """True when the run ends once every system graduated; False for a plain run of
         ``n_steps`` steps."""
-        return bool(self._engine.graduate_on_budget)
+        return bool(self._state.graduate_on_budget)
 
 
 def _copy_into(old: Any, new: Any) -> bool:

@@ -83,7 +83,7 @@ def test_the_engine_brings_derived_values_to_the_new_masks_in_place(backend: str
     assert all(hit[1] is not None for hit in values.values())  # the builds kept
     assert "active" in held
     batch.status[0] = 1
-    fused._engine._update_masks()
+    fused._engine.masks.update(batch)
 
     ref_nvt, ref_fused = stages()
     ref_fused.step(start([1, 0]))
