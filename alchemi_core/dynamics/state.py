@@ -1,15 +1,7 @@
 """What a run holds: its sub-stages, configuration, batch, counters and captured graphs.
 
-The engine (``alchemi_core.dynamics.engine``) is one :class:`RunState` and the collaborators
-that act on it, each given the state (and the batch) explicitly:
-
-* ``masks.Masks``: which systems and atoms each stage owns, published in its ``StepContext``;
-* ``step.StepLoop``: the step (integrator halves around the model forward, ``forward``), its
-  CUDA-graph capture and replay, and running ahead of a check;
-* ``checks.Checks``: a check's device work up to its one read-back (``measure``), and acting on
-  what it says (quarantine, convergence, budgets);
-* ``admission.Admission``: graduation to sinks, refill from the sampler, admission of systems.
-
+The engine (``alchemi_core.dynamics.engine``) is one :class:`RunState` and the collaborators that
+act on it, each given the state and the batch (``masks``, ``step``, ``checks``, ``admission``).
 Checkpoints (``checkpoint``) read and restore the counters kept here.
 """
 
