@@ -200,9 +200,10 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
     @property
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""
-        if self._engine is None:
+        batch = self._engine.state.batch if self._engine is not None else None
+        if self._engine is None or batch is None:
             raise AlchemiError(f"{self.name}.inv_mass is only available during a run")
-        return self._engine.masks.inv_mass(self._engine.state.batch)
+        return self._engine.masks.inv_mass(batch)
 
     @property
     def step_count(self) -> int:

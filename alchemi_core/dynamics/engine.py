@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from alchemi_core.dynamics.step import StepLoop
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import check_input, model_card
 
+if TYPE_CHECKING:
+    from alchemi_core.dynamics.base import BaseDynamics
+
 __all__ = ["Engine", "SubStage"]
 
 
@@ -47,7 +50,7 @@ class Engine:
     """Runs sub-stages on one batch (see the module docstring; the arguments are those of
     :meth:`RunState.of <alchemi_core.dynamics.state.RunState.of>`)."""
 
-    def __init__(self, stages: Sequence[tuple[int, Any]], **config: Any) -> None:
+    def __init__(self, stages: Sequence[tuple[int, BaseDynamics]], **config: Any) -> None:
         self.state = state = RunState.of(stages, **config)
         self.masks = Masks(state)
         self.admission = Admission(state, self.masks)

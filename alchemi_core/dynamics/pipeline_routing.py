@@ -159,7 +159,9 @@ class RankRouting:
 
     def _buffer_to_batch(self, incoming: Batch) -> None:
         """Add systems to the active batch; those that do not fit go to the overflow sinks."""
-        copied = self.engine.admission.admit(self.engine.state.batch, incoming, partial=True)
+        batch = self.engine.state.batch
+        assert batch is not None
+        copied = self.engine.admission.admit(batch, incoming, partial=True)
         if copied < incoming.num_graphs:
             self._overflow_to_sinks(incoming, ~incoming._copied_mask)
 
