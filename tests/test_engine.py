@@ -21,6 +21,7 @@ from alchemi_core.dynamics import (
     HostMemory,
     SizeAwareSampler,
 )
+from alchemi_core.dynamics.forward import forward
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.testing import make_batch, never_converging, random_structures
@@ -120,8 +121,8 @@ class MoveSystemAt(Hook):
 
 
 def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites_them():
-    """Checks every step with nothing converging leave the stage's masks (and the integrators'
-    caches keyed on their version) alone; a system moved by the check, or by a hook between two
+    """Checks every step with nothing converging leave the stage's masks (and the values derived
+    from them) alone; a system moved by the check, or by a hook between two
     checks, is taken out of its stage at the next check."""
     model = DemoModelWrapper()
     quiet = MaskVersions()
@@ -138,33 +139,45 @@ def test_a_check_that_changes_nothing_keeps_the_masks_and_one_that_does_rewrites
     assert len(set(versions.versions)) == 2
 
 
-class DerivesFromMasksInPython(DemoDynamics):
-    """A stage that keeps a value derived from its masks in Python: it cannot be refreshed."""
+class DerivesActive(DemoDynamics):
+    """Registers a ``[B]`` float copy of its system mask through its context, as integrators do."""
 
-    def refresh_for_replay(self, batch):
-        return False
+    def pre_update(self, batch):
+        ctx = self.context
+        if ctx.system_mask is not None:
+            self.active = ctx.derived("active", lambda: ctx.system_mask.to(batch.positions.dtype))
+        super().pre_update(batch)
 
 
-@pytest.mark.parametrize(("cls", "keeps"), [(DemoDynamics, True), (DerivesFromMasksInPython, False)])
-def test_a_captured_step_is_kept_across_a_check_only_if_every_stage_refreshes(cls, keeps):
-    """After a check moves a system out of its stage, a captured step (the graph of
-    ``compile()`` on a GPU) replays on if each stage refreshes in place what it derived from
-    the masks (``refresh_for_replay``), and is captured anew otherwise; the GPU tests replay
-    such runs against eager ones (tests/integration/test_graph_across_checks_gpu.py)."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_engine_rebuilds_what_a_stage_derived_from_its_masks_in_place(compiled):
+    """A captured step (the graph of ``compile()`` on a GPU) reads the derived values it was
+    captured with: when a check moves a system out of a stage, the engine rewrites them in place
+    (and keeps the step). Where no step is captured it keeps no build (a build refers to the stage):
+    the value is dropped and the stage's next call builds it anew. A change of systems and the run's
+    end drop every value. The GPU tests replay such runs against eager ones
+    (tests/integration/test_graph_across_checks_gpu.py)."""
     model = DemoModelWrapper()
-    first = cls(model=model, n_steps=20, dt=0.5,
-                convergence_hook=ConvergenceHook(criteria=[{"key": "fmax", "threshold": 1e9}], frequency=1))
+    first = DerivesActive(model=model, n_steps=20, dt=0.5)
     fused = first + DemoDynamics(model=model, n_steps=20, dt=0.5)
-    batch = make_batch([3, 4])
+    if compiled:
+        fused = fused.compile()
+    batch = make_batch([3, 4, 2])
     fused.step(batch)
-    engine = fused._engine
-    engine._graph_masks = engine._mask_versions()  # as a capture at this point records them
-    assert engine._graph_sees_current_masks()
+    engine, held = fused._engine, first.active
+    assert held.tolist() == [1.0, 1.0, 1.0]
     batch.status[0] = 1  # system 0 leaves the first stage, as a check moves it
-    engine._update_masks()
-    assert engine._graph_masks != engine._mask_versions()
-    assert engine._graph_sees_current_masks() is keeps
-    assert (engine._graph_masks == engine._mask_versions()) is keeps
+    engine.masks.update(engine.state.batch)
+    fused.step(batch)
+    assert first.active.tolist() == [0.0, 1.0, 1.0]
+    assert (first.active is held) is compiled
+    assert (first.context.derived("active", lambda: None) is first.active)
+    batch.defrag(torch.tensor([False, False, True]))  # a system left: the values are dropped
+    engine.masks.update(batch)
+    fused.step(batch)
+    assert first.active.tolist() == [0.0, 1.0] and first.active is not held
+    engine.release_run()
+    assert first.context.derived("gone", lambda: 7) == 7 and first.context.derived("active", lambda: 8) == 8
 
 
 def test_criteria_must_all_pass():
@@ -270,10 +283,10 @@ def test_steps_between_checks_never_read_back_from_the_device():
     engine = fused.make_engine()
     engine.prepare(batch)
     fused._engine = engine
-    assert engine.check_interval == 10
+    assert engine.state.check_interval == 10
     for _ in range(25):
-        k = engine.step_count
-        if k % engine.check_interval == 0:
+        k = engine.state.step_count
+        if k % engine.state.check_interval == 0:
             engine.step()  # a check step may read back
         else:
             with forbid_host_reads():
@@ -383,9 +396,9 @@ def test_systems_enter_only_at_refill_steps_when_budgets_end_between_them(monkey
     admitted_at = []
     original = admission.Admission.admit
 
-    def recording(self, incoming, partial=False):
-        admitted_at.append(self.step_count)
-        return original(self, incoming, partial)
+    def recording(self, batch, incoming, partial=False):
+        admitted_at.append(self.state.step_count)
+        return original(self, batch, incoming, partial)
 
     monkeypatch.setattr(admission.Admission, "admit", recording)
     structures = random_structures([3, 4] * 8)
@@ -432,8 +445,8 @@ def test_different_models_per_stage_each_give_their_stage_forces():
     engine = fused.make_engine()
     engine.prepare(batch)
     batch.status.copy_(torch.tensor([0, 1]))
-    engine._update_masks()
-    engine.forward()
+    engine.masks.update(engine.state.batch)
+    forward(engine.state, batch)
     ref_soft = soft(batch)["forces"][:3]
     ref_stiff = stiff(batch)["forces"][3:]
     torch.testing.assert_close(batch.forces[:3], ref_soft)
@@ -514,8 +527,8 @@ def test_a_model_that_cannot_be_captured_keeps_a_compiled_stage_eager():
     class Eager(DemoModelWrapper):
         cuda_graphs = False
 
-    assert DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.5).compile()._make_engine().graph_requested
-    assert not DemoDynamics(model=Eager(), n_steps=1, dt=0.5).compile()._make_engine().graph_requested
+    assert DemoDynamics(model=DemoModelWrapper(), n_steps=1, dt=0.5).compile()._make_engine().state.graph_requested
+    assert not DemoDynamics(model=Eager(), n_steps=1, dt=0.5).compile()._make_engine().state.graph_requested
 
 
 def test_a_sampler_sized_from_memory_plans_with_the_models_bytes_per_atom(monkeypatch):
@@ -564,13 +577,13 @@ def test_a_check_verifies_a_model_only_when_its_error_flag_is_set_and_then_takes
     at_start = model.verified  # the run's start verifies directly
     engine.check(1)
     assert model.verified == at_start  # its flag rode on the check's read-back: clear, no verify
-    assert engine.batch.status.tolist() == [1, 1, 1]  # and the check took effect
+    assert engine.state.batch.status.tolist() == [1, 1, 1]  # and the check took effect
     model.flag.fill_(True)
-    engine.batch.status.fill_(0)
+    engine.state.batch.status.fill_(0)
     with pytest.raises(CapacityError, match="recorded on the device"):
         engine.check(2)
     assert model.verified == at_start + 1
-    assert engine.batch.status.tolist() == [0, 0, 0]  # a check that raises converges nothing
+    assert engine.state.batch.status.tolist() == [0, 0, 0]  # a check that raises converges nothing
 
 
 def test_a_model_without_an_error_flag_is_verified_at_every_check():

@@ -72,12 +72,12 @@ def test_a_stepped_engine_continues_after_run_and_the_stage_is_still_freed():
 def test_an_engine_that_outlives_its_stage_says_so():
     fused = DemoDynamics(model=DemoModelWrapper(), n_steps=3, dt=0.5) + DemoDynamics(model=DemoModelWrapper(), n_steps=3, dt=0.5)
     engine = fused.make_engine()
-    context = engine.subs[0].context
+    context = engine.state.subs[0].context
     del fused
     with pytest.raises(ConfigurationError, match="keep a reference to the stage"):
         engine.prepare(make_batch([2]))
     with pytest.raises(ConfigurationError, match="owner was freed"):
-        _ = engine.owner
+        _ = engine.state.owner
     assert context.run is not None and context.run.exit_status == 2  # the engine itself lives
     del engine
     with pytest.raises(ConfigurationError, match="run was freed"):

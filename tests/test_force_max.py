@@ -61,7 +61,7 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
     pytest.importorskip("alchemi_potentials")
     from alchemi_core import registry
     from alchemi_core.data import Batch
-    from alchemi_core.dynamics import ConvergenceHook, measure
+    from alchemi_core.dynamics import ConvergenceHook, checks
     from alchemi_core.testing import rattled_argon
     from alchemi_core.tuning import CoreTuning
 
@@ -81,7 +81,7 @@ def test_a_relaxation_converges_where_torchs_fmax_says(monkeypatch):
         measured.append(system_force_max(*args))
         return measured[-1]
 
-    monkeypatch.setattr(measure, "system_force_max", counted)
+    monkeypatch.setattr(checks, "system_force_max", counted)
     kernel = relaxed(True)
     assert measured and all(measured)  # every check measured with the kernel
     measured.clear()

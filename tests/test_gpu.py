@@ -50,7 +50,7 @@ def test_compiled_fused_stage_matches_eager_and_captures_once_per_composition():
     with fused:
         fused.run(graph_batch)
     torch.testing.assert_close(graph_batch.positions, eager_batch.positions)
-    assert 1 <= fused._engine.graph_captures <= 3
+    assert 1 <= fused._engine.state.graph_captures <= 3
 
 
 def _allocations_in_steps(dyn: DemoDynamics, batch, steps: int = 50) -> int:
@@ -153,7 +153,7 @@ def test_the_collector_is_held_during_a_capture_that_frees_an_old_graph():
         gc.set_threshold(*threshold)
         gc.collect()
     assert model.collector_on_in_capture == [False]
-    assert dyn._engine.graph_captures == 1
+    assert dyn._engine.state.graph_captures == 1
     assert torch.isfinite(batch.positions).all()
 
 
@@ -236,7 +236,7 @@ def test_runs_one_after_another_draw_their_graphs_memory_from_the_ended_runs_gra
                              convergence_hook=never_converging(frequency=1)).compile()
         with stage:  # on the thread's run stream: the run before's cached blocks serve this one
             stage.run(start.clone())
-        assert stage._engine is not None and stage._engine.graph_captures == 1
+        assert stage._engine is not None and stage._engine.state.graph_captures == 1
         torch.cuda.synchronize()
         stats = torch.cuda.memory_stats()
         return stats["num_device_alloc"], torch.cuda.memory_reserved()
@@ -263,7 +263,7 @@ def test_a_loop_of_dropped_compiled_runs_frees_each_run_without_the_collector():
             batch = make_batch([40] * 16, dtype=torch.float32).to("cuda")
             with stage:
                 stage.run(batch)
-            assert stage._engine is not None and stage._engine.graph_captures == 1
+            assert stage._engine is not None and stage._engine.state.graph_captures == 1
             refs = watch(stage, stage._engine, batch)
             del stage, batch
             torch.cuda.synchronize()
@@ -306,7 +306,7 @@ def test_a_check_reads_back_from_the_device_once():
     engine.check(0)  # the first check may set things up
     syncs = check_syncs(engine, 1)
     assert len(syncs) == 1, syncs
-    assert not engine.done
+    assert not engine.state.done
 
 
 def test_pool_bytes_are_what_torch_reports_reserved_and_allocated():

@@ -52,7 +52,7 @@ def test_a_run_without_checks_acts_on_its_health_check_when_the_codes_are_read()
     # A run reads its last look before it returns.
     run = DemoDynamics(model=ExplodingModel(DemoModelWrapper(), explode=[2], after=3), n_steps=200, dt=0.5)
     out = run.run(make_batch([3, 4, 2], dtype=torch.float64))
-    assert [(q.system_id, q.step) for q in run._engine.quarantined] == [(2, 99)]
+    assert [(q.system_id, q.step) for q in run._engine.state.quarantined] == [(2, 99)]
     assert out.status[2].item() < 0
 
 

@@ -50,13 +50,13 @@ MODES = [(True, False), (False, True), (True, True)]
 
 
 #: The engine's own mask rewrite, which :func:`_switch` wraps to count its calls.
-_WRITE_MASKS = masks.Masks._write_masks
+_WRITE_MASKS = masks.Masks.write_in_step
 
 
 def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The list that gets one entry per rewrite of the masks in a step."""
     writes: list[int] = []
-    monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), _WRITE_MASKS(self)))
+    monkeypatch.setattr(masks.Masks, "write_in_step", lambda self, batch: (writes.append(1), _WRITE_MASKS(self, batch)))
     return writes
 
 
@@ -87,9 +87,9 @@ def test_a_relaxation_run_ahead_ends_where_the_one_that_waits_ends(
         mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch) -> None:
     waited, stage_w = _run(_fire, False, monkeypatch)
     ahead, stage_a = _run(_fire, mode[0], monkeypatch, in_step=mode[1])
-    assert stage_w._engine.steps_run_ahead == 0
+    assert stage_w._engine.state.steps_run_ahead == 0
     # Every check (the last one too) queued the next step before its read-back.
-    assert stage_a._engine.steps_run_ahead == (stage_a.step_count if mode[0] else 0)
+    assert stage_a._engine.state.steps_run_ahead == (stage_a.step_count if mode[0] else 0)
     # Each step rewrote the masks at its start (the one queued after the last check too).
     assert stage_a.masks_written_in_step == (stage_a.step_count + mode[0] if mode[1] else 0)
     assert stage_a.step_count == stage_w.step_count
@@ -105,7 +105,7 @@ def test_a_step_budget_stops_both_runs_at_the_same_step(mode: tuple[bool, bool],
     ahead, stage_a = _run(lambda: _fire(n_steps=25), mode[0], monkeypatch, in_step=mode[1])
     assert stage_a.step_count == stage_w.step_count == 25
     assert 0 in ahead.status.tolist()  # some system was still relaxing
-    assert stage_a._engine.steps_run_ahead == (24 if mode[0] else 0)
+    assert stage_a._engine.state.steps_run_ahead == (24 if mode[0] else 0)
     _same(ahead, waited)
 
 
@@ -119,7 +119,7 @@ def test_a_structure_that_fails_is_quarantined_at_the_same_step(
 
     waited, stage_w = _run(make, False, monkeypatch)
     ahead, stage_a = _run(make, mode[0], monkeypatch, in_step=mode[1])
-    assert (stage_a._engine.steps_run_ahead > 0) == mode[0]
+    assert (stage_a._engine.state.steps_run_ahead > 0) == mode[0]
     assert [(q.system_id, q.step, q.reason) for q in stage_a.quarantined] == \
         [(q.system_id, q.step, q.reason) for q in stage_w.quarantined]
     assert len(stage_a.quarantined) == 1 and ahead.status[2].item() < 0
@@ -156,7 +156,7 @@ def test_hooks_after_the_step_see_what_they_see_in_the_run_that_waits(
 
     waited, _ = _run(lambda: make(False), False, monkeypatch)
     ahead, stage_a = _run(lambda: make(True), mode[0], monkeypatch, in_step=mode[1])
-    assert (stage_a._engine.steps_run_ahead > 0) == mode[0]
+    assert (stage_a._engine.state.steps_run_ahead > 0) == mode[0]
     assert hooks[True].calls == hooks[False].calls and len(hooks[True].calls) > 5
     _same(ahead, waited)
 
@@ -173,7 +173,7 @@ def test_a_hook_before_the_next_step_keeps_that_step_from_running_ahead(monkeypa
     waited, _ = _run(lambda: make(False), False, monkeypatch)
     ahead, stage_a = _run(lambda: make(True), True, monkeypatch)
     steps = stage_a.step_count
-    assert stage_a._engine.steps_run_ahead == steps - 1 - (steps - 1) // 4
+    assert stage_a._engine.state.steps_run_ahead == steps - 1 - (steps - 1) // 4
     assert hooks[True].calls == hooks[False].calls
     _same(ahead, waited)
 
@@ -201,15 +201,15 @@ def test_runs_whose_checks_may_change_the_next_step_do_not_run_ahead(
     else:
         stage = _fire(tuning=_tuning(True))
         stage.run(batch, checkpoint=tmp_path / "run.ckpt", checkpoint_every=5)
-    assert stage._engine.step_count > 5
-    assert stage._engine.steps_run_ahead == 0
+    assert stage._engine.state.step_count > 5
+    assert stage._engine.state.steps_run_ahead == 0
 
 
 def test_steps_taken_one_at_a_time_do_not_run_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     stage, batch = _fire(tuning=_tuning(True)), _cells(2)
     for _ in range(6):
         stage.step(batch)
-    assert stage._engine.step_count == 6 and stage._engine.steps_run_ahead == 0
+    assert stage._engine.state.step_count == 6 and stage._engine.state.steps_run_ahead == 0
 
 
 def test_inflight_relaxations_through_a_sampler_rewrite_their_masks_in_the_step_to_the_same_end(
@@ -232,7 +232,7 @@ def test_inflight_relaxations_through_a_sampler_rewrite_their_masks_in_the_step_
                               sinks=[sink], convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1),
                               tuning=_tuning(True, in_step))
         fire.run()
-        assert fire._engine.steps_run_ahead == 0
+        assert fire._engine.state.steps_run_ahead == 0
         return sink.read(), len(writes)
 
     host, none = run(False)
@@ -259,6 +259,6 @@ def test_a_fused_relaxation_whose_systems_enter_a_second_fire_stage_rewrites_its
 
     host, _ = _run(make, True, monkeypatch)
     in_step, stage = _run(make, True, monkeypatch, in_step=True)
-    assert stage._engine.steps_run_ahead == 0
+    assert stage._engine.state.steps_run_ahead == 0
     assert in_step.status.tolist() == [2] * 6
     _same(in_step, host)

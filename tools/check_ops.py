@@ -31,11 +31,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 #: The engine's and integrators' methods counted: part name -> (module, class or None, name).
 PARTS = {
-    "rest_after_optimisers": ("alchemi_core.dynamics.admission", None, "_rest_after_optimisers"),
-    "init_entering": ("alchemi_core.dynamics.masks", "Masks", "_init_entering"),
-    "update_masks": ("alchemi_core.dynamics.masks", "Masks", "_update_masks"),
-    # A rebuilt cached value is copied into the one a captured step reads.
-    "integrator_cache_copy": ("alchemi_integrators.base", None, "_copy_into"),
+    "rest_after_optimisers": ("alchemi_core.dynamics.checks", None, "_rest_after_optimisers"),
+    "init_entering": ("alchemi_core.dynamics.masks", "Masks", "init_entering"),
+    "update_masks": ("alchemi_core.dynamics.masks", "Masks", "update"),
+    # A rebuilt derived value is copied into the one a captured step reads.
+    "derived_copy": ("alchemi_core.dynamics.context", None, "_copy_into"),
 }
 #: Operations that only describe a tensor (views), not device work.
 VIEWS = {"aten.unsqueeze.default", "aten.view.default", "aten.lift_fresh.default", "aten.slice.Tensor",

@@ -65,7 +65,7 @@ class PhaseTimer:
             if (timer._depth and outer) or (inside_only and not timer._depth):
                 return original(obj, *args, **kwargs)
             timer._depth += outer
-            captures = getattr(obj, "graph_captures", 0)
+            captures = getattr(getattr(obj, "state", obj), "graph_captures", 0)
             timer._sync()
             start = time.perf_counter()
             try:
@@ -74,7 +74,7 @@ class PhaseTimer:
                 timer._sync()
                 key = name
                 if name == "_graph_step":
-                    key = "capture" if getattr(obj, "graph_captures", 0) != captures else "replay"
+                    key = "capture" if getattr(getattr(obj, "state", obj), "graph_captures", 0) != captures else "replay"
                 entry = timer.acc.setdefault(key, [0, 0.0])
                 entry[0] += 1
                 entry[1] += time.perf_counter() - start
@@ -101,12 +101,14 @@ class PhaseTimer:
 
 def _engine_timer(device: str, parts: tuple[tuple[str, str], ...]) -> PhaseTimer:
     from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.checks import Checks
     from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.masks import Masks
     from alchemi_core.dynamics.step import StepLoop
 
-    classes = {"Admission": Admission, "Engine": Engine, "StepLoop": StepLoop}
+    classes = {"Admission": Admission, "Checks": Checks, "Engine": Engine, "Masks": Masks, "StepLoop": StepLoop}
     timer = PhaseTimer(device)
-    timer.wrap(Admission, "check", nested=True)
+    timer.wrap(Checks, "check", nested=True)
     for cls, name in parts:
         timer.wrap(classes[cls], name)
     return timer
@@ -126,7 +128,7 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
     """W2's run by phase (after four untimed runs), then one run under torch.profiler."""
     systems, framework, plain = _warm_w2(device, spec.W2_CELLS)
     timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
-                                   ("Admission", "_update_masks")))
+                                   ("Masks", "update")))
     runs = []
     for _ in range(repeats):
         timer.clear()
@@ -136,13 +138,13 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
     def run() -> None:
         framework.relax(systems, device, 2000, None)
 
-    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.checks import Checks
     from alchemi_core.dynamics.engine import Engine
 
     report: dict[str, Any] = {
         "untimed_seconds": plain,
         "runs": runs,
-        "check_profile": profile_calls(Admission, "check", run),
+        "check_profile": profile_calls(Checks, "check", run),
         "prepare_profile": profile_calls(Engine, "prepare", run),
         "run_profile": profile_calls(type(framework), "relax", run, order="tottime"),
     }
@@ -158,16 +160,17 @@ def w2(device: str, repeats: int) -> dict[str, Any]:
 
 def prepare_parts() -> list[tuple[type, str]]:
     """The parts of a run's start that :func:`prepare` times, nested in ``Engine.prepare``."""
+    from alchemi_core.dynamics.admission import Admission
     from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.masks import Masks
     from alchemi_integrators.base import Integrator
     from alchemi_potentials.neighbors.cell_list import BatchedNeighborList
     from alchemi_potentials.neighbors.layout import Layout
     from alchemi_potentials.pair_potential import PairPotential
 
-    return [(Engine, "_fill_defaults"), (PairPotential, "check_batch"), (Integrator, "setup"),
-            (Engine, "_init_entering"), (Engine, "_update_masks"), (Engine, "forward"),
-            (BatchedNeighborList, "update"), (Layout, "__init__"), (BatchedNeighborList, "_run"),
-            (Engine, "verify_models"), (Engine, "_build_tables")]
+    return [(Admission, "fill_defaults"), (PairPotential, "check_batch"), (Integrator, "setup"),
+            (Masks, "init_entering"), (Masks, "update"), (BatchedNeighborList, "update"),
+            (Layout, "__init__"), (BatchedNeighborList, "_run"), (Engine, "_build_tables")]
 
 
 def prepare(device: str, repeats: int, cells: int = spec.W2_CELLS) -> dict[str, Any]:
@@ -251,8 +254,8 @@ def quarantine(device: str, repeats: int) -> dict[str, Any]:
     """The quarantine benchmark's two runs by phase."""
     from tools import quarantine as q
 
-    timer = _engine_timer(device, (("Admission", "_mark_quarantined"), ("Admission", "verify_models"),
-                                   ("Admission", "_graduate_and_refill"), ("StepLoop", "_core")))
+    timer = _engine_timer(device, (("Checks", "_mark_quarantined"), ("Checks", "measure"),
+                                   ("Admission", "graduate_and_refill"), ("StepLoop", "_core")))
     n_steps, every = 40, 10
     structures, explode = q.inputs(1000, n_steps)
     q._run(structures[:128], [], device, 64, 10, every)
@@ -281,7 +284,7 @@ def w3(device: str, repeats: int, cells: int, check_every: tuple[int, ...], prof
         return {"cells": cells, "profile": _profiled_inflight(framework, full, device)}
     untimed = framework.inflight(full, device, spec.W3_MD_STEPS, None).seconds
     timer = _engine_timer(device, (("Engine", "prepare"), ("StepLoop", "_graph_step"),
-                                   ("Admission", "_graduate_and_refill"), ("Admission", "_update_masks")))
+                                   ("Admission", "graduate_and_refill"), ("Masks", "update")))
     runs = []
     for _ in range(repeats):
         for compiled, every in [(True, e) for e in check_every] + [(False, check_every[0])]:

@@ -2,14 +2,14 @@
 
 An integrator subclasses :class:`BaseDynamics` and implements ``pre_update`` (before the model
 forward: e.g. half-kick and drift) and ``post_update`` (after it: e.g. the second half-kick),
-plus ``setup``/``init_state`` when it keeps per-system state, and ``refresh_for_replay`` when
-its captured step may outlive checks that move systems between stages. Inside those methods,
+plus ``setup``/``init_state`` when it keeps per-system state. Inside those methods,
 ``self.context`` (a :class:`~alchemi_core.dynamics.context.StepContext`) says which systems
 (``system_mask``, ``[B]`` bool or None for all) and atoms (``node_weight``, ``[V, 1]`` 1.0/0.0 or
-None) this stage integrates, and gives ``inv_mass`` and ``weighted_inv_mass`` per atom, the step
-index and a ``version`` to key caches on; ``self.dt`` is the time step in fs. Keep persistent
-state in system- or atom-level batch fields so it travels with each system through sinks and
-ranks.
+None) this stage integrates, and gives ``inv_mass`` and ``weighted_inv_mass`` per atom and the
+step index; ``self.dt`` is the time step in fs. A value derived from the masks is registered with
+``self.context.derived(name, build)``: the engine keeps it right for the masks, so a captured step
+outlives checks that move systems. Keep persistent state in system- or atom-level batch fields so
+it travels with each system through sinks and ranks.
 
 This module holds the integrator API only: running a stage is ``runner.StageRun``, ``+`` and
 ``|`` are ``composition.Composable``, ``with stage:`` and ``compile()`` are
@@ -25,8 +25,6 @@ Example:
     ...         batch.positions.add_(step if w is None else step * w)
     ...     def post_update(self, batch):
     ...         batch.velocities.addcmul_(batch.forces, self.context.weighted_inv_mass, value=self.dt)
-    ...     def refresh_for_replay(self, batch):
-    ...         return True  # reads only the context's tensors: a compiled step outlives checks
 """
 
 from __future__ import annotations
@@ -194,57 +192,29 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         """The part of the step after the model forward (forces are fresh)."""
         raise NotImplementedError(f"{type(self).__name__} must implement post_update(batch)")
 
-    def refresh_for_replay(self, batch: Batch) -> bool:
-        """Bring what this stage derived from its masks up to date in place; True if it could.
-
-        The engine asks at the first replay of a captured CUDA graph after a check moved systems
-        between stages (same systems in the batch, new masks). The masks themselves are rewritten
-        in place, so a step that reads only them, and the batch's fields, replays correctly as
-        captured: such a stage returns True. A stage that keeps values it derived from the masks
-        in Python (a cache, a Python branch on a mask's contents) refreshes them here, in place,
-        or returns False: the engine then captures the step anew. The default is False, which is
-        always correct and costs a capture per such check.
-        """
-        return False
-
-    #: Whether :meth:`rebuild_mask_values` may run inside a captured step (its builds only launch
-    #: device work: no read-back, no Python branch on a mask's contents).
+    #: Whether every value this stage derives from its masks (``context.derived``) is built on
+    #: the device alone (no read-back, no Python branch on a mask's contents): the engine may then
+    #: rewrite the masks and rebuild those values inside a captured step (``CoreTuning.masks_in_step``).
     mask_values_in_step = False
-
-    def rebuild_mask_values(self, batch: Batch) -> bool:
-        """Rebuild, in place, every value this stage derived from its masks; True if it did.
-
-        Where each stage says it can (``mask_values_in_step``), the engine captures the mask
-        rewrite at the start of the step (``CoreTuning.masks_in_step``) and calls this right after it,
-        inside the capture: a check that moves systems then costs the host nothing before the next
-        replay. The default does nothing and returns False: the engine rewrites the masks on the
-        host after each check that moved systems and asks :meth:`refresh_for_replay`.
-        """
-        return False
-
-    def release_run_state(self) -> None:
-        """Called once a run has ended (its CUDA graphs dropped): let go of what only that run
-        needed. The default holds nothing of the kind; an integrator that caches values built by
-        closures over itself drops them here, so that a stage the caller lets go of is freed at
-        once rather than by the cycle collector (``alchemi_core.dynamics.weak``)."""
 
     @property
     def inv_mass(self) -> torch.Tensor:
         """``[V, 1]`` acceleration per unit force, Å/fs² per eV/Å (cached per composition)."""
-        if self._engine is None:
+        batch = self._engine.state.batch if self._engine is not None else None
+        if self._engine is None or batch is None:
             raise AlchemiError(f"{self.name}.inv_mass is only available during a run")
-        return self._engine.inv_mass()
+        return self._engine.masks.inv_mass(batch)
 
     @property
     def step_count(self) -> int:
         """Steps the run has completed: during a step, that step's index; after ``run(n)``, ``n``
         (as in nvalchemi)."""
-        return int(self._engine.step_count) if self._engine is not None else 0
+        return int(self._engine.state.step_count) if self._engine is not None else 0
 
     @property
     def active_batch(self) -> Batch | None:
         """The batch of the current (or last) run."""
-        return self._engine.batch if self._engine is not None else None
+        return self._engine.state.batch if self._engine is not None else None
 
     @property
     def quarantined(self) -> list[Quarantined]:

@@ -1,27 +1,18 @@
 """Capturing a CUDA graph the engine replays: the step's and the checks'.
 
 ``torch.cuda.graph`` prepares every capture for a program that captures once: it waits for the
-device (``torch.cuda.synchronize``) and hands torch's cached memory back to the driver
-(``empty_cache``), and each graph draws from a memory pool of its own. An inflight run captures
-again whenever the set of systems changes (W3 at 100,000 cells: about a thousand captures, at
-about 11 ms each for that preparation alone on the H200 under a host profiler, and the next
-allocations then go back to ``cudaMalloc``). :func:`capture_graph` captures without either: on
-the thread's side stream for that GPU (:func:`capture_stream`), into the pool of the graph it
-replaces. That graph is never replayed again, so its temporaries'
-memory can serve the new one (the sharing PyTorch documents as safe for graphs replayed in the
-order they were captured), and the run's graph memory stays that of one graph.
+device and hands torch's cached memory back to the driver, and each graph draws from a memory
+pool of its own. An inflight run captures again whenever the set of systems changes, so
+:func:`capture_graph` captures without either: on the thread's side stream for that GPU
+(:func:`capture_stream`), into the pool of the graph it replaces. That graph is never replayed
+again, so its memory can serve the new one (the sharing PyTorch documents as safe for graphs
+replayed in the order they were captured), and the run's graph memory stays that of one graph.
 
 A run's last graphs are never replayed either once it ends. Dropped, their pools' memory would stay
-reserved by torch for those pools alone (freed to the driver only when an allocation fails), and the
-next run's captures would ask the driver again: W2 (a relaxation of 2,048 cells, run again and
-again in one process) took 14 new device allocations and 176 MB more reserved memory per run on an
-H100. :func:`retire_graph` keeps a few such graphs per GPU (:data:`SPARE_GRAPHS`) and the next
-capture with nothing to replace draws from a spare's pool. Where torch already holds much of the
-GPU's memory (a large model's step), no graph is kept: its memory goes back when the pool is freed.
-What a run allocates outside its graphs is cached for the stream it runs on, which is likewise
-one per thread and GPU (``streams.thread_stream``): with a stream per stage object, W2's loop
-still took 9 allocations and 148 MB per run (docs/performance.md, twenty-seventh and
-twenty-eighth sessions).
+reserved by torch for those pools alone, and the next run's captures would ask the driver again:
+:func:`retire_graph` keeps a few such graphs per GPU (:data:`SPARE_GRAPHS`) and the next capture
+with nothing to replace draws from a spare's pool. Where torch already holds much of the GPU's
+memory (a large model's step), no graph is kept.
 
 Example:
     >>> with collector_held():
@@ -49,12 +40,8 @@ def collector_held() -> Iterator[None]:
 
     A collection that runs inside a capture may free a dead object that holds CUDA resources,
     such as the graph of an earlier run's stage caught in a reference cycle; destroying a graph
-    (or freeing memory outside torch's allocator) is not allowed while a stream captures, and
-    it invalidates the capture (seen on the H200: W1 failed in 2 of 3 benchmark processes with
-    ``cudaErrorStreamCaptureInvalidated``). torch no longer collects before a capture
-    by default (``torch.compiler.config.force_cudagraph_gc``), and a full collection per capture
-    would cost W3's 100-odd captures dearly; holding the collector costs nothing, and whatever is
-    dead is collected after the capture, where it is allowed.
+    is not allowed while a stream captures, and it invalidates the capture
+    (``cudaErrorStreamCaptureInvalidated``). Whatever is dead is collected after the capture.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -120,12 +107,8 @@ def holds_much_memory(device: torch.device) -> bool:
 
 
 def pool_bytes(device: torch.device) -> tuple[int, int]:
-    """The bytes torch's caching allocator reserves on ``device`` and the bytes of them in use.
-
-    One read of the allocator's counters: ``torch.cuda.memory_reserved`` and ``memory_allocated``
-    each flatten all of them into a new dict in Python first, which costs a capture more host time
-    than the rest of this module's bookkeeping.
-    """
+    """The bytes torch's caching allocator reserves on ``device`` and the bytes of them in use
+    (one read of the allocator's counters)."""
     stats = torch.cuda.memory_stats_as_nested_dict(device)
     reserved = stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)
     allocated = stats.get("allocated_bytes", {}).get("all", {}).get("current", 0)

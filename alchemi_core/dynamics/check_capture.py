@@ -3,9 +3,7 @@
 Before its one read-back, a check measures on the device: the quarantine's failure codes (marked
 into the statuses), ``fmax``, the convergence criteria, the budgets, and the flags the read-back
 answers (:class:`Measurement`). Eagerly that is some forty small torch operations and three Warp
-launches: about 0.6 ms of host time per check on the H200, while the device work takes a few
-microseconds. On W2 (2,048 FIRE relaxations, a check every step) the checks were 12.9 of its
-30 ms. Replayed, the measurement is one graph launch.
+launches, whose host time dwarfs the device's; replayed, it is one graph launch.
 
 A measurement is captured only where it holds no read-back and every address it reads stays put:
 

@@ -2,19 +2,13 @@
 and each system's largest force norm.
 
 :meth:`~alchemi_core.dynamics.quarantine.HealthCheck.codes` runs at every check; in torch it is
-some thirty small operations, each a kernel launch and a trip through the dispatcher, which on a
-GPU costs more host time than the work (and on a CPU, 256 systems of 1,000 atoms take 75 ms in
-torch against 7 ms here). Here one kernel resets the per-system accumulators, one
+some thirty small operations, each a kernel launch and a trip through the dispatcher, which
+costs more host time than the work. Here one kernel resets the per-system accumulators, one
 thread per atom tests its position, velocity and force and widens its system's bounding box
 (reading before it writes, so most threads leave the shared rows alone), and one thread per
 system turns the flags, its energy and its box into the code. The result is the torch version's,
-bit for bit (a test holds them equal). (Threads of :data:`WIDTH` atoms each, folding a run of one
-system before touching its row, were measured on an H200: 60 us per check of W2's 221,184 atoms
-either way, so the atomics on the rows are not what the kernel waits for.)
-
-:func:`force_max_kernel` measures ``fmax`` in such runs: there it pays, as torch's scatter of
-one atomic maximum per atom took 53 us of the same check and the runs take 20 us
-(:mod:`~alchemi_core.dynamics.force_max`).
+bit for bit (a test holds them equal). :func:`force_max_kernel` measures ``fmax`` by runs of
+:data:`WIDTH` atoms (:mod:`~alchemi_core.dynamics.force_max`).
 
 Warp is not a dependency of alchemi-core: importing this module does not import it, and
 :func:`kernels` and :func:`force_max_kernel` build theirs on first use. The launches are in

@@ -87,32 +87,32 @@ def new_run_id() -> str:
 
 def engine_state(engine: Engine) -> dict[str, Any]:
     """What :func:`save` writes for ``engine`` (see the module docstring)."""
-    batch = engine.batch
+    batch = engine.state.batch
     if batch is None:
         raise InvalidDataError("there is no run to checkpoint yet")
-    engine.settle_health()  # statuses and records of a health check still on its way
-    held = engine.host_results
+    engine.checks.settle_health(engine.state.batch)  # statuses and records of a health check still on its way
+    held = engine.state.host_results
     sinks = []
-    for sink in engine.sinks:
+    for sink in engine.state.sinks:
         flush = getattr(sink, "flush", None)
         if flush is not None:
             flush()  # a persistent sink must hold everything the checkpoint counts as written
         saver = getattr(sink, "state_dict", None)
         sinks.append(saver() if saver is not None else None)
-    if getattr(engine, "run_id", None) is None:
-        engine.run_id = new_run_id()
+    if engine.state.run_id is None:
+        engine.state.run_id = new_run_id()
     return {
         "format": FORMAT,
         "version": VERSION,
-        "run_id": engine.run_id,
+        "run_id": engine.state.run_id,
         "device": str(batch.device),
-        "step_count": engine.step_count,
-        "loaded_count": engine.loaded_count,
-        "written_count": engine.written_count,
-        "sampled_count": int(getattr(engine, "sampled_count", -1)),
+        "step_count": engine.state.step_count,
+        "loaded_count": engine.state.loaded_count,
+        "written_count": engine.state.written_count,
+        "sampled_count": engine.state.sampled_count,
         "batch": batch_state(batch),
-        "stages": [getattr(s.dynamics, "state_dict", dict)() for s in engine.subs],
-        "sampler": engine.sampler.state_dict() if engine.sampler is not None else None,
+        "stages": [getattr(s.dynamics, "state_dict", dict)() for s in engine.state.subs],
+        "sampler": engine.state.sampler.state_dict() if engine.state.sampler is not None else None,
         "host_results": batch_state(held.read()) if held is not None and len(held) else None,
         "sinks": sinks,
     }
@@ -310,27 +310,27 @@ def check_consistent(state: dict[str, Any], what: str, who: str) -> None:
 def restore(engine: Engine, state: dict[str, Any]) -> None:
     """Put the counters, random states, sampler position, kept results and sink states of
     ``state`` back into a prepared ``engine`` (its batch already restored)."""
-    _load_each(state["stages"], [s.dynamics for s in engine.subs], "stages")
+    _load_each(state["stages"], [s.dynamics for s in engine.state.subs], "stages")
     if state["sampler"] is not None:
-        if engine.sampler is None:
+        if engine.state.sampler is None:
             raise InvalidDataError("the checkpoint was taken with a sampler; give the stage the same sampler")
-        engine.sampler.load_state_dict(state["sampler"])
+        engine.state.sampler.load_state_dict(state["sampler"])
     if state["host_results"] is not None:
-        held = engine.sink_list()[0] if not engine.sinks else None
+        held = engine.admission.sink_list()[0] if not engine.state.sinks else None
         if held is not None:
             held.write(batch_from_state(state["host_results"], "cpu"))
-    _load_each(state["sinks"], engine.sinks, "sinks")
+    _load_each(state["sinks"], engine.state.sinks, "sinks")
     check_against_sinks(engine, state)
-    engine.step_count = int(state["step_count"])
-    engine.loaded_count = int(state["loaded_count"])
-    engine.written_count = int(state["written_count"])
+    engine.state.step_count = int(state["step_count"])
+    engine.state.loaded_count = int(state["loaded_count"])
+    engine.state.written_count = int(state["written_count"])
     if int(state.get("sampled_count", -1)) >= 0:
-        engine.sampled_count = int(state["sampled_count"])
-    if engine.sampler is not None:
+        engine.state.sampled_count = int(state["sampled_count"])
+    if engine.state.sampler is not None:
         # A sampler over fewer structures than the saved one (a rerun that left out those
         # stored since) has handed out fewer: later checkpoints count from what it holds.
-        engine.sampled_count = len(engine.sampler.state_dict()["handed_out"])
-    engine.run_id = state.get("run_id") or getattr(engine, "run_id", None)
+        engine.state.sampled_count = len(engine.state.sampler.state_dict()["handed_out"])
+    engine.state.run_id = state.get("run_id") or engine.state.run_id
 
 
 #: System ids a message lists before it says how many more there are.
@@ -350,11 +350,11 @@ def check_against_sinks(engine: Engine, state: dict[str, Any]) -> None:
     from alchemi_core.data.datapipes import all_system_ids
     from alchemi_core.dynamics.stored import stored_results
 
-    saved, sampler = state["sampler"], engine.sampler
-    if saved is None or sampler is None or not engine.sinks or all_system_ids(sampler.dataset) is None:
+    saved, sampler = state["sampler"], engine.state.sampler
+    if saved is None or sampler is None or not engine.state.sinks or all_system_ids(sampler.dataset) is None:
         return
-    frames = range(int(engine.entry_status), int(engine.exit_status))
-    found = [stored_results(sink, frames) for sink in engine.sinks]
+    frames = range(int(engine.state.entry_status), int(engine.state.exit_status))
+    found = [stored_results(sink, frames) for sink in engine.state.sinks]
     if any(f is None for f in found):
         return
     stored = set(np.concatenate(found).tolist())  # type: ignore[arg-type]

@@ -39,7 +39,3 @@ class DemoDynamics(BaseDynamics):
 
     def post_update(self, batch: Batch) -> None:
         batch.velocities.addcmul_(batch.forces, self.context.weighted_inv_mass, value=0.5 * self.dt)
-
-    def refresh_for_replay(self, batch: Batch) -> bool:
-        # The step reads the context's mask buffers themselves, which the engine rewrites in place.
-        return True

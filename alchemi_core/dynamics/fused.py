@@ -188,17 +188,17 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
 
     @property
     def active_batch(self) -> Batch | None:
-        return self._engine.batch if self._engine is not None else None
+        return self._engine.state.batch if self._engine is not None else None
 
     @property
     def done(self) -> bool:
         """Whether the last run finished (False when ``stop`` ended it early)."""
-        return self._engine is not None and bool(self._engine.done)
+        return self._engine is not None and bool(self._engine.state.done)
 
     @property
     def step_count(self) -> int:
         """Steps the run has completed (``n`` after ``n`` steps)."""
-        return self._engine.step_count if self._engine is not None else 0
+        return self._engine.state.step_count if self._engine is not None else 0
 
     @property
     def quarantined(self) -> list[Quarantined]:
@@ -212,7 +212,7 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         is prepared on first use.
         """
         engine = self._engine
-        if engine is None or engine.batch is not batch:
+        if engine is None or engine.state.batch is not batch:
             engine = self.make_engine()
             self._engine = engine
             engine.prepare(batch)

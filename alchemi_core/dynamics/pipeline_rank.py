@@ -138,7 +138,7 @@ class PipelineRank(RankRouting):
     @property
     def active_batch(self) -> Batch | None:
         """The systems this rank integrates."""
-        return self.engine.batch
+        return self.engine.state.batch
 
     @property
     def send_buffer(self) -> Batch | None:
@@ -153,7 +153,7 @@ class PipelineRank(RankRouting):
     @property
     def entered(self) -> int:
         """Systems that came into this rank: initial batch, sampler refills and receipts."""
-        return self.engine.loaded_count + self.received
+        return self.engine.state.loaded_count + self.received
 
     # ------------------------------------------------------------------ setup
     def setup(self, batch: Batch | None) -> None:
@@ -167,7 +167,7 @@ class PipelineRank(RankRouting):
         """
         engine = self.engine
         if self.first:
-            if batch is None and engine.sampler is None:
+            if batch is None and engine.state.sampler is None:
                 # The seed's own example runs a pipeline this way; it does nothing, but says so.
                 warnings.warn(
                     "the first pipeline stage got no batch and has no sampler, so the pipeline has "
@@ -177,8 +177,8 @@ class PipelineRank(RankRouting):
                 )
             else:
                 if batch is None:  # the sampler's first batch, on this rank's device like refills
-                    assert engine.sampler is not None
-                    batch = engine.sampler.build_initial_batch()
+                    assert engine.state.sampler is not None
+                    batch = engine.state.sampler.build_initial_batch()
                 engine.prepare(batch.to(self.device))
         else:
             schema = self._recv_schema()
@@ -224,7 +224,7 @@ class PipelineRank(RankRouting):
         it does not wait: the receive stays posted, and the arrivals are admitted at a later
         check step, this rank's own, once they are there."""
         if self._pending_recv is not None:
-            batch = self.engine.batch
+            batch = self.engine.state.batch
             busy = batch is not None and batch.num_graphs > 0
             if self.comm_mode == "fully_async" and busy and not self._pending_recv.done():
                 self.deferred += 1
@@ -249,16 +249,16 @@ class PipelineRank(RankRouting):
         """Integrate the active batch up to and including the next check step (systems graduate
         only at checks, so nothing could be sent earlier); refill an empty first rank."""
         engine = self.engine
-        batch = engine.batch
+        batch = engine.state.batch
         if batch is None:
             return
-        if not batch.num_graphs and engine.sampler is not None and not engine.sampler.exhausted:
-            engine.refill()
+        if not batch.num_graphs and engine.state.sampler is not None and not engine.state.sampler.exhausted:
+            engine.admission.refill(batch)
         if not batch.num_graphs:
             return
-        interval = max(1, engine.check_interval)
+        interval = max(1, engine.state.check_interval)
         while True:
-            k = engine.step_count
+            k = engine.state.step_count
             engine.step()
             if k % interval == 0:
                 return
@@ -270,17 +270,17 @@ class PipelineRank(RankRouting):
             converged_indices: Rows of the active batch to send; default every graduated system.
         """
         engine = self.engine
-        batch = engine.batch
+        batch = engine.state.batch
         if self.last:
             if batch is not None and batch.num_graphs:
                 if converged_indices is None:
-                    rows = np.nonzero(engine.graduated_mask().cpu().numpy())[0]
+                    rows = np.nonzero(engine.state.graduated_mask().cpu().numpy())[0]
                 else:
                     rows = np.asarray(torch.as_tensor(converged_indices).cpu(), dtype=np.int64).reshape(-1)
                 if len(rows):
-                    engine.write_to_sinks(rows)
-                    engine.after_removal()
-            self.left = engine.written_count
+                    engine.admission.write_to_sinks(batch, rows)
+                    engine.masks.update(batch)
+            self.left = engine.state.written_count
             return
         if self.sent_done:
             return
@@ -290,7 +290,7 @@ class PipelineRank(RankRouting):
             return
         if batch is not None and batch.num_graphs:
             if converged_indices is None:
-                mask = engine.graduated_mask()
+                mask = engine.state.graduated_mask()
             else:
                 mask = torch.zeros(batch.num_graphs, dtype=torch.bool)
                 mask[torch.as_tensor(converged_indices, dtype=torch.long).cpu()] = True
@@ -307,9 +307,9 @@ class PipelineRank(RankRouting):
         engine = self.engine
         if not self.upstream_done:
             return False
-        if engine.sampler is not None and not engine.sampler.exhausted:
+        if engine.state.sampler is not None and not engine.state.sampler.exhausted:
             return False
-        if engine.batch is not None and engine.batch.num_graphs:
+        if engine.state.batch is not None and engine.state.batch.num_graphs:
             return False
         return all(len(s) == 0 for s in self._overflow_sinks())
 
@@ -405,9 +405,9 @@ class PipelineRank(RankRouting):
     def result(self) -> Batch | None:
         """On the last rank without sinks, every finished system; else None."""
         engine = self.engine
-        if not self.last or engine.sinks:
+        if not self.last or engine.state.sinks:
             return None
-        held = engine.host_results
+        held = engine.state.host_results
         return held.drain() if held is not None and len(held) else None
 
     def __repr__(self) -> str:

@@ -62,7 +62,7 @@ def engine_for(stage: Any, last: bool) -> Engine:
         subs, entry_status=entry, exit_status=exit_, sinks=stage.sinks if last else (), sampler=stage.sampler,
         refill_frequency=stage.refill_frequency, graduate_on_budget=True, owner=stage, hooks=hooks,
     )
-    engine.graduate_to_sinks = last
+    engine.state.graduate_to_sinks = last
     return engine
 
 
@@ -99,7 +99,7 @@ class RankRouting:
         cfg = self.buffer_config
         if cfg is not None:
             return cfg.num_systems, cfg.num_nodes, cfg.num_edges
-        b = self.engine.batch
+        b = self.engine.state.batch
         assert b is not None
         return b.system_capacity, b.node_capacity, b.edge_capacity
 
@@ -107,7 +107,7 @@ class RankRouting:
         # Frames in flight keep the old layout: let them go, and shape every frame anew.
         self._finish_send()
         self._spare_frames = []
-        b = self.engine.batch
+        b = self.engine.state.batch
         if b is None:  # nothing will ever come: a header-only frame
             schema: dict[str, Any] = {"capacity": [0, 0, 0], "fields": []}
             self.send_frame = Frame(schema, self.device)
@@ -159,7 +159,9 @@ class RankRouting:
 
     def _buffer_to_batch(self, incoming: Batch) -> None:
         """Add systems to the active batch; those that do not fit go to the overflow sinks."""
-        copied = self.engine.admit(incoming, partial=True)
+        batch = self.engine.state.batch
+        assert batch is not None
+        copied = self.engine.admission.admit(batch, incoming, partial=True)
         if copied < incoming.num_graphs:
             self._overflow_to_sinks(incoming, ~incoming._copied_mask)
 
@@ -176,7 +178,7 @@ class RankRouting:
         frame = self.send_frame
         assert frame is not None
         frame.clear()
-        batch = self.engine.batch
+        batch = self.engine.state.batch
         if batch is None or not batch.num_graphs:
             return 0
         host = mask.detach().to("cpu")  # the one read-back of this phase
@@ -192,7 +194,7 @@ class RankRouting:
         moved = np.zeros(batch.num_graphs, dtype=bool)
         moved[sel[:sent]] = True
         batch.defrag(torch.from_numpy(moved))
-        self.engine.after_removal()
+        self.engine.masks.update(batch)
         self.left += sent
         return sent
 
@@ -254,7 +256,7 @@ class RankRouting:
         Raises:
             CapacityError: A staged system does not fit even an empty active batch.
         """
-        batch = self.engine.batch
+        batch = self.engine.state.batch
         if batch is None:
             return
         for sink in self._overflow_sinks():
@@ -262,7 +264,7 @@ class RankRouting:
                 continue
             was_empty = batch.num_graphs == 0
             staged = sink.drain().to(batch.device)
-            copied = self.engine.admit(staged, partial=True)
+            copied = self.engine.admission.admit(batch, staged, partial=True)
             if copied < staged.num_graphs:
                 sink.write(staged, ~staged._copied_mask)
                 if copied == 0 and was_empty:

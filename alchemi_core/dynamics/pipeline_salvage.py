@@ -156,7 +156,7 @@ def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
     """
     engine = rank.engine
     keep = HostMemory(capacity=None)
-    batch = engine.batch
+    batch = engine.state.batch
     if batch is not None and batch.num_graphs:
         keep.write(batch)
     if rank._own_overflow is not None and len(rank._own_overflow):
@@ -164,7 +164,7 @@ def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
     unfinished = batch_ids(keep.read()) if len(keep) else []
     staged = [i for s in rank.overflow if len(s) for i in batch_ids(s.read())]
     sinks = list(rank.stage.sinks)
-    targets = engine.sink_list() if rank.last else sinks
+    targets = engine.admission.sink_list() if rank.last else sinks
     leftover = keep.read() if len(keep) else None
     for sink in targets:
         if leftover is None or not leftover.num_graphs or sink.free <= 0:
@@ -183,7 +183,7 @@ def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
         held = keep.read() if len(keep) else None
         where = "to its sinks" if leftover is None else "to its sinks as far as they had room (all in `held`)"
     else:
-        held = engine.host_results.read() if rank.last and engine.host_results is not None else leftover
+        held = engine.state.host_results.read() if rank.last and engine.state.host_results is not None else leftover
         where = "in the error's `held` batch (its stage has no sinks)"
     peer = cause.peer
     return RankLostError(

@@ -5,8 +5,7 @@ GPU is still working through them. A blocking ``tolist()`` would leave the host 
 done. :class:`FlagReadBack` copies the flags into pinned host memory without blocking and, until
 the copy has arrived, calls ``idle()`` (the engine's: the sampler builds the structures the next
 refill will likely take), one short piece of work at a time, so the wait ends at most one piece
-late. On W3 (10,000 cells through a sampler) building the structures took 1.7 s on the host,
-during which the GPU was idle. A health check of a run without checks sends its codes the same
+late. A health check of a run without checks sends its codes the same
 way (:meth:`FlagReadBack.start`, :class:`~alchemi_core.dynamics.quarantine.PendingCodes`).
 
 Example:

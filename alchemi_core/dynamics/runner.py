@@ -75,7 +75,7 @@ class StageRun:
     def step(self, batch: Batch) -> Batch:
         """One step of this stage on ``batch`` (prepares it on first use)."""
         engine = self._engine
-        if engine is None or engine.batch is not batch or engine.owner is not self:
+        if engine is None or engine.state.batch is not batch or engine.state.owner is not self:
             engine = self._make_engine()
             engine.prepare(batch)
             self._engine = engine
@@ -138,8 +138,8 @@ def _execute(
         # stage itself is freed. The next run captures its own.
         engine.release_run()
         engine.end_hooks()
-    if engine.batch is not None:
-        restore_system_columns(engine.batch, engine.user_shapes)
+    if engine.state.batch is not None:
+        restore_system_columns(engine.state.batch, engine.state.user_shapes)
     # Once per run, at the user's run() call (this frame, execute, run, the caller).
     warn_quarantined(engine.quarantine_records(), stacklevel=4)
     result = result_of(engine)
@@ -150,11 +150,11 @@ def _execute(
 def result_of(engine: Engine) -> Batch | None:
     """What ``run()`` returns: the batch; with a sampler, the finished systems (no sinks given)
     or None (they are in the sinks)."""
-    if engine.sampler is None:
-        return engine.batch
-    if engine.sinks:
+    if engine.state.sampler is None:
+        return engine.state.batch
+    if engine.state.sinks:
         return None
-    held = engine.host_results
+    held = engine.state.host_results
     if held is None or len(held) == 0:
         return None
     return held.drain()

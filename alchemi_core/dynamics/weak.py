@@ -3,9 +3,8 @@
 A stage holds its engine (``dynamics._engine``) so that ``step()``, ``step_count`` and
 ``quarantined`` work after ``run()``; the engine, its hook tables and its run view refer back to
 the stage and to themselves only weakly. Without that, every finished run formed a reference
-cycle (stage -> engine -> stage) that only Python's cycle collector frees: a loop of 40 FIRE
-runs kept up to fifteen dead stages, with their batches and buffers (on a GPU, device memory),
-alive at once. A pipeline stage holds its ``PipelineRank`` the same way (``stage.pipeline_rank``),
+cycle (stage -> engine -> stage) that only Python's cycle collector frees, with its batch and
+buffers (on a GPU, device memory). A pipeline stage holds its ``PipelineRank`` the same way (``stage.pipeline_rank``),
 and the rank refers back weakly too.
 
 Example:

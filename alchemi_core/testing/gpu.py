@@ -80,7 +80,7 @@ def eager_and_captured(model: Any, batch: Any, steps: int = 30) -> tuple[Any, An
     stage = langevin(model, steps).compile()
     with stage:
         stage.run(graphed)
-    return eager, graphed, int(stage._engine.graph_captures)
+    return eager, graphed, int(stage._engine.state.graph_captures)
 
 
 def step_allocations(stage: Any, batch: Any, steps: int = 20) -> tuple[int, int]:

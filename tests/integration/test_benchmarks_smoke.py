@@ -430,44 +430,44 @@ def test_w8_quick_relaxes_every_strained_cell_and_runs_npt(tmp_path) -> None:
 
 def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     from alchemi_core.dynamics import DemoDynamics
-    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.checks import Checks
+    from alchemi_core.dynamics.masks import Masks
     from alchemi_core.dynamics.step import StepLoop
     from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.testing import make_batch, never_converging
     from tools.phases import PhaseTimer
 
-    check, core = Admission.__dict__["check"], StepLoop.__dict__["_core"]
-    assert "verify_models" not in Admission.__dict__  # inherited from StepLoop
+    check, core, update = Checks.__dict__["check"], StepLoop.__dict__["_core"], Masks.__dict__["update"]
     timer = PhaseTimer("cpu")
-    timer.wrap(Admission, "check", nested=True)
+    timer.wrap(Checks, "check", nested=True)
     timer.wrap(StepLoop, "_core")
-    timer.wrap(Admission, "verify_models")
+    timer.wrap(Masks, "update")
     try:
         DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5,
                      convergence_hook=never_converging(frequency=2)).run(make_batch([3, 4]))
         totals = timer.totals()
     finally:
         timer.restore()
-    # verify_models runs once, at the run's start: the checks ask the model for an error flag,
-    # or verify one without a flag themselves (model_error_flags), not through verify_models.
-    assert totals["_core"][0] == 6 and totals["check"][0] == 3 and totals["verify_models"][0] == 1
+    # The masks are written at the run's start and after its start hooks; the checks that change
+    # nothing keep them.
+    assert totals["_core"][0] == 6 and totals["check"][0] == 3 and totals["update"][0] == 2
     assert all(ms >= 0 for _, ms in totals.values())
-    assert Admission.__dict__["check"] is check and StepLoop.__dict__["_core"] is core
-    assert "verify_models" not in Admission.__dict__
+    assert Checks.__dict__["check"] is check and StepLoop.__dict__["_core"] is core
+    assert Masks.__dict__["update"] is update
 
 
 def test_profile_calls_profiles_only_inside_checks_and_puts_check_back():
     from alchemi_core.dynamics import DemoDynamics
-    from alchemi_core.dynamics.admission import Admission
+    from alchemi_core.dynamics.checks import Checks
     from alchemi_core.models.demo import DemoModelWrapper
     from alchemi_core.testing import make_batch, never_converging
     from tools.phases import profile_calls
 
-    check = Admission.__dict__["check"]
+    check = Checks.__dict__["check"]
     run = DemoDynamics(model=DemoModelWrapper(), n_steps=6, dt=0.5, convergence_hook=never_converging(frequency=2))
-    text = profile_calls(Admission, "check", lambda: run.run(make_batch([3, 4])))
-    assert Admission.__dict__["check"] is check
-    # Three checks, each profiled once (the row of admission.py's check reads "3 ... (check)").
+    text = profile_calls(Checks, "check", lambda: run.run(make_batch([3, 4])))
+    assert Checks.__dict__["check"] is check
+    # Three checks, each profiled once (the row of checks.py's check reads "3 ... (check)").
     assert any(line.split()[:1] == ["3"] and line.endswith("(check)") for line in text.splitlines())
     assert "(_core)" not in text  # the steps between checks are not profiled
 

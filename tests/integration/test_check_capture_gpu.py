@@ -42,12 +42,12 @@ def test_compiled_checks_replay_their_captured_measurement_and_end_as_eager_ones
         ends[compiled] = (batch, stage._engine)
     (eager, eager_engine), (graphed, engine) = ends[False], ends[True]
     assert eager.status.tolist() == graphed.status.tolist() == [1] * 6
-    assert eager_engine.step_count == engine.step_count
-    assert eager_engine._check_capture.captures == 0  # eager runs never capture
+    assert eager_engine.state.step_count == engine.state.step_count
+    assert eager_engine.state.check_capture.captures == 0  # eager runs never capture
     # Systems converge at different steps: the key stays (same systems, same fields), so one
     # capture serves every check after the second.
-    assert engine._check_capture.captures == 1
-    assert engine._check_capture.enabled
+    assert engine.state.check_capture.captures == 1
+    assert engine.state.check_capture.enabled
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-10)
     torch.testing.assert_close(graphed.fmax, eager.fmax, rtol=0, atol=1e-12)
 
@@ -60,31 +60,31 @@ def test_a_replayed_check_synchronises_once() -> None:
     engine.prepare(batch)
     for _ in range(3):  # checks measured eagerly, captured, then replayed
         engine.step()
-    assert engine._check_capture.captures == 1
-    syncs = check_syncs(engine, engine.step_count)
+    assert engine.state.check_capture.captures == 1
+    syncs = check_syncs(engine, engine.state.step_count)
     assert len(syncs) == 1, syncs
-    assert engine._check_capture.captures == 1
+    assert engine.state.check_capture.captures == 1
 
 
-def test_a_measurement_that_reads_back_is_measured_eagerly() -> None:
+def test_a_measurement_that_reads_back_is_measured_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A check whose device work synchronises after all (here: a patched mask that reads back)
     cannot be captured: capture turns itself off and the run ends as an eager one."""
     eager_batch, eager_stage = _fire_relaxation(False)
     eager_stage.run(eager_batch)
     batch, stage = _fire_relaxation(True)
     engine = stage._make_engine()
-    plain = type(engine).active_mask
+    plain = type(engine.state).active_mask
 
     def reading_back(self: Any) -> torch.Tensor:
         mask = plain(self)
         bool(mask.any())  # a host synchronisation: not allowed while a stream captures
         return mask
 
-    engine.active_mask = reading_back.__get__(engine)
+    monkeypatch.setattr(type(engine.state), "active_mask", reading_back)
     ran = engine.prepare(batch)
     with pytest.warns(RuntimeWarning, match="measured eagerly"):
         engine.run(300)
-    assert not engine._check_capture.enabled and engine._check_capture.captures == 0
+    assert not engine.state.check_capture.enabled and engine.state.check_capture.captures == 0
     assert ran.status.tolist() == eager_batch.status.tolist() == [1] * 6
     torch.testing.assert_close(ran.positions, eager_batch.positions, rtol=0, atol=1e-10)
 
@@ -101,8 +101,8 @@ def test_a_finished_run_holds_no_graph_memory() -> None:
     stage.run(batch, n_steps=40)
     torch.cuda.synchronize()
     engine = stage._engine
-    assert engine.graph_captures >= 1 and engine._check_capture.captures >= 1  # it did capture
-    assert engine._graph is None and engine._check_capture._graph is None
+    assert engine.state.graph_captures >= 1 and engine.state.check_capture.captures >= 1  # it did capture
+    assert engine.state.graph is None and engine.state.check_capture._graph is None
     # What the graphs' pools held during the run is back: allocated memory is where it was.
     assert torch.cuda.max_memory_allocated() > held
     assert torch.cuda.memory_allocated() <= held + 64 * 1024, (torch.cuda.memory_allocated(), held)
@@ -129,7 +129,7 @@ def test_checks_with_on_converge_hooks_are_captured_and_the_hooks_see_what_eager
         hook = ConvergedAt()
         stage.hooks.append(hook)
         stage.run(batch)
-        seen[compiled] = (hook.seen, stage._engine._check_capture.captures, batch.status.tolist())
+        seen[compiled] = (hook.seen, stage._engine.state.check_capture.captures, batch.status.tolist())
     (eager, eager_captures, eager_status), (graphed, captures, status) = seen[False], seen[True]
     assert eager_status == status == [1] * 6
     assert eager == graphed and sum(len(ids) for _, ids in graphed) == 6

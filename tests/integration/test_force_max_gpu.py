@@ -63,7 +63,7 @@ def test_a_captured_relaxation_converges_where_torchs_measure_says(monkeypatch: 
     measured.clear()
     batch, fire = _relaxed(kernel=True)
     assert measured and all(measured)  # the kernel did (captured: later checks replay it)
-    assert fire._engine.graph_captures == 1
+    assert fire._engine.state.graph_captures == 1
     assert batch.status.tolist() == reference.status.tolist() == [1] * 8
     assert len(set(batch.fire_steps.tolist())) >= 3
     assert batch.fire_steps.tolist() == reference.fire_steps.tolist()

@@ -1,8 +1,8 @@
 """On a GPU: a captured step outlives the checks that move systems between stages.
 
-Relaxations converge at different checks. Each such check rewrites the masks in place; the
-integrators refresh what they derived from them (``refresh_for_replay``), so the graph captured
-at the start keeps replaying, and the run ends exactly where the eager run ends.
+Relaxations converge at different checks. Each such check rewrites the masks in place, and the
+engine rebuilds in place what the integrators derived from them (``StepContext.derived``), so the
+graph captured at the start keeps replaying, and the run ends exactly where the eager run ends.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_fire_keeps_its_graph_while_systems_converge() -> None:
     fire_steps = eager.fire_steps.tolist()
     # The systems converged at several different checks, and the graph was captured once.
     assert len(set(fire_steps)) >= 3
-    assert stage._engine.graph_captures == 1
+    assert stage._engine.state.graph_captures == 1
     assert graphed.status.tolist() == eager.status.tolist()
     assert graphed.fire_steps.tolist() == fire_steps
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
@@ -72,7 +72,7 @@ def test_fused_relax_then_md_keeps_its_graph_and_matches_eager() -> None:
     eager, _ = _relaxed(fused(), compiled=False)
     graphed, stage = _relaxed(fused(), compiled=True)
     assert eager.status.tolist() == graphed.status.tolist() == [2] * 6
-    assert stage._engine.graph_captures == 1
+    assert stage._engine.state.graph_captures == 1
     torch.testing.assert_close(graphed.velocities, eager.velocities, rtol=0, atol=1e-9)
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
 
@@ -90,7 +90,7 @@ def test_a_structure_that_fails_leaves_a_masked_captured_step_in_place() -> None
 
     eager, eager_stage = _relaxed(fire(), compiled=False)
     graphed, stage = _relaxed(fire(), compiled=True)
-    assert stage._engine.graph_captures == 1
+    assert stage._engine.state.graph_captures == 1
     assert [(q.system_id, q.step) for q in stage.quarantined] == \
         [(q.system_id, q.step) for q in eager_stage.quarantined] == [(2, 0)]
     assert graphed.status.tolist() == eager.status.tolist()
@@ -112,7 +112,7 @@ def test_a_structure_that_fails_in_unmasked_md_has_the_step_captured_again_maske
         stage.run(batch)
     torch.cuda.synchronize()
     assert [(q.system_id, q.step) for q in stage.quarantined] == [(1, 99)]
-    assert stage._engine.graph_captures == 2
+    assert stage._engine.state.graph_captures == 2
     assert batch.status.tolist()[0] == 0 and batch.status.tolist()[2] == 0 and batch.status.tolist()[1] < 0
     others = batch.batch_idx != 1
     assert bool(torch.isfinite(batch.positions[others]).all())
@@ -132,7 +132,7 @@ def test_fused_relax_then_langevin_with_the_com_held_matches_eager() -> None:
     eager, _ = _relaxed(fused(), compiled=False)
     graphed, stage = _relaxed(fused(), compiled=True)
     assert eager.status.tolist() == graphed.status.tolist() == [2] * 6
-    assert stage._engine.graph_captures == 1
+    assert stage._engine.state.graph_captures == 1
     torch.testing.assert_close(graphed.velocities, eager.velocities, rtol=0, atol=1e-9)
     torch.testing.assert_close(graphed.positions, eager.positions, rtol=0, atol=1e-9)
     # Each system's centre of mass stays where FIRE's last velocities left it: the noise adds none.

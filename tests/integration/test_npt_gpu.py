@@ -78,7 +78,7 @@ def test_captured_step_replays_what_the_eager_step_does(name: str) -> None:
             dynamics.run(batch, n_steps=60)
         torch.cuda.synchronize()
         if compiled:
-            assert dynamics._engine.graph_captures >= 1
+            assert dynamics._engine.state.graph_captures >= 1
         finals.append((batch.positions.clone(), batch.cell.clone()))
     (x0, c0), (x1, c1) = finals
     torch.testing.assert_close(c1, c0, rtol=1e-9, atol=1e-9)
@@ -103,7 +103,7 @@ def _captured_runs(kind: str, prepare: Any = None, **options: Any) -> dict[str, 
         with dynamics:
             dynamics.run(batch, n_steps=60)
         torch.cuda.synchronize()
-        assert cls is not production or dynamics._engine.graph_captures >= 1
+        assert cls is not production or dynamics._engine.state.graph_captures >= 1
         finals[which] = batch
     assert not torch.allclose(finals["warp"].cell, _cells().cell)  # the cell moved
     return finals
@@ -159,10 +159,10 @@ def test_crescale_warp_replays_advance_the_draw_counter() -> None:
     with dynamics:
         dynamics.run(batch, n_steps=20)
         torch.cuda.synchronize()
-        captures = dynamics._engine.graph_captures
+        captures = dynamics._engine.state.graph_captures
         assert captures >= 1
         before = int(dynamics.noise_counter(batch.device).item())
         dynamics.run(batch, n_steps=7)
         torch.cuda.synchronize()
-        assert dynamics._engine.graph_captures == captures
+        assert dynamics._engine.state.graph_captures == captures
     assert int(dynamics.noise_counter(batch.device).item()) == before + 3 * 7

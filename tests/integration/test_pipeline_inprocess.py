@@ -203,14 +203,14 @@ def test_overflow_sinks_stage_and_drain_in_arrival_order() -> None:
     arrivals: list[int] = []
     pipeline = first | second
     ranks = pipeline.in_process_ranks()
-    original = ranks[1].engine.admit
+    original = ranks[1].engine.admission.admit
 
-    def spy(incoming: Batch, partial: bool = False) -> int:
-        n = original(incoming, partial)
+    def spy(batch: Batch, incoming: Batch, partial: bool = False) -> int:
+        n = original(batch, incoming, partial)
         arrivals.extend(incoming.system_id[incoming._copied_mask].tolist())
         return n
 
-    ranks[1].engine.admit = spy  # type: ignore[method-assign]
+    ranks[1].engine.admission.admit = spy  # type: ignore[method-assign]
     iterate_until_done(ranks)
     assert ranks[1].staged > 0
     assert sorted(arrivals) == list(range(7)) and len(arrivals) == 7

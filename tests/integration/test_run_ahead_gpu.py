@@ -38,12 +38,12 @@ def _relaxed(mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch,
     fire = registry.build("integrator:fire", model=model, n_steps=400, dt=5.0, dt_max=50.0,
                           convergence_hook=ConvergenceHook.from_fmax(1e-3, frequency=1), tuning=tuning).compile()
     writes: list[int] = []
-    original = masks.Masks._write_masks
-    monkeypatch.setattr(masks.Masks, "_write_masks", lambda self: (writes.append(1), original(self)))
+    original = masks.Masks.write_in_step
+    monkeypatch.setattr(masks.Masks, "write_in_step", lambda self, batch: (writes.append(1), original(self, batch)))
     with fire:
         fire.run(batch)
     torch.cuda.synchronize()
-    monkeypatch.setattr(masks.Masks, "_write_masks", original)
+    monkeypatch.setattr(masks.Masks, "write_in_step", original)
     # Captured with the step where asked (the warm-up and the capture call it; replays do not).
     assert (len(writes) > 0) == mode[1]
     return batch, fire
@@ -56,11 +56,11 @@ def test_a_captured_relaxation_run_ahead_ends_where_the_one_that_waits_ends(
     FIRE's per-system sums, added in no fixed order on a GPU), the step captured once."""
     waited, fire_w = _relaxed((False, False), monkeypatch)
     ahead, fire_a = _relaxed(mode, monkeypatch)
-    assert fire_w._engine.steps_run_ahead == 0
+    assert fire_w._engine.state.steps_run_ahead == 0
     # Every check ran the next step ahead, where asked.
-    assert fire_a._engine.steps_run_ahead == (fire_a.step_count if mode[0] else 0)
+    assert fire_a._engine.state.steps_run_ahead == (fire_a.step_count if mode[0] else 0)
     assert fire_a.step_count == fire_w.step_count
-    assert fire_a._engine.graph_captures == 1
+    assert fire_a._engine.state.graph_captures == 1
     assert ahead.status.tolist() == waited.status.tolist() == [1] * 8
     assert len(set(ahead.fire_steps.tolist())) >= 3
     assert ahead.fire_steps.tolist() == waited.fire_steps.tolist()
@@ -73,8 +73,8 @@ def test_a_failing_structure_is_quarantined_at_the_same_check_and_the_others_rel
         mode: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch) -> None:
     waited, fire_w = _relaxed((False, False), monkeypatch, explode=[3])
     ahead, fire_a = _relaxed(mode, monkeypatch, explode=[3])
-    assert (fire_a._engine.steps_run_ahead > 0) == mode[0]
-    assert fire_a._engine.graph_captures == 1
+    assert (fire_a._engine.state.steps_run_ahead > 0) == mode[0]
+    assert fire_a._engine.state.graph_captures == 1
     assert [(q.system_id, q.step, q.reason) for q in fire_a.quarantined] == \
         [(q.system_id, q.step, q.reason) for q in fire_w.quarantined]
     assert len(fire_a.quarantined) == 1 and ahead.status[3].item() < 0

@@ -11,6 +11,7 @@ from integrators_testkit.recording import Record
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
+from alchemi_core.dynamics.context import StepContext
 from alchemi_integrators import FIRE, Langevin, VelocityVerlet
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, temperature
 
@@ -58,11 +59,11 @@ def test_relaxed_systems_enter_md_at_the_initial_temperature(core_tuning) -> Non
     assert center_of_mass_velocity(out).abs().max().item() < 1e-12
 
 
-def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(core_tuning) -> None:
+def test_the_engine_brings_derived_values_to_the_new_masks_in_place(core_tuning) -> None:
     """A captured step keeps reading the tensors it was captured with. After system 0 leaves the
-    Langevin stage, ``refresh_for_replay`` rewrites those same tensors to what a stage that
-    started with system 0 already gone computes. (The stage is compiled: only a run that may
-    replay a captured step keeps what refreshing needs; on a CPU it steps eagerly all the same.)"""
+    Langevin stage, the engine's mask rewrite rebuilds those same tensors (``StepContext.derived``)
+    to what a stage that started with system 0 already gone computes. (The stage is compiled: only
+    a run that may replay a captured step keeps the builds; on a CPU it steps eagerly all the same.)"""
 
     def stages() -> tuple[Langevin, object]:
         nvt = Langevin(ReferenceLJ(), n_steps=50, dt=5.0, temperature=300.0, friction=0.1, tuning=core_tuning)
@@ -77,25 +78,25 @@ def test_refresh_for_replay_brings_cached_values_to_the_new_masks_in_place(core_
     nvt, fused = stages()
     batch = start([0, 0])
     fused.step(batch)
-    held = {name: hit[1] for name, hit in nvt._cache.items()}
-    assert all(hit[2] is not None for hit in nvt._cache.values())  # the builds kept
+    values = nvt.context._derived
+    held = {name: hit[0] for name, hit in values.items()}
+    assert all(hit[1] is not None for hit in values.values())  # the builds kept
     assert "active" in held
     batch.status[0] = 1
-    fused._engine._update_masks()
-    assert nvt.refresh_for_replay(batch)
+    fused._engine.masks.update(batch)
 
     ref_nvt, ref_fused = stages()
     ref_fused.step(start([1, 0]))
-    assert set(ref_nvt._cache) <= set(held)
-    for name, (_, expected, *_) in ref_nvt._cache.items():
-        now = nvt._cache[name][1]
+    assert set(ref_nvt.context._derived) <= set(held)
+    for name, (expected, *_) in ref_nvt.context._derived.items():
+        now = values[name][0]
         for got, want, was in zip(_flat(now), _flat(expected), _flat(held[name])):
             if isinstance(got, torch.Tensor):
                 assert got is was, f"{name} was replaced, not refreshed in place"
                 torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
             else:
                 assert got == want, name
-    assert nvt._cache["active"][1].tolist() == [0.0, 1.0]
+    assert values["active"][0].tolist() == [0.0, 1.0]
 
 
 def _flat(value: object) -> tuple:
@@ -103,10 +104,13 @@ def _flat(value: object) -> tuple:
 
 
 def test_values_that_do_not_read_the_masks_outlive_a_mask_rewrite_but_not_a_change_of_systems(core_tuning) -> None:
-    """``cached(masks=False)`` (parameter broadcasts, masses) is rebuilt when the batch's systems
-    change, not when the engine rewrites the masks; a value that reads the masks is rebuilt then."""
+    """``cached(masks=False)`` (parameter broadcasts, masses) is kept when the engine rewrites the
+    masks and dropped when the batch's systems change; a value that reads the masks is rebuilt
+    in place at a rewrite (where the run keeps the builds)."""
     batch = Batch.from_data_list([argon(1, rattle=0.1, seed=s) for s in range(3)])
     fire = FIRE(ReferenceLJ(), n_steps=10, dt=5.0, tuning=core_tuning)
+    fire.context = StepContext.standalone(batch)
+    fire.context.keeps_builds = True
     builds: list[str] = []
 
     def value(name: str, masks: bool) -> torch.Tensor:
@@ -116,14 +120,13 @@ def test_values_that_do_not_read_the_masks_outlive_a_mask_rewrite_but_not_a_chan
 
         return fire.cached(name, batch, build, reads_fields=False, masks=masks)
 
-    fire.context.version = 1
     first = value("systems", False), value("masks", True)
-    fire.context.version = 2  # the masks were rewritten
+    assert fire.context.refresh_derived(systems_changed=False)  # the masks were rewritten
     again = value("systems", False), value("masks", True)
     assert builds == ["systems", "masks", "masks"]
-    assert again[0] is first[0] and again[1] is first[1]  # refreshed in place where rebuilt
-    assert fire.refresh_for_replay(batch) and len(builds) == 3  # nothing stale to refresh
+    assert again[0] is first[0] and again[1] is first[1]  # rebuilt in place
     batch.defrag(torch.tensor([True, False, False]))  # a system left: the systems changed
+    assert fire.context.refresh_derived(systems_changed=True)
     assert value("systems", False).shape == (2,)
     assert builds[-1] == "systems"
 

@@ -1,7 +1,7 @@
 """An integrator driven by ``step()`` alone is freed by reference counting when dropped, its
-batch with it: its cache of mask-derived values keeps no build function (each closes over the
-integrator) unless a run may have to rebuild them in place (a captured step, masks rewritten in
-the step), and a run's end empties the cache."""
+batch with it: the engine keeps no build function of the values it derived from the masks (each
+closes over the integrator) unless it must rebuild them in place itself (a captured step, masks
+rewritten in the step), and a run's end drops those values."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def _stepped_and_dropped(name: str, device: str) -> None:
         stage = STAGES[name](ReferenceLJ())
         for _ in range(4):
             stage.step(batch)
-        assert stage._cache  # it did cache values
-        assert all(build is None for _, _, build, _ in stage._cache.values())
+        assert stage.context._derived  # it did derive values
+        assert all(build is None for _, build, _ in stage.context._derived.values())
         refs = watch(stage, batch)
         del stage, batch
         assert still_alive(refs) == []
@@ -55,9 +55,10 @@ def test_a_run_that_rewrites_masks_in_its_steps_keeps_the_builds():
         batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(3)])
         fire = FIRE(ReferenceLJ(), dt=1.0, tuning=CoreTuning(run_ahead=False, masks_in_step=True, force_max_kernel=True))
         fire.step(batch)
-        assert fire._cache and all(build is not None for _, _, build, _ in fire._cache.values())
+        assert fire.context._derived
+        assert all(build is not None for _, build, _ in fire.context._derived.values())
         fire.run(batch, n_steps=3)
-        assert not fire._cache
+        assert not fire.context._derived
         refs = watch(fire, batch)
         del fire, batch
         assert still_alive(refs) == []

@@ -54,7 +54,7 @@ def test_captured_steps_allocate_nothing(seven_net):
     assert step_allocations(stage, Batch.from_atoms(copper_cells(4), dtype=torch.float32, device="cuda")) == (0, 0)
     # One capture in the warm-up run, one after it (a finished run drops its graph); none while
     # the steps were counted.
-    assert stage._engine.graph_captures == 2
+    assert stage._engine.state.graph_captures == 2
 
 
 @pytest.mark.parametrize("inflight", [False, True], ids=["fused", "inflight"])

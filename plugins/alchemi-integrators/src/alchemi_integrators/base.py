@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,12 +59,6 @@ class Integrator(BaseDynamics):
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         self.declare("dt", dt, unit="fs", low=0.0, low_open=True)
         self.work = Workspace()
-        #: Values derived from the masks and parameters: name -> (key, value, build, reads masks).
-        #: ``build`` is kept only where a captured step may need the value refreshed in place
-        #: (:meth:`_keeps_builds`): it closes over this integrator, and a stage driven by ``step()``
-        #: alone would otherwise stay in a reference cycle, its batch's memory with it, until the
-        #: cycle collector ran.
-        self._cache: dict[str, tuple[Hashable, Any, Callable[[], Any] | None, bool]] = {}
         self._reads_user_fields = False
 
     @staticmethod
@@ -98,14 +92,9 @@ class Integrator(BaseDynamics):
                 f"{self.name}: the Warp kernels take float32 or float64 positions, got "
                 f"{batch.positions.dtype}; convert the batch (batch.to(torch.float32))"
             )
-        self._cache.clear()
         self._reads_user_fields = any(p.varies for p in self.parameters.values())
         self.create_state(batch)
 
-    def release_run_state(self) -> None:
-        """Empty the cache of mask-derived values at a run's end: its build functions close over
-        this integrator (a cycle), and the next run's ``setup`` would empty it anyway."""
-        self._cache.clear()
 
     def create_state(self, batch: Batch) -> None:
         """Create the per-system state fields this integrator keeps (subclasses)."""
@@ -139,68 +128,18 @@ class Integrator(BaseDynamics):
     def cached(
         self, name: str, batch: Batch, build: Callable[[], Any], reads_fields: bool = True, masks: bool = True
     ) -> Any:
-        """``build()``, reused while the batch's systems and this stage's masks are unchanged.
+        """``build()``, kept by the engine while the batch's systems (and, with ``masks``, this
+        stage's masks) are unchanged (``StepContext.derived``).
 
         Args:
             reads_fields: ``build`` reads parameters; when any parameter comes from a user's field
                 (which may change any step) the value is rebuilt every step.
             masks: ``build`` reads the masks (or anything the engine rewrites with them). False:
-                it reads only the batch's systems (a parameter broadcast, masses), and the value
-                is kept until they change. On W2 (FIRE, a check every step) systems converge at
-                about half the checks; each rewrote the masks and rebuilt eleven such values, two
-                device operations each, on the host's time before the next step.
+                it reads only the batch's systems (a parameter broadcast, masses).
         """
         if reads_fields and self._reads_user_fields:
             return build()
-        key = self._cache_key(batch, masks)
-        hit = self._cache.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        value = build()
-        if hit is not None and _copy_into(hit[1], value):
-            # Same layout, new masks: refreshed in place, so a captured CUDA graph that read the
-            # old tensors sees the new values.
-            value = hit[1]
-        self._cache[name] = (key, value, build if self._keeps_builds() else None, masks)
-        return value
-
-    def _keeps_builds(self) -> bool:
-        """Whether cached values may have to be rebuilt in place (see ``RunView.refreshes_in_place``)."""
-        run = self.context.run
-        return run is not None and run.refreshes_in_place
-
-    def _cache_key(self, batch: Batch, masks: bool) -> Hashable:
-        """What a cached value is valid for. The context's version changes whenever the engine
-        rewrites the masks or the systems change, and is never reused; ``batch.version`` changes
-        with the systems only (and ``setup`` empties the cache at each run's start)."""
-        return self.context.version if masks else ("systems", id(batch), batch.version)
-
-    def refresh_for_replay(self, batch: Batch) -> bool:
-        """Rebuild every cached value for the current masks, in place (see ``BaseDynamics``).
-
-        The step reads the masks and the batch's fields through tensors, and everything else it
-        derives from them through :meth:`cached`, so refreshing the cache keeps a captured step
-        right. False when a value cannot be refreshed in place (its shape or kind changed).
-        """
-        for name, (seen, old, build, masks) in list(self._cache.items()):
-            key = self._cache_key(batch, masks)
-            if seen == key:
-                continue
-            if build is None or not _copy_into(old, build()):
-                return False
-            self._cache[name] = (key, old, build, masks)
-        return True
-
-    def rebuild_mask_values(self, batch: Batch) -> bool:
-        """Rebuild in place every cached value read from the masks, whatever its key says (see
-        ``BaseDynamics``): the engine calls it inside a captured step that rewrites the masks
-        itself. False where this integrator does not say its builds can be captured
-        (``mask_values_in_step``: nothing done) or a value changed its layout (which takes a
-        change of the batch's systems, after which the step is captured anew)."""
-        if not self.mask_values_in_step:
-            return False
-        return all(build is not None and _copy_into(old, build())
-                   for _, old, build, masks in list(self._cache.values()) if masks)
+        return self.context.derived(name, build, masks=masks)
 
     def active(self, batch: Batch) -> torch.Tensor | None:
         """``[B]`` 1.0 for systems this stage integrates now and 0.0 for the others (None: all)."""
@@ -276,26 +215,3 @@ class MDIntegrator(Integrator):
             temps = self.per_system("initial_temperature", batch)
             draw_velocities(batch, temps, generator=self.generator(batch.device), mask=entering)
 
-
-def _copy_into(old: Any, new: Any) -> bool:
-    """Copy ``new`` into ``old`` in place where they have one layout: tensors of one shape, dtype
-    and device, or tuples of such tensors, equal numbers and Nones. False, with nothing copied,
-    where they differ."""
-    if not _same_layout(old, new):
-        return False
-    for a, b in zip(old, new) if isinstance(old, tuple) else ((old, new),):
-        if isinstance(a, torch.Tensor):
-            a.copy_(b)
-    return True
-
-
-def _same_layout(old: Any, new: Any) -> bool:
-    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-        return old.shape == new.shape and old.dtype == new.dtype and old.device == new.device
-    if isinstance(old, tuple) and isinstance(new, tuple):
-        return len(old) == len(new) and all(
-            not isinstance(a, tuple) and _same_layout(a, b) for a, b in zip(old, new)
-        )
-    if isinstance(old, (int, float)) and isinstance(new, (int, float)):
-        return bool(old == new)
-    return old is None and new is None  # a part a value has only in some layouts (absent in both)

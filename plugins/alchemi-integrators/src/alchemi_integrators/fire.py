@@ -221,8 +221,8 @@ class _FireBase(Integrator):
     @property
     def mask_values_in_step(self) -> bool:  # type: ignore[override]
         """The one value FIRE derives from the masks (``active``) is built on the device alone, so
-        a captured step may rebuild it from masks it rewrote itself (``CoreTuning.masks_in_step``); with
-        a cell filter, the engine keeps rewriting them on the host (not measured that way)."""
+        a captured step may rebuild it from masks it rewrote itself (``CoreTuning.masks_in_step``);
+        with a cell filter, the engine keeps rewriting them on the host (not measured that way)."""
         return self.cell_filter is None
 
     # ------------------------------------------------------------------ the step
