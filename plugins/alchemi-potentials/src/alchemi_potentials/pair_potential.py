@@ -1,20 +1,12 @@
 """``PairPotential``: what Lennard-Jones and Morse share: parameter tables, the cutoff treatment,
 the batched neighbour list, and one Warp kernel that sums pairs into energies, forces and stress.
 
-A forward makes no host synchronisation and, once buffers exist for a set of systems, allocates
-nothing: it updates the neighbour list (rebuilding on the device only the systems that need it),
-zeroes the per-system totals and runs the pair kernel on torch's current stream. Forces and
-energies (and stress) go straight into ``batch.forces``, ``batch.energy`` (``batch.stress``) when
-the batch has them with the positions' dtype, and those same tensors are returned, so the engine
-copies nothing; otherwise the results are fresh tensors.
-
-Cutoff treatments (pick at most one):
-
-* none (default): pairs beyond the cutoff are ignored; energy jumps at the cutoff,
-* ``shift_energy=True``: each pair energy is shifted to zero at the cutoff (forces unchanged;
-  ASE's ``LennardJones`` does this),
-* ``switch_onset=r_on``: energies are multiplied by a quintic smoothstep from 1 at ``r_on`` to 0 at
-  the cutoff, so energy and forces are continuous (ASE's ``MorsePotential`` does this).
+A forward makes no host synchronisation and, once buffers exist, allocates nothing; it writes
+into ``batch.forces``, ``batch.energy`` (``batch.stress``) when they have the positions' dtype and
+returns them, else fresh tensors. Cutoff treatments (at most one): none (energy jumps at the
+cutoff); ``shift_energy=True`` (pair energies shifted to zero there, as ASE's ``LennardJones``);
+``switch_onset=r_on`` (a quintic smoothstep from 1 at ``r_on`` to 0 at the cutoff, as ASE's
+``MorsePotential``).
 """
 
 from __future__ import annotations
@@ -46,12 +38,8 @@ FOLD_CHUNK = 64
 
 
 class _Outputs:
-    """Targets and recorded launches of one forward configuration (one set of systems, one set
-    of tensors); a step that finds the same configuration only replays the launches.
-
-    ``owned`` names the targets that are the model's scratch buffers rather than the batch's
-    fields: those are returned as copies, so a result never changes under its holder's feet.
-    """
+    """Targets and recorded launches of one forward configuration (replayed while it lasts);
+    ``owned`` targets are the model's scratch buffers, returned as copies."""
 
     def __init__(self, key: tuple[Any, ...], forces: torch.Tensor, energy: torch.Tensor,
                  stress: torch.Tensor | None, owned: set[str], launches: _warp.LaunchSequence,
@@ -84,15 +72,13 @@ class PairPotential(BaseModel):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
-        skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's, 1.0 on
-            GPUs and CPUs; ``BatchedNeighborList``).
+        skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
         neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);
             its cutoff must be at least ``cutoff``. Give skin and max_neighbors to it, not here.
-        tuning: Per-device choices of the pair kernel and of the model's own neighbour list
-            (default: ``PotentialsTuning.for_device`` of the batch's device; see
-            ``alchemi_potentials.tuning``).
+        tuning: Per-device choices of the pair kernel and the model's own neighbour list
+            (default: ``PotentialsTuning.for_device`` of the batch's device).
 
     Raises:
         ConfigurationError: A bad cutoff or switch onset, both cutoff treatments at once, or a
@@ -304,11 +290,8 @@ class PairPotential(BaseModel):
             )
 
     def check_batch(self, batch: Batch) -> None:
-        """Reject what this model cannot evaluate correctly (reads back; not per step).
-
-        Atoms with more neighbours than a fixed ``max_neighbors`` are found by the forward that
-        follows, on the device, and raised by :meth:`verify` (a run calls it right after that
-        forward; a direct call of the model does it itself).
+        """Reject what this model cannot evaluate correctly (reads back; not per step). Atoms with
+        more neighbours than a fixed ``max_neighbors`` are raised by :meth:`verify`.
 
         Raises:
             InvalidDataError: Elements without parameters, positions that are not float32 or
@@ -340,8 +323,7 @@ class PairPotential(BaseModel):
         self.neighbor_list.verify(batch)
 
     def error_flag(self, batch: Batch) -> torch.Tensor | None:
-        """True on the device when :meth:`verify` may raise (the engine reads it with a check's
-        other flags, instead of ``verify`` reading back on its own)."""
+        """True on the device when :meth:`verify` may raise (read with a check's other flags)."""
         return self.neighbor_list.error_flag(batch)
 
     def extra_repr(self) -> str:

@@ -1,14 +1,9 @@
 """``GPUBuffer`` (``sink:gpu-buffer``): a fixed-size, device-resident store of systems.
 
-The buffer pre-allocates one ``Batch`` on its first ``write``, shaped for ``capacity`` systems of
-at most ``max_atoms`` atoms and ``max_edges`` edges each, with every field (name, dtype, trailing
-shape) of that first batch. Later writes copy rows into it with ``Batch.put`` and allocate
-nothing; ``zero`` empties it and keeps the memory, so its tensors keep their addresses (what a
-captured CUDA graph or a pipeline's matched ``isend``/``irecv`` buffers need). On CUDA the copies
-run as Warp kernels (``buffer:warp``).
-
-A write is all or nothing: if the selected systems would not fit, or one of them is larger than
-the per-system limits, it raises ``RuntimeError`` and stores nothing.
+The first ``write`` allocates one ``Batch`` for ``capacity`` systems of at most ``max_atoms`` atoms
+and ``max_edges`` edges, with that batch's fields; later writes copy rows in with ``Batch.put``
+and allocate nothing, and ``zero`` keeps the memory (and the addresses a CUDA graph or matched
+``isend``/``irecv`` need). A write is all or nothing.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -68,7 +63,6 @@ class GPUBuffer(SavesContents, DataSink):
                     'pass device="cpu" on machines without a GPU'
                 )
             if device.index is None:
-                # One canonical name for the device ("cuda" and "cuda:0" compare unequal).
                 device = torch.device("cuda", torch.cuda.current_device())
         self._capacity = int(capacity)
         self._max_atoms = int(max_atoms)
@@ -112,11 +106,8 @@ class GPUBuffer(SavesContents, DataSink):
 
     # ------------------------------------------------------------------ writing
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
-        """Copy the systems of ``batch`` where ``mask`` is True (all when None) into the buffer.
-
-        Uses ``Batch.put`` (no allocation after the first write) and sets ``_copied_mask`` (which
-        systems of ``batch`` were copied) and ``_dest_mask`` (which slots were filled). The batch's
-        contents are not changed.
+        """Copy the systems of ``batch`` where ``mask`` is True (all when None) into the buffer;
+        sets ``_copied_mask`` (systems copied) and ``_dest_mask`` (slots filled).
 
         Raises:
             RuntimeError: The selected systems would exceed the capacity, or one of them has more
