@@ -30,6 +30,7 @@ import torch
 
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
+from alchemi_potentials.cueq import KernelChoice
 from alchemi_potentials.neighbors import EdgeList
 from alchemi_potentials.neighbors.chunks import SystemChunk, SystemChunks
 from alchemi_potentials.neighbors.edges import Edges
@@ -68,6 +69,10 @@ class EdgeModel(BaseModel):
     #: Device bytes per atom of one step in float32, deliberately high;
     #: :meth:`measure_bytes_per_atom` replaces it by a measurement.
     BYTES_PER_ATOM: ClassVar[float] = 1e6
+    #: The same on cuEquivariance's kernels (models whose network may run on them).
+    BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1e6
+    #: When the network runs on cuEquivariance's kernels; None for a model that never does.
+    _kernels: KernelChoice | None = None
 
     def __init__(self, *, cutoff: float, name: str, species: tuple[int, ...] | None = None,
                  dtype: torch.dtype | None = None, skin: float = 0.5, max_neighbors: int | None = None,
@@ -185,10 +190,16 @@ class EdgeModel(BaseModel):
 
     def bytes_per_atom(self) -> float:
         """Device bytes one atom needs in a step: measured (:meth:`measure_bytes_per_atom`), else
-        the class's estimate scaled to the model's precision."""
+        the class's estimate for the kernels the network will run on, scaled to its precision."""
         if self._measured is not None:
             return self._measured
-        return self.BYTES_PER_ATOM * (2 if self.dtype == torch.float64 else 1)
+        per_atom = self.BYTES_PER_ATOM_CUEQ if self._kernels is not None and self._kernels.expected() else self.BYTES_PER_ATOM
+        return per_atom * (2 if self.dtype == torch.float64 else 1)
+
+    @property
+    def uses_cueq(self) -> bool:
+        """Whether the network runs on cuEquivariance's kernels (unasked: decided at its first call)."""
+        return self._kernels is not None and self._kernels.converted
 
     def measure_bytes_per_atom(self, batch: Batch, headroom: float = 1.25) -> float:
         """Measure the peak device memory per atom (with ``headroom``) of a step with stress on
