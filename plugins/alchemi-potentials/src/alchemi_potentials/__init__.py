@@ -1,8 +1,6 @@
 """alchemi-potentials: Lennard-Jones and Morse as Warp kernels on batched periodic neighbour
-lists, and any ASE calculator as a model.
-
-Names are imported on first use, so ``import alchemi_potentials`` (and plugin discovery) never
-imports Warp.
+lists, edge-based models (D3, and the base of MACE and SevenNet), sums, and any ASE calculator.
+Names are imported on first use.
 
 Example:
     >>> from alchemi_potentials import LennardJones

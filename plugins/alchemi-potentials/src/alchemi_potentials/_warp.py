@@ -1,9 +1,5 @@
-"""alchemi-potentials' handle on the shared Warp runtime (``alchemi_core.warp_runtime``).
-
-Initialisation, zero-copy views of torch tensors, torch's stream as a Warp stream and kernel
-launches recorded once and replayed all live in core, the one place every plugin launches Warp
-kernels from; this module only names this package in the errors. Warp is imported on first use,
-so importing the package stays cheap.
+"""alchemi-potentials' handle on the shared Warp runtime (``alchemi_core.warp_runtime``), naming
+this package in the errors.
 """
 
 from __future__ import annotations

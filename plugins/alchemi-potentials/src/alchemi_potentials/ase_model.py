@@ -38,9 +38,8 @@ class AseCalculatorModel(BaseModel):
     """Wrap an ASE calculator (see the module docstring).
 
     Args:
-        calculator_or_factory: A calculator instance, shared by all systems (ASE recomputes when
-            it sees different atoms), or a callable returning a new calculator, called once per
-            batch slot (for calculators that keep per-structure state).
+        calculator_or_factory: A calculator shared by all systems, or a callable returning a new
+            one, called once per batch slot (for calculators with per-structure state).
 
     Raises:
         ConfigurationError: The argument is neither a calculator nor a callable.

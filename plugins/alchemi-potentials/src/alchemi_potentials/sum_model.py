@@ -1,8 +1,6 @@
-"""``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3 dispersion.
-
-The card takes the largest cutoff, the species every part knows, and stress only when every part
-gives it. Parts may be models or registry specs: ``"model:d3"`` or ``{"model": "model:d3",
-"functional": "pbe"}``.
+"""``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3. The card
+takes the largest cutoff, the species every part knows, and stress when every part gives it.
+Parts may be models or registry specs (``"model:d3"``, ``{"model": "model:d3", ...}``).
 
 Example:
     >>> from alchemi_potentials import LennardJones, Morse

@@ -1,9 +1,7 @@
-"""The pair potentials' and neighbour lists' per-device choices (:class:`PotentialsTuning`).
-
-:class:`~alchemi_potentials.LennardJones`, :class:`~alchemi_potentials.Morse` and
-:class:`~alchemi_potentials.BatchedNeighborList` take an optional ``tuning=`` (default:
-:meth:`PotentialsTuning.for_device`). Every choice gives the same pairs and forces to rounding;
-they differ in speed. ``fast_math`` and ``min_blocks_large`` are CUDA compiler options.
+"""The pair potentials' and neighbour lists' per-device choices (:class:`PotentialsTuning`), taken
+as ``tuning=`` by :class:`~alchemi_potentials.LennardJones`, :class:`~alchemi_potentials.Morse` and
+:class:`~alchemi_potentials.BatchedNeighborList` (default: :meth:`PotentialsTuning.for_device`).
+Every choice gives the same pairs and forces to rounding.
 
 Example:
     >>> import attrs
@@ -52,13 +50,11 @@ class PotentialsTuning:
             row, coalesced) or ``"rows"`` (each slot's entries contiguous, for a CPU).
         search_parts: Threads per slot of a build's search where parts pay
             (``layout.search_parts``; W1 108x2048 0.447 -> 0.365 ms a step at 9).
-        search_listed: The search walks a list of the rebuilding slots instead of every slot
-            (``layout.search_listed``).
+        search_listed: The search walks a list of the rebuilding slots instead of every slot (on
+            a CPU the list's own kernels cost more than the idle slots they spare).
         join_fraction: A list's ``join_fraction`` where none is given (rebuilds in cohorts; W1
             256x1024 0.288 / 0.264 ms a step at 0.9 / 0.8).
         force_search_parts: Threads per slot whatever the batch, instead of the rule (None): for
-            measurements and tests.
-        force_search_listed: Listed or not whatever the batch, instead of the rule (None): for
             measurements and tests.
     """
 
@@ -77,7 +73,6 @@ class PotentialsTuning:
     lane_width: int = 8
     wide_lane_width: int = 16
     force_search_parts: int | None = None
-    force_search_listed: bool | None = None
 
     @classmethod
     def for_device(cls, device: str | torch.device) -> PotentialsTuning:
@@ -89,4 +84,4 @@ class PotentialsTuning:
                        search_listed=True, join_fraction=0.8)
         return cls(unroll=1, masked=True, lanes=True, fast_math=False, min_blocks_large=0, skin=1.0,
                    half_list=True, search_trim=True, matrix_order="rows", search_parts=1,
-                   search_listed=True, join_fraction=1.0)
+                   search_listed=False, join_fraction=1.0)

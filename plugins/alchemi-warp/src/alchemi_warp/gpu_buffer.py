@@ -38,17 +38,6 @@ class GPUBuffer(SavesContents, DataSink):
 
     Raises:
         ConfigurationError: A negative size, or a CUDA device on a machine without CUDA.
-
-    Example:
-        >>> import torch
-        >>> from alchemi_core.testing import make_batch
-        >>> device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        >>> buffer = GPUBuffer(capacity=100, max_atoms=50, max_edges=200, device=device)
-        >>> buffer.write(make_batch([3, 4]).to(device))
-        >>> len(buffer)
-        2
-        >>> buffer.read().num_nodes_list
-        [3, 4]
     """
 
     def __init__(self, capacity: int, max_atoms: int, max_edges: int, device: torch.device | str = "cuda") -> None:

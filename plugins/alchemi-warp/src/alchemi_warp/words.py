@@ -1,6 +1,5 @@
-"""Tensors seen as rows of integer words, so one copy kernel serves every dtype, bit-identical
-(NaN payloads, ``-0.0`` and bool bytes travel unchanged). The widest word that divides the row size
-and the byte offset is chosen.
+"""Tensors seen as rows of the widest integer words that fit, so one copy kernel serves every
+dtype, bit-identical.
 
 Example:
     >>> import torch

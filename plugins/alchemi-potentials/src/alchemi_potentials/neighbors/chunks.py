@@ -1,15 +1,10 @@
-"""Chunks of whole systems, and each chunk's own COO edges, for evaluating a model piecewise.
+"""Chunks of whole systems, each with its own COO edges, for evaluating a model piecewise (a
+network's activations for the backward pass may not fit for a whole batch).
 
-A message-passing network keeps activations on every edge for its backward pass: a batch whose
-positions and edges fit may not fit as one forward and backward. :class:`SystemChunks` groups the
-systems into chunks of at most ``max_atoms`` atoms (a larger system is a chunk of its own),
-evaluated one after the other with the same results. Each :class:`SystemChunk` reads like a batch
-(``num_graphs``, ``num_nodes``, ``atomic_numbers``, ``batch_idx``, ``batch_ptr``, local to it) and
-holds a fixed-capacity *edge window*: its edges, gathered from the batch's
-:class:`~alchemi_potentials.neighbors.edges.Edges` at every update (a chunk's edges are contiguous)
-with local indices and padding after them, without host synchronisation. Windows are sized when the
-plan is made, with the edge list's headroom; :meth:`SystemChunks.verify` reports one that
-overflowed. A plan belongs to one batch, ``batch.version`` and :class:`Edges` object.
+:class:`SystemChunks` groups the systems into chunks of at most ``max_atoms`` atoms; each
+:class:`SystemChunk` reads like a batch (local indices) and holds a fixed-capacity *edge window*,
+gathered from the batch's :class:`~alchemi_potentials.neighbors.edges.Edges` at every update
+without host synchronisation. A plan belongs to one batch, ``batch.version`` and ``Edges`` object.
 
 Example:
     >>> from alchemi_potentials.testing import copper_cells

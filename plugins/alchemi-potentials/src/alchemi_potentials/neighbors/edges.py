@@ -1,12 +1,10 @@
-"""``EdgeList``: the graph edges of message-passing models, from the batched cell list.
+"""``EdgeList``: the COO edges of message-passing models, from the batched cell list.
 
-Edge ``e`` goes from ``sender[e]`` to ``receiver[e]`` with integer lattice shift ``unit_shifts[e]``:
-its vector is ``positions[receiver] - positions[sender] + unit_shifts @ cell`` (ASE's
-``neighbor_list("ijS")``). Every pair closer than the cutoff appears twice, once each way, and no
-pair at or beyond it (SevenNet has no ``r < cutoff`` mask of its own). The edges live in buffers of
-fixed capacity, so a step allocates and reads back nothing. The tail holds *padding edges*: an atom
-to itself (the atoms in turn) with vector exactly ``(padding_length, 0, 0)``; at the model's cutoff
-or beyond they change no result. :meth:`Edges.vectors` adds the padding.
+Edge ``e`` goes from ``sender[e]`` to ``receiver[e]`` with vector ``positions[receiver] -
+positions[sender] + unit_shifts[e] @ cell`` (ASE's ``"ijS"``): every pair closer than the cutoff,
+once each way, and no other. The buffers have a fixed capacity (no allocation or read-back per
+step); the tail holds *padding edges*, an atom to itself with vector ``(padding_length, 0, 0)``,
+which change no result of a model whose terms vanish there (:meth:`Edges.vectors` adds it).
 
 Example:
     >>> from ase.build import bulk

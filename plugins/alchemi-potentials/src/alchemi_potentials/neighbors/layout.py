@@ -57,22 +57,6 @@ def search_parts(tuning: PotentialsTuning, atoms_per_system: np.ndarray, join_fr
     return 1
 
 
-def search_listed(tuning: PotentialsTuning, device_type: str, atoms: int) -> bool:
-    """Whether the neighbour search walks a list of the rebuilding slots on this device type (a
-    CPU never does: there the list's own kernels cost more than the idle slots they spare).
-
-    Example:
-        >>> gpu, cpu = PotentialsTuning.for_device("cuda"), PotentialsTuning.for_device("cpu")
-        >>> search_listed(gpu, "cuda", 100), search_listed(cpu, "cpu", 100), search_listed(cpu, "cpu", 10_000)
-        (True, False, False)
-    """
-    if tuning.force_search_listed is not None:
-        return tuning.force_search_listed
-    if device_type == "cpu":
-        return False
-    return tuning.search_listed
-
-
 def listed_threads(device: torch.device, work: int) -> int:
     """Threads of a listed search on ``device`` for at most ``work`` slots and parts.
 
@@ -267,7 +251,7 @@ class Layout:
             self.found_in_part = scratch.view(torch.int16)[: parts * width].view(parts, width)
         else:
             self.found_in_part = torch.zeros((parts, width), dtype=torch.int16, device=dev)
-        self.listed = search_listed(tuning, dev.type, self.num_atoms)
+        self.listed = tuning.search_listed
         self.work_slot = torch.zeros(v_cap if self.listed else 1, dtype=torch.int32, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
