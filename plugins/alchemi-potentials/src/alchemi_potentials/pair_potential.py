@@ -135,19 +135,19 @@ class PairPotential(BaseModel):
         self._check_list_cutoff()
         self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
         self._rows = self._parameter_rows()
+        self._types = table.type_lookup()
         self._reset_device_state()
 
     def _reset_device_state(self) -> None:
         """Forget device tables, buffers and recorded launches (rebuilt on the next forward)."""
-        self._device_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
-        self._type_luts: dict[torch.device, tuple[torch.Tensor, Any]] = {}
+        self._device_arrays: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
         state = super().__getstate__()
-        state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={})
+        state.update(_device_arrays={}, _outputs=None, _scratch_buffers={})
         return state
 
     # ------------------------------------------------------------------ parameters
@@ -172,20 +172,13 @@ class PairPotential(BaseModel):
         rows[:n, :n] = np.stack([a, b, c, shift], axis=-1)
         return rows.reshape(-1, 4)
 
-    def _device_table(self, device: torch.device, dtype: torch.dtype) -> Any:
-        key = (device, dtype)
-        entry = self._device_tables.get(key)
+    def _device_array(self, name: str, dtype: torch.dtype, device: torch.device) -> Any:
+        """``_rows`` (parameters) or ``_types`` (the type of every atomic number) on ``device``."""
+        key = (name, dtype, device)
+        entry = self._device_arrays.get(key)
         if entry is None:
-            t = torch.as_tensor(self._rows, dtype=dtype, device=device).contiguous()
-            entry = self._device_tables[key] = (t, _warp.view(t))
-        return entry[1]
-
-    def _type_lut(self, device: torch.device) -> Any:
-        """int32 parameter type of every atomic number (the kernels map slots' numbers through it)."""
-        entry = self._type_luts.get(device)
-        if entry is None:
-            t = torch.as_tensor(self.table.type_lookup(), dtype=torch.int32, device=device).contiguous()
-            entry = self._type_luts[device] = (t, _warp.view(t))
+            t = torch.as_tensor(getattr(self, name), dtype=dtype, device=device).contiguous()
+            entry = self._device_arrays[key] = (t, _warp.view(t))
         return entry[1]
 
     # ------------------------------------------------------------------ the forward
@@ -268,8 +261,9 @@ class PairPotential(BaseModel):
         if tuning.lanes and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
         seq.add(pair_kernel(options), n_atoms, [
-            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
-            self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
+            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._device_array("_types", torch.int32, pos.device),
+            n_types, n_types + 1,
+            self._device_array("_rows", pos.dtype, pos.device), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
             F, E, W, SE, SW,
         ])
         held = []
@@ -311,8 +305,7 @@ class PairPotential(BaseModel):
 
     def memory_bytes(self) -> int:
         """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""
-        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_tables.values()),
-                *(t for t, _ in self._type_luts.values())]
+        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_arrays.values())]
         if self._outputs is not None:
             held += self._outputs.held
         return self.neighbor_list.memory_bytes() + sum(t.numel() * t.element_size() for t in held)

@@ -218,33 +218,24 @@ class BatchedNeighborList:
     def _inputs(self, layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions, cell ``[B, 3, 3]`` in their dtype and pbc ``[B, 3]`` bool (allocated once)."""
         pos = batch.positions
-        n = layout.num_systems
-        store = layout.inputs
-        if "pbc" in batch:
-            pbc = batch.pbc
-            if pbc.dtype != torch.bool:
-                buf = store.get("pbc_bool")
-                if buf is None:
-                    buf = store["pbc_bool"] = torch.zeros(pbc.shape, dtype=torch.bool, device=pbc.device)
-                buf.copy_(pbc)
-                pbc = buf
-        else:
-            pbc = store.get("no_pbc")
-            if pbc is None:
-                pbc = store["no_pbc"] = torch.zeros((n, 3), dtype=torch.bool, device=pos.device)
-        if "cell" in batch:
-            cell = batch.cell
-            if cell.dtype != pos.dtype or not cell.is_contiguous():
-                buf = store.get("cell_cast")
-                if buf is None or buf.dtype != pos.dtype:
-                    buf = store["cell_cast"] = torch.empty((n, 3, 3), dtype=pos.dtype, device=pos.device)
-                buf.copy_(cell)
-                cell = buf
-        else:
+        n, store = layout.num_systems, layout.inputs
+
+        def held(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            buf = store.get(name)
+            if buf is None or buf.dtype != dtype:
+                buf = store[name] = torch.zeros(shape, dtype=dtype, device=pos.device)
+            return buf
+
+        pbc = batch.pbc if "pbc" in batch else held("no_pbc", (n, 3), torch.bool)
+        if pbc.dtype != torch.bool:
+            pbc = held("pbc_bool", tuple(pbc.shape), torch.bool).copy_(pbc)
+        if "cell" not in batch:
             # Periodic axes without a cell: a zero-volume cell in verify() (check_batch rejects them).
-            cell = store.get("no_cell")
-            if cell is None or cell.dtype != pos.dtype:
-                cell = store["no_cell"] = torch.zeros((n, 3, 3), dtype=pos.dtype, device=pos.device)
+            cell = held("no_cell", (n, 3, 3), pos.dtype)
+        elif batch.cell.dtype != pos.dtype or not batch.cell.is_contiguous():
+            cell = held("cell_cast", (n, 3, 3), pos.dtype).copy_(batch.cell)
+        else:
+            cell = batch.cell
         return pos, cell, pbc
 
     def _run(self, layout: Layout, batch: Batch) -> None:
