@@ -27,5 +27,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# Lazy, so the plugin entry point imports nothing heavy.
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -63,9 +63,8 @@ class _Outputs:
 class PairPotential(BaseModel):
     """Base class of the pair potentials (see the module docstring).
 
-    Subclasses set ``kind`` (the kernel's potential) and ``name``, and implement
-    :meth:`_coefficients` (the kernel's ``a, b, c`` per pair of types) and :meth:`_pair_energy`
-    (for the energy shift), both in float64 numpy.
+    Subclasses set ``kind`` and ``name`` and give, in float64 numpy, the kernel's ``a, b, c`` per
+    pair of types (:meth:`_coefficients`) and the pair energy (:meth:`_pair_energy`, for shifts).
 
     Args:
         table: Parameters per pair of species.
