@@ -18,10 +18,11 @@ import attrs
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_core.tuning import check_tuning
-from alchemi_potentials import _warp, pair_lanes
+from alchemi_potentials import pair_lanes
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
@@ -244,7 +245,7 @@ class PairPotential(BaseModel):
         slot_energy = self._scratch("slot_energy", (slots,), pos)
         slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
         SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
-        seq = _warp.LaunchSequence(F.device)
+        seq = _warp.LaunchSequence(F.device, who="alchemi-potentials")
         seq.add(k.zero_totals, n_sys, [E, W])
         if matrix.half:
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.data.cells import check_cells as core_check_cells
 from alchemi_core.data.cells import system_ids
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_core.tuning import check_tuning
-from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.layout import (
     ERROR_FIELDS,
     Layout,
@@ -194,7 +194,7 @@ class BatchedNeighborList:
         key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device, positions.dtype)
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
-            _warp.require_device(positions.device)
+            _warp.require_device(positions.device, who="alchemi-potentials")
             tuning = self.tuning_on(positions.device.type)
             half = tuning.half_list if self._half_list is None else bool(self._half_list)
             # The old buffers go first, so that their memory serves the new ones.
@@ -254,7 +254,7 @@ class BatchedNeighborList:
             ref, wrapped = layout.warp_reference, layout.warp_wrapped
             skin = self.skin_on(pos.device.type)
             ns, na, r = layout.num_systems, layout.num_atoms, self._cutoff + skin
-            before = _warp.LaunchSequence(positions.device)
+            before = _warp.LaunchSequence(positions.device, who="alchemi-potentials")
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(skin),
                                            layout.warp_image_cell])
             join = layout.join_fraction
@@ -262,7 +262,7 @@ class BatchedNeighborList:
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])
-            after = _warp.LaunchSequence(positions.device)
+            after = _warp.LaunchSequence(positions.device, who="alchemi-potentials")
             after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])
             parts = layout.search_parts
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import CapacityError, ConfigurationError
-from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.cell_list import BatchedNeighborList
 from alchemi_potentials.tuning import PotentialsTuning
 
@@ -221,9 +221,9 @@ class EdgeList:
             per_slot, ends = _warp.view(buffers.per_slot), _warp.view(buffers.ends)
             outs = [_warp.view(buffers.index[0]), _warp.view(buffers.index[1]), _warp.view(buffers.unit_shifts, vec),
                     _warp.view(buffers.system), _warp.view(buffers.padding, vec)]
-            first = _warp.LaunchSequence(P.device)
+            first = _warp.LaunchSequence(P.device, who="alchemi-potentials")
             first.add(k.count_edges, n, [pl, wrap, P, C, cut2, per_slot])
-            then = _warp.LaunchSequence(P.device)
+            then = _warp.LaunchSequence(P.device, who="alchemi-potentials")
             then.add(k.write_edges, n, [pl, wrap, P, C, cut2, ends, per_slot, buffers.capacity, *outs,
                                         _warp.view(buffers.overflow)])
             then.add(k.pad_edges, buffers.capacity, [ends, n - 1, _warp.view(atom_system), scalar(self.padding_length),

@@ -11,8 +11,8 @@ import attrs
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import CapacityError
-from alchemi_potentials import _warp
 from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
