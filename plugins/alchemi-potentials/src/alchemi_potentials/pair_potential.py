@@ -38,21 +38,19 @@ DIRECT_TOTALS_UP_TO = 1024
 FOLD_CHUNK = 64
 
 
+@attrs.define(eq=False)
 class _Outputs:
     """Targets and recorded launches of one forward configuration (replayed while it lasts);
     ``owned`` targets are the model's scratch buffers, returned as copies."""
 
-    def __init__(self, key: tuple[Any, ...], forces: torch.Tensor, energy: torch.Tensor,
-                 stress: torch.Tensor | None, owned: set[str], launches: _warp.LaunchSequence,
-                 matrix: NeighborMatrix, held: list[torch.Tensor]) -> None:
-        self.key = key
-        self.forces = forces
-        self.energy = energy
-        self.stress = stress
-        self.owned = owned
-        self.launches = launches
-        self.matrix = matrix  # held so that its identity stays a valid part of the key
-        self.held = held  # buffers (beyond the scratch ones) the recorded launches point into
+    key: tuple[Any, ...]
+    forces: torch.Tensor
+    energy: torch.Tensor
+    stress: torch.Tensor | None
+    owned: set[str]
+    launches: _warp.LaunchSequence
+    matrix: NeighborMatrix  # held so that its identity stays a valid part of the key
+    held: list[torch.Tensor]  # buffers (beyond the scratch ones) the recorded launches point into
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {"energy": self.energy, "forces": self.forces}
