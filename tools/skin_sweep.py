@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             half = {"default": None, "full": False, "half": True}[kind]
             tunings = Tunings.parse(args.device, variant)
             # Parts and listing None: the rule picks them for the batch; trim None: the variant's.
-            forced = {"force_search_parts": parts, "force_search_listed": listed}
+            forced = {"force_search_parts": parts}
+            if listed is not None:
+                forced["search_listed"] = listed
             if trim is not None:
                 forced["search_trim"] = trim
             tunings = attrs.evolve(tunings, potentials=attrs.evolve(tunings.potentials, **forced))

@@ -485,9 +485,9 @@ def test_a_listed_search_lists_the_same_entries_as_a_search_of_every_slot(ref, r
     systems = some_systems(ref, rng)
     batch, listed_batch = ref.batch(systems), ref.batch(systems)
     plain = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
-                                tuning=_cpu(force_search_parts=parts, force_search_listed=False))
+                                tuning=_cpu(force_search_parts=parts, search_listed=False))
     listed = BatchedNeighborList(cutoff=RC, skin=0.4, half_list=half,
-                                 tuning=_cpu(force_search_parts=parts, force_search_listed=True))
+                                 tuning=_cpu(force_search_parts=parts, search_listed=True))
     first = _matrix(listed, listed_batch)
     assert listed._layout.listed and listed._layout.search_parts == parts
     expected = _matrix(plain, batch)

@@ -8,9 +8,10 @@ import torch
 from ase.build import bulk
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.data import Batch
 from alchemi_core.errors import MissingDependencyError
-from alchemi_potentials import LennardJones, _warp, pair_potential
+from alchemi_potentials import LennardJones, pair_potential
 from alchemi_potentials.neighbors import BatchedNeighborList
 
 #: Torch operations a step may make: views and the bin-end cumulative sum into its buffer.

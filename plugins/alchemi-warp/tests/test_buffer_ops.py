@@ -181,11 +181,11 @@ def test_core_picks_warp_for_cuda():
 
 def test_by_default_only_shifted_gathers_run_as_warp_kernels(monkeypatch):
     """The measured split: plain gathers and zeroing go to torch, index shifts to Warp."""
-    from alchemi_warp import launch
+    from alchemi_core import warp_runtime
 
     launched = []
-    real_run = launch.run
-    monkeypatch.setattr(launch, "run", lambda kernel, *a, **k: (launched.append(kernel.key), real_run(kernel, *a, **k)))
+    real_run = warp_runtime.launch_tensors
+    monkeypatch.setattr(warp_runtime, "launch_tensors", lambda kernel, *a, **k: (launched.append(kernel.key), real_run(kernel, *a, **k)))
     ops = WarpBufferOps(allow_cpu=True)
     src = torch.arange(12, dtype=torch.int64).reshape(6, 2)
     out = torch.zeros(3, 2, dtype=torch.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alchemi_warp import launch
+from alchemi_core.warp_runtime import stream_for
 from alchemi_warp.buffer_ops import WarpBufferOps
 
 pytestmark = pytest.mark.gpu
@@ -14,9 +14,9 @@ pytestmark = pytest.mark.gpu
 def test_launches_follow_torch_current_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        assert launch.warp_stream(torch.device("cuda", side.device_index)).cuda_stream == side.cuda_stream
+        assert stream_for(torch.device("cuda", side.device_index)).cuda_stream == side.cuda_stream
     default = torch.cuda.current_stream()
-    assert launch.warp_stream(torch.device("cuda", default.device_index)).cuda_stream == default.cuda_stream
+    assert stream_for(torch.device("cuda", default.device_index)).cuda_stream == default.cuda_stream
 
 
 def test_copies_on_a_side_stream_are_ordered_with_torch_work():

@@ -1,7 +1,5 @@
-"""alchemi-mace: MACE potentials as alchemi models (``model:mace``).
-
-Names are imported on first use, so ``import alchemi_mace`` (and plugin discovery) imports
-neither MACE nor e3nn.
+"""alchemi-mace: MACE potentials as alchemi models (``model:mace``); names are imported on first
+use, so importing the package imports neither MACE nor e3nn.
 
 Example:
     >>> import alchemi_mace

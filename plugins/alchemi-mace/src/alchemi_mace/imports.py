@@ -1,11 +1,7 @@
-"""Importing MACE in the one order that works.
-
-e3nn 0.4.4 (which mace-torch pins) fails to import under torch >= 2.6 unless ``mace`` has been
-imported first: ``import mace`` sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` for the whole
-process, which e3nn's import needs. That variable only changes ``torch.load`` calls that leave
-``weights_only`` unset; alchemi reads its own checkpoints with ``weights_only=True``, so they
-stay safe to load (tested). Everything in this plugin that touches MACE or e3nn goes through
-:func:`import_mace`.
+"""Importing MACE in the one order that works: e3nn 0.4.4 (which mace-torch pins) imports under
+torch >= 2.6 only after ``import mace`` set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (alchemi reads
+its own checkpoints with ``weights_only=True``). Everything here that touches MACE or e3nn goes
+through :func:`import_mace`.
 
 Example:
     >>> mace = import_mace()

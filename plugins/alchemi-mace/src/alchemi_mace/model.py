@@ -1,17 +1,11 @@
 """``MaceModel`` (``model:mace``): a MACE network evaluated on whole batches.
 
-The network (a ``mace-torch`` module: MACE, ScaleShiftMACE, foundation models such as
-MACE-MP-0) reads alchemi's COO edges (:class:`~alchemi_potentials.neighbors.EdgeList`, exactly
-the pairs closer than its ``r_max``, in ASE's ``ijS`` convention) and Cartesian shifts that
-already carry the strain, so forces and stress come from one backward pass through
-:class:`~alchemi_potentials.edge_model.EdgeModel` and MACE's own displacement path is not used.
-Padding edges point from an atom to itself with a vector ``1.5 r_max`` long, beyond MACE's
-``r < r_max`` mask, so they add nothing. The step allocates no new device memory once warm and
-reads nothing back, so on a GPU the whole step (edges, network, backward, integrator) replays as
-a CUDA graph (``stage.compile()``).
-
-A ``.model`` file is a pickle: loading one runs code from it. ``model_path=`` therefore needs
-``trust_model_file=True``, which a workflow file must state itself.
+The network (a ``mace-torch`` module: MACE, ScaleShiftMACE, foundation models such as MACE-MP-0)
+reads alchemi's COO edges (:class:`~alchemi_potentials.neighbors.EdgeList`) and Cartesian shifts
+that carry the strain, so forces and stress come from one backward pass
+(:class:`~alchemi_potentials.edge_model.EdgeModel`). Padding edges are ``1.5 r_max`` long, beyond
+MACE's ``r < r_max`` mask. The step reads nothing back, so it can replay as a CUDA graph. A
+``.model`` file is a pickle: ``model_path=`` needs ``trust_model_file=True``.
 
 Example:
     >>> from alchemi_mace import MaceModel
@@ -78,11 +72,8 @@ def load_model_file(path: str | os.PathLike[str], trust_model_file: bool, who: s
 
 
 def to_cueq(network: torch.nn.Module, device: torch.device, *, required: bool) -> torch.nn.Module:
-    """``network`` converted to cuEquivariance kernels with mace-torch's converter (same weights).
-
-    The converter sets torch's default dtype to the network's for the whole process; it is put
-    back. A network that cannot be converted stays as it is with a warning, unless the caller
-    ``required`` the conversion.
+    """``network`` converted to cuEquivariance kernels with mace-torch's converter (same weights);
+    one the converter rejects stays as it is, with a warning, unless ``required``.
 
     Raises:
         MissingDependencyError: ``required`` and cuequivariance-torch is not installed.
@@ -124,10 +115,8 @@ class MaceModel(EdgeModel):
         trust_model_file: Confirms that ``model_path`` may be unpickled.
         dtype: ``"float32"`` or ``"float64"`` (None: the network's own).
         head: Head of a multi-head model (None: its only head, or the one named "default").
-        enable_cueq: Run the network on cuEquivariance's kernels (converted at its first call,
-            same weights). None: on a GPU when ``cuequivariance-torch`` and its CUDA kernels
-            (``cuequivariance-ops-torch-cu12``/``-cu13``) are installed; True: always (on a CPU
-            cuequivariance-torch runs plain torch code, for checking results); False: never.
+        enable_cueq: Run the network on cuEquivariance's kernels (converted at its first call).
+            None: on a GPU where they are installed; True: always; False: never.
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
         chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
@@ -139,13 +128,11 @@ class MaceModel(EdgeModel):
         MissingDependencyError: mace-torch is not installed.
     """
 
-    #: Per-atom device bytes of a step in float32, with 25 % headroom: a captured step of the
-    #: MACE-MP-0-small shape (128x0e, l_max 3) peaked at 2.55-2.71 MB per atom on an H200 (W7, 16
-    #: to 256 Cu cells; 40,932 atoms fitted, 51,192 did not).
+    #: Per-atom device bytes of a step in float32 (the MACE-MP-0-small shape's peak on W7, + 25 %).
     BYTES_PER_ATOM: ClassVar[float] = 3.4e6
-    #: The same on cuEquivariance's kernels: the captured step peaked at 0.81-0.93 MB per atom
-    #: (W7 on an H200, 16 and 64 Cu cells in one batch), with 25 % headroom.
+    #: The same on cuEquivariance's kernels.
     BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.2e6
+    _kernels: KernelChoice
 
     def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
                  trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
@@ -195,21 +182,8 @@ class MaceModel(EdgeModel):
             raise ConfigurationError(f"model:mace: this model has heads {self.heads}; choose one with head=")
         return named[0]
 
-    @property
-    def uses_cueq(self) -> bool:
-        """Whether the network now runs on cuEquivariance's kernels (decided at its first call)."""
-        return self._kernels.converted
-
-    def bytes_per_atom(self) -> float:
-        """As :meth:`EdgeModel.bytes_per_atom`, with the estimate of the kernels the network
-        will run on: it is asked before the first batch, when the conversion is not done yet."""
-        if self._measured is None and self._kernels.expected():
-            return self.BYTES_PER_ATOM_CUEQ * (2 if self.dtype == torch.float64 else 1)
-        return super().bytes_per_atom()
-
     def _prepare(self, device: torch.device) -> None:
-        """Move to ``device``; at the first call, convert to cuEquivariance if asked or, unasked,
-        on a GPU with its CUDA kernels installed."""
+        """Move to ``device``; at the first call, convert to cuEquivariance (see ``enable_cueq``)."""
         if self.element_index.device != device:
             self.to(device)
         if self._kernels.settle(device):
@@ -238,5 +212,5 @@ class MaceModel(EdgeModel):
         return out["energy"]
 
     def extra_repr(self) -> str:
-        kernels = ", cuequivariance" if self._kernels.converted else ""
+        kernels = ", cuequivariance" if self.uses_cueq else ""
         return f"r_max={self.card.cutoff}, dtype={self.dtype}, head={self.heads[self.head]!r}{kernels}, {self.edge_list!r}"

@@ -1,9 +1,6 @@
-"""MACE networks with random weights, shaped like published ones: for tests and benchmarks.
-
-mace-torch ships no weights and nothing here can download them, so tests and the W7 benchmark
-build a network in code with the architecture of MACE-MP-0 "small" (89 elements, r_max 6 Å,
-``128x0e`` hidden features, two interactions, correlation 3, l_max 3) and seeded random weights.
-Save one with ``torch.save(net, "x.model")`` to get a file laid out like a foundation model.
+"""MACE networks with random weights shaped like MACE-MP-0 "small" (89 elements, r_max 6 Å,
+``128x0e``, two interactions, correlation 3, l_max 3), for tests and the W7 benchmark (mace-torch
+ships no weights).
 
 Example:
     >>> net = mace_mp_small_like(seed=0, channels=8, max_ell=1, correlation=2)

@@ -1,8 +1,6 @@
 """alchemi-potentials: Lennard-Jones and Morse as Warp kernels on batched periodic neighbour
-lists, and any ASE calculator as a model.
-
-Names are imported on first use, so ``import alchemi_potentials`` (and plugin discovery) never
-imports Warp.
+lists, edge-based models (D3, and the base of MACE and SevenNet), sums, and any ASE calculator.
+Names are imported on first use.
 
 Example:
     >>> from alchemi_potentials import LennardJones
@@ -29,5 +27,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# Lazy, so the plugin entry point imports nothing heavy.
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,11 +1,6 @@
-"""``AseCalculatorModel`` (``model:ase``): any ASE calculator as an alchemi model.
-
-It converts each system of the batch to an ``ase.Atoms`` (numbers, positions, cell, pbc), asks the
-calculator for energy, forces and, when wanted, stress, and puts the results back on the batch's
-device in the positions' dtype. It runs on the CPU, one system after another: it is for checking
-results against a reference and for calculators users already have, not for speed.
-
-ASE's stress has alchemi's sign (positive under tension, eV/Å³); it is returned as ``[B, 3, 3]``.
+"""``AseCalculatorModel`` (``model:ase``): any ASE calculator as an alchemi model, system by
+system on the CPU (for checking results and existing calculators, not for speed). ASE's stress has
+alchemi's sign; it is returned as ``[B, 3, 3]``.
 
 Example:
     >>> from ase.calculators.emt import EMT
@@ -43,9 +38,8 @@ class AseCalculatorModel(BaseModel):
     """Wrap an ASE calculator (see the module docstring).
 
     Args:
-        calculator_or_factory: A calculator instance, shared by all systems (ASE recomputes when
-            it sees different atoms), or a callable returning a new calculator, called once per
-            batch slot (for calculators that keep per-structure state).
+        calculator_or_factory: A calculator shared by all systems, or a callable returning a new
+            one, called once per batch slot (for calculators with per-structure state).
 
     Raises:
         ConfigurationError: The argument is neither a calculator nor a callable.

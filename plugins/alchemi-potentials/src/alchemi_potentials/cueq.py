@@ -1,8 +1,5 @@
-"""cuEquivariance, NVIDIA's fused kernels for e3nn-style networks: is it here, is a network on it.
-
-MACE and SevenNet convert their networks with their own converters (same weights); the models
-of alchemi-mace and alchemi-sevennet ask these questions before and after, and settle when to
-convert with a :class:`KernelChoice`.
+"""cuEquivariance, NVIDIA's fused kernels for e3nn-style networks: is it here, is a network on it,
+and when to convert (:class:`KernelChoice`), for alchemi-mace and alchemi-sevennet.
 
 Example:
     >>> import torch
@@ -36,11 +33,7 @@ def missing_cueq(who: str) -> MissingDependencyError | None:
 
 @functools.cache
 def cueq_kernels_installed() -> bool:
-    """Whether cuequivariance-torch and its CUDA kernels (cuequivariance-ops-torch) import.
-
-    An install that is there but cannot import (a missing dependency) counts as absent: without
-    its kernels cuequivariance-torch would quietly run slower plain torch code.
-    """
+    """Whether cuequivariance-torch and its CUDA kernels (cuequivariance-ops-torch) import."""
     if any(importlib.util.find_spec(m) is None for m in ("cuequivariance_torch", "cuequivariance_ops_torch")):
         return False
     try:
@@ -59,10 +52,8 @@ class KernelChoice:
     """Whether a model's network runs on cuEquivariance's kernels, settled at its first call.
 
     Args:
-        asked: The model's ``enable_cueq``. True: convert on any device (on a CPU
-            cuequivariance-torch runs plain torch code, useful to check results). False: never.
-            None: on a GPU where the CUDA kernels import, since without them cuequivariance-torch
-            runs plain torch code, slower than e3nn's.
+        asked: The model's ``enable_cueq``. True: convert on any device. False: never. None: on
+            a GPU where the CUDA kernels import.
 
     Example:
         >>> choice = KernelChoice(None)
@@ -79,8 +70,7 @@ class KernelChoice:
         self.converted = False
 
     def expected(self) -> bool:
-        """Whether the network runs, or will run, on the kernels: memory estimates are asked for
-        before the first call."""
+        """Whether the network runs, or will run, on the kernels."""
         if self.decided:
             return self.converted
         if self.asked is None:

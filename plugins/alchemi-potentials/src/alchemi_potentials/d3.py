@@ -1,18 +1,10 @@
 """``D3Dispersion`` (``model:d3``): Grimme's DFT-D3 dispersion with Becke-Johnson damping.
 
-The energy is torch-dftd's batched D3 (its reference C6 table, coordination numbers and damping,
-``torch_dftd.functions.dftd3.edisp``) on alchemi's edges: every pair closer than ``cutoff``
-(default 95 bohr, about 50.3 Å, as in SevenNet's D3 and the D3 program) counts for the two-body
-energy, pairs within ``cn_cutoff`` (40 bohr) for the coordination numbers. Forces and stress
-come from autograd (:class:`~alchemi_potentials.edge_model.EdgeModel`). Three-body (ATM) terms
-are not included (``s9 = 0``).
-
-Padding edges are sent to an extra, discarded system and are longer than ``cn_cutoff``, so they
-change nothing. torch-dftd selects coordination pairs with ``torch.nonzero``, which reads back
-from the device: the D3 step runs eagerly (``cuda_graphs = False``).
-
-Install torch-dftd without its dependencies (``pip install --no-deps torch-dftd``): it needs
-pymatgen only for a neighbour search alchemi does not use.
+torch-dftd's batched D3 (``torch_dftd.functions.dftd3.edisp``) on alchemi's edges: pairs closer
+than ``cutoff`` (default 95 bohr, as SevenNet's D3) for the two-body energy, within ``cn_cutoff``
+(40 bohr) for coordination numbers; no three-body terms. Padding edges go to an extra, discarded
+system. torch-dftd reads back (``torch.nonzero``): ``cuda_graphs = False``. Install it with
+``pip install --no-deps torch-dftd`` (its pymatgen dependency is not needed).
 
 Example:
     >>> model = D3Dispersion(functional="pbe")
@@ -72,8 +64,7 @@ class D3Dispersion(EdgeModel):
     """
 
     cuda_graphs: ClassVar[bool] = False
-    #: Per-atom device bytes of a step in float32 (about 45,000 edges per atom of a dense solid
-    #: within 50 Å, some 150 bytes each with gradients).
+    #: Per-atom device bytes of a step in float32 (about 45,000 edges per atom within 50 Å).
     BYTES_PER_ATOM: ClassVar[float] = 8e6
 
     def __init__(self, functional: str = "pbe", damping: str = "bj", *, cutoff: float = 95.0 * BOHR,

@@ -1,18 +1,11 @@
 """``EdgeModel``: what machine-learned and other message-passing potentials share.
 
-A subclass says how to get the systems' energies from positions, cells and COO edges
-(:meth:`EdgeModel.energies`); this base class keeps the edges (:class:`EdgeList`, rebuilt only
-when an atom moved more than half the skin), and turns the energies into forces and stress by
-automatic differentiation:
-
-* forces ``F = -dE/dx``,
-* stress ``dE/d(eps) / V`` for a symmetric strain ``eps`` applied to positions and cell
-  (``x -> x (1 + eps)``, ``cell -> cell (1 + eps)``), positive under tension as in ASE; NaN for
-  a system whose cell has no volume.
-
-The forward makes no host synchronisation, so on a GPU the whole step (edges, model, backward)
-can be captured in a CUDA graph when the model's own code allows it (:attr:`cuda_graphs`).
-Inputs in another dtype than the model's are cast to it, results back to the positions'.
+A subclass gives the systems' energies from positions, cells and COO edges
+(:meth:`EdgeModel.energies`); this base class keeps the edges (:class:`EdgeList`) and takes forces
+``F = -dE/dx`` and stress ``dE/d(eps) / V`` (symmetric strain ``eps`` on positions and cell;
+positive under tension, NaN without volume) by automatic differentiation. The forward makes no
+host synchronisation, so a step can be captured in a CUDA graph where the model allows it
+(:attr:`cuda_graphs`). Inputs are cast to the model's dtype, results back to the positions'.
 
 Example:
     >>> class Springs(EdgeModel):                       # a toy: E = sum over edges of r^2 / 4
@@ -37,6 +30,7 @@ import torch
 
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
+from alchemi_potentials.cueq import KernelChoice
 from alchemi_potentials.neighbors import EdgeList
 from alchemi_potentials.neighbors.chunks import SystemChunk, SystemChunks
 from alchemi_potentials.neighbors.edges import Edges
@@ -66,18 +60,19 @@ class EdgeModel(BaseModel):
         max_edges: Edge capacity (None: sized from the structures; a number for CUDA graphs).
         padding_length: Length (Å) of padding edges' vectors (default: the cutoff).
         chunk_atoms: Evaluate a batch of more atoms than this in chunks of whole systems, one
-            forward and backward per chunk, so that only one chunk's activations are held at a
-            time (None: the whole batch at once). Results are the same; a batch far larger than
-            would fit at once fits (:mod:`~alchemi_potentials.neighbors.chunks`).
+            chunk's activations held at a time (None: whole batches;
+            :mod:`~alchemi_potentials.neighbors.chunks`).
     """
 
-    #: The step may be captured in a CUDA graph (no host reads, no CPU-side control flow on
-    #: device values in the model's own code).
+    #: The step may be captured in a CUDA graph (the model's code reads nothing back).
     cuda_graphs: ClassVar[bool] = True
-    #: Device bytes per atom of one step in float32 (edges, activations, their gradients): a
-    #: deliberately high figure, so that batches planned from it fit;
+    #: Device bytes per atom of one step in float32, deliberately high;
     #: :meth:`measure_bytes_per_atom` replaces it by a measurement.
     BYTES_PER_ATOM: ClassVar[float] = 1e6
+    #: The same on cuEquivariance's kernels (models whose network may run on them).
+    BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1e6
+    #: When the network runs on cuEquivariance's kernels; None for a model that never does.
+    _kernels: KernelChoice | None = None
 
     def __init__(self, *, cutoff: float, name: str, species: tuple[int, ...] | None = None,
                  dtype: torch.dtype | None = None, skin: float = 0.5, max_neighbors: int | None = None,
@@ -93,11 +88,10 @@ class EdgeModel(BaseModel):
 
     # ------------------------------------------------------------------ to implement
     def energies(self, batch: Systems, positions: torch.Tensor, cell: torch.Tensor, edges: Edges) -> torch.Tensor:
-        """``[B]`` energies (eV), differentiable in ``positions`` and ``cell`` (both in the
-        model's dtype; the edges' vectors are ``edges.vectors(positions, cell)``). ``batch`` is
-        the batch, or a chunk of its systems (:class:`~alchemi_potentials.neighbors.chunks.SystemChunk`,
-        atom and system indices local to it) when the model evaluates in chunks: read only
-        ``num_graphs``, ``num_nodes``, ``atomic_numbers``, ``batch_idx`` and ``batch_ptr``."""
+        """``[B]`` energies (eV), differentiable in ``positions`` and ``cell`` (in the model's
+        dtype; edge vectors ``edges.vectors(positions, cell)``). ``batch`` may be a chunk
+        (:class:`~alchemi_potentials.neighbors.chunks.SystemChunk`): read only ``num_graphs``,
+        ``num_nodes``, ``atomic_numbers``, ``batch_idx`` and ``batch_ptr``."""
         raise NotImplementedError  # pragma: no cover
 
     # ------------------------------------------------------------------ the forward
@@ -123,8 +117,7 @@ class EdgeModel(BaseModel):
 
     def _evaluate(self, systems: Systems, pos_in: torch.Tensor, cell: torch.Tensor, edges: Edges,
                   compute_stress: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Energies ``[B]``, forces and stress (or None) of ``systems`` in the model's dtype, from
-        one forward and one backward (``cell``: detached, in the model's dtype)."""
+        """Energies ``[B]``, forces and stress (or None) of ``systems``: one forward and backward."""
         dtype = cell.dtype
         with torch.enable_grad():
             pos = pos_in.detach().to(dtype).requires_grad_(True)
@@ -182,8 +175,7 @@ class EdgeModel(BaseModel):
         return self._chunking
 
     def verify(self, batch: Batch) -> None:
-        """Raise what the edge list (and chunks' edge windows) recorded on the device (capacity,
-        cells, far atoms)."""
+        """Raise what the edge list (and chunks' edge windows) recorded on the device."""
         self.edge_list.verify(batch)
         if self._chunking is not None:
             self._chunking.verify()
@@ -197,17 +189,21 @@ class EdgeModel(BaseModel):
         return flag | windows[0]
 
     def bytes_per_atom(self) -> float:
-        """Device bytes one atom needs in a step: measured when :meth:`measure_bytes_per_atom`
-        ran, else the class's estimate scaled to the model's precision. A sampler built with
-        ``max_atoms=None`` plans its batches from it."""
+        """Device bytes one atom needs in a step: measured (:meth:`measure_bytes_per_atom`), else
+        the class's estimate for the kernels the network will run on, scaled to its precision."""
         if self._measured is not None:
             return self._measured
-        return self.BYTES_PER_ATOM * (2 if self.dtype == torch.float64 else 1)
+        per_atom = self.BYTES_PER_ATOM_CUEQ if self._kernels is not None and self._kernels.expected() else self.BYTES_PER_ATOM
+        return per_atom * (2 if self.dtype == torch.float64 else 1)
+
+    @property
+    def uses_cueq(self) -> bool:
+        """Whether the network runs on cuEquivariance's kernels (unasked: decided at its first call)."""
+        return self._kernels is not None and self._kernels.converted
 
     def measure_bytes_per_atom(self, batch: Batch, headroom: float = 1.25) -> float:
-        """Measure the peak device memory of one forward and backward (with stress) on
-        ``batch`` (on its GPU), per atom and with ``headroom``; :meth:`bytes_per_atom` returns it
-        from then on. On a CPU nothing is measured and the estimate is returned.
+        """Measure the peak device memory per atom (with ``headroom``) of a step with stress on
+        ``batch``'s GPU; :meth:`bytes_per_atom` returns it from then on (on a CPU: the estimate).
 
         Example:
             >>> model.measure_bytes_per_atom(batch.to("cuda"))   # doctest: +SKIP

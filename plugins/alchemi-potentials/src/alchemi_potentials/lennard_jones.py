@@ -32,9 +32,8 @@ class LennardJones(PairPotential):
         sigma: Zero-crossing distance in Å: a number or a per-element table.
         cutoff: Interaction range in Å (e.g. 2.5 sigma).
         shift_energy: Shift each pair energy to zero at the cutoff (as ASE's ``LennardJones``).
-        switch_onset: Start (Å) of a smooth switch to zero at the cutoff (energy and forces
-            continuous); None for none.
-        skin: Verlet skin in Å (default: the tuning's, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
+        switch_onset: Start (Å) of a smooth switch to zero at the cutoff; None for none.
+        skin: Verlet skin in Å (default: the tuning's).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_epsilon: ``{(Z1, Z2): value}`` overriding the mixed epsilon of chosen pairs.
         pair_sigma: Likewise for sigma.
@@ -42,9 +41,7 @@ class LennardJones(PairPotential):
             ``"geometric"``.
         species: Elements that numbers-only parameters apply to (None: every element).
         neighbor_list: A shared :class:`~alchemi_potentials.neighbors.BatchedNeighborList`.
-        tuning: The pair kernel's and the model's own neighbour list's per-device choices
-            (default: ``PotentialsTuning.for_device`` of the batch's device;
-            ``alchemi_potentials.tuning``).
+        tuning: Per-device choices (default: ``PotentialsTuning.for_device`` of the batch's device).
 
     Raises:
         ConfigurationError: A non-positive parameter, or an inconsistent table or cutoff option.

@@ -34,16 +34,14 @@ class Morse(PairPotential):
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of a smooth switch to zero at the cutoff; None for none.
-        skin: Verlet skin in Å (default: the tuning's, 1.0 on GPUs and CPUs; ``BatchedNeighborList``).
+        skin: Verlet skin in Å (default: the tuning's).
         max_neighbors: Neighbour-list columns; None sizes them from the structures.
         pair_D, pair_alpha, pair_r0: ``{(Z1, Z2): value}`` overriding mixed values of chosen pairs.
         mixing: ``"lorentz-berthelot"`` (D geometric; alpha and r0 arithmetic mean) or
             ``"geometric"``.
         species: Elements that numbers-only parameters apply to (None: every element).
         neighbor_list: A shared :class:`~alchemi_potentials.neighbors.BatchedNeighborList`.
-        tuning: The pair kernel's and the model's own neighbour list's per-device choices
-            (default: ``PotentialsTuning.for_device`` of the batch's device;
-            ``alchemi_potentials.tuning``).
+        tuning: Per-device choices (default: ``PotentialsTuning.for_device`` of the batch's device).
 
     Raises:
         ConfigurationError: A non-positive parameter, or an inconsistent table or cutoff option.

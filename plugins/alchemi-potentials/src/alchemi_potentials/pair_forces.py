@@ -1,27 +1,11 @@
 """The pair kernel: energies, forces and virials of every atom from its neighbour entries.
 
-One thread per slot (an atom, in the neighbour list's bin order) walks its column of packed
-entries (``[max_neighbors, atoms]`` on a GPU, so a warp's reads are coalesced; one int32 per
-neighbour) and accumulates, for every neighbour within the cutoff at
-``d = wrapped[u] - wrapped[t] + m @ image_cell``,
-
-* the force ``F_i += g d`` with ``g = U'(r) / r``,
-* half the pair energy ``U(r)`` (each pair is seen from both ends),
-* half the virial ``g d (x) d`` (``(x)``: outer product),
-
-then writes its atom's force and adds its energy and virial to its system's total: directly (one
-atomic add per atom, fine while systems are small) or, for large systems, into per-slot sums
-that ``fold_totals`` adds up chunk by chunk (thousands of atoms adding into one address would
-queue behind each other). With a half list (each pair once: the CPU's default, where a kernel
-runs its threads one after another) it takes the whole energy and virial and also subtracts
-``g d`` from the neighbour's force.
-
-The kernel is generated for each combination of options it is used with (:class:`PairOptions`):
-what is off is absent from the code, not skipped at run time, so the common case (one species,
-no virial, full list) needs about half the registers of the general kernel, and more threads
-fit on the GPU at once. Each variant lives in its own Warp module: making one never recompiles
-another. Neighbours are read ``unroll`` at a time: their entries and positions are all loaded
-before any is used, so each thread keeps several memory reads in flight.
+One thread per slot walks its packed entries and sums, for every neighbour within the cutoff at
+``d = wrapped[u] - wrapped[t] + m @ image_cell``, the force ``g d`` (``g = U'(r) / r``), half the
+pair energy and half the virial ``g d (x) d`` (a half list: the whole, and ``-g d`` on the
+neighbour too). Totals go to the system by one atomic add per atom, or for large systems per slot
+and then chunk by chunk (``fold_totals``). Each combination of :class:`PairOptions` is its own
+kernel in its own Warp module: what is off is absent from the code (fewer registers).
 
 Example:
     >>> kernel = pair_kernel(PairOptions(kind=LENNARD_JONES, unroll=4))
@@ -55,21 +39,14 @@ class PairOptions:
         per_slot: Write per-slot energies (and virials) for ``fold_totals``, instead of atomic
             adds into the systems' totals.
         unroll: Neighbours per iteration: 1, 2 or 4.
-        masked: Compute every listed pair and multiply those past the cutoff by zero, instead
-            of branching around them. About a sixth of a list's pairs lie in its skin, and a
-            CPU mispredicts some of those branches: on W6 the masked kernel took 1-4 % less time
-            (a kernel timing with the since-removed CPU launch profiler; on one path, compare
-            ``python -m benchmarks --device cpu --workloads W6 --tuning masked=False``).
-        fast_math: Compile with CUDA's fast math (approximate float32 division, square root and
-            exponential; no effect on float64), ``PotentialsTuning.fast_math``.
-        lanes: A CPU's variant with a slot's neighbours in SIMD lanes, a native snippet
-            (:mod:`~alchemi_potentials.pair_lanes`), for the options it covers
-            (:func:`~alchemi_potentials.pair_lanes.covers`).
-        min_blocks: On a GPU, blocks of 256 threads that must fit on one multiprocessor at once
-            (CUDA's ``__launch_bounds__``): the compiler then keeps each thread within
-            65,536 / (256 x min_blocks) registers, spilling if it must. 0 leaves it its choice.
+        masked: Multiply pairs past the cutoff by zero instead of branching around them.
+        fast_math: Compile with CUDA's fast math (float32 only).
+        lanes: A CPU's variant with a slot's neighbours in SIMD lanes
+            (:mod:`~alchemi_potentials.pair_lanes`; :func:`~alchemi_potentials.pair_lanes.covers`).
+        min_blocks: On a GPU, blocks of 256 threads that must fit on one multiprocessor
+            (CUDA's ``__launch_bounds__``); 0 leaves the compiler its choice.
         lane_width: Neighbours per block of the lanes' native loop; ``wide_lane_width`` where the
-            compiler targets AVX-512 (``PotentialsTuning``).
+            compiler targets AVX-512.
     """
 
     kind: int = LENNARD_JONES
@@ -148,8 +125,7 @@ def pair_kernel(options: PairOptions) -> Any:
             if wp.static(SWITCHING):
                 energy, g = switched(energy, g, r2, switch_on, cutoff)
             if wp.static(MASKED):
-                # Past the cutoff r2 is finite and positive, so the terms are too, and zero them.
-                # (A conditional assignment, not wp.where, which Warp 1.5 lacks; compiled to a select.)
+                # Past the cutoff the terms are finite: zeroed (a select, not wp.where: Warp 1.5).
                 inside = type(r2)(0.0)
                 if r2 < cutoff_sq:
                     inside = type(r2)(1.0)
@@ -209,8 +185,7 @@ def pair_kernel(options: PairOptions) -> Any:
         pc = params[row_base + ti, 2]
         ps = params[row_base + ti, 3]
         n = lists.count[t]
-        # Columns come in multiples of COLUMNS_MULTIPLE_OF (a multiple of UNROLL) and every entry
-        # is valid, so the entries past n up to the next multiple may be loaded (and not added).
+        # Entries past n up to the next multiple of COLUMNS_MULTIPLE_OF are valid: loaded, not added.
         for k in range(0, n, UNROLL):
             c0 = lists.entries[k, t]
             if wp.static(UNROLL >= 2):
@@ -265,8 +240,7 @@ def pair_kernel(options: PairOptions) -> Any:
     if options.fast_math:
         kernel.module.options["fast_math"] = True
     if options.min_blocks:
-        # Read at code generation (module options, then the kernel's); a Warp without launch
-        # bounds ignores it. The launch's blocks are Warp's default 256 threads.
+        # Read at code generation; the launch's blocks are Warp's default 256 threads.
         kernel.options["launch_bounds"] = (256, options.min_blocks)
     for scalar, vec, mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
         wp.overload(kernel, {

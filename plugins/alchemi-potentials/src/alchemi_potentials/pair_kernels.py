@@ -1,17 +1,10 @@
-"""Warp functions and kernels around the pair sum (:mod:`alchemi_potentials.pair_forces`): the
-pair energies, the cutoff switch, zeroing, folding per-slot totals and per-chunk forces, and stress.
+"""Warp functions and kernels around the pair sum (:mod:`alchemi_potentials.pair_forces`).
 
-A parameter row per pair of species types holds ``(a, b, c, shift)``:
-
-* Lennard-Jones (kind 0): ``a = 4 epsilon``, ``b = sigma^2``;
-  ``U = a ((b/r^2)^6 - (b/r^2)^3)``.
-* Morse (kind 1): ``a = D``, ``b = alpha``, ``c = r0``; ``U = D (x^2 - 2 x)``,
-  ``x = exp(-alpha (r - r0))``.
-
-``shift`` is subtracted from every pair energy (the energy at the cutoff when shifting, else 0).
-With switching on, the energy is multiplied by the quintic smoothstep ``S(t) = 10 t^3 - 15 t^4 +
-6 t^5`` of ``t = (r_cut - r) / (r_cut - r_on)`` between the onset ``r_on`` and the cutoff, so
-energy and forces both go to zero continuously.
+A parameter row per pair of species types holds ``(a, b, c, shift)``: Lennard-Jones (kind 0)
+``a = 4 epsilon``, ``b = sigma^2``, ``U = a ((b/r^2)^6 - (b/r^2)^3)``; Morse (kind 1) ``a = D``,
+``b = alpha``, ``c = r0``, ``U = D (x^2 - 2 x)``, ``x = exp(-alpha (r - r0))``. ``shift`` is
+subtracted from every pair energy. The switch multiplies energies by ``S(t) = 10 t^3 - 15 t^4 +
+6 t^5``, ``t = (r_cut - r) / (r_cut - r_on)``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The pair kernel's CPU variant with a slot's neighbours in SIMD lanes (``PairOptions.lanes``).
 
-Warp's CPU code walks one neighbour at a time: every pair decodes its entry, gathers a position,
-forms ``d`` and the Lennard-Jones terms in scalar registers (about 14 ns per pair on W6's CPU).
-With ``lanes`` the kernel hands each slot to a native C++ snippet (compiled by Warp's own clang for
-the host CPU; warp-lang 1.19 asks for ``-march=native``) that takes ``PairOptions.lane_width``
-neighbours at a time (``wide_lane_width`` where the compiler targets AVX-512; both from
-``PotentialsTuning``) in plain fixed-length loops, which
-the compiler turns into vector instructions: the decoding, the distances, the terms and the masks
-run eight or sixteen pairs per instruction, whole blocks of a contiguous row load their entries as
-one, and only the Newton's-third-law updates of the neighbours' forces stay one pair at a time.
-
-It computes what the kernel computes without ``lanes`` for the same options, for the options it
-covers (:func:`covers`): Lennard-Jones, one species, no switching; with or without virials, half
-or full lists, per-slot or direct totals. Sums run in a different order (lane by lane, then
-across lanes), so results agree to rounding, not bit for bit, with the Warp kernel; one thread
-and several give the same bits, as there.
+The kernel hands each slot to a native C++ snippet (compiled by Warp's clang for the host CPU)
+that takes ``lane_width`` neighbours at a time (``wide_lane_width`` under AVX-512) in fixed-length
+loops the compiler vectorises; only the Newton's-third-law updates stay one pair at a time. It
+computes what the kernel computes without ``lanes`` for the options it covers (:func:`covers`),
+to rounding (sums run lane by lane, then across lanes).
 
 Example:
     >>> from alchemi_potentials.pair_forces import PairOptions, pair_kernel
@@ -33,9 +23,7 @@ from alchemi_potentials.pair_kernels import LENNARD_JONES
 if TYPE_CHECKING:
     from alchemi_potentials.pair_forces import PairOptions
 
-# One slot's row. Entries past ``n`` in the last block repeat entry ``n - 1`` (always valid) and
-# are masked, like pairs past the cutoff. Arrays are read through their byte strides (the entries
-# through their int stride, which the whole blocks of a contiguous row take as 1).
+# One slot's row. Entries past ``n`` in the last block repeat entry ``n - 1`` and are masked.
 _ROW = r"""
 using T = decltype(cutoff_sq);
 #if defined(__AVX512F__)
@@ -63,9 +51,7 @@ for (int l = 0; l < L; ++l) { se[l] = T(0); sx[l] = T(0); sy[l] = T(0); sz[l] = 
 T lw[9][L];
 for (int q = 0; q < 9; ++q) for (int l = 0; l < L; ++l) lw[q][l] = T(0);
 #endif
-// One block of L entries from k0; entries from ``limit`` on repeat entry limit - 1 and are masked.
-// Whole blocks of a row stored contiguously (a CPU's [slots, columns] matrix) are called with
-// limit = k0 + L and a unit stride, which the compiler folds into plain vector loads, no masks.
+// One block of L entries from k0; whole blocks of a contiguous row: plain vector loads.
 const int* col = (const int*)column;
 const long long es = row_stride / (long long)sizeof(int);
 auto block = [&](const int k0, const int limit, const long long stride) {

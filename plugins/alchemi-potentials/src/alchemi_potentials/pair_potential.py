@@ -1,20 +1,12 @@
 """``PairPotential``: what Lennard-Jones and Morse share: parameter tables, the cutoff treatment,
 the batched neighbour list, and one Warp kernel that sums pairs into energies, forces and stress.
 
-A forward makes no host synchronisation and, once buffers exist for a set of systems, allocates
-nothing: it updates the neighbour list (rebuilding on the device only the systems that need it),
-zeroes the per-system totals and runs the pair kernel on torch's current stream. Forces and
-energies (and stress) go straight into ``batch.forces``, ``batch.energy`` (``batch.stress``) when
-the batch has them with the positions' dtype, and those same tensors are returned, so the engine
-copies nothing; otherwise the results are fresh tensors.
-
-Cutoff treatments (pick at most one):
-
-* none (default): pairs beyond the cutoff are ignored; energy jumps at the cutoff,
-* ``shift_energy=True``: each pair energy is shifted to zero at the cutoff (forces unchanged;
-  ASE's ``LennardJones`` does this),
-* ``switch_onset=r_on``: energies are multiplied by a quintic smoothstep from 1 at ``r_on`` to 0 at
-  the cutoff, so energy and forces are continuous (ASE's ``MorsePotential`` does this).
+A forward makes no host synchronisation and, once buffers exist, allocates nothing; it writes
+into ``batch.forces``, ``batch.energy`` (``batch.stress``) when they have the positions' dtype and
+returns them, else fresh tensors. Cutoff treatments (at most one): none (energy jumps at the
+cutoff); ``shift_energy=True`` (pair energies shifted to zero there, as ASE's ``LennardJones``);
+``switch_onset=r_on`` (a quintic smoothstep from 1 at ``r_on`` to 0 at the cutoff, as ASE's
+``MorsePotential``).
 """
 
 from __future__ import annotations
@@ -26,10 +18,11 @@ import attrs
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
 from alchemi_core.tuning import check_tuning
-from alchemi_potentials import _warp, pair_lanes
+from alchemi_potentials import pair_lanes
 from alchemi_potentials.neighbors import BatchedNeighborList, NeighborMatrix, check_cells
 from alchemi_potentials.pair_forces import PairOptions, pair_kernel
 from alchemi_potentials.parameters import PairTable
@@ -45,25 +38,19 @@ DIRECT_TOTALS_UP_TO = 1024
 FOLD_CHUNK = 64
 
 
+@attrs.define(eq=False)
 class _Outputs:
-    """Targets and recorded launches of one forward configuration (one set of systems, one set
-    of tensors); a step that finds the same configuration only replays the launches.
+    """Targets and recorded launches of one forward configuration (replayed while it lasts);
+    ``owned`` targets are the model's scratch buffers, returned as copies."""
 
-    ``owned`` names the targets that are the model's scratch buffers rather than the batch's
-    fields: those are returned as copies, so a result never changes under its holder's feet.
-    """
-
-    def __init__(self, key: tuple[Any, ...], forces: torch.Tensor, energy: torch.Tensor,
-                 stress: torch.Tensor | None, owned: set[str], launches: _warp.LaunchSequence,
-                 matrix: NeighborMatrix, held: list[torch.Tensor]) -> None:
-        self.key = key
-        self.forces = forces
-        self.energy = energy
-        self.stress = stress
-        self.owned = owned
-        self.launches = launches
-        self.matrix = matrix  # held so that its identity stays a valid part of the key
-        self.held = held  # buffers (beyond the scratch ones) the recorded launches point into
+    key: tuple[Any, ...]
+    forces: torch.Tensor
+    energy: torch.Tensor
+    stress: torch.Tensor | None
+    owned: set[str]
+    launches: _warp.LaunchSequence
+    matrix: NeighborMatrix  # held so that its identity stays a valid part of the key
+    held: list[torch.Tensor]  # buffers (beyond the scratch ones) the recorded launches point into
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {"energy": self.energy, "forces": self.forces}
@@ -75,24 +62,21 @@ class _Outputs:
 class PairPotential(BaseModel):
     """Base class of the pair potentials (see the module docstring).
 
-    Subclasses set ``kind`` (the kernel's potential) and ``name``, and implement
-    :meth:`_coefficients` (the kernel's ``a, b, c`` per pair of types) and :meth:`_pair_energy`
-    (for the energy shift), both in float64 numpy.
+    Subclasses set ``kind`` and ``name`` and give, in float64 numpy, the kernel's ``a, b, c`` per
+    pair of types (:meth:`_coefficients`) and the pair energy (:meth:`_pair_energy`, for shifts).
 
     Args:
         table: Parameters per pair of species.
         cutoff: Interaction range in Å.
         shift_energy: Shift each pair energy to zero at the cutoff.
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
-        skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's, 1.0 on
-            GPUs and CPUs; ``BatchedNeighborList``).
+        skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
         neighbor_list: A :class:`BatchedNeighborList` to use (e.g. shared with another model);
             its cutoff must be at least ``cutoff``. Give skin and max_neighbors to it, not here.
-        tuning: Per-device choices of the pair kernel and of the model's own neighbour list
-            (default: ``PotentialsTuning.for_device`` of the batch's device; see
-            ``alchemi_potentials.tuning``).
+        tuning: Per-device choices of the pair kernel and the model's own neighbour list
+            (default: ``PotentialsTuning.for_device`` of the batch's device).
 
     Raises:
         ConfigurationError: A bad cutoff or switch onset, both cutoff treatments at once, or a
@@ -149,19 +133,19 @@ class PairPotential(BaseModel):
         self._check_list_cutoff()
         self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
         self._rows = self._parameter_rows()
+        self._types = table.type_lookup()
         self._reset_device_state()
 
     def _reset_device_state(self) -> None:
         """Forget device tables, buffers and recorded launches (rebuilt on the next forward)."""
-        self._device_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
-        self._type_luts: dict[torch.device, tuple[torch.Tensor, Any]] = {}
+        self._device_arrays: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
         self._outputs: _Outputs | None = None
         self._scratch_buffers: dict[str, torch.Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Recorded Warp launches hold raw pointers: a copy (or a pickle) starts without them.
         state = super().__getstate__()
-        state.update(_device_tables={}, _type_luts={}, _outputs=None, _scratch_buffers={})
+        state.update(_device_arrays={}, _outputs=None, _scratch_buffers={})
         return state
 
     # ------------------------------------------------------------------ parameters
@@ -186,20 +170,13 @@ class PairPotential(BaseModel):
         rows[:n, :n] = np.stack([a, b, c, shift], axis=-1)
         return rows.reshape(-1, 4)
 
-    def _device_table(self, device: torch.device, dtype: torch.dtype) -> Any:
-        key = (device, dtype)
-        entry = self._device_tables.get(key)
+    def _device_array(self, name: str, dtype: torch.dtype, device: torch.device) -> Any:
+        """``_rows`` (parameters) or ``_types`` (the type of every atomic number) on ``device``."""
+        key = (name, dtype, device)
+        entry = self._device_arrays.get(key)
         if entry is None:
-            t = torch.as_tensor(self._rows, dtype=dtype, device=device).contiguous()
-            entry = self._device_tables[key] = (t, _warp.view(t))
-        return entry[1]
-
-    def _type_lut(self, device: torch.device) -> Any:
-        """int32 parameter type of every atomic number (the kernels map slots' numbers through it)."""
-        entry = self._type_luts.get(device)
-        if entry is None:
-            t = torch.as_tensor(self.table.type_lookup(), dtype=torch.int32, device=device).contiguous()
-            entry = self._type_luts[device] = (t, _warp.view(t))
+            t = torch.as_tensor(getattr(self, name), dtype=dtype, device=device).contiguous()
+            entry = self._device_arrays[key] = (t, _warp.view(t))
         return entry[1]
 
     # ------------------------------------------------------------------ the forward
@@ -266,7 +243,7 @@ class PairPotential(BaseModel):
         slot_energy = self._scratch("slot_energy", (slots,), pos)
         slot_virial = self._scratch("slot_virial", (slots if per_slot and compute_stress else 1, 3, 3), pos)
         SE, SW = _warp.view(slot_energy, scalar), _warp.view(slot_virial, mat)
-        seq = _warp.LaunchSequence(F.device)
+        seq = _warp.LaunchSequence(F.device, who="alchemi-potentials")
         seq.add(k.zero_totals, n_sys, [E, W])
         if matrix.half:
             seq.add(k.zero_forces, n_atoms, [F])  # atoms also receive forces from their partners
@@ -282,8 +259,9 @@ class PairPotential(BaseModel):
         if tuning.lanes and pair_lanes.covers(options):
             options = attrs.evolve(options, lanes=True)
         seq.add(pair_kernel(options), n_atoms, [
-            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._type_lut(pos.device), n_types, n_types + 1,
-            self._device_table(pos.device, pos.dtype), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
+            matrix.warp_wrapped, matrix.warp_image_cell, matrix.pair_list, self._device_array("_types", torch.int32, pos.device),
+            n_types, n_types + 1,
+            self._device_array("_rows", pos.dtype, pos.device), scalar(self._cutoff**2), scalar(onset), scalar(self._cutoff),
             F, E, W, SE, SW,
         ])
         held = []
@@ -304,11 +282,8 @@ class PairPotential(BaseModel):
             )
 
     def check_batch(self, batch: Batch) -> None:
-        """Reject what this model cannot evaluate correctly (reads back; not per step).
-
-        Atoms with more neighbours than a fixed ``max_neighbors`` are found by the forward that
-        follows, on the device, and raised by :meth:`verify` (a run calls it right after that
-        forward; a direct call of the model does it itself).
+        """Reject what this model cannot evaluate correctly (reads back; not per step). Atoms with
+        more neighbours than a fixed ``max_neighbors`` are raised by :meth:`verify`.
 
         Raises:
             InvalidDataError: Elements without parameters, positions that are not float32 or
@@ -328,8 +303,7 @@ class PairPotential(BaseModel):
 
     def memory_bytes(self) -> int:
         """Device bytes this model holds: neighbour list, scratch outputs, tables and atom types."""
-        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_tables.values()),
-                *(t for t, _ in self._type_luts.values())]
+        held = [*self._scratch_buffers.values(), *(t for t, _ in self._device_arrays.values())]
         if self._outputs is not None:
             held += self._outputs.held
         return self.neighbor_list.memory_bytes() + sum(t.numel() * t.element_size() for t in held)
@@ -340,8 +314,7 @@ class PairPotential(BaseModel):
         self.neighbor_list.verify(batch)
 
     def error_flag(self, batch: Batch) -> torch.Tensor | None:
-        """True on the device when :meth:`verify` may raise (the engine reads it with a check's
-        other flags, instead of ``verify`` reading back on its own)."""
+        """True on the device when :meth:`verify` may raise (read with a check's other flags)."""
         return self.neighbor_list.error_flag(batch)
 
     def extra_repr(self) -> str:

@@ -1,16 +1,7 @@
-"""Per-species parameters of pair potentials: one set for every atom, or per-element tables
-combined by a mixing rule, with optional per-pair overrides.
-
-A parameter is given either as a number (the same for every species) or as a table
-``{atomic number: value}`` (element symbols work too when ASE is installed). The species a model
-knows are the keys of its tables, or ``species=`` when every parameter is a number; with neither,
-the model applies to every element.
-
-Mixing rules give a pair of different species its value from the two species' values:
-
-* ``"lorentz-berthelot"``: energies by the geometric mean, lengths (and inverse lengths) by the
-  arithmetic mean,
-* ``"geometric"``: everything by the geometric mean.
+"""Per-species parameters of pair potentials: a number (every species) or a table ``{atomic
+number or symbol: value}`` per parameter, with optional per-pair overrides. A pair of different
+species mixes its value by ``"lorentz-berthelot"`` (energies geometric, lengths and inverse lengths
+arithmetic mean) or ``"geometric"`` (all geometric).
 
 Example:
     >>> t = pair_table({"epsilon": {18: 0.0104, 36: 0.0141}, "sigma": {18: 3.405, 36: 3.65}},
@@ -37,12 +28,8 @@ MAX_ATOMIC_NUMBER = 118
 
 @attrs.frozen
 class PairTable:
-    """Symmetric ``[T, T]`` tables of every parameter, for the species in ``species`` order.
-
-    Attributes:
-        species: The atomic numbers with parameters, or None: one set (T = 1) for every element.
-        values: Parameter name -> ``[T, T]`` float64 array.
-    """
+    """Symmetric ``[T, T]`` float64 tables of every parameter (``values``), for the species in
+    ``species`` order (None: one set, T = 1, for every element)."""
 
     species: tuple[int, ...] | None
     values: dict[str, np.ndarray]

@@ -1,11 +1,6 @@
-"""``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3 dispersion.
-
-Energies, forces and stress are the sums of the parts' results; each part keeps its own
-neighbour data. The card takes the largest cutoff, the species every part knows, and stress only
-when every part gives it. A step can be captured in a CUDA graph only when every part allows it.
-
-Parts may be models or registry specs: ``"model:d3"`` or ``{"model": "model:d3", "functional":
-"pbe"}`` (the form a workflow file uses).
+"""``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3. The card
+takes the largest cutoff, the species every part knows, and stress when every part gives it.
+Parts may be models or registry specs (``"model:d3"``, ``{"model": "model:d3", ...}``).
 
 Example:
     >>> from alchemi_potentials import LennardJones, Morse

@@ -1,13 +1,5 @@
-"""Checks that every batched potential must pass, shared by the plugins' tests.
-
-* :func:`reference_structures`: rattled Cu and Si crystals, a molecule in a box and a slab with
-  vacuum, of different sizes: what batched results are compared on.
-* :func:`compare_with_calculator`: the model on all of them in one batch against an ASE
-  calculator system by system (energies, forces, stress), and one system alone against the
-  same system inside the batch.
-* :func:`copper_cells`: the rattled Cu cells of benchmark W7.
-* :func:`relax_then_md`: FIRE relaxation, then Langevin MD, in one fused stage, from a batch or
-  streamed through a sampler (inflight); every structure comes out once, finite.
+"""Checks that every batched potential must pass, shared by the plugins' tests (and the W7
+structures, :func:`copper_cells`).
 
 Example:
     >>> atoms = reference_structures()

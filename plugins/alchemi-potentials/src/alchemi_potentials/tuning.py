@@ -1,12 +1,7 @@
-"""The pair potentials' and neighbour lists' measured per-device choices, as one frozen value
-(:class:`PotentialsTuning`).
-
-:class:`~alchemi_potentials.LennardJones`, :class:`~alchemi_potentials.Morse` and
-:class:`~alchemi_potentials.BatchedNeighborList` take an optional ``tuning=``; without one they use
-:meth:`PotentialsTuning.for_device` of the batch's device. Every choice gives the same pairs and
-the same forces to rounding (the tests run on a CPU with a GPU's choices too); they differ in
-speed. Two choices only make a difference on a GPU and do nothing on a CPU: ``fast_math`` and
-``min_blocks_large`` (CUDA compiler options).
+"""The pair potentials' and neighbour lists' per-device choices (:class:`PotentialsTuning`), taken
+as ``tuning=`` by :class:`~alchemi_potentials.LennardJones`, :class:`~alchemi_potentials.Morse` and
+:class:`~alchemi_potentials.BatchedNeighborList` (default: :meth:`PotentialsTuning.for_device`).
+Every choice gives the same pairs and forces to rounding.
 
 Example:
     >>> import attrs
@@ -32,45 +27,34 @@ class PotentialsTuning:
     """How the pair kernel and the neighbour search run on one kind of device.
 
     Attributes:
-        unroll: Neighbours per iteration of the pair kernel (1, 2 or 4): 4 on a GPU (loads ahead),
-            1 on a CPU, where threads run one after another and nothing is gained by loading ahead.
+        unroll: Neighbours per iteration of the pair kernel (1, 2 or 4): 4 loads ahead on a GPU.
         masked: Pairs past the cutoff multiplied by zero rather than branched around (a CPU
-            mispredicts some: W6 1-4 % faster; compare ``python -m benchmarks --device cpu
-            --workloads W6 --tuning masked=False``).
+            mispredicts the branch; W6 1-4 % faster).
         lanes: A CPU's pair kernel takes a slot's neighbours in SIMD lanes
             (:mod:`~alchemi_potentials.pair_lanes`), for the variants it covers.
         lane_width: Neighbours per block of the lanes' native loop (eight float32 lanes of AVX2).
-        wide_lane_width: The same where the compiler targets AVX-512: W6 on a 2-core Xeon with
-            AVX-512 1.95-2.06 ms a step at 16 against 2.21-2.48 at 8; 32 took 2.41.
+        wide_lane_width: The same where the compiler targets AVX-512 (W6 1.95-2.06 against
+            2.21-2.48 ms a step at 8).
         fast_math: The GPU's pair kernel compiled with fast math (approximate float32 division;
-            float64 unaffected): W1 256x1024 on an H200 0.333 -> 0.296 ms per step. No effect on a
-            CPU (the lanes' snippet).
+            W1 256x1024 0.333 -> 0.296 ms a step).
         min_blocks_large: Blocks of 256 pair-kernel threads that must fit on one multiprocessor
-            in the variant for large systems (0: the compiler's choice). On an H100, W1 as one
-            system of 2^20 atoms 0.7585 -> 0.7271 ms per step; small systems keep the compiler's
-            choice (W1 256x1024 0.260 -> 0.265 when held to 4). No effect on a CPU.
-        skin: A neighbour list's Verlet skin (Å) where none is given. The rebuilds saved pay for
-            the pairs on both kinds of device: W1 256x1024 on an H100 0.295 ms at 0.5 against
-            0.264 at 1.0 Å; W6's 64 x 108 on 2 CPU cores 2.64 against 2.07 ms.
-        half_list: A list made with ``half_list=None`` lists each pair once: on a CPU Newton's
-            third law halves the work; a GPU's threads write only their own atom (full lists).
-        search_trim: The search skips the bins of a slot's box wholly beyond the list radius (the
-            same entries): a CPU's search costs what it walks; on an H200 the trimmed walk is
-            slower (W1 256x1024 0.336 against 0.369 ms per step).
-        matrix_order: The neighbour matrix's memory order: ``"columns"`` (a warp of GPU threads
-            reads one row, coalesced) or ``"rows"`` (each slot's entries contiguous, for a CPU).
-        search_parts: Threads per slot of a build's search where parts pay (small batches whose
-            systems rebuild one at a time; ``layout.search_parts``): W1 108x2048 on an H200 0.447
-            -> 0.365 ms per step at 9 parts. A CPU has few threads: 1.
-        search_listed: The search walks a list of the rebuilding slots instead of every slot: on
-            an H200 the idle threads cost about as much as the search; W6's step on a CPU
-            2.83-2.96 -> 2.56-2.62 ms.
-        join_fraction: A list's ``join_fraction`` where none is given (rebuilds in cohorts): W1
-            256x1024 on an H100 0.288 / 0.264 / 0.280 ms at 0.9 / 0.8 / 0.7; a CPU's search costs
-            what it searches, so there the extra builds cost (W6 5.0-5.5 against 5.8-6.0 ms at 0.8).
+            in the variant for large systems (0: the compiler's choice; W1 1 x 2^20 atoms 0.7585
+            -> 0.7271 ms a step).
+        skin: A neighbour list's Verlet skin (Å) where none is given (W1 256x1024 0.295 ms at 0.5
+            against 0.264 at 1.0 Å).
+        half_list: A list made with ``half_list=None`` lists each pair once: a CPU halves its work
+            by Newton's third law; a GPU's threads write only their own atom.
+        search_trim: The search skips the bins of a slot's box wholly beyond the list radius (a
+            CPU's search costs what it walks; W6's search 1.51 against 1.98 ms of thread time).
+        matrix_order: The neighbour matrix's memory order: ``"columns"`` (a GPU warp reads one
+            row, coalesced) or ``"rows"`` (each slot's entries contiguous, for a CPU).
+        search_parts: Threads per slot of a build's search where parts pay
+            (``layout.search_parts``; W1 108x2048 0.447 -> 0.365 ms a step at 9).
+        search_listed: The search walks a list of the rebuilding slots instead of every slot (on
+            a CPU the list's own kernels cost more than the idle slots they spare).
+        join_fraction: A list's ``join_fraction`` where none is given (rebuilds in cohorts; W1
+            256x1024 0.288 / 0.264 ms a step at 0.9 / 0.8).
         force_search_parts: Threads per slot whatever the batch, instead of the rule (None): for
-            measurements and tests.
-        force_search_listed: Listed or not whatever the batch, instead of the rule (None): for
             measurements and tests.
     """
 
@@ -89,7 +73,6 @@ class PotentialsTuning:
     lane_width: int = 8
     wide_lane_width: int = 16
     force_search_parts: int | None = None
-    force_search_listed: bool | None = None
 
     @classmethod
     def for_device(cls, device: str | torch.device) -> PotentialsTuning:
@@ -101,4 +84,4 @@ class PotentialsTuning:
                        search_listed=True, join_fraction=0.8)
         return cls(unroll=1, masked=True, lanes=True, fast_math=False, min_blocks_large=0, skin=1.0,
                    half_list=True, search_trim=True, matrix_order="rows", search_parts=1,
-                   search_listed=True, join_fraction=1.0)
+                   search_listed=False, join_fraction=1.0)

@@ -1,7 +1,5 @@
-"""alchemi-sevennet: SevenNet potentials as alchemi models (``model:sevennet``).
-
-Names are imported on first use, so ``import alchemi_sevennet`` (and plugin discovery) imports
-neither SevenNet nor e3nn.
+"""alchemi-sevennet: SevenNet potentials as alchemi models (``model:sevennet``); names are
+imported on first use, so importing the package imports neither SevenNet nor e3nn.
 
 Example:
     >>> import alchemi_sevennet

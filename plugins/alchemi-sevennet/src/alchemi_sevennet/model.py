@@ -1,31 +1,14 @@
 """``SevenNetModel`` (``model:sevennet``): a SevenNet network evaluated on whole batches.
 
-SevenNet's pretrained networks (``7net-0`` ships inside the ``sevenn`` wheel) take edge vectors
-as their input. alchemi computes them from its own COO edges
-(:class:`~alchemi_potentials.neighbors.EdgeList`) with the strain already applied, runs the
-network's layers up to the atomic energies, sums those per system itself and takes forces and
-stress from one backward pass (:class:`~alchemi_potentials.edge_model.EdgeModel`).
-
-Two things matter for correctness:
-
-* SevenNet's cutoff functions have no ``r < cutoff`` mask: a pair at or beyond the cutoff would
-  add energy. alchemi's edges hold exactly the pairs closer than the cutoff.
-* Padding edges (the unused tail of the fixed edge capacity) go from an atom to itself with a
-  vector exactly ``cutoff`` long, where SevenNet's polynomial and XPLOR cutoffs and their
-  derivatives are exactly zero, and its radial networks have no biases: they add nothing.
-
-On a GPU the whole step replays as a CUDA graph (``stage.compile()``). SevenNet's own energy
-reduction and stress output read a value back from the device on every call
-(``int(batch.max())``), and its input preparation copies a table from the host every call;
-alchemi does all three itself, so the layers it runs read nothing back and copy nothing
-(captured and eager steps agree to 5e-7 Å over 30 Langevin steps on the H200). Once warm, a
-step takes no new device memory.
-
-On a GPU where cuEquivariance's CUDA kernels are installed, the network is rebuilt on them at
-its first call there (sevenn's conversion, same weights; ``enable_cueq``): at 64 Cu cells a
-step takes a tenth of the time and a fifth of the memory of e3nn's (W7, docs/performance.md).
-
-SevenNet computes in float32; ``dtype`` is float32 only.
+alchemi computes edge vectors from its own COO edges (:class:`~alchemi_potentials.neighbors.EdgeList`)
+with the strain applied, runs the network's layers up to the atomic energies, sums those itself and
+takes forces and stress from one backward pass (:class:`~alchemi_potentials.edge_model.EdgeModel`).
+SevenNet's cutoff functions have no ``r < cutoff`` mask: the edges hold exactly the pairs closer
+than the cutoff, and padding edges are exactly ``cutoff`` long, where its cutoffs and their
+derivatives vanish. SevenNet's own reduction, stress output and input preparation read back or copy
+from the host every call; alchemi does them itself, so a step can replay as a CUDA graph. On a GPU
+with cuEquivariance's kernels the network is rebuilt on them at its first call (``enable_cueq``).
+SevenNet computes in float32 only.
 
 Example:
     >>> from alchemi_sevennet import SevenNetModel
@@ -71,10 +54,8 @@ class SevenNetModel(EdgeModel):
             SevenNet checkpoint (``.pth``).
         modal: Fidelity of a multi-fidelity model (e.g. ``"mpa"`` for 7net-mf-ompa).
         dtype: Only ``"float32"`` (SevenNet's precision).
-        enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion, same weights). None:
-            from the first call on a GPU where ``cuequivariance-torch`` and its CUDA kernels
-            (``cuequivariance-ops-torch-cu12``/``-cu13``) are installed; True: always (sevenn
-            converts only under CUDA); False: never.
+        enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion). None: from the first
+            call on a GPU where they are installed; True: always (needs CUDA); False: never.
         skin: Verlet skin (Å) of the neighbour list under the edges.
         max_edges: Fixed edge capacity (None: sized from the structures).
         chunk_atoms: Evaluate batches of more atoms in chunks of whole systems of at most this
@@ -87,13 +68,11 @@ class SevenNetModel(EdgeModel):
         MissingDependencyError: sevenn is not installed, or cuequivariance-torch with enable_cueq.
     """
 
-    #: Per-atom device bytes of a step in float32, with 25 % headroom: a captured 7net-0 step
-    #: peaked at 5.6-5.75 MB per atom on an H200 (W7, 16 to 64 Cu cells; 19,008 atoms fitted,
-    #: 23,868 did not).
+    #: Per-atom device bytes of a step in float32 (7net-0's peak on W7, + 25 %).
     BYTES_PER_ATOM: ClassVar[float] = 7.2e6
-    #: The same on cuEquivariance's kernels: the captured step peaked at 1.06-1.19 MB per atom
-    #: (W7 on an H200, 16 and 64 Cu cells in one batch), with 25 % headroom.
+    #: The same on cuEquivariance's kernels.
     BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.5e6
+    _kernels: KernelChoice
 
     def __init__(self, model: str | os.PathLike[str] = "7net-0", *, modal: str | None = None, dtype: Any = "float32",
                  enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None,
@@ -157,21 +136,8 @@ class SevenNetModel(EdgeModel):
         reduce = self.network._modules.get("reduce_total_enegy") or self.network._modules.get("reduce_total_energy")
         self._energy_scale = float(getattr(reduce, "constant", 1.0))
 
-    @property
-    def uses_cueq(self) -> bool:
-        """Whether the network runs on cuEquivariance's kernels (unasked: decided at its first call)."""
-        return self._kernels.converted
-
-    def bytes_per_atom(self) -> float:
-        """As :meth:`EdgeModel.bytes_per_atom`, with the estimate of the kernels the network
-        will run on: it is asked before the first batch, when the conversion is not done yet."""
-        if self._measured is None and self._kernels.expected():
-            return self.BYTES_PER_ATOM_CUEQ
-        return super().bytes_per_atom()
-
     def _prepare(self, device: torch.device) -> None:
-        """Move to ``device``; unasked, at the first call on a GPU with cuEquivariance's kernels,
-        rebuild the network on them (sevenn converts as it builds)."""
+        """Move to ``device``; unasked, at a first GPU call, rebuild the network on cuEquivariance."""
         if self._kernels.settle(device):
             try:
                 network = self._checkpoint.build_model(enable_cueq=True)
@@ -219,5 +185,5 @@ class SevenNetModel(EdgeModel):
         return table
 
     def extra_repr(self) -> str:
-        kernels = ", cuequivariance" if self._kernels.converted else ""
+        kernels = ", cuequivariance" if self.uses_cueq else ""
         return f"cutoff={self.card.cutoff}, modal={self.modal!r}{kernels}, {self.edge_list!r}"

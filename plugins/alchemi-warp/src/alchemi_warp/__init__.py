@@ -1,9 +1,5 @@
 """alchemi-warp: ``GPUBuffer`` (``sink:gpu-buffer``) and Warp kernels behind ``Batch.put``,
-``defrag`` and ``zero`` (``buffer:warp``).
-
-Importing the package imports neither Warp nor the kernels; ``alchemi_warp.buffer_ops`` and
-``alchemi_warp.kernels`` do, when first used.
-"""
+``defrag`` and ``zero`` (``buffer:warp``). Importing the package imports no Warp."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
-"""``buffer:warp``: Warp kernels behind ``Batch.put``, ``defrag`` and ``zero``.
+"""``buffer:warp``: Warp kernels behind ``Batch.put``, ``defrag`` and ``zero`` (an implementation
+of :class:`alchemi_core.data.buffer_ops.BufferOps`).
 
-An implementation of :class:`alchemi_core.data.buffer_ops.BufferOps`. Rows of every dtype are
-copied as integer words (:mod:`alchemi_warp.words`), so results are bit-identical to the torch
-path. Kernels run on torch's current CUDA stream and read and write the tensors in place through
-``wp.from_torch``; nothing is read back to the host.
-
-Core picks these ops for CUDA devices when the plugin is installed (``buffer_ops_for``). What
-runs where follows a measurement on an H200 (``benchmarks/bench_put_defrag.py``, recorded in
-docs/performance.md): the shifted gather of index fields (neighbour lists moved to new atom
-offsets) is one Warp kernel instead of torch's gather plus add, 9.7x faster for 8.8M edges,
-which made ``put`` 1.6x faster on a batch with neighbour lists; plain row copies and zeroing are
-faster with torch's own kernels (``put`` of 2048 x 108 atoms without edges: torch 0.80 ms, Warp
-1.20 ms), so by default they stay on torch. ``every_op=True`` runs all three with Warp (the
-tests do, to exercise every kernel). On the CPU core keeps torch; Warp's CPU kernels are used
-only when asked for explicitly, which is how the tests run the kernels without a GPU.
+Rows of every dtype are copied as integer words (:mod:`alchemi_warp.words`), bit-identical to the
+torch path, on torch's current stream, with no read-back. Core picks these ops for CUDA devices.
+The shifted gather of index fields is one Warp kernel instead of torch's gather plus add (9.7x for
+8.8M edges, ``benchmarks/bench_put_defrag.py``); plain row copies and zeroing stay on torch, which
+is faster for them, unless ``every_op=True`` (the tests). On a CPU, Warp runs only when asked.
 
 Example:
     >>> import torch
@@ -34,9 +26,10 @@ from collections.abc import Sequence
 
 import torch
 
+from alchemi_core import warp_runtime
 from alchemi_core.data.buffer_ops import TorchBufferOps
 from alchemi_core.errors import InvalidDataError
-from alchemi_warp import kernels, launch, words
+from alchemi_warp import kernels, words
 
 _TORCH = TorchBufferOps()
 _SHIFTABLE = (torch.int64, torch.int32)
@@ -46,13 +39,10 @@ class WarpBufferOps:
     """Row copies by Warp kernels, for every dtype and trailing shape.
 
     Args:
-        allow_cpu: Also claim CPU tensors (Warp runs its kernels on the CPU too). Off by
-            default, because torch's CPU ``index_select`` is already a tight loop.
-        every_op: Run plain gathers and zeroing with Warp kernels too; by default they use
-            torch's, measured faster for them (see the module docstring).
+        allow_cpu: Also claim CPU tensors (off by default: torch's CPU ``index_select`` is tight).
+        every_op: Run plain gathers and zeroing with Warp kernels too (torch's are faster).
 
-    Indices must lie inside ``src``: like every GPU gather, the kernels do not check them (a
-    check would read back from the device). ``Batch`` builds its indices from its own counts.
+    Indices must lie inside ``src``: like every GPU gather, the kernels do not check them.
     """
 
     name = "warp"
@@ -68,7 +58,7 @@ class WarpBufferOps:
             return self.allow_cpu
         if device.type != "cuda":
             return False
-        return launch.cuda_available()
+        return warp_runtime.cuda_available()
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         """``out[i] = src[index[i]]`` for every row of ``out``.
@@ -88,7 +78,7 @@ class WarpBufferOps:
             return
         width = words.word_bytes_for(src, out)
         out_words = words.as_words(out, width)
-        launch.run(kernels.gather_rows, out_words.shape, words.as_words(src, width), index, out_words)
+        warp_runtime.launch_tensors(kernels.gather_rows, out_words.shape, words.as_words(src, width), index, out_words)
 
     def gather_shifted(
         self, src: torch.Tensor, index: torch.Tensor, shift: torch.Tensor, out: torch.Tensor
@@ -110,11 +100,10 @@ class WarpBufferOps:
             return
         if out.numel() == 0:
             return
-        # The shift in the indices' own dtype: int64 shifts truncate to int32 exactly as torch's
-        # in-place add casts its int64 result back (two's-complement wrap-around).
+        # In the indices' dtype: int64 shifts wrap to int32 as torch's in-place add casts back.
         shift = shift if shift.dtype == out.dtype else shift.to(out.dtype)
         out_rows = words.as_rows(out)
-        launch.run(kernels.gather_rows_shifted, out_rows.shape, words.as_rows(src), index, shift, out_rows)
+        warp_runtime.launch_tensors(kernels.gather_rows_shifted, out_rows.shape, words.as_rows(src), index, shift, out_rows)
 
     def zero(self, tensors: Sequence[torch.Tensor]) -> None:
         """Set every element of every tensor to zero (False for bool); one launch per tensor."""
@@ -128,7 +117,7 @@ class WarpBufferOps:
                 t.zero_()
                 continue
             flat = words.as_flat_words(t)
-            launch.run(kernels.fill_words, flat.shape, flat, _zero_word(flat))
+            warp_runtime.launch_tensors(kernels.fill_words, flat.shape, flat, _zero_word(flat))
 
     def __repr__(self) -> str:
         return f"WarpBufferOps(allow_cpu={self.allow_cpu}, every_op={self.every_op})"

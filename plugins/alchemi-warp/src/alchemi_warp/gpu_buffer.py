@@ -1,14 +1,9 @@
 """``GPUBuffer`` (``sink:gpu-buffer``): a fixed-size, device-resident store of systems.
 
-The buffer pre-allocates one ``Batch`` on its first ``write``, shaped for ``capacity`` systems of
-at most ``max_atoms`` atoms and ``max_edges`` edges each, with every field (name, dtype, trailing
-shape) of that first batch. Later writes copy rows into it with ``Batch.put`` and allocate
-nothing; ``zero`` empties it and keeps the memory, so its tensors keep their addresses (what a
-captured CUDA graph or a pipeline's matched ``isend``/``irecv`` buffers need). On CUDA the copies
-run as Warp kernels (``buffer:warp``).
-
-A write is all or nothing: if the selected systems would not fit, or one of them is larger than
-the per-system limits, it raises ``RuntimeError`` and stores nothing.
+The first ``write`` allocates one ``Batch`` for ``capacity`` systems of at most ``max_atoms`` atoms
+and ``max_edges`` edges, with that batch's fields; later writes copy rows in with ``Batch.put``
+and allocate nothing, and ``zero`` keeps the memory (and the addresses a CUDA graph or matched
+``isend``/``irecv`` need). A write is all or nothing.
 
 Example:
     >>> from alchemi_core.testing import make_batch
@@ -45,17 +40,6 @@ class GPUBuffer(SavesContents, DataSink):
 
     Raises:
         ConfigurationError: A negative size, or a CUDA device on a machine without CUDA.
-
-    Example:
-        >>> import torch
-        >>> from alchemi_core.testing import make_batch
-        >>> device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        >>> buffer = GPUBuffer(capacity=100, max_atoms=50, max_edges=200, device=device)
-        >>> buffer.write(make_batch([3, 4]).to(device))
-        >>> len(buffer)
-        2
-        >>> buffer.read().num_nodes_list
-        [3, 4]
     """
 
     def __init__(self, capacity: int, max_atoms: int, max_edges: int, device: torch.device | str = "cuda",
@@ -71,7 +55,6 @@ class GPUBuffer(SavesContents, DataSink):
                     'pass device="cpu" on machines without a GPU'
                 )
             if device.index is None:
-                # One canonical name for the device ("cuda" and "cuda:0" compare unequal).
                 device = torch.device("cuda", torch.cuda.current_device())
         self._capacity = int(capacity)
         self._max_atoms = int(max_atoms)
@@ -116,11 +99,8 @@ class GPUBuffer(SavesContents, DataSink):
 
     # ------------------------------------------------------------------ writing
     def write(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
-        """Copy the systems of ``batch`` where ``mask`` is True (all when None) into the buffer.
-
-        Uses ``Batch.put`` (no allocation after the first write) and sets ``_copied_mask`` (which
-        systems of ``batch`` were copied) and ``_dest_mask`` (which slots were filled). The batch's
-        contents are not changed.
+        """Copy the systems of ``batch`` where ``mask`` is True (all when None) into the buffer;
+        sets ``_copied_mask`` (systems copied) and ``_dest_mask`` (slots filled).
 
         Raises:
             RuntimeError: The selected systems would exceed the capacity, or one of them has more

@@ -1,11 +1,5 @@
-"""Warp kernels for row copies: gather rows of words, gather with an index shift, fill words.
-
-Every kernel works on arrays of integer words (see :mod:`alchemi_warp.words`), so one
-compiled overload per word size (1, 2, 4, 8 bytes) covers every dtype and trailing shape. The
-overloads are declared here, once, so the module compiles a single time and is then loaded from
-Warp's kernel cache.
-
-Importing this module imports Warp; it is only imported when ``buffer:warp`` is used.
+"""Warp kernels for row copies on integer words (:mod:`alchemi_warp.words`): one overload per word
+size covers every dtype and trailing shape. Importing it imports Warp.
 """
 
 from __future__ import annotations
@@ -14,7 +8,6 @@ from typing import Any
 
 import warp as wp
 
-# Row copies have no gradients; skipping the adjoint code halves the compile time.
 wp.set_module_options({"enable_backward": False})
 
 #: The Warp word type for each word size in bytes (matching ``words.WORD_DTYPES``).
@@ -40,11 +33,7 @@ def gather_rows_shifted(
 
 @wp.kernel
 def fill_words(out: wp.array(dtype=Any), value: wp.array(dtype=Any)):
-    """``out[i] = value[0]`` over a whole tensor seen as one run of words; zeroing passes a zero
-    word, which is 0, 0.0 and False alike.
-
-    The word comes in a one-element array rather than as a scalar argument, so every argument
-    of every kernel here is an array and a recorded launch can be replayed with new ones."""
+    """``out[i] = value[0]`` (a one-element array, so a recorded launch replays with new ones)."""
     i = wp.tid()
     out[i] = value[0]
 

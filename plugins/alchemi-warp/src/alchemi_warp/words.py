@@ -1,11 +1,5 @@
-"""Tensors seen as rows of machine words, so one copy kernel serves every dtype.
-
-A row copy never looks at values, only at bytes. Viewing a ``[N, ...]`` tensor of any dtype
-(bool, int32, int64, float32, float64) as ``[N, W]`` integer words turns every row copy into the
-same kernel and makes the result bit-identical to the source: NaN payloads, ``-0.0`` and bool
-bytes travel unchanged. The widest word that divides the row size and the tensor's byte offset
-is chosen, so a float32 ``[N, 3]`` row moves as three 4-byte words and a float64 ``[N, 3]`` row
-as three 8-byte words. Bool and int64 tensors never reach ``wp.from_torch`` as themselves.
+"""Tensors seen as rows of the widest integer words that fit, so one copy kernel serves every
+dtype, bit-identical.
 
 Example:
     >>> import torch
@@ -40,9 +34,7 @@ def row_bytes(t: torch.Tensor) -> int:
 
 
 def word_bytes_for(*tensors: torch.Tensor) -> int:
-    """The widest word size that divides the row size and the byte offset of every tensor.
-
-    The tensors must share a row size (a source and its destination).
+    """The widest word size that divides the (shared) row size and the byte offset of every tensor.
 
     Example:
         >>> word_bytes_for(torch.zeros(2, 3, dtype=torch.bool))  # 3-byte rows
@@ -67,8 +59,7 @@ def as_words(t: torch.Tensor, width: int) -> torch.Tensor:
         t: A contiguous tensor with at least one dimension.
         width: Word size in bytes, from :func:`word_bytes_for`.
     """
-    # Through int8 first: torch regroups bytes into wider words only from a 1-byte view, and
-    # bool (also 1 byte) is not accepted by every Warp release.
+    # Through int8: torch regroups bytes only from a 1-byte view, and not every Warp takes bool.
     return as_rows(t).view(torch.int8).view(WORD_DTYPES[width])
 
 

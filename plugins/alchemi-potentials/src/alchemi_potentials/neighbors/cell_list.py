@@ -1,26 +1,14 @@
 """``BatchedNeighborList``: Verlet neighbour lists for every system of a batch, built by a cell
-list on the device and refreshed without ever asking the host.
+list on the device and refreshed without asking the host.
 
-Each system has its own cell (triclinic allowed) and its own periodicity per axis (``batch.pbc``;
-a batch without ``pbc`` is not periodic, and then needs no ``cell``). Every atom keeps the atoms
-within ``cutoff + skin`` in a dense column of a ``[max_neighbors, atoms]`` matrix of packed
-int32 entries (neighbour and periodic image in one number, :mod:`.entries`), from both ends on a
-GPU and once, by one of its atoms, on a CPU. Cutoffs larger than half the cell are fine: the
-search walks as many periodic images as the radius needs.
-
-Every call of :meth:`BatchedNeighborList.update` launches the same kernels: the atoms of each
-system check how far they moved since their system's last build, and a system rebuilds when one
-moved more than ``skin / 2`` or its cell or periodicity changed; the other systems' threads
-return at once. A fully periodic system whose cell changed (constant-pressure dynamics, cell
-relaxation) keeps its list while the deformation fits in the skin: each atom's position mapped
-back to the cell of the last build is tested against a threshold that the deformation shrinks
-(:func:`~alchemi_potentials.neighbors.kernels.follow_cell`), and images shift by the current
-cell. No value is read back, so the step can be captured in a CUDA graph. Buffers are
-allocated when the set of systems changes (``batch.version``) and reused otherwise.
-
-Errors found on the device (more neighbours than columns, a cell that lost its volume, images
-beyond what an entry holds, non-finite positions) are raised by
-:meth:`BatchedNeighborList.verify`, which the engine calls at check steps.
+Each system has its own cell (triclinic allowed) and periodicity per axis (``batch.pbc``; without
+``pbc`` a batch is open and needs no ``cell``). Every atom keeps the atoms within ``cutoff + skin``
+as packed int32 entries (:mod:`.entries`), from both ends or (half list) once. Cutoffs larger than
+half the cell are fine. Every :meth:`BatchedNeighborList.update` launches the same kernels; a system
+rebuilds when one of its atoms moved more than ``skin / 2`` or its cell or periodicity changed
+beyond what the skin absorbs (:func:`~alchemi_potentials.neighbors.kernels.follow_cell`), so a step
+can be captured in a CUDA graph. Errors found on the device are raised by
+:meth:`BatchedNeighborList.verify`.
 
 Example:
     >>> from ase.build import bulk
@@ -43,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.data.cells import check_cells as core_check_cells
 from alchemi_core.data.cells import system_ids
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 from alchemi_core.tuning import check_tuning
-from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.layout import (
     ERROR_FIELDS,
     Layout,
@@ -72,17 +60,15 @@ class BatchedNeighborList:
         cutoff: Interaction range in Å; pairs closer than this are always in the list.
         skin: Extra range in Å; a system rebuilds once one of its atoms moved more than
             ``skin / 2`` since its last build. Larger skins rebuild less often but hold more pairs.
-            None (default): the tuning's (``PotentialsTuning.skin``: 1.0 on GPUs and CPUs).
+            None (default): the tuning's (``PotentialsTuning.skin``).
         max_neighbors: Columns of the neighbour matrix. None sizes it from the structures when
             the set of systems changes (one read-back then); a number never reads back, for CUDA
             graphs, and :meth:`verify` raises if an atom ever has more neighbours.
         half_list: List each pair once (from one of its atoms) instead of from both ends.
             None (default): the tuning's (``PotentialsTuning.half_list``: half on a CPU).
-        join_fraction: In ``(0, 1]``. When some system of the batch rebuilds, every system with
-            an atom that moved more than ``join_fraction * skin / 2`` rebuilds with it, so that
-            rebuilds come in cohorts and fewer steps pay for a search. 1 rebuilds each system only
-            when it must. None (default): the tuning's (``PotentialsTuning.join_fraction``; fewer
-            build steps pay on a GPU, fewer builds on a CPU). The lists are exact whatever it is.
+        join_fraction: In ``(0, 1]``. When some system rebuilds, every system with an atom that
+            moved more than ``join_fraction * skin / 2`` rebuilds with it (1: only when it must).
+            None (default): the tuning's (``PotentialsTuning.join_fraction``).
         tuning: The per-device choices of the search (default: ``PotentialsTuning.for_device`` of
             the batch's device; see ``alchemi_potentials.tuning``).
 
@@ -117,8 +103,7 @@ class BatchedNeighborList:
         """Forget every device buffer (a new batch, or a copy of this list)."""
         self._layout: Layout | None = None
         self._key: tuple[Any, ...] | None = None
-        # The batch the buffers belong to, weakly: a new batch that happens to reuse a freed
-        # batch's id (and version) must never inherit its layout.
+        # Weak: a new batch that reuses a freed batch's id must never inherit its layout.
         self._batch: weakref.ref[Batch] | None = None
         self.last_cell: torch.Tensor | None = None
 
@@ -163,9 +148,8 @@ class BatchedNeighborList:
 
     @property
     def radius(self) -> float:
-        """``cutoff + skin``: the range of the stored pairs. With the skin by device, the range on
-        the device of the last build, or before one the tuning's, or without one the largest any
-        device type uses."""
+        """``cutoff + skin``: the range of the stored pairs (with the skin by device: on the last
+        build's device, else the tuning's, else the largest any device type uses)."""
         if self._skin is not None:
             return self._cutoff + self._skin
         if self._key is not None:
@@ -178,11 +162,6 @@ class BatchedNeighborList:
     def half_list(self) -> bool | None:
         """True: each pair listed once; False: from both ends; None: by device (half on a CPU)."""
         return self._half_list
-
-    @property
-    def sizes_itself(self) -> bool:
-        """True when ``max_neighbors`` was None: columns follow the structures."""
-        return self._fixed_columns is None
 
     @property
     def max_neighbors(self) -> int:
@@ -200,9 +179,8 @@ class BatchedNeighborList:
     def update(self, batch: Batch) -> NeighborMatrix:
         """Bring every system's list up to date (rebuilding only where needed) and return it.
 
-        Makes no host synchronisation and allocates nothing once buffers exist for this set of
-        systems, except that with ``max_neighbors=None`` the first build of a new set of systems
-        reads back the most neighbours any atom has, to size the matrix.
+        No host synchronisation or allocation once buffers exist for this set of systems, except
+        that with ``max_neighbors=None`` a new set's first build reads back its most neighbours.
 
         Raises:
             InvalidDataError: Positions that are not float32 or float64.
@@ -216,11 +194,10 @@ class BatchedNeighborList:
         key = (batch.version, batch.system_capacity, batch.node_capacity, positions.device, positions.dtype)
         fresh = key != self._key or self._layout is None or not self._built_for(batch)
         if fresh:
-            _warp.require_device(positions.device)
+            _warp.require_device(positions.device, who="alchemi-potentials")
             tuning = self.tuning_on(positions.device.type)
             half = tuning.half_list if self._half_list is None else bool(self._half_list)
-            # The old buffers go first: their memory then serves the new ones (a run of the same
-            # shape allocates nothing from the device), and two sets are never held at once.
+            # The old buffers go first, so that their memory serves the new ones.
             self._layout = None
             self._layout = Layout(batch, self._columns, half, self.join_fraction_on(batch.device.type), tuning)
             self._key = key
@@ -239,37 +216,26 @@ class BatchedNeighborList:
         return layout.matrix
 
     def _inputs(self, layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions, cell ``[B, 3, 3]`` in the positions' dtype, and pbc ``[B, 3]`` bool, without
-        allocating after the first call for this layout."""
+        """Positions, cell ``[B, 3, 3]`` in their dtype and pbc ``[B, 3]`` bool (allocated once)."""
         pos = batch.positions
-        n = layout.num_systems
-        store = layout.inputs
-        if "pbc" in batch:
-            pbc = batch.pbc
-            if pbc.dtype != torch.bool:
-                buf = store.get("pbc_bool")
-                if buf is None:
-                    buf = store["pbc_bool"] = torch.zeros(pbc.shape, dtype=torch.bool, device=pbc.device)
-                buf.copy_(pbc)
-                pbc = buf
+        n, store = layout.num_systems, layout.inputs
+
+        def held(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            buf = store.get(name)
+            if buf is None or buf.dtype != dtype:
+                buf = store[name] = torch.zeros(shape, dtype=dtype, device=pos.device)
+            return buf
+
+        pbc = batch.pbc if "pbc" in batch else held("no_pbc", (n, 3), torch.bool)
+        if pbc.dtype != torch.bool:
+            pbc = held("pbc_bool", tuple(pbc.shape), torch.bool).copy_(pbc)
+        if "cell" not in batch:
+            # Periodic axes without a cell: a zero-volume cell in verify() (check_batch rejects them).
+            cell = held("no_cell", (n, 3, 3), pos.dtype)
+        elif batch.cell.dtype != pos.dtype or not batch.cell.is_contiguous():
+            cell = held("cell_cast", (n, 3, 3), pos.dtype).copy_(batch.cell)
         else:
-            pbc = store.get("no_pbc")
-            if pbc is None:
-                pbc = store["no_pbc"] = torch.zeros((n, 3), dtype=torch.bool, device=pos.device)
-        if "cell" in batch:
             cell = batch.cell
-            if cell.dtype != pos.dtype or not cell.is_contiguous():
-                buf = store.get("cell_cast")
-                if buf is None or buf.dtype != pos.dtype:
-                    buf = store["cell_cast"] = torch.empty((n, 3, 3), dtype=pos.dtype, device=pos.device)
-                buf.copy_(cell)
-                cell = buf
-        else:
-            # Periodic axes without a cell show up as a zero-volume cell in verify(); check_batch
-            # of the models rejects them before a run.
-            cell = store.get("no_cell")
-            if cell is None or cell.dtype != pos.dtype:
-                cell = store["no_cell"] = torch.zeros((n, 3, 3), dtype=pos.dtype, device=pos.device)
         return pos, cell, pbc
 
     def _run(self, layout: Layout, batch: Batch) -> None:
@@ -288,7 +254,7 @@ class BatchedNeighborList:
             ref, wrapped = layout.warp_reference, layout.warp_wrapped
             skin = self.skin_on(pos.device.type)
             ns, na, r = layout.num_systems, layout.num_atoms, self._cutoff + skin
-            before = _warp.LaunchSequence(positions.device)
+            before = _warp.LaunchSequence(positions.device, who="alchemi-potentials")
             before.add(k.follow_cell, ns, [cells, periodic, g, wp.float64(self._cutoff), wp.float64(skin),
                                            layout.warp_image_cell])
             join = layout.join_fraction
@@ -296,7 +262,7 @@ class BatchedNeighborList:
             before.add(k.begin_build, ns, [cells, periodic, g, wp.float64(r), wp.float64(DEGENERATE_CELL),
                                            layout.warp_image_cell])
             before.add(k.bin_atoms, na, [positions, g, a])
-            after = _warp.LaunchSequence(positions.device)
+            after = _warp.LaunchSequence(positions.device, who="alchemi-potentials")
             after.add(k.sort_into_bins, na, [positions, ref, wrapped, g, a])
             parts = layout.search_parts
             search = [wrapped, g, a, wp.float64(r * r), m.pair_list.entries, m.pair_list.count,
@@ -318,8 +284,7 @@ class BatchedNeighborList:
         stream = _warp.stream_for(pos.device)
         before, after = seqs
         before.run(stream)
-        # Bin ends: the one step that needs every bin's count at once (and a listed search's
-        # place of each system's rebuilding slots).
+        # Bin ends (and a listed search's offsets of each system's rebuilding slots).
         nb = layout.num_bins
         torch.cumsum(layout.bin_count[:nb], 0, dtype=torch.int32, out=layout.bin_end[:nb])
         if layout.listed:
@@ -392,8 +357,7 @@ class BatchedNeighborList:
         if layout is None or not self._built_for(batch) or layout.num_systems == 0:
             return
         n = layout.num_systems
-        # One read-back for all four records; the usual answer (nothing recorded) ends here,
-        # before the ids and statuses that only an error message needs are read.
+        # One read-back for all four records; ids and statuses only for an error message.
         table = layout.errors[:, :n].cpu().numpy()
         if not table.any():
             return
@@ -434,9 +398,8 @@ class BatchedNeighborList:
             )
 
     def error_flag(self, batch: Batch) -> torch.Tensor | None:
-        """A 0-d device tensor, True when :meth:`verify` may find something to raise (no read-back:
-        the engine reads it with a check's other flags and calls ``verify`` only when it is set).
-        None before the first build for ``batch``."""
+        """A 0-d device tensor, True when :meth:`verify` may raise (no read-back); None before the
+        first build for ``batch``."""
         layout = self._layout
         if layout is None or not self._built_for(batch) or layout.num_systems == 0:
             return None
@@ -482,9 +445,8 @@ MAX_REACH = 512
 def _check_thickness(
     batch: Batch, who: str, radius: float, pbc: np.ndarray, widths: np.ndarray
 ) -> None:
-    """Reject periodic axes so thin (measured across the cell, in Å) that the search radius
-    would need more periodic images than a neighbour entry holds: the pairs beyond would be
-    dropped and the energy wrong (a 0.01 Å axis would give no pairs at all)."""
+    """Reject periodic axes so thin (Å across the cell) that the radius needs more periodic images
+    than a neighbour entry holds."""
     from alchemi_potentials.neighbors import entries
 
     atoms = np.asarray(batch.num_nodes_list, dtype=np.int64)

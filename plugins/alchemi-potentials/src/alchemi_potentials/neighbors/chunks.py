@@ -1,32 +1,10 @@
-"""Chunks of whole systems, and each chunk's own COO edges, for evaluating a model piecewise.
+"""Chunks of whole systems, each with its own COO edges, for evaluating a model piecewise (a
+network's activations for the backward pass may not fit for a whole batch).
 
-A message-passing network keeps activations for its backward pass on every edge, megabytes per
-atom: a batch that would fit in device memory as positions and edges does not fit as one forward
-and backward. Systems do not interact, so the batch can be evaluated in *chunks* of whole
-systems, one forward and backward after the other, the activations of one chunk freed before the
-next; the results are the same, system by system (a chunk's edges are exactly its systems'
-edges, in the same order).
-
-:class:`SystemChunks` groups a batch's systems into chunks of at most ``max_atoms`` atoms (a
-system larger than that is a chunk of its own), from the host's copy of the atom counts (no
-read-back). Each :class:`SystemChunk` is what :meth:`EdgeModel.energies` reads of a batch
-(``num_graphs``, ``num_nodes``, ``atomic_numbers``, ``batch_idx``, ``batch_ptr``, local to the
-chunk) and holds a fixed-capacity *edge window*: the chunk's edges, copied out of the whole
-batch's :class:`~alchemi_potentials.neighbors.edges.Edges` at every update into buffers of its
-own, with atom and system indices made local and the rest padding edges, as the edge list pads.
-The batch's edges of a chunk are contiguous (the neighbour list's slots of a system are its own
-atom range, and edges are written in slot order), so a window is a gather from the chunk's first
-edge on, with no host synchronisation. A window's capacity is sized from the edges found when the
-plan is made (one read-back per new set of systems), with the edge list's headroom over the
-batch's edges then (at least 20 %; a larger ``max_edges`` gives every window more room in
-proportion); :meth:`SystemChunks.error_flag` and :meth:`SystemChunks.verify` report a window that
-overflowed, and a window never copies an edge past the edge list's capacity (those edges were
-dropped, and the edge list reports it).
-
-A plan belongs to one batch object at one ``batch.version`` and to one set of the edge list's
-buffers (the :class:`Edges` object, not its addresses: CUDA's caching allocator gives the next
-batch's edge list the blocks the last one freed, and a plan keyed by address would read the new
-edges through the old batch's offsets).
+:class:`SystemChunks` groups the systems into chunks of at most ``max_atoms`` atoms; each
+:class:`SystemChunk` reads like a batch (local indices) and holds a fixed-capacity *edge window*,
+gathered from the batch's :class:`~alchemi_potentials.neighbors.edges.Edges` at every update
+without host synchronisation. A plan belongs to one batch, ``batch.version`` and ``Edges`` object.
 
 Example:
     >>> from alchemi_potentials.testing import copper_cells
@@ -78,12 +56,8 @@ def group_systems(atoms_per_system: np.ndarray, max_atoms: int) -> list[tuple[in
 
 
 class SystemChunk:
-    """Systems ``[first_system, first_system + num_graphs)`` of a batch and their edges.
-
-    Reads like a batch where models read one (``num_graphs``, ``num_nodes``, ``atomic_numbers``,
-    ``batch_idx``, ``batch_ptr``; atom and system indices start at 0), and holds the edge window
-    (:attr:`edges`) that :meth:`fill` brings up to date.
-    """
+    """Systems ``[first_system, first_system + num_graphs)`` of a batch and their edge window
+    (:attr:`edges`, brought up to date by :meth:`fill`)."""
 
     def __init__(self, batch: Batch, systems: tuple[int, int], atom_range: tuple[int, int], capacity: int,
                  padding_length: float, like: Edges, planned: int) -> None:
@@ -138,8 +112,7 @@ class SystemChunk:
         at, live = self._at, self._live
         torch.sub(self._stop, self._start, out=self._count)
         torch.maximum(self.needed, self._count, out=self.needed)
-        # Edges past the edge list's capacity were dropped (its verify says so): never copied, so
-        # that no window holds another chunk's atoms, whose indices would be out of its range.
+        # Edges past the edge list's capacity were dropped (its verify says so): never copied.
         torch.clamp(self._stop, max=edges.capacity, out=self._end)
         torch.add(self._slot, self._start, out=at)
         torch.lt(at, self._end, out=live)
@@ -188,8 +161,7 @@ class SystemChunks:
 
     def update(self, batch: Batch, edges: Edges) -> list[SystemChunk]:
         """The chunks of ``batch`` with their windows filled from ``edges`` (the batch's, just
-        updated). Planned anew, with one read-back, for another batch, set of systems or set of
-        edge buffers; otherwise no read-back and no allocation."""
+        updated); planned anew, with one read-back, when batch, systems or edges change."""
         held = None if self._edges is None else self._edges()
         if batch is not self._batch or batch.version != self._version or edges is not held:
             self._plan(batch, edges)
@@ -207,8 +179,7 @@ class SystemChunks:
         bounds = [int(starts[s1]) for _, s1 in ranges]
         ends = edges.ends[torch.tensor([b - 1 for b in bounds], device=edges.ends.device)].tolist() if bounds else []
         self._chunks = []
-        # The windows keep the edge list's headroom over the batch's edges (at least its own 20 %),
-        # so that a larger max_edges gives every window more room in proportion.
+        # The windows keep the edge list's headroom, so a larger max_edges gives each more room.
         headroom = max(EDGE_HEADROOM, edges.capacity / max(1, ends[-1] if ends else 0))
         before = 0
         for (s0, s1), end in zip(ranges, ends, strict=True):

@@ -1,11 +1,7 @@
-"""Warp kernels that turn the neighbour matrix into COO edges (see :mod:`.edges`).
-
-``count_edges`` (slots) counts, for every slot, the listed neighbours closer than the cutoff at
-the current positions; a ``torch.cumsum`` turns the counts into offsets; ``write_edges`` (slots)
-writes each slot's edges at its offset; ``pad_edges`` (edge capacity) fills the rest with
-padding edges (each atom to itself, in turn). Distances are taken in float64 from the current (unwrapped) positions and the
-current cell, in the convention of ASE's ``neighbor_list("ijS")``:
-``d = positions[j] - positions[i] + S @ cell``.
+"""Warp kernels that turn the neighbour matrix into COO edges (see :mod:`.edges`):
+``count_edges`` counts each slot's listed neighbours within the cutoff, a ``torch.cumsum`` gives
+offsets, ``write_edges`` writes them and ``pad_edges`` fills the rest. Distances are float64 from
+the current positions and cell: ``d = positions[j] - positions[i] + S @ cell``.
 """
 
 from __future__ import annotations
@@ -88,13 +84,8 @@ def write_edges(pl: PairList, wrap: wp.array(dtype=wp.vec3i), positions: wp.arra
 def pad_edges(ends: wp.array(dtype=wp.int32), last: int, atom_system: wp.array(dtype=wp.int64), length: Any,
               sender: wp.array(dtype=wp.int64), receiver: wp.array(dtype=wp.int64), shifts: wp.array(dtype=Any),
               edge_system: wp.array(dtype=wp.int64), padding: wp.array(dtype=Any)):
-    """Edges past the last real one: an atom to itself, no lattice shift, and a fixed
-    displacement ``(length, 0, 0)`` that models turn into a vector of exactly that length.
-
-    The atoms take turns (padding edge ``e`` belongs to atom ``e mod atoms``): were they all on
-    one atom, every scatter of a model's messages onto it, and of their gradients, would queue
-    up on that atom's row.
-    """
+    """Edges past the last real one: an atom to itself with displacement ``(length, 0, 0)``; the
+    atoms take turns, so that no atom's row takes every padding edge's scatter."""
     e = wp.tid()
     if e < ends[last]:
         return

@@ -1,21 +1,10 @@
-"""``EdgeList``: the graph edges of message-passing models, from the batched cell list.
+"""``EdgeList``: the COO edges of message-passing models, from the batched cell list.
 
-Message-passing potentials (MACE, SevenNet, D3) take a batch's pairs as COO edges: an edge ``e``
-goes from ``sender[e]`` to ``receiver[e]`` with an integer lattice shift ``unit_shifts[e]``, so
-its vector is ``positions[receiver] - positions[sender] + unit_shifts @ cell`` (ASE's
-``neighbor_list("ijS")`` with ``i`` the sender). Every pair closer than the cutoff appears
-twice, once each way, and no pair at or beyond it: models such as SevenNet have no ``r < cutoff``
-mask of their own.
-
-The edges live in buffers of fixed capacity, so a step allocates nothing and reads nothing back
-and can be captured in a CUDA graph. The neighbour list underneath (cutoff + skin) rebuilds
-only where an atom moved more than ``skin / 2``; at every update, one kernel keeps the listed
-pairs within the cutoff at the current positions and writes them, in slot order, to the front.
-The rest of the capacity holds *padding edges*: an atom to itself (the atoms in turn) with no
-lattice shift and a fixed extra displacement ``padding[e] = (padding_length, 0, 0)``, so their vector is exactly
-``(padding_length, 0, 0)`` whatever the positions or the strain. With ``padding_length`` at the
-model's cutoff (or beyond), a model whose radial terms vanish there gives them zero weight and
-zero gradient: they cannot change a result. :meth:`Edges.vectors` adds the padding.
+Edge ``e`` goes from ``sender[e]`` to ``receiver[e]`` with vector ``positions[receiver] -
+positions[sender] + unit_shifts[e] @ cell`` (ASE's ``"ijS"``): every pair closer than the cutoff,
+once each way, and no other. The buffers have a fixed capacity (no allocation or read-back per
+step); the tail holds *padding edges*, an atom to itself with vector ``(padding_length, 0, 0)``,
+which change no result of a model whose terms vanish there (:meth:`Edges.vectors` adds it).
 
 Example:
     >>> from ase.build import bulk
@@ -37,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import CapacityError, ConfigurationError
-from alchemi_potentials import _warp
 from alchemi_potentials.neighbors.cell_list import BatchedNeighborList
 from alchemi_potentials.tuning import PotentialsTuning
 
@@ -61,9 +50,8 @@ class Edges:
         system: ``[capacity]`` int64, the system of each edge.
         padding: ``[capacity, 3]`` zero for real edges, ``(padding_length, 0, 0)`` for padding.
         count: ``[1]`` int32 on the device: the real edges, which come first.
-        ends: ``[atoms]`` int32, the real edges through each slot of the neighbour list (a
-            system's slots are its own atom range, so system ``s``'s edges end at
-            ``ends[batch_ptr[s + 1] - 1]``); set by the batch's edge list, None for other edges.
+        ends: ``[atoms]`` int32, the real edges through each slot (system ``s``'s end at
+            ``ends[batch_ptr[s + 1] - 1]``); None except for a batch's edge list.
     """
 
     index: torch.Tensor
@@ -186,12 +174,8 @@ class EdgeList:
         return f"EdgeList(cutoff={self._cutoff}, skin={self.skin}, capacity={self.capacity} ({mode}))"
 
     def update(self, batch: Batch) -> Edges:
-        """Bring the edges up to date with ``batch``'s positions and cells and return them.
-
-        No host synchronisation and no allocation while the set of systems stays the same,
-        except that with ``max_edges=None`` the first update of a new set reads back how many
-        edges there are, to size the buffers.
-        """
+        """Bring the edges up to date with ``batch``'s positions and cells and return them (with
+        ``max_edges=None``, a new set of systems' first update reads back its edge count)."""
         matrix = self.neighbor_list.update(batch)
         pos = batch.positions
         buffers = self._buffers
@@ -237,9 +221,9 @@ class EdgeList:
             per_slot, ends = _warp.view(buffers.per_slot), _warp.view(buffers.ends)
             outs = [_warp.view(buffers.index[0]), _warp.view(buffers.index[1]), _warp.view(buffers.unit_shifts, vec),
                     _warp.view(buffers.system), _warp.view(buffers.padding, vec)]
-            first = _warp.LaunchSequence(P.device)
+            first = _warp.LaunchSequence(P.device, who="alchemi-potentials")
             first.add(k.count_edges, n, [pl, wrap, P, C, cut2, per_slot])
-            then = _warp.LaunchSequence(P.device)
+            then = _warp.LaunchSequence(P.device, who="alchemi-potentials")
             then.add(k.write_edges, n, [pl, wrap, P, C, cut2, ends, per_slot, buffers.capacity, *outs,
                                         _warp.view(buffers.overflow)])
             then.add(k.pad_edges, buffers.capacity, [ends, n - 1, _warp.view(atom_system), scalar(self.padding_length),
@@ -272,8 +256,8 @@ class EdgeList:
             )
 
     def error_flag(self, batch: Batch) -> torch.Tensor | None:
-        """A 0-d device tensor, True when :meth:`verify` may find something to raise (no read-back;
-        see :meth:`BatchedNeighborList.error_flag`). None before the first update for ``batch``."""
+        """A 0-d device tensor, True when :meth:`verify` may raise (no read-back); None before the
+        first update for ``batch``."""
         listed = self.neighbor_list.error_flag(batch)
         b = self._buffers
         if listed is None or b is None:

@@ -1,17 +1,8 @@
-"""One int32 per neighbour: the neighbour's slot within its system and its periodic image.
-
-A neighbour list entry packs
-
-* the neighbour's slot relative to its system's first slot in the low ``index_bits`` bits
-  (enough for the system's atoms), and
-* the periodic image ``m`` (which copy of the wrapped cell the neighbour sits in, relative to
-  the listing atom's) in the remaining bits: ``image_bits = min(10, (31 - index_bits) // 3)``
-  per axis, each stored as ``m + 2^(image_bits - 1)``, so ``|m| < 2^(image_bits - 1)``.
-
-Images stay small because positions are wrapped into the cell at every build: ``|m|`` exceeds 1
-only for cells thinner than the cutoff. A system of 108 atoms gets 7 index bits and images up
-to +-127; one of 55,296 atoms 16 and +-15; one of 2^25 atoms 25 and +-1. Systems are limited
-to 2^25 atoms (:data:`MAX_INDEX_BITS`).
+"""One int32 per neighbour: the neighbour's slot within its system in the low ``index_bits`` bits
+and its periodic image ``m`` in the rest: ``image_bits = min(10, (31 - index_bits) // 3)`` per
+axis, each stored as ``m + 2^(image_bits - 1)``. Positions are wrapped at every build, so ``|m|``
+exceeds 1 only for cells thinner than the cutoff. Systems are limited to 2^25 atoms
+(:data:`MAX_INDEX_BITS`).
 
 Example:
     >>> import numpy as np

@@ -1,13 +1,9 @@
 """Warp functions for the geometry of the cell list: binning frames, bins per axis, and which
 bins (and periodic images) lie within reach of a bin.
 
-Periodic axes are cut into ``n`` bins about half a list radius thick across the lattice-plane
-spacing. Non-periodic axes have no extent to cut: their bins are exactly half a radius wide and
-*hashed* (bin = floor(distance / width) mod n), so atoms far apart may share a bin (the distance
-test sorts them out) but no reduction over the atoms is needed to size the grid, and any
-spread of atoms, however sparse or far-flung, costs O(atoms).
-
-Only literals that float32 holds exactly appear here (see :mod:`alchemi_potentials._warp`).
+Periodic axes are cut into bins about half a list radius thick. Open axes have no extent to cut:
+their bins are half a radius wide and *hashed* (bin = floor(distance / width) mod n), so any
+spread of atoms costs O(atoms) without a reduction to size the grid.
 """
 
 from __future__ import annotations
@@ -73,10 +69,8 @@ def unit_or_zero(v: wp.vec3d):
 
 @wp.func
 def binning_basis(cell: wp.mat33d, pa: int, pb: int, pc: int):
-    """The cell with each non-periodic row replaced by a unit vector normal to the periodic rows
-    (an orthonormal frame when nothing is periodic). Fractional coordinates in this frame are
-    lattice fractions on periodic axes and distances in Å on the others; shifts only ever use
-    periodic rows, so a non-periodic row may be zero or arbitrary in the input."""
+    """The cell with each open row replaced by a unit vector normal to the periodic rows (an
+    orthonormal frame when nothing is periodic): fractions on periodic axes, Å on open ones."""
     a = cell[0]
     b = cell[1]
     c = cell[2]
@@ -141,10 +135,7 @@ def plane_spacings(inv: wp.mat33d):
 
 @wp.func
 def periodic_bins(spacing: wp.float64, radius: wp.float64, cap: int):
-    """Bins about half a radius thick across a periodic axis (at least one, at most ``cap``).
-
-    Half-radius bins make the searched volume about (5/2)^3 radii^3 instead of the 3^3 of
-    one-radius bins, and still subdivide a cell smaller than two radii."""
+    """Bins about half a radius thick across a periodic axis (at least one, at most ``cap``)."""
     n = wp.floor(wp.float64(2.0) * spacing / radius)
     if not (n < wp.float64(cap)):  # also NaN (a degenerate cell, reported elsewhere)
         return cap

@@ -1,37 +1,17 @@
 """Warp kernels of the batched cell list (see :mod:`alchemi_potentials.neighbors.cell_list`).
 
-Atoms are kept in *slots*: each system's atoms occupy the slots of its own atom range, in bin
-order after a build, so threads that run side by side work on atoms that sit side by side and
-read the same bins and neighbours. Every forward launches, on every system:
+Each system's atoms occupy the *slots* of its own atom range, in bin order after a build. Every
+update launches, on every system:
 
-0. ``follow_cell`` (systems): lets a deformed cell's list stand where the skin allows, and
-   clears the batch's "some system moved" flag.
-1. ``check_moved`` (slots): flags the system of an atom that moved more than skin/2 since the
-   last build (and the batch), or more than a fraction of it (``near``), and writes the atom's
-   position wrapped into the cell (by the wraps of the last build) to its slot: the pair kernels
-   read only these.
-2. ``begin_build`` (systems): a flagged system, one flagged ``near`` in a step where some system
-   of the batch builds anyway, or one whose cell or periodicity changed, starts a build: binning
-   frame, its inverse, bins per axis and search reach, all from the cell, and the image cell
-   (periodic rows only) the pair kernels shift neighbours by.
-3. ``bin_atoms`` (atoms): fractional coordinates, wraps, bin, and a place in the bin.
-4. (a ``torch.cumsum`` over the bin counts gives every bin's end)
-5. ``sort_into_bins`` (atoms): each atom moves to its slot (bin order) with its wrap, build
-   position and wrapped position; bin counts reset for the next build.
-6. ``search_neighbors`` (slots; :mod:`.search`): the bins around the slot's bin, over periodic images, into a
-   dense ``[columns, atoms]`` matrix of packed entries (:mod:`.entries`). On a GPU, in a small
-   batch of many systems, the search runs in parts of each slot's bin columns instead (a count
-   pass, then a write pass; see ``layout.search_parts``): same entries, same order. On a GPU it
-   walks only the rebuilding slots, listed by ``list_work`` after a
-   ``torch.cumsum`` over the systems' rebuilding atoms (``PotentialsTuning.search_listed``).
+0. ``follow_cell`` (systems): lets a deformed cell's list stand where the skin allows.
+1. ``check_moved`` (slots): flags a system whose atom moved past skin/2 (or ``near``: past the
+   join fraction of it) and writes the atom's wrapped position, the one the pair kernels read.
+2. ``begin_build`` (systems): a flagged system starts a build: binning frame, bins, reach.
+3. ``bin_atoms`` (atoms), 4. a ``torch.cumsum`` of the bin counts, 5. ``sort_into_bins`` (atoms).
+6. ``search_neighbors`` (slots; :mod:`.search`): each slot's neighbours into its entries.
 
-A system that does not rebuild exits each build kernel at its first line, so nothing is decided
-on the host. Every kernel is parallel over atoms, slots or systems; no thread walks a system's
-atoms or bins, and atoms write per-system flags only when something is wrong (or, once per
-thread group, when they moved), so one large system costs what many small ones do.
-
-Build geometry is float64 whatever the positions' precision: a build is rare, and bins must
-never lose an atom to rounding.
+A system that does not rebuild exits each build kernel at once: nothing is decided on the host.
+Build geometry is float64 whatever the positions' precision, so bins never lose an atom.
 """
 
 from __future__ import annotations
@@ -145,9 +125,8 @@ def store_mat(out: wp.array(dtype=Any), i: int, m: wp.mat33d):
 
 @wp.func
 def slot_offset(g: SystemState, a: AtomState, s: int):
-    """Slot of cumulative bin position 0 for system s: ``bin_end`` sums the counts of every bin,
-    and only rebuilding systems have counts, so a system's positions start after the atoms of
-    the rebuilding systems before it, while its slots start at its first atom."""
+    """Slot of cumulative bin position 0 for system s (``bin_end`` counts only rebuilding
+    systems' atoms, while a system's slots start at its first atom)."""
     start = g.bin_start[s]
     before = int(0)
     if start > 0:
@@ -166,12 +145,10 @@ def follow_cell(
 ):
     """Let a fully periodic system's list follow a deformed cell without a rebuild.
 
-    With ``M = h^-1 h_0`` (current cell ``h``, cell of the last build ``h_0``; rows are lattice
-    vectors), a pair listed beyond ``cutoff + skin`` stays beyond ``cutoff`` while every atom's
-    ``x M`` is within ``(skin - cutoff |M - 1|_F) / 2`` of its position at the build: distances in
-    the current cell are at least those of the build frame divided by ``|M|_2 <= 1 + |M - 1|_F``.
-    Images then shift by the current lattice. Otherwise (periodicity changed, an open axis, a
-    deformation too large for the skin) the build is left to :func:`begin_build`.
+    With ``M = h^-1 h_0`` (current cell ``h``, cell of the last build ``h_0``), a pair listed
+    beyond ``cutoff + skin`` stays beyond ``cutoff`` while every atom's ``x M`` is within
+    ``(skin - cutoff |M - 1|_F) / 2`` of its build position, as ``|M|_2 <= 1 + |M - 1|_F``.
+    Otherwise the build is left to :func:`begin_build`.
     """
     s = wp.tid()
     if s == 0:  # the step's first kernel: no system has moved yet (check_moved sets it)
@@ -222,8 +199,7 @@ def check_moved(
     d = x * g.deform[s] - vec3d_of(reference[t])
     dd = wp.dot(d, d)
     if not (dd <= join_sq * g.allowed_sq[s]):  # NaN too: the build reports it
-        # Read before writing: after the first mover, most threads find the flag set and leave
-        # the line alone, instead of every atom of a large system storing to one address.
+        # Read before writing: most threads then leave the flag's line alone.
         if g.near[s] == 0:
             g.near[s] = 1
         if not (dd <= g.allowed_sq[s]):
@@ -252,8 +228,7 @@ def begin_build(
     old = g.cell[s]
     flag = g.moved[s]
     g.moved[s] = 0
-    # Rebuilds in cohorts: when some system of the batch rebuilds anyway, a system already most
-    # of the way to its threshold joins it (see BatchedNeighborList's join_fraction).
+    # Rebuilds in cohorts (BatchedNeighborList's join_fraction).
     if g.near[s] != 0 and g.batch_moved[0] != 0:
         flag = 1
     g.near[s] = 0
@@ -364,9 +339,8 @@ def sort_into_bins(
 
 @wp.func
 def owns_pair(t: int, u: int, mx: int, my: int, mz: int):
-    """Whether slot t lists the pair in a half list: of (t, u) and (u, t) exactly one does, the
-    lower slot when t + u is odd and the higher when it is even, so rows come out about equally
-    long; of t's own images those with a positive image."""
+    """Whether slot t lists the pair in a half list: the lower slot when t + u is odd, the higher
+    when even (rows about equally long); of t's own images the positive ones."""
     if t == u:
         return mx > 0 or (mx == 0 and (my > 0 or (my == 0 and mz > 0)))
     if (t + u) % 2 == 1:
@@ -384,8 +358,7 @@ def list_work(g: SystemState, a: AtomState, work_slot: wp.array(dtype=wp.int32))
         work_slot[g.work_end[s] - n + t - g.first_atom[s]] = t
 
 
-# Concrete instances for float32 and float64 positions, declared before any launch so that the
-# module compiles once (and before a CUDA graph capture, which cannot load modules).
+# float32 and float64 instances, declared before any launch so that the module compiles once.
 for _vec, _mat in ((wp.vec3f, wp.mat33f), (wp.vec3d, wp.mat33d)):
     _arr = wp.array(dtype=_vec)
     wp.overload(follow_cell, {"cell": wp.array(dtype=_mat), "image_cell": wp.array(dtype=_mat)})

@@ -1,7 +1,5 @@
-"""Device buffers of a neighbour list for one set of systems, and the view models read.
-
-Everything a step touches is allocated here, when the set of systems changes
-(``batch.version``), sized by the batch's capacity; steps only reuse it.
+"""Device buffers of a neighbour list for one set of systems (allocated when ``batch.version``
+changes, reused by every step), and the view models read.
 """
 
 from __future__ import annotations
@@ -13,44 +11,31 @@ import attrs
 import numpy as np
 import torch
 
+from alchemi_core import warp_runtime as _warp
 from alchemi_core.errors import CapacityError
-from alchemi_potentials import _warp
 from alchemi_potentials.tuning import PotentialsTuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: Atoms per bin of bin storage: a system gets ceil(atoms / ATOMS_PER_BIN) bins at most. (Bins
-#: half a list radius thick hold about 2-3 atoms of a dense liquid or solid at usual cutoffs; the
-#: cap matters for sparse systems, where it keeps memory and the per-build bin scan O(atoms).)
+#: Atoms per bin of bin storage: a system gets ceil(atoms / ATOMS_PER_BIN) bins at most (keeps a
+#: sparse system's memory and bin scan O(atoms)).
 ATOMS_PER_BIN = 2
-#: Columns of the neighbour matrix come in multiples of this: the pair kernels read up to this
-#: many entries at a time.
+#: Columns of the neighbour matrix come in multiples of this (the pair kernels' unroll).
 COLUMNS_MULTIPLE_OF = 4
-#: The search runs in parts (``PotentialsTuning.search_parts``) only in a batch of at most this
-#: many atoms, none of whose systems holds more than PARTS_LARGEST_SHARE of them. Elsewhere enough slots rebuild at each step to
-#: fill the GPU (a large batch, or one large system rebuilding whole), and the two passes cost
-#: more than they save. W1 on the H200 with the listed search (warp-lang 1.5.1, ``benchmarks.skin_sweep
-#: --search-parts 1,5,9,13 --search-listed on``), ms per step: 256x1024 0.464 / 0.432 / **0.410**
-#: / 0.415 (1 / 5 / 9 / 13 parts); 108x2048 0.447 / 0.370 / **0.365** / 0.362; 256x2048 **0.669** /
-#: 0.690 / 0.683 (1 / 5 / 9); 256x4096 **1.069** / 1.207 / 1.220; one system of 2^20 atoms
-#: **0.880** / 1.116 / 1.136. (Before the list, small systems gained nothing from parts: the idle
-#: threads of the systems that did not rebuild cost what the parts saved.)
+#: The search runs in parts only in a batch of at most this many atoms, none of whose systems holds
+#: more than PARTS_LARGEST_SHARE of them; elsewhere enough slots rebuild to fill the GPU.
 PARTS_MAX_ATOMS = 300_000
 PARTS_LARGEST_SHARE = 1 / 16
 #: Threads of a listed search per streaming multiprocessor (what one holds at once).
 LISTED_THREADS_PER_SM = 2048
-#: Threads of a listed search on a CPU (``force_search_listed`` only), each walking the list in strides.
+#: Threads of a listed search on a CPU, each walking the list in strides.
 LISTED_THREADS_CPU = 64
 
 
 def search_parts(tuning: PotentialsTuning, atoms_per_system: np.ndarray, join_fraction: float = 1.0) -> int:
-    """Threads per slot of the neighbour search for a batch of these system sizes, whose list
-    has this ``join_fraction``: parts pay only where systems rebuild one at a time (1.0). In
-    cohorts, fewer steps search, each over several times the slots, and one pass of one thread
-    per slot does best (W1 on the H200, ``skin_sweep --search-parts 1,3,5,9 --joins 1.0,0.8``,
-    ms per step: 256x1024 joined 0.344 / 0.402 / 0.404 / 0.397, one at a time 0.460 / 0.427 /
-    0.422 / 0.398; 108x2048 joined **0.318** / 0.363 / 0.357 / 0.358).
+    """Threads per slot of the neighbour search for a batch of these system sizes: parts pay only
+    where systems rebuild one at a time (``join_fraction`` 1.0), not in cohorts.
 
     Example:
         >>> gpu = PotentialsTuning.for_device("cuda")
@@ -72,26 +57,8 @@ def search_parts(tuning: PotentialsTuning, atoms_per_system: np.ndarray, join_fr
     return 1
 
 
-def search_listed(tuning: PotentialsTuning, device_type: str, atoms: int) -> bool:
-    """Whether the neighbour search of a batch of ``atoms`` walks a list of the rebuilding slots
-    on this device type. A CPU never lists: in its one launch the list's own kernels cost more
-    than the idle slots they spare (W6's 1 x 864: 0.75-0.76 against 0.72-0.73 ms per step).
-
-    Example:
-        >>> gpu, cpu = PotentialsTuning.for_device("cuda"), PotentialsTuning.for_device("cpu")
-        >>> search_listed(gpu, "cuda", 100), search_listed(cpu, "cpu", 100), search_listed(cpu, "cpu", 10_000)
-        (True, False, False)
-    """
-    if tuning.force_search_listed is not None:
-        return tuning.force_search_listed
-    if device_type == "cpu":
-        return False
-    return tuning.search_listed
-
-
 def listed_threads(device: torch.device, work: int) -> int:
-    """Threads of a listed search on ``device`` for at most ``work`` slots and parts: no more than
-    the device holds at once (each walks the list in strides of the thread count).
+    """Threads of a listed search on ``device`` for at most ``work`` slots and parts.
 
     Example:
         >>> listed_threads(torch.device("cpu"), 1000), listed_threads(torch.device("cpu"), 3)
@@ -109,13 +76,10 @@ def listed_threads(device: torch.device, work: int) -> int:
 class NeighborMatrix:
     """The neighbours of every atom, as the pair kernels read them (valid until the next update).
 
-    Atoms sit in *slots*: the slots of a system are its own atom range, ordered by bin at each
-    build, so that neighbouring threads handle neighbouring atoms. Slot ``t`` holds atom
-    ``order[t]``, whose position wrapped into its cell is ``wrapped[t]``; its neighbour ``k`` is
-    the packed entry ``entries[k, t]`` (:mod:`~alchemi_potentials.neighbors.entries`): slot
-    ``u = first slot of the system + entry slot`` and image ``m``, at displacement
-    ``wrapped[u] - wrapped[t] + m @ cell``. Use :meth:`BatchedNeighborList.pairs` to read the
-    pairs as atom indices and lattice shifts.
+    Slot ``t`` holds atom ``order[t]`` at wrapped position ``wrapped[t]``; its neighbour ``k`` is
+    the packed entry ``entries[k, t]`` (:mod:`~alchemi_potentials.neighbors.entries`): slot ``u``
+    (from the system's first slot) and image ``m``, at ``wrapped[u] - wrapped[t] + m @ cell``.
+    :meth:`BatchedNeighborList.pairs` reads the pairs as atom indices and lattice shifts.
 
     Attributes:
         entries: ``[columns, atoms]`` int32 packed neighbours.
@@ -165,9 +129,8 @@ _SYSTEM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]
     "allowed_sq": ((), torch.float64, None, 0),
     "followed": ((), torch.int32, None, 0),
 }
-#: The int32 fields, zero at first, in which the kernels record what
-#: :meth:`BatchedNeighborList.verify` raises (the most neighbours an atom needed, for "overflow";
-#: a flag for the others): rows of one table, see :class:`Layout`.
+#: The int32 records of what :meth:`BatchedNeighborList.verify` raises (for "overflow" the most
+#: neighbours an atom needed), rows of one table.
 ERROR_FIELDS = ("bad_cell", "overflow", "image_out_of_range", "far_atoms")
 _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] = {
     "system": ((), torch.int32, None, 0),
@@ -177,10 +140,8 @@ _ATOM_FIELDS: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]] 
     "slot_number": ((), torch.int32, None, 0),
     "atomic_number": ((), torch.int32, None, 0),
 }
-#: int32 values per atom of a build's scratch: an atom's bin, its place in the bin and its wrap
-#: (``bin_atoms`` writes them, ``sort_into_bins`` reads them). The search in parts then counts
-#: into the same memory (``found_in_part``, int16 per slot and part), which fits up to
-#: SCRATCH_PARTS parts: their counts are written after the sort and read before the next build.
+#: int32 values per atom of a build's scratch (bin, place in the bin, wrap), which the search in
+#: parts then reuses for its int16 counts (up to SCRATCH_PARTS parts).
 BUILD_SCRATCH = 5
 SCRATCH_PARTS = 2 * BUILD_SCRATCH
 
@@ -189,13 +150,9 @@ def _allocate(
     fields: dict[str, tuple[tuple[int, ...], torch.dtype, str | None, float]], rows: int, device: torch.device,
     struct: Any, known: dict[str, np.ndarray] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The buffers of ``fields`` (``rows`` each), set as Warp views on ``struct``.
-
-    Fields of one dtype and initial value are parts of one allocation, filled at once; the int32
-    fields in ``known`` are one more, written from the host in one copy (``known[name]`` gives a
-    field's first rows). A layout is made for every new set of systems: W2 (2,048 relaxations in
-    a run of 25 ms) made 30 allocations, 26 fills and 5 copies here before.
-    """
+    """The buffers of ``fields`` (``rows`` each), set as Warp views on ``struct``: one allocation
+    per dtype and initial value, and one host copy for the int32 fields in ``known`` (their first
+    rows)."""
     wp = _warp.warp()
     known = known or {}
     groups: dict[tuple[Any, ...], list[str]] = {}
@@ -262,8 +219,7 @@ class Layout:
         self.system_tensors = _allocate(_SYSTEM_FIELDS, s_cap, dev, self.systems, known)
         self.batch_moved = torch.zeros(1, dtype=torch.int32, device=dev)
         self.systems.batch_moved = _warp.view(self.batch_moved)
-        # The error records, rows of one table: a check reads them back (or asks whether any is
-        # set) in one operation.
+        # The error records, rows of one table: a check reads them in one operation.
         self.errors = torch.zeros((len(ERROR_FIELDS), s_cap), dtype=torch.int32, device=dev)
         for row, name in enumerate(ERROR_FIELDS):
             self.system_tensors[name] = self.errors[row]
@@ -288,8 +244,6 @@ class Layout:
             a["system"][:v] = batch.batch_idx.to(torch.int32)
             a["order"][:v] = torch.arange(v, dtype=torch.int32, device=dev)
             a["atomic_number"][:v] = batch.atomic_numbers.to(torch.int32)
-        # A GPU searches each slot's box in parts (search.search_neighbors), counting first.
-        # The list's join_fraction: check_moved's threshold and the search's shape follow it.
         self.join_fraction = join_fraction
         self.search_parts = search_parts(tuning, counts, join_fraction)
         parts, width = self.search_parts, max(1, v) if self.search_parts > 1 else 1
@@ -297,9 +251,7 @@ class Layout:
             self.found_in_part = scratch.view(torch.int16)[: parts * width].view(parts, width)
         else:
             self.found_in_part = torch.zeros((parts, width), dtype=torch.int16, device=dev)
-        # A listed search: the rebuilding slots, each system's after those of the systems before
-        # it (work_end: the running sum of the systems' rebuilding atoms, SystemState.work).
-        self.listed = search_listed(tuning, dev.type, self.num_atoms)
+        self.listed = tuning.search_listed
         self.work_slot = torch.zeros(v_cap if self.listed else 1, dtype=torch.int32, device=dev)
         self.inputs: dict[str, torch.Tensor] = {}  # cell/pbc stand-ins, see BatchedNeighborList._inputs
         self.allocate_columns(columns)
@@ -310,9 +262,8 @@ class Layout:
 
         columns = -(-columns // COLUMNS_MULTIPLE_OF) * COLUMNS_MULTIPLE_OF
         v_cap = self.atom_tensors["system"].shape[0]
-        # Indexed [k, t] everywhere; "rows" memory is seen through a transposed view.
-        # Zeros are valid entries (slot 0 of the system, image 0): the pair kernels may load a few
-        # entries past a slot's count.
+        # Indexed [k, t]; "rows" memory through a transposed view. Zeros are valid entries: the
+        # pair kernels may load a few past a slot's count.
         by_columns = self.tuning.matrix_order == "columns"
         m = torch.zeros((columns, v_cap) if by_columns else (v_cap, columns), dtype=torch.int32, device=self.device)
         m = m if by_columns else m.t()

@@ -1,20 +1,10 @@
 """The neighbour search kernel (step 6 of :mod:`.kernels`): each rebuilding slot's neighbours
 from the bins around its own, over periodic images, into its row of packed entries.
 
-It comes in two variants (:func:`search_kernel`), the same entries in the same order from both:
-
-* the whole box, bin by bin: every bin within the reach of the slot's bin (the GPU's; its code is
-  what it was before the other variant existed);
-* trimmed (``PotentialsTuning.search_trim``, a CPU's): bins lying wholly beyond the list radius from the
-  slot's atom are skipped, whole columns and the ends of each column's z range. The distance from
-  the atom to a bin is bounded below by its distances across the bin planes (:func:`bin_gap`);
-  in an orthogonal binning frame they add as squares, in a triclinic one each bounds it alone.
-  The bins left in a column that share a periodic image are contiguous, so their atoms are one
-  run of slots, walked as one range of candidates instead of bin by bin. On a CPU a search costs
-  what it walks: W6's search took 1.51-1.55 ms of thread time per step against 1.98-2.00 for the
-  whole box (timed with the since-removed CPU launch profiler; compare ``python -m benchmarks
-  --device cpu --workloads W6 --tuning search_trim=False``). A GPU's is slower trimmed (see
-  ``PotentialsTuning.search_trim``).
+Two variants (:func:`search_kernel`) give the same entries in the same order: the whole box, bin
+by bin (the GPU's), and trimmed (``PotentialsTuning.search_trim``, a CPU's): bins wholly beyond
+the radius are skipped (:func:`bin_gap` bounds the distance to a bin), and the bins of a column
+that share an image are walked as one run of slots.
 
 Example:
     >>> search_kernel(False) is search_neighbors
@@ -49,10 +39,8 @@ def bin_gap(o: int, phi: wp.float64, thickness: wp.float64):
 
 @wp.func
 def trim_frame(y: wp.vec3d, g: SystemState, s: int, home: wp.vec3i, spans: wp.vec3i):
-    """Where slot t's atom sits in its bin (``phi``, bin units per axis) and each axis's bin
-    thickness (Å across its planes; 0 where bins cannot be trimmed: a hashed axis searched
-    whole, whose bins hold atoms of several distances), and whether the binning frame is
-    orthogonal (then the gaps add as squares)."""
+    """Where slot t's atom sits in its bin (``phi``, bin units), each axis's bin thickness (Å; 0
+    where bins cannot be trimmed) and whether the binning frame is orthogonal."""
     inv = g.basis_inv[s]
     w = g.inv_width[s]
     k = g.reach[s]
@@ -91,15 +79,13 @@ def column_count(g: SystemState, s: int):
 def finish_row(g: SystemState, count: wp.array(dtype=wp.int32), t: int, s: int, found: int, columns: int):
     count[t] = wp.min(found, columns)
     if found > columns:
-        # On a CPU, chunks of one system may run at once and this max is a plain one there: the
-        # flag is always set, but the count it reports may be another chunk's (smaller) count.
+        # A plain max on a CPU: always set, though possibly with another thread's smaller count.
         wp.atomic_max(g.overflow, s, found)
 
 
 @wp.func
 def part_range(g: SystemState, s: int, j: int, parts: int):
-    """Part j of ``parts`` of system s's bin columns: [lo, hi) (contiguous, so that the parts
-    concatenated keep the order of a whole search)."""
+    """Part j of ``parts`` of system s's bin columns: [lo, hi), in the order of a whole search."""
     total = column_count(g, s)
     each = (total + parts - 1) / parts
     lo = wp.min(j * each, total)
@@ -129,9 +115,7 @@ def scan_slots(
     write: int,
     found: int,
 ):
-    """Slot t's neighbours among candidate slots ``[lo, hi)`` at image ``(mx, my, mz)`` (``image``
-    its lattice vector), written from column ``write_at + found`` (see ``scan_columns``); returns
-    ``found`` plus their number."""
+    """``found`` plus slot t's neighbours among slots ``[lo, hi)`` at image ``(mx, my, mz)``."""
     columns = entries.shape[0]
     ibits = image_bits_for(bits)
     for u in range(lo, hi):
@@ -170,9 +154,8 @@ def search_kernel(trim: bool) -> Any:
         write_at: int,
         write: int,
     ):
-        """Slot t's neighbours in the bin columns ``first <= qx * span_y + qy < last`` of its search
-        box (every qz), in the order of a whole search; with ``write`` they go to ``entries`` from
-        column ``write_at`` on (as far as it has columns). Returns how many there are."""
+        """Slot t's neighbours in the bin columns ``[first, last)`` of its search box, written (with
+        ``write``) to ``entries`` from column ``write_at`` on; returns how many there are."""
         yi = vec3d_of(wrapped[t])
         m = g.lattice[s]
         p = g.pbc[s]
@@ -192,8 +175,8 @@ def search_kernel(trim: bool) -> Any:
         found = int(0)
         if wp.static(TRIM):
             radius = wp.sqrt(radius_sq)
-            # Slack for rounding: a stored (float32) position may lie a hair outside its bin's planes.
-            # 2^-17 of the lengths involved, and 2^-20 Å (literals float32 holds exactly: Warp 1.5).
+            # Slack for rounding (a float32 position may lie a hair outside its bin): 2^-17 of the
+            # lengths involved, and 2^-20 Å.
             reach_all = radius + wp.length(m[0]) + wp.length(m[1]) + wp.length(m[2])
             slack = (reach_all / wp.float64(131072.0)) + wp.float64(1.0) / wp.float64(1048576.0)
             spans = wp.vec3i(search_span(k[0], n[0], p[0]), span_y, span_z)
@@ -223,8 +206,7 @@ def search_kernel(trim: bool) -> Any:
             bx, mx = neighbor_bin(cx, ox, n[0], p[0])
             by, my = neighbor_bin(cy, oy, n[1], p[1])
             if wp.static(TRIM):
-                # The bins from qz to the grid's end along z share one image and hold one
-                # contiguous run of slots: one range of candidates per run, not per bin.
+                # The bins from qz to the grid's end share one image: one run of slots.
                 qz = z_first
                 while qz < z_last:
                     bz, mz = neighbor_bin(cz, qz - k[2], n[2], p[2])
@@ -303,17 +285,10 @@ def search_kernel(trim: bool) -> Any:
         threads: int,
     ):
         """Each slot's neighbours, by ``parts = found_in_part.shape[0]`` threads per slot (thread
-        ``j * slots + t`` is part j of slot t; one part needs no ``found_in_part`` but its shape).
-
-        A CPU uses one part, one pass (``write`` 1). A GPU uses several in a small batch, launched
-        twice: a step rebuilds a few systems at a time, so one thread per slot would leave most of
-        the GPU idle while each walks ~125 bins; in parts, each walks a ninth or less. Pass one (``write`` 0)
-        counts each part's neighbours; pass two writes them after those of the parts before it.
-        The last part sets the slot's count (and the overflow flag).
-
-        With ``threads`` > 0 (a GPU) only the rebuilding slots are searched: ``work_slot`` lists them
-        (:func:`list_work`; ``g.work_end[last_system]`` of them) and the launch's ``threads`` threads
-        stride over (part, listed slot) pairs, so no thread is launched for a slot that keeps its list.
+        ``j * slots + t`` is part j of slot t). In parts it runs twice: ``write`` 0 counts each
+        part's neighbours, ``write`` 1 writes them after those of the parts before; the last part
+        sets the slot's count. With ``threads`` > 0 the threads stride over (part, listed slot)
+        pairs of the rebuilding slots in ``work_slot`` (:func:`list_work`).
         """
         tid = wp.tid()
         if threads == 0:
