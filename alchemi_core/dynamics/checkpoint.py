@@ -8,14 +8,11 @@ their contents; a ``ZarrData`` store saves how many records it had committed, an
 cuts off the records written after the checkpoint, which it writes again). A run resumed from
 it gives the same result as the uninterrupted run, with every record stored exactly once.
 
-The file (format version 2) is one line ``alchemi-checkpoint``, one line of JSON (the format
-version, the run that wrote it, the step, the payload's length and SHA-256), then the payload:
-``torch.save`` of plain tensors, numbers, strings, lists and dicts. It is written next to its
-final name and renamed into place, so a crash while writing leaves the previous checkpoint
-intact. Reading checks the length and the checksum before anything is unpacked, unpacks with
-``torch.load(weights_only=True)`` (loading an untrusted checkpoint cannot run code), and checks
-that the counts agree; a file that fails any of this raises :class:`DamagedCheckpointError`
-naming the file and the run that made it.
+The file (format version 2) is one line ``alchemi-checkpoint``, one line of JSON (version, run,
+step, the payload's length and SHA-256), then the payload: ``torch.save`` of plain data, written
+next to its final name and renamed into place. Reading checks length and checksum, unpacks with
+``weights_only=True`` (an untrusted checkpoint cannot run code) and checks that the counts agree;
+a file that fails raises :class:`DamagedCheckpointError` naming the file and the run that made it.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics

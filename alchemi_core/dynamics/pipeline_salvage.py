@@ -159,10 +159,11 @@ def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
     batch = engine.batch
     if batch is not None and batch.num_graphs:
         keep.write(batch)
-    if rank._own_overflow is not None and len(rank._own_overflow):
-        keep.write(rank._own_overflow.drain())
+    own = rank.overflow.own
+    if own is not None and len(own):
+        keep.write(own.drain())
     unfinished = batch_ids(keep.read()) if len(keep) else []
-    staged = [i for s in rank.overflow if len(s) for i in batch_ids(s.read())]
+    staged = [i for s in rank.overflow.sinks if len(s) for i in batch_ids(s.read())]
     sinks = list(rank.stage.sinks)
     targets = engine.sink_list() if rank.last else sinks
     leftover = keep.read() if len(keep) else None

@@ -45,9 +45,7 @@ from alchemi_core.validation import whole_number
 DEFAULT_PREFETCH = 4096
 #: Structures of each size bin built ahead first: what fills the gaps a refill leaves.
 PREFETCH_HEADS = 4
-#: Then what refills of this many whole batches would take. W3 on the H200 (one run each, in
-#: alternation): 1 batch 4.35 and 4.53 s, 3 batches 4.48 and 4.99 s. (A simulation of W3's
-#: refills had promised more from 3: every structure ready, against 75 % with 1.)
+#: Then what refills of this many whole batches would take.
 PREFETCH_BATCHES = 1
 #: Atoms built ahead, at most (host memory: about 50 bytes per atom of a plain structure).
 PREFETCH_MAX_ATOMS = 2_000_000
@@ -247,18 +245,13 @@ class SizeAwareSampler:
         to build (every likely one is ready, or ``prefetch`` of them are).
 
         The engine calls it while a check waits for the GPU, so that a dataset that builds its
-        structures on request (reads a file, makes tensors) does so while the GPU steps, not
-        while it waits for the refill. Likely means (:meth:`_likely`): the next few of each size
-        bin, then what refills of whole empty batches would take, since systems that entered
-        together tend to leave together and refills come in waves of up to a batch. A structure
-        whose building raises raises when it is requested, as it would have without this.
+        structures on request does so while the GPU steps (:meth:`_likely` says which). A
+        structure whose building raises raises when it is requested, as it would without this.
         """
         if len(self._ready) >= self.prefetch_limit:
             return False
         if self._plan_at != len(self._handed):  # something was handed out: plan again
-            # A generator, followed only as far as structures are built: planning all of
-            # ``prefetch`` ahead after every refill cost more than the building it saved.
-            # (It reads the bins live; a new one replaces it whenever a structure was taken.)
+            # A generator, followed only as far as structures are built (it reads the bins live).
             self._plan, self._plan_at = self._likely(), len(self._handed)
         if self.workers:  # a chunk of the plan to the workers: they build while the host goes on
             room = min(build_pool.CHUNK, self.prefetch_limit - len(self._ready))
@@ -387,8 +380,7 @@ class SizeAwareSampler:
         ``device``, else where the structures are), or None when none fits.
 
         A dataset with ``get_stored(i)`` (``ListDataset``, ``Dataset``) hands its structures over
-        where they are held and the batch copies each field to the device once: a refill of 20
-        structures on a GPU makes a handful of copies instead of one per structure and field.
+        where they are held and the batch copies each field to the device once.
         """
         data = self._many(max_systems, num_atoms, num_edges, stored=True)
         if not data:

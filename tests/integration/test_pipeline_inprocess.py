@@ -336,4 +336,4 @@ def test_fields_added_mid_run_travel_on() -> None:
     assert sorted(out.system_id.tolist()) == [0, 1, 2, 3]
     assert out.spin.dtype == torch.float64 and bool((out.spin == 2.5).all())
     assert bool((out.label == 2.5).all())
-    assert [r.schema_renewals for r in ranks] == [1, 2, 1]
+    assert [r.link.schema_renewals for r in ranks] == [1, 2, 1]
