@@ -36,8 +36,7 @@ from alchemi_core.data.datapipes import as_atomic_data
 from alchemi_core.data.fields import Level
 from alchemi_core.errors import AlchemiError
 
-#: Structures per task: enough that sending a task costs little per structure, few enough that
-#: the first of a refill's structures is ready soon.
+#: Structures per task: sending a task costs little per structure, and the first comes soon.
 CHUNK = 16
 
 #: The dataset a worker builds from (set once per worker process by ``_start_worker``).

@@ -119,17 +119,14 @@ class FusedStage:
 
     @property
     def sampler(self) -> Any:
-        for s in self.stages:
-            if s.sampler is not None:
-                return s.sampler
-        return None
+        """The sampler of the one sub-stage that has one (None: none has)."""
+        return next((s.sampler for s in self.stages if s.sampler is not None), None)
 
     @property
     def refill_frequency(self) -> int:
-        for s in self.stages:
-            if s.sampler is not None:
-                return s.refill_frequency
-        return min(s.refill_frequency for s in self.stages)
+        """The sampler stage's refill frequency (without one, the smallest)."""
+        with_sampler = [s.refill_frequency for s in self.stages if s.sampler is not None]
+        return with_sampler[0] if with_sampler else min(s.refill_frequency for s in self.stages)
 
     @property
     def sinks(self) -> list[DataSink]:

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.weak import alive, ref_to
@@ -35,16 +35,6 @@ from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
-
-
-@runtime_checkable
-class HookProtocol(Protocol):
-    """What the engine needs of a hook."""
-
-    stage: DynamicsStage
-    frequency: int
-
-    def __call__(self, batch: Batch, dynamics: Any) -> None: ...
 
 
 class Hook:

@@ -104,7 +104,8 @@ class RankLink:
             active = [0, 0, 0]
         else:
             active = [batch.system_capacity, batch.node_capacity, batch.edge_capacity]
-            self.send_frame = Frame.like(batch, *(capacity or active), device=self.device)
+            systems, nodes, edges = capacity or active
+            self.send_frame = Frame.like(batch, systems, nodes, edges, device=self.device)
         raw = encode_schema({"buffer": self.send_frame.schema, "active": active})
         dev = self.backend.device
         length = torch.tensor([raw.numel()], dtype=torch.long, device=dev)

@@ -7,7 +7,10 @@ single stage), its ``step`` calls :func:`step`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import checkpoint as ckpt
@@ -67,13 +70,10 @@ def execute(
     pm = manager()
     owner._engine = engine
     stream = getattr(owner, "_stream", None)
+    on_stream = stream is not None and (batch is None or batch.device.type == "cuda")
     try:
-        if stream is not None and (batch is None or batch.device.type == "cuda"):
-            import torch
-
-            with torch.cuda.stream(stream):
-                return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
-        return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
+        with torch.cuda.stream(stream) if on_stream else nullcontext():
+            return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
     except BaseException as exc:
         pm.lifecycle("alchemi_run_error", run=owner, error=exc)
         raise

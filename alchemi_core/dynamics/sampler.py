@@ -67,12 +67,9 @@ class SizeAwareSampler:
             be planned to use.
         seed: Seed of the shuffle.
         prefetch: Most structures built ahead of their request (:meth:`prefetch`; 0: none).
-        workers: Processes that build the structures (0: the engine's own process builds them).
-            For a dataset that makes its structures on the host when asked (reads files,
-            generates cells); one whose structures are made already (``ListDataset``) gains
-            nothing. Structures and their order are the same with any number
-            (:mod:`~alchemi_core.dynamics.build_pool`); a request's structures are packed by
-            ``get_metadata``'s sizes, which must then be exact for edges too.
+        workers: Processes that build the structures (0: this process), for a dataset that makes
+            its structures when asked (:mod:`~alchemi_core.dynamics.build_pool`); the same
+            structures in the same order, packed by ``get_metadata``'s sizes (exact edges needed).
     """
 
     def __init__(
@@ -142,10 +139,9 @@ class SizeAwareSampler:
 
     def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
         """Plan ``max_atoms`` for models that need ``bytes_per_atom`` device bytes per atom of
-        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch); the engine calls
-        it with its models' estimates before the first batch. A sampler built with
-        ``max_atoms=None`` that has handed nothing out plans again; one given ``max_atoms``
-        checks that its largest batch (its largest structures, up to ``max_batch_size``) fits.
+        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch), before the first
+        batch: a sampler built with ``max_atoms=None`` plans again, one given ``max_atoms`` checks
+        that its largest batch fits.
 
         Raises:
             ConfigurationError: That batch, or a chunk of ``chunk_atoms``, does not fit the
@@ -295,10 +291,8 @@ class SizeAwareSampler:
         self._ready = {k: v for k, v in self._ready.items() if not isinstance(v, Pending)}
 
     def _likely(self) -> Iterator[int]:
-        """The structures coming requests will likely take, most likely first: the first
-        ``PREFETCH_HEADS`` of each bin (a refill's gap fillers), then best fit into
-        ``PREFETCH_BATCHES`` batches of ``max_atoms`` atoms (waves), at most
-        ``PREFETCH_MAX_ATOMS`` atoms and ``prefetch`` structures in all."""
+        """The structures coming requests will likely take, most likely first
+        (:meth:`SizeBins.likely` with ``PREFETCH_HEADS`` and ``PREFETCH_BATCHES`` batches)."""
         atoms = min(PREFETCH_BATCHES * self.max_atoms, PREFETCH_MAX_ATOMS)
         return self._bins.likely(PREFETCH_HEADS, atoms, self.prefetch_limit)
 
@@ -358,8 +352,7 @@ class SizeAwareSampler:
                 if num_edges is not None:
                     num_edges -= data.num_edges
             return out
-        # With workers: take them all by their sizes (which _load holds the structures to), send
-        # the ones not built yet to the workers at once, then collect them in order.
+        # With workers: take them all by their sizes, send those not built yet at once, collect in order.
         taken: list[int] = []
         while len(taken) < max_systems:
             i = self._take(num_atoms, num_edges)
