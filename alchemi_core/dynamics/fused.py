@@ -244,23 +244,20 @@ def fuse(left: Any, right: Any) -> Any:
     """``left + right``: one fused stage running the sub-stages of both, in order (the left
     fused stage's compile setting, sinks and hooks carry over); ``NotImplemented`` for operands
     that are not stages."""
+    a, b = _sub_stages(left), _sub_stages(right)
+    if a is None or b is None:
+        return NotImplemented
+    subs = list(enumerate(a + b))
     if isinstance(left, FusedStage):
-        n = len(left.sub_stages)
-        if isinstance(right, FusedStage):
-            extra = [(n + i, s) for i, (_, s) in enumerate(right.sub_stages)]
-        elif isinstance(right, BaseDynamics):
-            extra = [(n, right)]
-        else:
-            return NotImplemented
-        subs = [(i, s) for i, (_, s) in enumerate(left.sub_stages)] + extra
-        return FusedStage(subs, entry_status=0, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
+        return FusedStage(subs, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
                           sinks=left.own_sinks, hooks=left.hooks, tuning=left.tuning)
-    if isinstance(left, BaseDynamics):
-        if isinstance(right, FusedStage):
-            return FusedStage([(0, left)] + [(i + 1, s) for i, (_, s) in enumerate(right.sub_stages)])
-        if isinstance(right, BaseDynamics):
-            return FusedStage([(0, left), (1, right)])
-    return NotImplemented
+    return FusedStage(subs)
+
+
+def _sub_stages(stage: Any) -> list[BaseDynamics] | None:
+    if isinstance(stage, FusedStage):
+        return stage.stages
+    return [stage] if isinstance(stage, BaseDynamics) else None
 
 
 composition.register("+", fuse)
