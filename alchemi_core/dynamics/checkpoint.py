@@ -335,11 +335,9 @@ _IDS_SHOWN = 10
 
 
 def check_against_sinks(engine: Engine, state: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose sampler position contradicts what the sinks hold (after their
-    ``load_state_dict``): a structure the checkpoint has not run yet, or holds in its batch, must
-    not be among the stored results (it would be stored twice), and one it counts as written
-    must be (it would be lost). Sinks that cannot list their ``system_id``s, and samplers whose
-    dataset does not name its structures' ids, are not checked.
+    """Refuse a checkpoint whose sampler position contradicts what the sinks hold: a structure
+    not run yet, or in its batch, must not be stored (it would be twice), one counted as written
+    must be (it would be lost). Sinks and datasets that cannot list ``system_id``s are not checked.
 
     Raises:
         InvalidDataError: What differs: the ids on each side.

@@ -261,12 +261,8 @@ class DistributedPipeline:
         return ranks
 
     def _run_in_process(self, batch: Batch | None) -> Batch | None:
-        """Every rank in this thread, one iteration of each per round, in rank order.
-
-        Within a round rank r - 1 has sent before rank r receives, so no receive waits; running
-        the ranks in turn (not as threads) keeps shared models and hooks free of races and makes
-        runs reproducible.
-        """
+        """Every rank in this thread, one iteration of each per round, in rank order: no receive
+        waits, shared models and hooks see no races, and runs are reproducible."""
         current = 0
         ranks: list[PipelineRank] = []
         try:

@@ -139,10 +139,8 @@ class HealthCheck:
         """``[B]`` int64 failure code of every system (0: healthy), without reading back.
 
         Args:
-            backend: ``"warp"`` (three kernels, :mod:`~alchemi_core.dynamics.check_kernels`),
-                ``"torch"`` (about thirty small operations), or ``"auto"``: Warp when warp-lang is
-                installed (faster on a GPU and on a CPU alike), torch otherwise. Both give the
-                same codes.
+            backend: ``"warp"`` (:mod:`~alchemi_core.dynamics.check_kernels`), ``"torch"``, or
+                ``"auto"``: Warp when warp-lang is installed, torch otherwise (the same codes).
         """
         out = self._device_codes(batch, backend)
         # The Warp path answers in a buffer that the next check overwrites: callers get a copy.
