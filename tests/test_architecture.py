@@ -523,3 +523,103 @@ def test_the_switch_finders_find_switches():
         (4, "pkg.layout:SKIN"), (5, "pkg.layout:SKIN"), (6, "pkg.step:RUN_AHEAD"), (7, "pkg.step:RUN_AHEAD"),
         (8, "pkg.layout:FORCED"),
     ]
+
+
+#: Engine classes that other engine classes may subclass: the public extension bases.
+ENGINE_BASES = {
+    "alchemi_core.dynamics.base.BaseDynamics": "integrators subclass it (DemoDynamics here)",
+    "alchemi_core.dynamics.hook.Hook": "hooks subclass it (ConvergenceHook here)",
+    "alchemi_core.dynamics.sinks.DataSink": "the sink interface (HostMemory here)",
+}
+
+
+def engine_subclasses(root: Path, package: str, allowed: set[str] = frozenset()) -> list[str]:
+    """``module.Class inherits module.Base`` for each class under ``root`` (the package
+    ``package``) whose base is another class defined there, other than those in ``allowed``;
+    bases are followed through imports and re-exports."""
+    modules: dict[str, ast.Module] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        modules[name] = ast.parse(path.read_text(encoding="utf-8"))
+        modules[name].is_package = is_package  # type: ignore[attr-defined]
+    defined = {f"{m}.{n.name}" for m, tree in modules.items() for n in tree.body if isinstance(n, ast.ClassDef)}
+    names: dict[str, dict[str, str]] = {}  # per module: local name -> what it stands for
+    for module, tree in modules.items():
+        local = names[module] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = node.module or ""
+                if node.level:  # relative: from the module's package, up level - 1 packages
+                    here = module.split(".")
+                    up = here[: len(here) - node.level + int(tree.is_package)]  # type: ignore[attr-defined]
+                    source = ".".join([*up, source] if source else up)
+                for alias in node.names:
+                    local[alias.asname or alias.name] = f"{source}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    top = alias.name.split(".")[0]
+                    local[alias.asname or top] = alias.name if alias.asname else top
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                local[node.name] = f"{module}.{node.name}"
+
+    def resolve(module: str, expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            return names[module].get(expr.id)
+        if isinstance(expr, ast.Attribute) and (owner := resolve(module, expr.value)) is not None:
+            return f"{owner}.{expr.attr}"
+        return None
+
+    def follow(full: str | None) -> str | None:
+        """Through re-exports: ``from pkg import X`` where ``pkg`` imported ``X`` from its module."""
+        while full is not None and full not in defined:
+            home, _, attr = full.rpartition(".")
+            nxt = names.get(home, {}).get(attr)
+            if nxt is None or nxt == full:
+                break
+            full = nxt
+        return full
+
+    found = []
+    for module, tree in modules.items():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    target = follow(resolve(module, base))
+                    if target in defined and target not in allowed:
+                        found.append(f"{module}.{node.name} inherits {target}")
+    return found
+
+
+def test_no_engine_class_inherits_from_another():
+    found = engine_subclasses(ROOT / "alchemi_core" / "dynamics", "alchemi_core.dynamics", set(ENGINE_BASES))
+    assert not found, (
+        f"engine classes inherit from engine classes: {found}. Compose instead (hold a collaborator, "
+        "call module functions); only the public extension bases in ENGINE_BASES are subclassed"
+    )
+
+
+def test_the_subclass_finder_finds_subclasses(tmp_path):
+    pkg = tmp_path / "eng"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from eng.base import Base\n")
+    (pkg / "base.py").write_text("class Base:\n    pass\n\nclass Mixin:\n    pass\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text(
+        "from typing import Protocol\nfrom eng import Base\nfrom eng.base import Mixin as M\nimport eng.base\n"
+        "from ..base import Mixin\n"
+        "class A(Base):\n    pass\n"  # through the package's re-export
+        "class B(M, Exception):\n    pass\n"  # an alias, and an outside base
+        "class C(eng.base.Mixin):\n    pass\n"  # a dotted name
+        "class D(Mixin):\n    pass\n"  # a relative import
+        "class E(A):\n    pass\n"  # a class of the same module
+        "class F(Protocol):\n    pass\n"
+    )
+    assert engine_subclasses(pkg, "eng") == [
+        "eng.sub.a.A inherits eng.base.Base", "eng.sub.a.B inherits eng.base.Mixin",
+        "eng.sub.a.C inherits eng.base.Mixin", "eng.sub.a.D inherits eng.base.Mixin",
+        "eng.sub.a.E inherits eng.sub.a.A",
+    ]
+    assert engine_subclasses(pkg, "eng", {"eng.base.Base", "eng.base.Mixin"}) == ["eng.sub.a.E inherits eng.sub.a.A"]

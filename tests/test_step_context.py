@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from alchemi_core.dynamics import DemoDynamics, FusedStage, Hook, StepContext
@@ -47,18 +46,12 @@ def test_each_stage_sees_its_own_systems_and_a_new_version_when_they_move():
     assert all(s[2] == [True, True] for s in own.seen) and len(own.seen) == 7
 
 
-def test_old_attribute_names_are_views_of_the_context_that_warn():
+def test_the_run_is_read_through_the_context():
     md = DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.25)
     md.run(make_batch([2, 2]))
     ctx = md.context
-    with pytest.warns(DeprecationWarning, match="context.system_mask"):
-        assert md.system_mask is ctx.system_mask
-    with pytest.warns(DeprecationWarning, match="context.node_weight"):
-        assert md.node_weight is ctx.node_weight
-    with pytest.warns(DeprecationWarning, match="context.weighted_inv_mass"):
-        assert md.weighted_inv_mass is ctx.weighted_inv_mass
-    with pytest.warns(DeprecationWarning, match="context.version"):
-        assert md.mask_version == ctx.version
+    for old in ("system_mask", "node_weight", "weighted_inv_mass", "mask_version"):  # removed in 0.1.0
+        assert not hasattr(md, old)
     assert ctx.step == 1 and md.step_count == 2  # the last step's index; steps completed (as nvalchemi)
     assert ctx.run is not None and ctx.run.steps_done == 2 and not ctx.run.ends_on_graduation
 

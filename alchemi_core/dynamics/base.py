@@ -11,9 +11,9 @@ step index; ``self.dt`` is the time step in fs. A value derived from the masks i
 outlives checks that move systems. Keep persistent state in system- or atom-level batch fields so
 it travels with each system through sinks and ranks.
 
-This module holds the integrator API only: running a stage is ``runner.StageRun``, ``+`` and
-``|`` are ``composition.Composable``, ``with stage:`` and ``compile()`` are
-``streams.StreamedRun``, and the pipeline communication methods ``pipeline_stage``.
+Running a stage goes through ``runner``, ``+`` and ``|`` through ``composition``, ``with stage:``
+and ``compile()`` through ``streams``, and the pipeline communication methods to the stage's
+rank (``pipeline_stage``).
 
 Example:
     >>> import torch
@@ -29,21 +29,19 @@ Example:
 
 from __future__ import annotations
 
-import warnings
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from alchemi_core.dynamics.composition import Composable
+from alchemi_core.dynamics import composition, runner, streams
 from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.dynamics.hook import check_hook
-from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.pipeline_stage import OfRank, rank_of
 from alchemi_core.dynamics.quarantine import DEFAULT_MAX_EXTENT, Quarantined
-from alchemi_core.dynamics.runner import StageRun
-from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import AlchemiError, ConfigurationError
 from alchemi_core.tuning import CoreTuning, check_tuning
 from alchemi_core.validation import finite_number, whole_number
@@ -51,6 +49,9 @@ from alchemi_core.validation import finite_number, whole_number
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
     from alchemi_core.dynamics.engine import Engine
+    from alchemi_core.dynamics.fused import FusedStage
+    from alchemi_core.dynamics.pipeline import DistributedPipeline
+    from alchemi_core.dynamics.pipeline_rank import PipelineRank
     from alchemi_core.dynamics.sampler import SizeAwareSampler
     from alchemi_core.dynamics.sinks import DataSink
     from alchemi_core.dynamics.state import SubStage
@@ -75,7 +76,7 @@ class BufferConfig:
     num_edges: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
-class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
+class BaseDynamics:
     """A dynamics stage: an integrator, a model, hooks, and where systems come from and go.
 
     Args:
@@ -106,6 +107,10 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
     #: Whether the integrator changes cells (NPT, cell filters): held atoms and components then
     #: follow the cell's deformation (``alchemi_core.dynamics.constraints``).
     moves_cell: bool = False
+    #: Whether runs capture the step as a CUDA graph (:meth:`compile`).
+    compile_step: bool = False
+    _stream: Any = None  # the stream of ``with stage:``
+    _pipeline_rank: PipelineRank | None = None  # set by the pipeline rank running the stage
 
     def __init__(
         self,
@@ -226,39 +231,66 @@ class BaseDynamics(StageRun, Composable, StreamedRun, PipelineStageMixin):
         self.context = sub.context
         self.status_code = sub.code
 
-    # ------------------------------------------------------------------ deprecated views
-    @property
-    def system_mask(self) -> torch.Tensor | None:
-        """Deprecated: ``self.context.system_mask``."""
-        _deprecated("system_mask", "context.system_mask")
-        return self.context.system_mask
+    # ------------------------------------------------------------------ running
+    def _make_engine(self) -> Engine:
+        return runner.single_engine(self)
 
-    @property
-    def node_weight(self) -> torch.Tensor | None:
-        """Deprecated: ``self.context.node_weight``."""
-        _deprecated("node_weight", "context.node_weight")
-        return self.context.node_weight
+    def run(
+        self,
+        batch: Batch | None = None,
+        n_steps: int | None = None,
+        *,
+        checkpoint: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 0,
+        resume_from: str | os.PathLike[str] | dict[str, Any] | None = None,
+    ) -> Batch | None:
+        """Integrate ``batch`` in place (or stream from the sampler) and return it.
 
-    @property
-    def weighted_inv_mass(self) -> torch.Tensor | None:
-        """Deprecated: ``self.context.weighted_inv_mass``."""
-        _deprecated("weighted_inv_mass", "context.weighted_inv_mass")
-        return self.context.weighted_inv_mass
+        Without a sampler, runs ``n_steps`` steps (or until every system converged). With one,
+        runs until the dataset is drained: each system gets ``n_steps`` steps or converges, then
+        goes to the sinks. Returns the batch; with a sampler and no sinks, a batch of every
+        finished system; with a sampler and sinks, None (the results are in the sinks).
 
-    @property
-    def mask_version(self) -> int:
-        """Deprecated: ``self.context.version``."""
-        _deprecated("mask_version", "context.version")
-        return self.context.version
+        Args:
+            checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end
+                (see ``alchemi_core.dynamics.checkpoint``).
+            resume_from: Continue the run saved in this checkpoint (same stages, same sampler), a
+                path or the state ``alchemi_core.dynamics.checkpoint.load`` returned;
+                the result is the one the uninterrupted run would give.
+        """
+        steps = self.n_steps if n_steps is None else int(n_steps)
+        return runner.execute(
+            self, self._make_engine(), batch, None if self.sampler is not None else steps,
+            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume_from=resume_from,
+        )
+
+    def step(self, batch: Batch) -> Batch:
+        """One step of this stage on ``batch`` (prepares it on first use)."""
+        return runner.step(self, batch, self._make_engine)
+
+    def compile(self, **kwargs: Any) -> BaseDynamics:
+        """Capture the step as a CUDA graph when running on a GPU (see ``streams``)."""
+        return streams.compile_stage(self, kwargs)
+
+    def __enter__(self) -> BaseDynamics:
+        return streams.enter(self)
+
+    def __exit__(self, *exc: Any) -> None:
+        streams.leave(self)
+
+    def __add__(self, other: Any) -> FusedStage:
+        return composition.build("+", self, other)
+
+    def __or__(self, other: Any) -> DistributedPipeline:
+        return composition.build("|", self, other)
+
+    # The seed's pipeline communication methods: the stage's rank's (``pipeline_stage``).
+    pipeline_rank = property(rank_of)
+    send_buffer, recv_buffer = OfRank(outside=None), OfRank(outside=None)
+    _prestep_sync_buffers, _complete_pending_recv, _poststep_sync_buffers = OfRank(), OfRank(), OfRank()
+    _recv_to_batch, _buffer_to_batch, _batch_to_buffer = OfRank(), OfRank(), OfRank()
+    _overflow_to_sinks, _drain_sinks_to_batch = OfRank(), OfRank()
 
     def __repr__(self) -> str:
         return f"{self.name}(n_steps={self.n_steps}, dt={self.dt}, hooks={len(self.hooks)})"
 
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(
-        f"BaseDynamics.{old} is deprecated and goes away in the next release; read self.{new} "
-        "(the StepContext the engine gives every stage)",
-        DeprecationWarning,
-        stacklevel=3,
-    )

@@ -1,12 +1,9 @@
 """Worker processes that build a dataset's structures for ``SizeAwareSampler(workers=N)``.
 
-A dataset that makes its structures on request (reads files, generates cells, makes tensors)
-costs the engine's process host time for every structure that enters a run: about 0.18 ms for a
-W3 cell on the H200's host, 18 s of a 100,000-cell run, of which the sampler's prefetch hides
-only what falls into the waits for the GPU. Here the structures are built in ``workers``
-processes instead, a chunk of them per task, and come back as plain arrays (a tensor sent between
-processes goes through shared memory, which costs more than building a small structure); the
-engine's process only turns the arrays back into tensors.
+A dataset that makes its structures on request (reads files, generates cells) costs the
+engine's process host time for every structure that enters a run. Here they are built in
+``workers`` processes, a chunk per task, and come back as plain arrays (a tensor sent between
+processes goes through shared memory, which costs more than building a small structure).
 
 Workers are forked where the platform can (Linux): they inherit the dataset and never touch the
 GPU. Elsewhere they are spawned, and the dataset must be picklable.
@@ -39,8 +36,7 @@ from alchemi_core.data.datapipes import as_atomic_data
 from alchemi_core.data.fields import Level
 from alchemi_core.errors import AlchemiError
 
-#: Structures per task: enough that sending a task costs little per structure, few enough that
-#: the first of a refill's structures is ready soon.
+#: Structures per task: sending a task costs little per structure, and the first comes soon.
 CHUNK = 16
 
 #: The dataset a worker builds from (set once per worker process by ``_start_worker``).

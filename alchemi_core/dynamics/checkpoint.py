@@ -8,14 +8,11 @@ their contents; a ``ZarrData`` store saves how many records it had committed, an
 cuts off the records written after the checkpoint, which it writes again). A run resumed from
 it gives the same result as the uninterrupted run, with every record stored exactly once.
 
-The file (format version 2) is one line ``alchemi-checkpoint``, one line of JSON (the format
-version, the run that wrote it, the step, the payload's length and SHA-256), then the payload:
-``torch.save`` of plain tensors, numbers, strings, lists and dicts. It is written next to its
-final name and renamed into place, so a crash while writing leaves the previous checkpoint
-intact. Reading checks the length and the checksum before anything is unpacked, unpacks with
-``torch.load(weights_only=True)`` (loading an untrusted checkpoint cannot run code), and checks
-that the counts agree; a file that fails any of this raises :class:`DamagedCheckpointError`
-naming the file and the run that made it.
+The file (format version 2) is one line ``alchemi-checkpoint``, one line of JSON (version, run,
+step, the payload's length and SHA-256), then the payload: ``torch.save`` of plain data, written
+next to its final name and renamed into place. Reading checks length and checksum, unpacks with
+``weights_only=True`` (an untrusted checkpoint cannot run code) and checks that the counts agree;
+a file that fails raises :class:`DamagedCheckpointError` naming the file and the run that made it.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -338,11 +335,9 @@ _IDS_SHOWN = 10
 
 
 def check_against_sinks(engine: Engine, state: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose sampler position contradicts what the sinks hold (after their
-    ``load_state_dict``): a structure the checkpoint has not run yet, or holds in its batch, must
-    not be among the stored results (it would be stored twice), and one it counts as written
-    must be (it would be lost). Sinks that cannot list their ``system_id``s, and samplers whose
-    dataset does not name its structures' ids, are not checked.
+    """Refuse a checkpoint whose sampler position contradicts what the sinks hold: a structure
+    not run yet, or in its batch, must not be stored (it would be twice), one counted as written
+    must be (it would be lost). Sinks and datasets that cannot list ``system_id``s are not checked.
 
     Raises:
         InvalidDataError: What differs: the ids on each side.

@@ -1,10 +1,10 @@
 """``a + b`` and ``a | b``: composing stages.
 
 ``a + b`` fuses stages into one ``FusedStage`` that runs on one device with one model forward
-per step; ``a | b`` puts them on consecutive ranks of a ``DistributedPipeline``. Every stage
-class mixes in :class:`Composable` for the operators; what they build is registered by the
-module that defines it (``fused`` registers ``+``, ``pipeline`` registers ``|``), so the stage
-classes import neither: a fused stage and a pipeline are made of stages, not the reverse.
+per step; ``a | b`` puts them on consecutive ranks of a ``DistributedPipeline``. A stage's
+operators call :func:`build`; what they build is registered by the module that defines it
+(``fused`` registers ``+``, ``pipeline`` registers ``|``), so the stage classes import neither:
+a fused stage and a pipeline are made of stages, not the reverse.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -18,13 +18,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from alchemi_core.errors import AlchemiError
-
-if TYPE_CHECKING:
-    from alchemi_core.dynamics.fused import FusedStage
-    from alchemi_core.dynamics.pipeline import DistributedPipeline
 
 #: What each operator builds: ``builder(left, right)``, or ``NotImplemented`` for operands it
 #: does not take.
@@ -38,18 +34,9 @@ def register(operator: str, builder: Callable[[Any, Any], Any]) -> None:
     _BUILDERS[operator] = builder
 
 
-def _build(operator: str, left: Any, right: Any) -> Any:
+def build(operator: str, left: Any, right: Any) -> Any:
+    """``left <operator> right``: what the registered builder makes of them."""
     builder = _BUILDERS.get(operator)
     if builder is None:  # only when alchemi_core.dynamics itself failed to import
         raise AlchemiError(f"no builder for {operator!r}: import alchemi_core.dynamics first")
     return builder(left, right)
-
-
-class Composable:
-    """The ``+`` (fuse) and ``|`` (pipeline) operators of a stage (see the module docstring)."""
-
-    def __add__(self, other: Any) -> FusedStage:
-        return _build("+", self, other)
-
-    def __or__(self, other: Any) -> DistributedPipeline:
-        return _build("|", self, other)

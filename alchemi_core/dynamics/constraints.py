@@ -19,10 +19,8 @@ follows the cell's deformation of the step, as under ASE's ``FrechetCellFilter``
 the kept one mapped by ``cell_old^-1 cell_new`` (so a ``frozen`` atom keeps its fractional
 coordinates), and stays bit for bit where a system's cell did not change.
 
-The cost per step, only for batches with such fields: a copy of the positions, a select of the
-held components, two in-place fills of the velocities (and, where a stage moves cells, a few
-``[B, 3, 3]`` operations and one ``[V, 3] x [V, 3, 3]`` product); buffers are allocated when the
-batch's systems change, never per step, and nothing is read back.
+Only batches with such fields pay for it; buffers are allocated when the batch's systems
+change, never per step, and nothing is read back.
 """
 
 from __future__ import annotations

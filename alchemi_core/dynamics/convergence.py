@@ -95,14 +95,8 @@ def _reduce_rows(value: torch.Tensor, op: str, dims: int | tuple[int, ...] | Non
         dims = tuple(range(1, value.dim()))
     if op == "norm":
         out = torch.linalg.vector_norm(value, dim=dims)
-    elif op == "max":
-        out = value.amax(dim=dims)
-    elif op == "min":
-        out = value.amin(dim=dims)
-    elif op == "mean":
-        out = value.mean(dim=dims)
-    else:
-        out = value.sum(dim=dims)
+    else:  # amax, amin, mean, sum
+        out = getattr(value, {"max": "amax", "min": "amin"}.get(op, op))(dim=dims)
     return out.reshape(out.shape[0], -1).amax(dim=1) if out.dim() > 1 else out
 
 

@@ -22,25 +22,24 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from alchemi_core.dynamics import composition
+from alchemi_core.dynamics import composition, runner, streams
 from alchemi_core.dynamics.base import BaseDynamics
-from alchemi_core.dynamics.composition import Composable
 from alchemi_core.dynamics.context import StepContext
 from alchemi_core.dynamics.engine import Engine
-from alchemi_core.dynamics.pipeline_stage import PipelineStageMixin
+from alchemi_core.dynamics.pipeline_stage import OfRank, rank_of
 from alchemi_core.dynamics.quarantine import Quarantined
-from alchemi_core.dynamics.runner import execute
 from alchemi_core.dynamics.status_flow import check_status_flow
-from alchemi_core.dynamics.streams import StreamedRun
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.tuning import CoreTuning, check_tuning
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
+    from alchemi_core.dynamics.pipeline import DistributedPipeline
+    from alchemi_core.dynamics.pipeline_rank import PipelineRank
     from alchemi_core.dynamics.sinks import DataSink
 
 
-class FusedStage(Composable, StreamedRun, PipelineStageMixin):
+class FusedStage:
     """Sub-stages by status code on one device (see the module docstring).
 
     Args:
@@ -62,6 +61,9 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         ConfigurationError: Status codes that lead nowhere (an entry status that is no stage's, a
             convergence target that is neither a stage nor graduation), and the like.
     """
+
+    _stream: Any = None  # the stream of ``with stage:``
+    _pipeline_rank: PipelineRank | None = None  # set by the pipeline rank running the stage
 
     def __init__(
         self,
@@ -117,17 +119,14 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
 
     @property
     def sampler(self) -> Any:
-        for s in self.stages:
-            if s.sampler is not None:
-                return s.sampler
-        return None
+        """The sampler of the one sub-stage that has one (None: none has)."""
+        return next((s.sampler for s in self.stages if s.sampler is not None), None)
 
     @property
     def refill_frequency(self) -> int:
-        for s in self.stages:
-            if s.sampler is not None:
-                return s.refill_frequency
-        return min(s.refill_frequency for s in self.stages)
+        """The sampler stage's refill frequency (without one, the smallest)."""
+        with_sampler = [s.refill_frequency for s in self.stages if s.sampler is not None]
+        return with_sampler[0] if with_sampler else min(s.refill_frequency for s in self.stages)
 
     @property
     def sinks(self) -> list[DataSink]:
@@ -179,8 +178,8 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
             ``exit_status``); with a sampler and no sinks, a batch of every finished system;
             with a sampler and sinks, None.
         """
-        return execute(self, self.make_engine(), batch, None, checkpoint=checkpoint,
-                       checkpoint_every=checkpoint_every, resume_from=resume_from, stop=stop)
+        return runner.execute(self, self.make_engine(), batch, None, checkpoint=checkpoint,
+                              checkpoint_every=checkpoint_every, resume_from=resume_from, stop=stop)
 
     def _attach_owner(self, engine: Engine, context: StepContext) -> None:
         self._engine = engine
@@ -211,14 +210,30 @@ class FusedStage(Composable, StreamedRun, PipelineStageMixin):
         checks that are due (convergence moves systems on to the next stage's status). The batch
         is prepared on first use.
         """
-        engine = self._engine
-        if engine is None or engine.state.batch is not batch:
-            engine = self.make_engine()
-            self._engine = engine
-            engine.prepare(batch)
-        with engine.stream_context(self._stream):
-            engine.step()
-        return batch
+        return runner.step(self, batch, self.make_engine)
+
+    def compile(self, **kwargs: Any) -> FusedStage:
+        """Capture the step as a CUDA graph when running on a GPU (see ``streams``)."""
+        return streams.compile_stage(self, kwargs)
+
+    def __enter__(self) -> FusedStage:
+        return streams.enter(self)
+
+    def __exit__(self, *exc: Any) -> None:
+        streams.leave(self)
+
+    def __add__(self, other: Any) -> FusedStage:
+        return composition.build("+", self, other)
+
+    def __or__(self, other: Any) -> DistributedPipeline:
+        return composition.build("|", self, other)
+
+    # The seed's pipeline communication methods: the stage's rank's (``pipeline_stage``).
+    pipeline_rank = property(rank_of)
+    send_buffer, recv_buffer = OfRank(outside=None), OfRank(outside=None)
+    _prestep_sync_buffers, _complete_pending_recv, _poststep_sync_buffers = OfRank(), OfRank(), OfRank()
+    _recv_to_batch, _buffer_to_batch, _batch_to_buffer = OfRank(), OfRank(), OfRank()
+    _overflow_to_sinks, _drain_sinks_to_batch = OfRank(), OfRank()
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{c}: {s!r}" for c, s in self.sub_stages)
@@ -229,23 +244,20 @@ def fuse(left: Any, right: Any) -> Any:
     """``left + right``: one fused stage running the sub-stages of both, in order (the left
     fused stage's compile setting, sinks and hooks carry over); ``NotImplemented`` for operands
     that are not stages."""
+    a, b = _sub_stages(left), _sub_stages(right)
+    if a is None or b is None:
+        return NotImplemented
+    subs = list(enumerate(a + b))
     if isinstance(left, FusedStage):
-        n = len(left.sub_stages)
-        if isinstance(right, FusedStage):
-            extra = [(n + i, s) for i, (_, s) in enumerate(right.sub_stages)]
-        elif isinstance(right, BaseDynamics):
-            extra = [(n, right)]
-        else:
-            return NotImplemented
-        subs = [(i, s) for i, (_, s) in enumerate(left.sub_stages)] + extra
-        return FusedStage(subs, entry_status=0, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
+        return FusedStage(subs, compile_step=left.compile_step, compile_kwargs=left.compile_kwargs,
                           sinks=left.own_sinks, hooks=left.hooks, tuning=left.tuning)
-    if isinstance(left, BaseDynamics):
-        if isinstance(right, FusedStage):
-            return FusedStage([(0, left)] + [(i + 1, s) for i, (_, s) in enumerate(right.sub_stages)])
-        if isinstance(right, BaseDynamics):
-            return FusedStage([(0, left), (1, right)])
-    return NotImplemented
+    return FusedStage(subs)
+
+
+def _sub_stages(stage: Any) -> list[BaseDynamics] | None:
+    if isinstance(stage, FusedStage):
+        return stage.stages
+    return [stage] if isinstance(stage, BaseDynamics) else None
 
 
 composition.register("+", fuse)

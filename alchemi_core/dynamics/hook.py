@@ -9,11 +9,9 @@ integrator and after the forward; time every phase of a step) lists them in ``pa
 their own ``stage`` and ``frequency`` that the engine schedules in its place, while the lifecycle
 methods stay on the outer hook.
 
-Hooks are not pluggy calls: each run builds, per point, a tuple of ``(frequency, hook, stage)``
-entries (the stage held weakly: it owns the engine that holds the table; see
-``alchemi_core.dynamics.weak``) once (:func:`build_hook_table`, indexed by :class:`DynamicsStage` members), so an empty point
-costs nothing and a full one a Python call per hook; :func:`dispatch` is the one place that calls
-them.
+Each run builds, once, per point, a tuple of ``(frequency, hook, stage)`` entries
+(:func:`build_hook_table`; the stage held weakly, see ``alchemi_core.dynamics.weak``), so an
+empty point costs nothing; :func:`dispatch` is the one place that calls hooks.
 
 Example:
     >>> from alchemi_core.dynamics import Hook, DynamicsStage
@@ -29,7 +27,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.dynamics.weak import alive, ref_to
@@ -37,16 +35,6 @@ from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
-
-
-@runtime_checkable
-class HookProtocol(Protocol):
-    """What the engine needs of a hook."""
-
-    stage: DynamicsStage
-    frequency: int
-
-    def __call__(self, batch: Batch, dynamics: Any) -> None: ...
 
 
 class Hook:

@@ -1,16 +1,11 @@
 """``DistributedPipeline``: stages on separate ranks, structures flowing from one to the next.
 
 Each rank runs one stage (a ``BaseDynamics`` or a ``FusedStage``); a system that graduates from
-rank *r* (it converged or used its ``n_steps``) moves to rank *r + 1*; the first rank refills from
-its sampler and the last writes to its sinks. The per-rank protocol (four phases per iteration,
-the three comm modes, back-pressure, overflow sinks, termination, failure) lives in
-``alchemi_core.dynamics.pipeline_rank``; this module composes stages, checks them, and runs the
-ranks.
-
-Under ``torchrun`` (RANK and WORLD_SIZE set) each process runs its own rank over ``comm:nccl``
-(GPUs) or ``comm:gloo`` (CPUs) from ``alchemi-nccl``; otherwise ``run()`` runs every rank in this
-process, one iteration of each in turn (the in-process backend), which suits one machine, tests
-and debugging. See ``docs/pipelines.md`` for launching, buffers and failure behaviour.
+rank *r* moves to rank *r + 1*; the first rank refills from its sampler and the last writes to
+its sinks. The per-rank protocol lives in ``alchemi_core.dynamics.pipeline_rank``. Under
+``torchrun`` each process runs its own rank over ``comm:nccl`` (GPUs) or ``comm:gloo`` (CPUs);
+otherwise ``run()`` runs every rank in this process, one iteration of each in turn. See
+``docs/pipelines.md``.
 
 Example:
     >>> from alchemi_core.dynamics import DemoDynamics
@@ -266,12 +261,8 @@ class DistributedPipeline:
         return ranks
 
     def _run_in_process(self, batch: Batch | None) -> Batch | None:
-        """Every rank in this thread, one iteration of each per round, in rank order.
-
-        Within a round rank r - 1 has sent before rank r receives, so no receive waits; running
-        the ranks in turn (not as threads) keeps shared models and hooks free of races and makes
-        runs reproducible.
-        """
+        """Every rank in this thread, one iteration of each per round, in rank order: no receive
+        waits, shared models and hooks see no races, and runs are reproducible."""
         current = 0
         ranks: list[PipelineRank] = []
         try:

@@ -1,67 +1,44 @@
 """``PipelineRank``: one rank of a ``DistributedPipeline`` and the protocol it follows.
 
 A rank owns the three buffer layers of the seed: the *active batch* its stage integrates, the
-*transfer frames* to its neighbours (``send_buffer`` / ``recv_buffer``, allocated once), and
-*overflow sinks* that stage received systems while the active batch is full. Each iteration it
-follows four phases:
+*transfer frames* to its neighbours (``send_buffer`` / ``recv_buffer``, a
+:class:`~alchemi_core.dynamics.pipeline_link.RankLink`) and the *overflow sinks* that stage
+received systems while the active batch is full. Each iteration follows four phases:
 
-1. ``_prestep_sync_buffers``: finish the previous send (``fully_async``), post the receive of
-   this iteration's frame (``sync``: and wait for it).
-2. ``_complete_pending_recv``: wait for the frame (``async_recv``, ``fully_async``), pull staged
-   systems back from the overflow sinks (oldest first), then admit the new arrivals; what does not
-   fit goes to the overflow sinks.
+1. ``_prestep_sync_buffers``: post the receive of this iteration's frame (``sync``: and wait).
+2. ``_complete_pending_recv``: wait for the frame, pull staged systems back from the overflow
+   sinks, then admit the arrivals; what does not fit goes to the overflow sinks.
 3. ``step``: integrate until the next convergence/budget check (systems only graduate there).
-4. ``_poststep_sync_buffers``: move graduated systems into the send frame, as many as fit; the
-   rest stay in the active batch, frozen, until there is room (back-pressure); send the frame,
-   even when empty, so the next rank's receive always completes. The last rank writes graduated
-   systems to its stage's sinks instead.
+4. ``_poststep_sync_buffers``: move graduated systems into the send frame, as many as fit (the
+   rest wait, frozen: back-pressure), and send it, even when empty, so the next rank's receive
+   always completes. The last rank writes graduated systems to its stage's sinks instead.
 
-Blocking: ``sync`` waits for the receive in phase 1 and for the send in phase 4; ``async_recv``
-posts the receive in phase 1 and waits in phase 2, staging overflow systems meanwhile;
-``fully_async`` also defers the wait for the send to the next iteration's phase 1. Every mode
-admits systems in the same order, so results do not depend on the mode.
-
-Frames are shaped once, from a schema the sender sends before the first one; if fields appear
-in the active batch later (a hook, a model's stress), the sender sends a frame flagged
-``FLAG_SCHEMA`` and a new schema, so they travel on.
-
-A rank has finished when its upstream said so (the *done* flag of its last frame), its sampler is
-drained and nothing is left in its active batch or overflow sinks; its last frame carries the done
-flag, so ending needs no extra message. A rank that fails reports it through the backend and sends
-an *error* frame downstream; see ``docs/pipelines.md``.
-
-The routing methods (frames and schemas, overflow sinks) are ``pipeline_routing.RankRouting``.
+The comm modes differ only in where they wait, so results do not depend on them. A rank has
+finished when its upstream said so (the *done* flag of its last frame), its sampler is drained
+and nothing is left in its active batch or overflow sinks. See ``docs/pipelines.md``.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from alchemi_core.comm.base import CommBackend, PeerError, Work
-from alchemi_core.comm.frame import FLAG_DONE, FLAG_ERROR, FLAG_SCHEMA, Frame
-from alchemi_core.dynamics.pipeline_routing import (
-    RankRouting,
-    engine_for,
-    stage_buffer_config,
-    stage_comm_mode,
-)
+from alchemi_core.comm.base import CommBackend, PeerError
+from alchemi_core.comm.frame import FLAG_DONE
+from alchemi_core.dynamics.pipeline_link import Overflow, RankLink, engine_for, stage_buffer_config, stage_comm_mode
 from alchemi_core.dynamics.pipeline_salvage import IdLedger, RankLostError, salvage
 from alchemi_core.dynamics.weak import alive, ref_to
 from alchemi_core.errors import PipelineError
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
-    from alchemi_core.dynamics.sinks import DataSink
 
 
-
-class PipelineRank(RankRouting):
+class PipelineRank:
     """The state and protocol of one pipeline rank (what the seed calls the communication mixin).
 
     Args:
@@ -92,22 +69,16 @@ class PipelineRank(RankRouting):
         self.synchronized = bool(synchronized)
         self.device = torch.device(device)
         self.comm_mode = stage_comm_mode(stage)
-        self.buffer_config = stage_buffer_config(stage)
+        self.buffer_config = cfg = stage_buffer_config(stage)
+        #: The send frames' capacities (None: the active batch's).
+        self._capacity = None if cfg is None else (cfg.num_systems, cfg.num_nodes, cfg.num_edges)
+        self.link = RankLink(backend, self.device, self.comm_mode, queue_depth)
         self.engine = engine_for(stage, self.last)
-        #: Overflow sinks in priority order: a non-last stage's own sinks, else a HostMemory.
-        self.overflow: list[DataSink] = [] if self.last else list(stage.sinks)
-        self._own_overflow: DataSink | None = None
-        self.send_frame: Frame | None = None
-        self.recv_frame: Frame | None = None
-        self._pending_recv: Work | None = None
-        self.queue_depth = max(1, int(queue_depth))
-        self._in_flight: deque[tuple[Work, Frame]] = deque()  # fully_async: sends not waited yet
-        self._spare_frames: list[Frame] = []
-        #: Most sends in flight at once, and iterations whose arrivals waited for a later check.
-        self.max_in_flight = self.deferred = 0
+        self.overflow = Overflow([] if self.last else stage.sinks, self.rank)
+        #: Iterations whose arrivals waited for a later check.
+        self.deferred = 0
         self._incoming_flags = 0
         self._drained = False
-        self._schema_sent = False
         self.upstream_done = self.first
         self.sent_done = False
         #: Systems received from the previous rank.
@@ -121,8 +92,6 @@ class PipelineRank(RankRouting):
         self.iterations = 0
         #: Passes of ``run``'s loop (with ``synchronized``, equal on every rank: one all-reduce each).
         self.rounds = 0
-        #: Schemas sent or received after setup, because fields appeared mid-run.
-        self.schema_renewals = 0
         #: Ids sent downstream and received from upstream; after a peer failure, what was saved and lost.
         self.sent_ids, self.received_ids = IdLedger(self.device), IdLedger(self.device)
         self.lost_error: RankLostError | None = None
@@ -143,12 +112,12 @@ class PipelineRank(RankRouting):
     @property
     def send_buffer(self) -> Batch | None:
         """The batch view of the send frame."""
-        return self.send_frame.batch if self.send_frame is not None else None
+        return self.link.send_frame.batch if self.link.send_frame is not None else None
 
     @property
     def recv_buffer(self) -> Batch | None:
         """The batch view of the receive frame."""
-        return self.recv_frame.batch if self.recv_frame is not None else None
+        return self.link.recv_frame.batch if self.link.recv_frame is not None else None
 
     @property
     def entered(self) -> int:
@@ -157,14 +126,10 @@ class PipelineRank(RankRouting):
 
     # ------------------------------------------------------------------ setup
     def setup(self, batch: Batch | None) -> None:
-        """Prepare the active batch and agree on frame layouts with the neighbours.
-
-        The first rank prepares ``batch`` (or its sampler's first batch); every other rank
-        receives the previous rank's frame schema and starts with an empty active batch of the
-        same fields. Each non-last rank then sends its own schema downstream.
-
-        A first rank with neither a batch nor a sampler warns and passes nothing on.
-        """
+        """Prepare the active batch and agree on frame layouts with the neighbours: the first rank
+        prepares ``batch`` (or its sampler's first batch; with neither it warns and passes nothing
+        on), every other rank an empty batch of the fields of the upstream's schema; each non-last
+        rank then sends its own schema downstream."""
         engine = self.engine
         if self.first:
             if batch is None and engine.state.sampler is None:
@@ -181,41 +146,25 @@ class PipelineRank(RankRouting):
                     batch = engine.state.sampler.build_initial_batch()
                 engine.prepare(batch.to(self.device))
         else:
-            schema = self._recv_schema()
-            self.recv_frame = Frame(schema["buffer"], self.device)
-            if self.recv_frame.names:
-                active = [max(a, b) for a, b in zip(schema["active"], self.recv_frame.capacity)]
-                engine.prepare_empty(self.recv_frame.batch, num_systems=active[0], num_nodes=active[1], num_edges=active[2])
+            frame, active = self.link.open_recv()
+            if frame.names:
+                engine.prepare_empty(frame.batch, num_systems=active[0], num_nodes=active[1], num_edges=active[2])
         if not self.last:
-            self._send_schema()
+            self.link.send_schema(engine.state.batch, self._capacity)
         engine.start_hooks()
 
     # ------------------------------------------------------------------ the four phases
     def _prestep_sync_buffers(self) -> None:
         """Post this iteration's receive (``fully_async``: unless an earlier one is still pending)."""
-        if self.upstream_done or self.recv_frame is None:
+        if self.upstream_done or self.link.recv_frame is None:
             return
-        if self._pending_recv is None:
-            self.recv_frame.rebind()
-            self._pending_recv = self.backend.irecv_tensor(self.recv_frame.arena, self.rank - 1)
+        self.link.post_recv()
         if self.comm_mode == "sync":
-            self._wait_recv()
+            self._incoming_flags = self.link.wait_recv()
         else:
             # The frame is in flight: stage overflow systems back in meanwhile.
             self._drain_sinks_to_batch()
             self._drained = True
-
-    def _wait_recv(self) -> None:
-        work, self._pending_recv = self._pending_recv, None
-        assert work is not None and self.recv_frame is not None
-        work.wait()
-        flags = self.recv_frame.read()
-        if flags & FLAG_ERROR:
-            raise PeerError(self._upstream_failure("and stopped"), self.rank - 1)
-        if flags & FLAG_SCHEMA:  # the upstream's fields changed: its next frames are shaped anew
-            self.recv_frame = Frame(self._recv_schema()["buffer"], self.device)
-            self.schema_renewals += 1
-        self._incoming_flags = flags
 
     def _complete_pending_recv(self) -> None:
         """Finish the receive, drain overflow sinks back, then admit the new arrivals.
@@ -223,21 +172,22 @@ class PipelineRank(RankRouting):
         ``fully_async``: when the frame has not come yet and this rank has systems to integrate,
         it does not wait: the receive stays posted, and the arrivals are admitted at a later
         check step, this rank's own, once they are there."""
-        if self._pending_recv is not None:
+        pending = self.link.pending_recv
+        if pending is not None:
             batch = self.engine.state.batch
             busy = batch is not None and batch.num_graphs > 0
-            if self.comm_mode == "fully_async" and busy and not self._pending_recv.done():
+            if self.comm_mode == "fully_async" and busy and not pending.done():
                 self.deferred += 1
                 if not self._drained:
                     self._drain_sinks_to_batch()
                 self._drained = False
                 return
-            self._wait_recv()
+            self._incoming_flags = self.link.wait_recv()
         if not self._drained:
             self._drain_sinks_to_batch()
         self._drained = False
         flags, self._incoming_flags = self._incoming_flags, 0
-        frame = self.recv_frame
+        frame = self.link.recv_frame
         if frame is not None and frame.batch.num_graphs:
             self.received += frame.batch.num_graphs
             self._recv_to_batch(frame.batch)
@@ -284,9 +234,10 @@ class PipelineRank(RankRouting):
             return
         if self.sent_done:
             return
-        assert self.send_frame is not None
-        if batch is not None and batch.num_graphs and not set(batch.keys()) <= set(self.send_frame.names):
-            self._renew_schema()  # this iteration's message; graduates go in the next one
+        frame = self.link.send_frame
+        assert frame is not None
+        if batch is not None and batch.num_graphs and not set(batch.keys()) <= set(frame.names):
+            self.link.renew_schema(batch, self._capacity)  # this iteration's message; graduates go in the next one
             return
         if batch is not None and batch.num_graphs:
             if converged_indices is None:
@@ -296,9 +247,9 @@ class PipelineRank(RankRouting):
                 mask[torch.as_tensor(converged_indices, dtype=torch.long).cpu()] = True
             self._batch_to_buffer(mask)
         else:
-            self.send_frame.clear()
+            frame.clear()
         finished = self.finished()
-        self._send(FLAG_DONE if finished else 0)
+        self.link.send(FLAG_DONE if finished else 0)
         self.sent_done = finished
 
     # ------------------------------------------------------------------ running
@@ -311,7 +262,7 @@ class PipelineRank(RankRouting):
             return False
         if engine.state.batch is not None and engine.state.batch.num_graphs:
             return False
-        return all(len(s) == 0 for s in self._overflow_sinks())
+        return all(len(s) == 0 for s in self.overflow.all())
 
     def iterate(self) -> None:
         """One pipeline iteration: the four phases."""
@@ -360,7 +311,7 @@ class PipelineRank(RankRouting):
         Raises:
             PipelineError: This rank took in more systems than it passed on.
         """
-        self._finish_send()
+        self.link.finish_send()
         self.engine.end_hooks()
         if self.finished() and self.entered != self.left:
             raise PipelineError(
@@ -368,14 +319,9 @@ class PipelineRank(RankRouting):
             )
 
     def fail(self, exc: BaseException) -> None:
-        """Report ``exc`` to the other ranks, drop pending transfers and abort the backend
-        (never raises).
-
-        The failure is recorded through the backend (the first record wins, so the origin's
-        message stays); every failing rank sends an error frame downstream unless that link is
-        the one that broke. The backend is
-        unusable afterwards (its links hold unmatched messages); make a new one.
-        """
+        """Report ``exc`` to the other ranks (through the backend, where the first record wins,
+        and an error frame downstream unless that link broke), drop pending transfers and abort
+        the backend, which is unusable afterwards. Never raises."""
         lost = exc.peer if isinstance(exc, PeerError) else None
         if isinstance(exc, PeerError):
             self.lost_error = self.lost_error or salvage(self, exc)
@@ -387,11 +333,10 @@ class PipelineRank(RankRouting):
             self.backend.notify_failure(f"rank {self.rank} ({name}) failed: {type(exc).__name__}: {exc}")
         if not self.last and lost != self.rank + 1 and not self.sent_done:
             try:
-                self._notify_downstream()
+                self.link.notify_downstream()
             except Exception:  # the link may be gone too; peers then see it close
                 pass
-        self._in_flight.clear()
-        self._pending_recv = None
+        self.link.drop()
         try:
             self.engine.end_hooks()
         except Exception:
@@ -409,6 +354,61 @@ class PipelineRank(RankRouting):
             return None
         held = engine.state.host_results
         return held.drain() if held is not None and len(held) else None
+
+    # ------------------------------------------------------------------ routing (the seed's names)
+    def _recv_to_batch(self, incoming: Batch) -> None:
+        """Route received systems (the receive frame's batch) into the active batch."""
+        self.received_ids.record(incoming.system_id, incoming.num_graphs)
+        self._buffer_to_batch(incoming)
+
+    def _buffer_to_batch(self, incoming: Batch) -> None:
+        """Add systems to the active batch; those that do not fit go to the overflow sinks."""
+        batch = self.engine.state.batch
+        assert batch is not None
+        copied = self.engine.admission.admit(batch, incoming, partial=True)
+        if copied < incoming.num_graphs:
+            self._overflow_to_sinks(incoming, ~incoming._copied_mask)
+
+    def _batch_to_buffer(self, mask: torch.Tensor) -> int:
+        """Copy the systems of the active batch selected by ``mask`` into the send frame, as many
+        as fit in order, and remove them from the active batch.
+
+        Returns:
+            How many were moved; the others stay, frozen, for a later iteration.
+
+        Raises:
+            CapacityError: The first selected system does not fit even an empty frame.
+        """
+        frame = self.link.send_frame
+        assert frame is not None
+        frame.clear()
+        batch = self.engine.state.batch
+        if batch is None or not batch.num_graphs:
+            return 0
+        host = mask.detach().to("cpu")  # the one read-back of this phase
+        sel = np.nonzero(host.numpy())[0]
+        if not len(sel):
+            return 0
+        sent = frame.batch.put(batch, host)
+        frame.check_fields()
+        if sent == 0:
+            raise self.link.too_large(batch, int(sel[0]))
+        self.sent_ids.record(frame.batch.system_id, sent)
+        self.held_back += len(sel) - sent
+        moved = np.zeros(batch.num_graphs, dtype=bool)
+        moved[sel[:sent]] = True
+        batch.defrag(torch.from_numpy(moved))
+        self.engine.masks.update(batch)
+        self.left += sent
+        return sent
+
+    def _overflow_to_sinks(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
+        """Stage systems in the overflow sinks, first sink with room first (:meth:`Overflow.stage`)."""
+        self.staged += self.overflow.stage(batch, mask)
+
+    def _drain_sinks_to_batch(self) -> None:
+        """Pull staged systems back into the active batch while there is room (:meth:`Overflow.drain_into`)."""
+        self.overflow.drain_into(self.engine)
 
     def __repr__(self) -> str:
         return (

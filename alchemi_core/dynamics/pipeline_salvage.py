@@ -1,19 +1,11 @@
 """What a surviving pipeline rank saves, and reports, when another rank fails or dies.
 
-A killed rank takes its active batch, its frames and whatever its in-memory sinks held with it.
-The survivors cannot bring that back, but they can (1) keep what *they* hold and (2) say which
-structures went with the lost rank. Each rank therefore keeps two ledgers of ``system_id``\\ s,
-filled where frames move anyway (no extra synchronisation: the ids are copied device to device
-into a preallocated tensor and read back only after a failure):
-
-- ``sent``: every system this rank put into a frame for the next rank;
-- ``received``: every system that came in from the previous rank.
-
-On a ``PeerError`` the rank writes its active batch and its staged (overflow) systems to its
-sinks, each with the status it had, and raises :class:`RankLostError`, which names the lost rank,
-the systems this rank saved, and, on the rank just upstream of the lost one, the systems it had
-sent there (lost unless the lost rank had passed them on or written them to a persistent sink).
-See ``docs/pipelines.md`` ("When a rank dies").
+A killed rank takes what it held with it; the survivors keep what *they* hold and say which
+structures went with it. Each rank keeps two ledgers of ``system_id``\\ s, filled on the device
+where frames move anyway and read back only after a failure: those it sent to the next rank and
+those it received from the previous one. On a ``PeerError`` the rank writes its active batch and
+its staged systems to its sinks, each with its status, and raises :class:`RankLostError` (see
+``docs/pipelines.md``, "When a rank dies").
 
 Example:
     >>> import torch
@@ -159,10 +151,11 @@ def save_held(rank: PipelineRank, cause: PeerError) -> RankLostError:
     batch = engine.state.batch
     if batch is not None and batch.num_graphs:
         keep.write(batch)
-    if rank._own_overflow is not None and len(rank._own_overflow):
-        keep.write(rank._own_overflow.drain())
+    own = rank.overflow.own
+    if own is not None and len(own):
+        keep.write(own.drain())
     unfinished = batch_ids(keep.read()) if len(keep) else []
-    staged = [i for s in rank.overflow if len(s) for i in batch_ids(s.read())]
+    staged = [i for s in rank.overflow.sinks if len(s) for i in batch_ids(s.read())]
     sinks = list(rank.stage.sinks)
     targets = engine.admission.sink_list() if rank.last else sinks
     leftover = keep.read() if len(keep) else None

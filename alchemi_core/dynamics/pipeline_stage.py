@@ -1,10 +1,11 @@
 """The seed's communication methods on a stage object, delegating to the rank that runs it.
 
 The seed documents ``_prestep_sync_buffers``, ``_complete_pending_recv``,
-``_poststep_sync_buffers`` and the routing methods (``_recv_to_batch``, ``_buffer_to_batch``,
-``_batch_to_buffer``, ``_overflow_to_sinks``, ``_drain_sinks_to_batch``) as methods of a stage.
-``BaseDynamics`` and ``FusedStage`` inherit them from :class:`PipelineStageMixin`; each call goes
-to the ``PipelineRank`` that runs the stage (``stage.pipeline_rank``), which keeps the state.
+``_poststep_sync_buffers``, the routing methods (``_recv_to_batch``, ``_buffer_to_batch``,
+``_batch_to_buffer``, ``_overflow_to_sinks``, ``_drain_sinks_to_batch``) and ``send_buffer`` /
+``recv_buffer`` as members of a stage. ``BaseDynamics`` and ``FusedStage`` declare each as an
+:class:`OfRank`: reading it gives the member of the same name of the ``PipelineRank`` that runs
+the stage (``stage.pipeline_rank``), which keeps the state.
 
 Example (drive the phases by hand, every rank in this process)::
 
@@ -20,68 +21,48 @@ Example (drive the phases by hand, every rank in this process)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from alchemi_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    import torch
-
-    from alchemi_core.data import Batch
     from alchemi_core.dynamics.pipeline_rank import PipelineRank
 
+_RAISE = object()
 
-class PipelineStageMixin:
-    """Pipeline communication methods of a stage (see the module docstring)."""
 
-    _pipeline_rank: PipelineRank | None = None
+def rank_of(stage: Any) -> PipelineRank:
+    """The rank running ``stage`` (a stage's ``pipeline_rank``).
 
-    @property
-    def pipeline_rank(self) -> PipelineRank:
-        """The rank running this stage.
+    Raises:
+        ConfigurationError: The stage is not part of a prepared ``DistributedPipeline``.
+    """
+    rank = stage._pipeline_rank
+    if rank is None:
+        raise ConfigurationError(
+            f"{type(stage).__name__} is not running in a DistributedPipeline; the communication "
+            "methods exist once pipeline.run() (or pipeline.in_process_ranks()) has set it up"
+        )
+    return rank
 
-        Raises:
-            ConfigurationError: The stage is not part of a prepared ``DistributedPipeline``.
-        """
-        rank = self._pipeline_rank
-        if rank is None:
-            raise ConfigurationError(
-                f"{type(self).__name__} is not running in a DistributedPipeline; the communication "
-                "methods exist once pipeline.run() (or pipeline.in_process_ranks()) has set it up"
-            )
-        return rank
 
-    @property
-    def send_buffer(self) -> Batch | None:
-        """The send frame's batch (None before setup or on the last rank)."""
-        return self._pipeline_rank.send_buffer if self._pipeline_rank is not None else None
+class OfRank:
+    """A stage member that is the stage's pipeline rank's member of the same name.
 
-    @property
-    def recv_buffer(self) -> Batch | None:
-        """The receive frame's batch (None before setup or on the first rank)."""
-        return self._pipeline_rank.recv_buffer if self._pipeline_rank is not None else None
+    Args:
+        outside: What it reads as on a stage outside a pipeline (default: ``rank_of`` raises).
+    """
 
-    def _prestep_sync_buffers(self) -> None:
-        self.pipeline_rank._prestep_sync_buffers()
+    def __init__(self, outside: Any = _RAISE) -> None:
+        self.outside = outside
+        self.name = ""
 
-    def _complete_pending_recv(self) -> None:
-        self.pipeline_rank._complete_pending_recv()
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-    def _poststep_sync_buffers(self, converged_indices: torch.Tensor | Sequence[int] | None = None) -> None:
-        self.pipeline_rank._poststep_sync_buffers(converged_indices)
-
-    def _recv_to_batch(self, incoming: Batch) -> None:
-        self.pipeline_rank._recv_to_batch(incoming)
-
-    def _buffer_to_batch(self, incoming: Batch) -> None:
-        self.pipeline_rank._buffer_to_batch(incoming)
-
-    def _batch_to_buffer(self, mask: torch.Tensor) -> int:
-        return self.pipeline_rank._batch_to_buffer(mask)
-
-    def _overflow_to_sinks(self, batch: Batch, mask: torch.Tensor | None = None) -> None:
-        self.pipeline_rank._overflow_to_sinks(batch, mask)
-
-    def _drain_sinks_to_batch(self) -> None:
-        self.pipeline_rank._drain_sinks_to_batch()
+    def __get__(self, stage: Any, owner: type | None = None) -> Any:
+        if stage is None:
+            return self
+        if stage._pipeline_rank is None and self.outside is not _RAISE:
+            return self.outside
+        return getattr(rank_of(stage), self.name)

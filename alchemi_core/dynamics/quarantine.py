@@ -1,20 +1,13 @@
 """Quarantine: a structure that goes bad leaves the run with a failure status and a reason,
 instead of ending the run or poisoning its results.
 
-At each check step (never inside a step) the engine computes, on the device, one failure code
-per system: a bit for each of non-finite positions, velocities, forces and energy, and one for
-atoms that flew apart (the system's bounding box grew past ``max_extent`` Å). A system with a
-nonzero code gets ``status = -code`` on the device (:meth:`HealthCheck.mark`); whether any did
-rides on the check's one read-back, and only then are the codes read, one byte per system, for
-the records (:meth:`HealthCheck.collect`). A quarantined system: no
-stage steps it any more, it is written to the sinks at the next refill like a graduated system
-(or stays, frozen, in a returned batch), and the run records it in ``quarantined``; a run that
-quarantined any ends with one :class:`QuarantineWarning` naming how many and why. With
-``strict=True`` the run raises instead, naming the systems and reasons. A run without checks
-looks every ``HEALTH_INTERVAL`` steps and reads what it found at the next look
-(:class:`PendingCodes`), so that its GPU never waits for a look.
-
-Negative statuses are reserved for quarantine, so stage status codes are ``>= 0``.
+At each check step the engine computes, on the device, one failure code per system: a bit for
+each of non-finite positions, velocities, forces and energy, and one for atoms that flew apart
+(bounding box past ``max_extent`` Å). A system with a nonzero code gets ``status = -code``; no
+stage steps it any more, it is written out like a graduated system and recorded in the stage's
+``quarantined``; the run ends with one :class:`QuarantineWarning`. ``strict=True`` raises
+instead. A run without checks looks every ``HEALTH_INTERVAL`` steps and reads what it found at
+the next look (:class:`PendingCodes`). Stage status codes are therefore ``>= 0``.
 
 Example:
     >>> from alchemi_core.dynamics.quarantine import failure_reasons, FAILED_FORCES, FAILED_POSITIONS
@@ -146,10 +139,8 @@ class HealthCheck:
         """``[B]`` int64 failure code of every system (0: healthy), without reading back.
 
         Args:
-            backend: ``"warp"`` (three kernels, :mod:`~alchemi_core.dynamics.check_kernels`),
-                ``"torch"`` (about thirty small operations), or ``"auto"``: Warp when warp-lang is
-                installed (faster on a GPU and on a CPU alike), torch otherwise. Both give the
-                same codes.
+            backend: ``"warp"`` (:mod:`~alchemi_core.dynamics.check_kernels`), ``"torch"``, or
+                ``"auto"``: Warp when warp-lang is installed, torch otherwise (the same codes).
         """
         out = self._device_codes(batch, backend)
         # The Warp path answers in a buffer that the next check overwrites: callers get a copy.
@@ -277,12 +268,9 @@ class HealthCheck:
 class PendingCodes:
     """A health check's ``[2, B]`` codes and system ids, copied to the host without blocking.
 
-    A run without checks (plain MD) looks for bad structures every ``HEALTH_INTERVAL`` steps.
-    Reading the codes back at once drains the GPU's queue of steps, so whatever the host does
-    next (a hook's work) starts with an idle GPU: on W5 (snapshots and a log every 100 steps)
-    that was most of the logging hook's +2.7 %. The copy goes to pinned memory instead and is read
-    at the next health check (or when the run ends, a checkpoint is written, or ``quarantined``
-    is asked for), when it has long arrived. On a CPU the copy is made at once.
+    Reading the codes back at once would drain the GPU's queue of steps; the copy goes to pinned
+    memory instead and is read at the next look (or when the run ends, a checkpoint is written,
+    or ``quarantined`` is asked for). On a CPU the copy is made at once.
 
     Attributes:
         host: ``[2, B]`` int64 host tensor: failure codes (0: healthy), then system ids.
@@ -309,15 +297,9 @@ def warp_codes(batch: Batch, max_extent: float) -> torch.Tensor | None:
 
 
 class WarpHealthCodes:
-    """The three health kernels, launched at every check with buffers kept between checks.
-
-    From one check to the next the arguments are usually the same tensors (fields are updated in
-    place, and this object keeps its accumulators while the number of systems stays), so the
-    recorded launches are replayed without setting any argument again
-    (:func:`~alchemi_core.warp_runtime.launch_args` compares what they hold). Before, each check
-    allocated four buffers and set fifteen arrays into the launches: half of a check's host time
-    on a small batch. The codes come back in a buffer of this object, valid until its next call.
-    """
+    """The three health kernels, launched at every check with buffers kept between checks, so
+    that unchanged arguments are not set again (:func:`~alchemi_core.warp_runtime.launch_args`).
+    The codes come back in a buffer of this object, valid until its next call."""
 
     def __init__(self) -> None:
         self._out: torch.Tensor | None = None

@@ -1,13 +1,16 @@
 """Running an engine for a user: streams, once-per-run hooks, plugin lifecycle calls, results.
 
-:class:`StageRun` gives a single stage (``BaseDynamics``) its ``run`` and ``step``; a fused
-stage builds its own engine and calls :func:`execute` the same way.
+A stage's ``run`` calls :func:`execute` with an engine of its own (:func:`single_engine` for a
+single stage), its ``step`` calls :func:`step`.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import checkpoint as ckpt
@@ -16,72 +19,34 @@ from alchemi_core.dynamics.engine import Engine
 from alchemi_core.dynamics.quarantine import warn_quarantined
 
 if TYPE_CHECKING:
-    from alchemi_core.dynamics.sampler import SizeAwareSampler
-    from alchemi_core.dynamics.sinks import DataSink
+    from alchemi_core.dynamics.base import BaseDynamics
 
 
-class StageRun:
-    """``run()`` and ``step()`` of a single stage: an engine with this stage alone."""
+def single_engine(stage: BaseDynamics) -> Engine:
+    """An engine with ``stage`` alone (what ``stage.run()`` and ``stage.step()`` use)."""
+    return Engine(
+        [(0, stage)],
+        entry_status=0,
+        exit_status=1,
+        sinks=stage.sinks,
+        sampler=stage.sampler,
+        refill_frequency=stage.refill_frequency,
+        graduate_on_budget=stage.sampler is not None,
+        owner=stage,
+    )
 
-    n_steps: int
-    sinks: list[DataSink]
-    sampler: SizeAwareSampler | None
-    refill_frequency: int
-    _engine: Engine | None
-    _stream: Any = None
 
-    def _make_engine(self) -> Engine:
-        return Engine(
-            [(0, self)],  # type: ignore[list-item]  # only BaseDynamics mixes StageRun in
-            entry_status=0,
-            exit_status=1,
-            sinks=self.sinks,
-            sampler=self.sampler,
-            refill_frequency=self.refill_frequency,
-            graduate_on_budget=self.sampler is not None,
-            owner=self,
-        )
-
-    def run(
-        self,
-        batch: Batch | None = None,
-        n_steps: int | None = None,
-        *,
-        checkpoint: str | os.PathLike[str] | None = None,
-        checkpoint_every: int = 0,
-        resume_from: str | os.PathLike[str] | dict[str, Any] | None = None,
-    ) -> Batch | None:
-        """Integrate ``batch`` in place (or stream from the sampler) and return it.
-
-        Without a sampler, runs ``n_steps`` steps (or until every system converged). With one,
-        runs until the dataset is drained: each system gets ``n_steps`` steps or converges, then
-        goes to the sinks. Returns the batch; with a sampler and no sinks, a batch of every
-        finished system; with a sampler and sinks, None (the results are in the sinks).
-
-        Args:
-            checkpoint: Write a checkpoint here every ``checkpoint_every`` steps and at the end
-                (see ``alchemi_core.dynamics.checkpoint``).
-            resume_from: Continue the run saved in this checkpoint (same stages, same sampler), a
-                path or the state ``alchemi_core.dynamics.checkpoint.load`` returned;
-                the result is the one the uninterrupted run would give.
-        """
-        engine = self._make_engine()
-        steps = self.n_steps if n_steps is None else int(n_steps)
-        return execute(
-            self, engine, batch, None if self.sampler is not None else steps,
-            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume_from=resume_from,
-        )
-
-    def step(self, batch: Batch) -> Batch:
-        """One step of this stage on ``batch`` (prepares it on first use)."""
-        engine = self._engine
-        if engine is None or engine.state.batch is not batch or engine.state.owner is not self:
-            engine = self._make_engine()
-            engine.prepare(batch)
-            self._engine = engine
-        with engine.stream_context(self._stream):
-            engine.step()
-        return batch
+def step(stage: Any, batch: Batch, make_engine: Callable[[], Engine]) -> Batch:
+    """``stage.step(batch)``: one step on ``batch``, with an engine from ``make_engine`` that
+    prepares it on first use."""
+    engine = stage._engine
+    if engine is None or engine.state.batch is not batch or engine.state.owner is not stage:
+        engine = make_engine()
+        engine.prepare(batch)
+        stage._engine = engine
+    with engine.stream_context(stage._stream):
+        engine.step()
+    return batch
 
 
 def execute(
@@ -105,13 +70,10 @@ def execute(
     pm = manager()
     owner._engine = engine
     stream = getattr(owner, "_stream", None)
+    on_stream = stream is not None and (batch is None or batch.device.type == "cuda")
     try:
-        if stream is not None and (batch is None or batch.device.type == "cuda"):
-            import torch
-
-            with torch.cuda.stream(stream):
-                return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
-        return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
+        with torch.cuda.stream(stream) if on_stream else nullcontext():
+            return _execute(owner, engine, batch, max_steps, pm, checkpoint, checkpoint_every, resume_from, stop)
     except BaseException as exc:
         pm.lifecycle("alchemi_run_error", run=owner, error=exc)
         raise

@@ -45,9 +45,7 @@ from alchemi_core.validation import whole_number
 DEFAULT_PREFETCH = 4096
 #: Structures of each size bin built ahead first: what fills the gaps a refill leaves.
 PREFETCH_HEADS = 4
-#: Then what refills of this many whole batches would take. W3 on the H200 (one run each, in
-#: alternation): 1 batch 4.35 and 4.53 s, 3 batches 4.48 and 4.99 s. (A simulation of W3's
-#: refills had promised more from 3: every structure ready, against 75 % with 1.)
+#: Then what refills of this many whole batches would take.
 PREFETCH_BATCHES = 1
 #: Atoms built ahead, at most (host memory: about 50 bytes per atom of a plain structure).
 PREFETCH_MAX_ATOMS = 2_000_000
@@ -69,12 +67,9 @@ class SizeAwareSampler:
             be planned to use.
         seed: Seed of the shuffle.
         prefetch: Most structures built ahead of their request (:meth:`prefetch`; 0: none).
-        workers: Processes that build the structures (0: the engine's own process builds them).
-            For a dataset that makes its structures on the host when asked (reads files,
-            generates cells); one whose structures are made already (``ListDataset``) gains
-            nothing. Structures and their order are the same with any number
-            (:mod:`~alchemi_core.dynamics.build_pool`); a request's structures are packed by
-            ``get_metadata``'s sizes, which must then be exact for edges too.
+        workers: Processes that build the structures (0: this process), for a dataset that makes
+            its structures when asked (:mod:`~alchemi_core.dynamics.build_pool`); the same
+            structures in the same order, packed by ``get_metadata``'s sizes (exact edges needed).
     """
 
     def __init__(
@@ -144,10 +139,9 @@ class SizeAwareSampler:
 
     def plan_memory(self, bytes_per_atom: float, chunk_atoms: int | None = None, needed_by: str = "the model") -> int:
         """Plan ``max_atoms`` for models that need ``bytes_per_atom`` device bytes per atom of
-        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch); the engine calls
-        it with its models' estimates before the first batch. A sampler built with
-        ``max_atoms=None`` that has handed nothing out plans again; one given ``max_atoms``
-        checks that its largest batch (its largest structures, up to ``max_batch_size``) fits.
+        the ``chunk_atoms`` atoms they evaluate at once (None: the whole batch), before the first
+        batch: a sampler built with ``max_atoms=None`` plans again, one given ``max_atoms`` checks
+        that its largest batch fits.
 
         Raises:
             ConfigurationError: That batch, or a chunk of ``chunk_atoms``, does not fit the
@@ -247,18 +241,13 @@ class SizeAwareSampler:
         to build (every likely one is ready, or ``prefetch`` of them are).
 
         The engine calls it while a check waits for the GPU, so that a dataset that builds its
-        structures on request (reads a file, makes tensors) does so while the GPU steps, not
-        while it waits for the refill. Likely means (:meth:`_likely`): the next few of each size
-        bin, then what refills of whole empty batches would take, since systems that entered
-        together tend to leave together and refills come in waves of up to a batch. A structure
-        whose building raises raises when it is requested, as it would have without this.
+        structures on request does so while the GPU steps (:meth:`_likely` says which). A
+        structure whose building raises raises when it is requested, as it would without this.
         """
         if len(self._ready) >= self.prefetch_limit:
             return False
         if self._plan_at != len(self._handed):  # something was handed out: plan again
-            # A generator, followed only as far as structures are built: planning all of
-            # ``prefetch`` ahead after every refill cost more than the building it saved.
-            # (It reads the bins live; a new one replaces it whenever a structure was taken.)
+            # A generator, followed only as far as structures are built (it reads the bins live).
             self._plan, self._plan_at = self._likely(), len(self._handed)
         if self.workers:  # a chunk of the plan to the workers: they build while the host goes on
             room = min(build_pool.CHUNK, self.prefetch_limit - len(self._ready))
@@ -302,10 +291,8 @@ class SizeAwareSampler:
         self._ready = {k: v for k, v in self._ready.items() if not isinstance(v, Pending)}
 
     def _likely(self) -> Iterator[int]:
-        """The structures coming requests will likely take, most likely first: the first
-        ``PREFETCH_HEADS`` of each bin (a refill's gap fillers), then best fit into
-        ``PREFETCH_BATCHES`` batches of ``max_atoms`` atoms (waves), at most
-        ``PREFETCH_MAX_ATOMS`` atoms and ``prefetch`` structures in all."""
+        """The structures coming requests will likely take, most likely first
+        (:meth:`SizeBins.likely` with ``PREFETCH_HEADS`` and ``PREFETCH_BATCHES`` batches)."""
         atoms = min(PREFETCH_BATCHES * self.max_atoms, PREFETCH_MAX_ATOMS)
         return self._bins.likely(PREFETCH_HEADS, atoms, self.prefetch_limit)
 
@@ -365,8 +352,7 @@ class SizeAwareSampler:
                 if num_edges is not None:
                     num_edges -= data.num_edges
             return out
-        # With workers: take them all by their sizes (which _load holds the structures to), send
-        # the ones not built yet to the workers at once, then collect them in order.
+        # With workers: take them all by their sizes, send those not built yet at once, collect in order.
         taken: list[int] = []
         while len(taken) < max_systems:
             i = self._take(num_atoms, num_edges)
@@ -387,8 +373,7 @@ class SizeAwareSampler:
         ``device``, else where the structures are), or None when none fits.
 
         A dataset with ``get_stored(i)`` (``ListDataset``, ``Dataset``) hands its structures over
-        where they are held and the batch copies each field to the device once: a refill of 20
-        structures on a GPU makes a handful of copies instead of one per structure and field.
+        where they are held and the batch copies each field to the device once.
         """
         data = self._many(max_systems, num_atoms, num_edges, stored=True)
         if not data:

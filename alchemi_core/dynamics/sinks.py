@@ -74,31 +74,21 @@ class DataSink(ABC):
         return max(0, self.capacity - len(self))
 
 
-class SavesContents:
-    """Checkpoint support for a sink whose contents vanish with the process (host or device
-    memory): the contents are saved with the checkpoint and written back on resume, so the
-    resumed run holds exactly the records it had at the checkpoint.
+def contents_state(sink: DataSink) -> dict:
+    """A sink's contents for a checkpoint (plain tensors on the CPU): the ``state_dict`` of a
+    sink whose contents vanish with the process (host or device memory)."""
+    from alchemi_core.dynamics.checkpoint import batch_state
 
-    A sink using it implements ``read``, ``write``, ``zero`` and ``__len__`` (any ``DataSink``).
-    """
+    return {"count": len(sink), "batch": batch_state(sink.read()) if len(sink) else None}
 
-    #: Where restored contents are put (a device sink overrides it with its own device).
-    restore_device: str | torch.device = "cpu"
 
-    def state_dict(self) -> dict:
-        """The contents, for checkpoints (plain tensors on the CPU)."""
-        from alchemi_core.dynamics.checkpoint import batch_state
+def restore_contents(sink: DataSink, state: dict, device: str | torch.device = "cpu") -> None:
+    """Replace ``sink``'s contents with those :func:`contents_state` saved, on ``device``."""
+    from alchemi_core.dynamics.checkpoint import batch_from_state
 
-        held = len(self)  # type: ignore[arg-type]
-        return {"count": held, "batch": batch_state(self.read()) if held else None}  # type: ignore[attr-defined]
-
-    def load_state_dict(self, state: dict) -> None:
-        """Replace the contents with those saved by :meth:`state_dict`."""
-        from alchemi_core.dynamics.checkpoint import batch_from_state
-
-        self.zero()  # type: ignore[attr-defined]
-        if state.get("batch") is not None:
-            self.write(batch_from_state(state["batch"], self.restore_device))  # type: ignore[attr-defined]
+    sink.zero()
+    if state.get("batch") is not None:
+        sink.write(batch_from_state(state["batch"], device))
 
 
 def selected_count(batch: Batch, mask: torch.Tensor | None, who: str) -> tuple[int, torch.Tensor | None]:
@@ -122,7 +112,7 @@ def capacity_error(who: str, wanted: int, held: int, capacity: int) -> CapacityE
     )
 
 
-class HostMemory(SavesContents, DataSink):
+class HostMemory(DataSink):
     """Systems kept in host (CPU) memory.
 
     Args:
@@ -166,6 +156,14 @@ class HostMemory(SavesContents, DataSink):
     def zero(self) -> None:
         self._chunks = []
         self._count = 0
+
+    def state_dict(self) -> dict:
+        """The contents, for checkpoints."""
+        return contents_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with those :meth:`state_dict` saved."""
+        restore_contents(self, state)
 
     def __repr__(self) -> str:
         return f"HostMemory({self._count}/{self._capacity})"

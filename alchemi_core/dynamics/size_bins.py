@@ -2,10 +2,8 @@
 
 Structures are grouped into bins of ``width`` atoms, each bin in hand-out order. :meth:`take`
 removes the first structure of the highest bin that fits the budgets. Each bin remembers the
-fewest atoms of a structure it holds, with how many have that many, so a budget that ends
-inside a bin's range below everything in it skips the bin at once: without that, such a request
-(100 atoms left, the bin of 96-127 holding only 108-atom cells) scanned the whole bin, 3 ms at
-25,000 structures, at most refills of a long run.
+fewest atoms of a structure it holds, so a budget that ends inside a bin's range below
+everything in it skips the bin at once instead of scanning it.
 
 Example:
     >>> import numpy as np

@@ -32,13 +32,4 @@ class DynamicsStage(enum.IntEnum):
 
 
 #: Points inside the integrator/model part of a step (a captured CUDA graph cannot hold them).
-INNER_POINTS = frozenset(
-    {
-        DynamicsStage.BEFORE_PRE_UPDATE,
-        DynamicsStage.AFTER_PRE_UPDATE,
-        DynamicsStage.BEFORE_COMPUTE,
-        DynamicsStage.AFTER_COMPUTE,
-        DynamicsStage.BEFORE_POST_UPDATE,
-        DynamicsStage.AFTER_POST_UPDATE,
-    }
-)
+INNER_POINTS = frozenset(p for p in DynamicsStage if DynamicsStage.BEFORE_STEP < p < DynamicsStage.AFTER_STEP)

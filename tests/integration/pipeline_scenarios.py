@@ -96,7 +96,7 @@ def _stats(rank: Any) -> dict[str, int]:
     return {
         "entered": rank.entered, "left": rank.left, "received": rank.received, "staged": rank.staged,
         "held_back": rank.held_back, "iterations": rank.iterations, "rounds": rank.rounds,
-        "schema_renewals": rank.schema_renewals, "deferred": rank.deferred, "max_in_flight": rank.max_in_flight,
+        "schema_renewals": rank.link.schema_renewals, "deferred": rank.deferred, "max_in_flight": rank.link.max_in_flight,
     }
 
 

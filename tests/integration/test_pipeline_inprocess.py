@@ -171,8 +171,21 @@ def test_stage_methods_drive_the_phases_by_hand() -> None:
 
 
 def test_stage_methods_outside_a_pipeline_say_so() -> None:
-    with pytest.raises(ConfigurationError, match="not running in a DistributedPipeline"):
-        DemoDynamics(model=MODEL, n_steps=1)._prestep_sync_buffers()
+    for stage in (DemoDynamics(model=MODEL, n_steps=1), DemoDynamics(model=MODEL, n_steps=1) + DemoDynamics(model=MODEL)):
+        assert stage.send_buffer is None and stage.recv_buffer is None
+        with pytest.raises(ConfigurationError, match="not running in a DistributedPipeline"):
+            stage._prestep_sync_buffers()
+        with pytest.raises(ConfigurationError, match="not running in a DistributedPipeline"):
+            stage.pipeline_rank  # noqa: B018
+
+
+def test_a_fused_stage_on_a_rank_has_the_ranks_members() -> None:
+    fused = DemoDynamics(model=MODEL, n_steps=2) + DemoDynamics(model=MODEL, n_steps=2)
+    pipeline = fused | DemoDynamics(model=MODEL, n_steps=2)
+    ranks = pipeline.in_process_ranks(make_batch([2, 3], dtype=torch.float64))
+    assert fused.pipeline_rank is ranks[0]
+    assert fused._poststep_sync_buffers == ranks[0]._poststep_sync_buffers
+    assert fused.send_buffer is ranks[0].send_buffer is not None
 
 
 def test_converged_indices_choose_what_is_sent() -> None:
@@ -336,4 +349,4 @@ def test_fields_added_mid_run_travel_on() -> None:
     assert sorted(out.system_id.tolist()) == [0, 1, 2, 3]
     assert out.spin.dtype == torch.float64 and bool((out.spin == 2.5).all())
     assert bool((out.label == 2.5).all())
-    assert [r.schema_renewals for r in ranks] == [1, 2, 1]
+    assert [r.link.schema_renewals for r in ranks] == [1, 2, 1]

@@ -24,11 +24,11 @@ import torch
 
 from alchemi_core.data import Batch
 from alchemi_core.data.buffer_ops import BufferOps
-from alchemi_core.dynamics.sinks import DataSink, SavesContents, capacity_error
+from alchemi_core.dynamics.sinks import DataSink, capacity_error, contents_state, restore_contents
 from alchemi_core.errors import CapacityError, ConfigurationError, InvalidDataError
 
 
-class GPUBuffer(SavesContents, DataSink):
+class GPUBuffer(DataSink):
     """GPU-resident buffer for batched atomic data (the seed's ``GPUBuffer``).
 
     Args:
@@ -61,7 +61,6 @@ class GPUBuffer(SavesContents, DataSink):
         self._max_edges = int(max_edges)
         self._device = device
         self._ops = ops
-        self.restore_device = device  # a checkpoint's contents go back onto the buffer's device
         self._storage: Batch | None = None
         #: Bool ``[B]`` on the last written batch's device: the systems the last write copied.
         self._copied_mask: torch.Tensor | None = None
@@ -199,6 +198,14 @@ class GPUBuffer(SavesContents, DataSink):
             self._storage.zero(self._ops)
         self._copied_mask = None
         self._dest_mask = None
+
+    def state_dict(self) -> dict:
+        """The contents, for checkpoints (plain tensors on the CPU)."""
+        return contents_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with those :meth:`state_dict` saved, on the buffer's device."""
+        restore_contents(self, state, self._device)
 
     def __repr__(self) -> str:
         return (
