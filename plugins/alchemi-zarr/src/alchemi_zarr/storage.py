@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -440,7 +441,7 @@ class AtomicStore:
             chunk = arr.chunks[0]
             self._grow(name, ChunkTails.end(lo + len(rows), chunk))
             committed[arr.path] = lo
-            for first, values in self._tails.pieces(name, lo, rows, chunk, lambda a, b, arr=arr: arr[a:b]):
+            for first, values in self._tails.pieces(name, lo, rows, chunk, functools.partial(_rows, arr)):
                 pieces.append((arr, slice(first, first + len(values)), values))
         write_pieces(pieces, committed)
         # The commit point, after every data write has returned; its one chunk is replaced whole.
@@ -494,3 +495,8 @@ class AtomicStore:
 
     def __repr__(self) -> str:
         return f"AtomicStore({self.where!r}, systems={self.num_systems}, read_only={self.read_only})"
+
+
+def _rows(arr: Any, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a Zarr array."""
+    return np.asarray(arr[start:stop])
