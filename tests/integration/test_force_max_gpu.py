@@ -11,7 +11,7 @@ import torch
 
 from alchemi_core import registry
 from alchemi_core.data import Batch
-from alchemi_core.dynamics import ConvergenceHook, measure
+from alchemi_core.dynamics import ConvergenceHook, checks
 from alchemi_core.dynamics.force_max import system_force_max
 from alchemi_core.testing import rattled_argon
 from alchemi_core.tuning import CoreTuning
@@ -57,7 +57,7 @@ def test_a_captured_relaxation_converges_where_torchs_measure_says(monkeypatch: 
         measured.append(system_force_max(*args))
         return measured[-1]
 
-    monkeypatch.setattr(measure, "system_force_max", counted)
+    monkeypatch.setattr(checks, "system_force_max", counted)
     reference, _ = _relaxed(kernel=False)
     assert not measured  # torch measured every check
     measured.clear()
