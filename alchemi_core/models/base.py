@@ -36,6 +36,8 @@ import torch
 from alchemi_core.data.elements import LAST_ELEMENT, unknown_elements
 
 if TYPE_CHECKING:
+    from ase.calculators.calculator import Calculator
+
     from alchemi_core.data import Batch
 
 
@@ -169,6 +171,42 @@ class BaseModel(torch.nn.Module):
                 f"{ids[:10].tolist()}) that have no cell or a cell of zero volume (a molecule has no volume "
                 "to take stress over); give them a cell, or ask for energy and forces only"
             )
+
+    def as_ase_calculator(self, device: torch.device | str | None = None,
+                          dtype: torch.dtype | None = None) -> Calculator:
+        """This model as an ASE calculator (:class:`~alchemi_core.models.ase_calculator.AlchemiCalculator`):
+        energy, free energy, forces, stress (periodic atoms, where the card says the model gives
+        it) and per-atom ``energies``/``charges`` where the model returns them.
+
+        Args:
+            device: Where the model runs (default: where its parameters are, else the CPU).
+            dtype: The positions' dtype (default: its parameters', else float64).
+
+        Raises:
+            MissingDependencyError: ASE is not installed.
+
+        Example:
+            >>> from ase.build import molecule
+            >>> from alchemi_core.models.demo import DemoModelWrapper
+            >>> atoms = molecule("H2O")
+            >>> atoms.calc = DemoModelWrapper().as_ase_calculator()
+            >>> atoms.calc.implemented_properties[:3]
+            ['energy', 'free_energy', 'forces']
+            >>> bool(abs(atoms.get_forces().sum(axis=0)).max() < 1e-12)   # no net force
+            True
+        """
+        try:
+            import ase  # noqa: F401 - an optional dependency, named in the error below
+        except ImportError:
+            from alchemi_core.errors import MissingDependencyError
+
+            raise MissingDependencyError(
+                f"model {self.card.name!r}: as_ase_calculator needs ASE; install it with "
+                "pip install 'alchemi-core[ase]'"
+            ) from None
+        from alchemi_core.models.ase_calculator import AlchemiCalculator
+
+        return AlchemiCalculator(self, device=device, dtype=dtype)
 
     def verify(self, batch: Batch) -> None:
         """Raise errors the model detected on the device since the last call (a neighbour list
