@@ -373,24 +373,45 @@ class _Validator:
         except AlchemiError as exc:
             raise self.fail(f"{key}.component", _one_line(str(exc))) from None
         params = {k: v for k, v in raw.items() if k != "component"}
-        self.check_params(target, spec, params, key)
+        # A model's own parameter may be named model (model:sevennet's checkpoint): the workflow
+        # passes the model to stages, never to models.
+        self.check_params(target, spec, params, key, frozenset() if kind == "model" else WORKFLOW_OWNED)
+        for name in getattr(target, "component_params", ()):
+            if name in params:
+                self.parts(params[name], f"{key}.{name}", kind)
         return ComponentSpec(spec=spec, params=params, key=key)
 
-    def check_params(self, target: Any, spec: str, params: Mapping[str, Any], key: str) -> None:
+    def parts(self, value: Any, key: str, kind: str) -> None:
+        """Check each component of a parameter that holds components (``model:sum``'s ``parts``):
+        ``[[model.parts]]`` tables, each a component of its own, or ``"kind:name"`` strings."""
+        if not isinstance(value, list) or not value:
+            raise self.fail(key, f'must be one or more [[{key}]] tables, each with component = "{kind}:<name>"')
+        for i, part in enumerate(value):
+            if isinstance(part, str):
+                part = {"component": part}
+            if not isinstance(part, dict):
+                raise self.fail(f"{key}[{i}]", f'must be a [[{key}]] table with component = "{kind}:<name>" or a '
+                                f'"{kind}:<name>" string, got {part!r} ({_toml_type(part)})')
+            self.component(part, f"{key}[{i}]", kind)
+
+    def check_params(self, target: Any, spec: str, params: Mapping[str, Any], key: str,
+                     owned: frozenset[str] = WORKFLOW_OWNED) -> None:
+        """Check ``params`` against what ``target`` accepts; ``owned`` names the parameters the
+        workflow passes itself (neither unknown nor missing when absent from the file)."""
         accepted, open_ended = accepted_parameters(target)
         for name, value in params.items():
             p = accepted.get(name)
             if p is None:
-                if open_ended or name in WORKFLOW_OWNED:
+                if open_ended or name in owned:
                     continue
-                names = [n for n in accepted if n not in WORKFLOW_OWNED]
+                names = [n for n in accepted if n not in owned]
                 raise self.fail(f"{key}.{name}", f"{spec} takes no parameter {name!r}{_did_you_mean(name, names)}; "
                                 f"it takes {names}")
             problem = value_problem(p.annotation, value)
             if problem:
                 raise self.fail(f"{key}.{name}", f"{problem} for {spec}")
         for name, p in accepted.items():
-            if p.default is inspect.Parameter.empty and name not in params and name not in WORKFLOW_OWNED and \
+            if p.default is inspect.Parameter.empty and name not in params and name not in owned and \
                     p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
                 raise self.fail(f"{key}.{name}", f"missing: {spec} needs {name} = <value>")
 

@@ -66,12 +66,12 @@ def test_stress_is_the_strain_derivative():
 def test_sum_adds_its_parts():
     structures = reference_structures()[:2]
     batch = Batch.from_atoms(structures, dtype=torch.float64)
-    lj = {"model": "model:lennard-jones", "epsilon": 0.01, "sigma": 2.3, "cutoff": 6.0}
-    d3 = {"model": "model:d3", "cutoff": CUTOFF, "cn_cutoff": CN_CUTOFF}
-    total = registry.build("model:sum", models=[lj, d3])
+    lj = {"component": "model:lennard-jones", "epsilon": 0.01, "sigma": 2.3, "cutoff": 6.0}
+    d3 = {"component": "model:d3", "cutoff": CUTOFF, "cn_cutoff": CN_CUTOFF}
+    total = registry.build("model:sum", parts=[lj, d3])
     assert total.card.cutoff == CUTOFF and total.cuda_graphs is False
     out = total(batch, compute_stress=True)
-    parts = [registry.build(p.pop("model"), **p)(batch, compute_stress=True) for p in (dict(lj), dict(d3))]
+    parts = [registry.build(p.pop("component"), **p)(batch, compute_stress=True) for p in (dict(lj), dict(d3))]
     for key in ("energy", "forces", "stress"):
         shape = out[key].shape
         torch.testing.assert_close(out[key], parts[0][key].reshape(shape) + parts[1][key].reshape(shape))

@@ -65,7 +65,7 @@ def test_fire_then_langevin(seven_net, inflight):
 
 def test_sevennet_plus_d3_on_the_gpu(seven_net):
     pytest.importorskip("torch_dftd")
-    total = registry.build("model:sum", models=[seven_net, {"model": "model:d3"}])
+    total = registry.build("model:sum", parts=[seven_net, {"component": "model:d3"}])
     out = total(Batch.from_atoms(copper_cells(2), dtype=torch.float32, device="cuda"), compute_stress=True)
     assert torch.isfinite(out["forces"]).all() and torch.isfinite(out["stress"]).all()
 

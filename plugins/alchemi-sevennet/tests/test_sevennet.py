@@ -145,12 +145,40 @@ def test_bad_arguments_are_configuration_errors():
 
 def test_sevennet_plus_d3_is_the_sum_of_its_parts(seven_net):
     pytest.importorskip("torch_dftd")
-    d3 = {"model": "model:d3", "cutoff": 10.0, "cn_cutoff": 8.0}
-    total = registry.build("model:sum", models=[seven_net, d3])
+    d3 = {"component": "model:d3", "cutoff": 10.0, "cn_cutoff": 8.0}
+    total = registry.build("model:sum", parts=[seven_net, d3])
     batch = Batch.from_atoms(reference_structures()[:2], dtype=torch.float32)
     out = total(batch)
     alone = seven_net(batch)["energy"] + registry.build("model:d3", cutoff=10.0, cn_cutoff=8.0)(batch)["energy"]
     torch.testing.assert_close(out["energy"], alone)
+
+
+def test_a_workflow_file_sums_sevennet_and_d3_each_with_its_own_arguments(seven_net, tmp_path):
+    """The part that names its checkpoint under model (model:sevennet's own argument)."""
+    pytest.importorskip("torch_dftd")
+    from alchemi_core.workflow import build_plan, parse_workflow
+
+    workflow = parse_workflow("""
+[model]
+component = "model:sum"
+
+[[model.parts]]
+component = "model:sevennet"
+model = "7net-0"
+
+[[model.parts]]
+component = "model:d3"
+cutoff = 10.0
+cn_cutoff = 8.0
+
+[[stage]]
+component = "integrator:fire"
+n_steps = 1
+""", base=tmp_path)
+    total = build_plan(workflow, device="cpu").model
+    batch = Batch.from_atoms(reference_structures()[:2], dtype=torch.float32)
+    alone = seven_net(batch)["energy"] + registry.build("model:d3", cutoff=10.0, cn_cutoff=8.0)(batch)["energy"]
+    torch.testing.assert_close(total(batch)["energy"], alone)
 
 
 @pytest.mark.timeout(900)  # 7net-0 is a large network for two CPU cores

@@ -1,6 +1,9 @@
 """``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3. The card
 takes the largest cutoff, the species every part knows, and stress when every part gives it.
-Parts may be models or registry specs (``"model:d3"``, ``{"model": "model:d3", ...}``).
+Parts may be models or registry specs: ``"model:d3"``, or a table ``{"component": "model:d3",
+...}`` whose other keys are that component's arguments (one may be named ``model``, as
+``model:sevennet``'s is). In a workflow file the parts are ``[[model.parts]]`` tables
+(``docs/workflows.md``).
 
 Example:
     >>> from alchemi_potentials import LennardJones, Morse
@@ -8,12 +11,15 @@ Example:
     ...                  Morse(D=0.01, alpha=1.5, r0=3.8, cutoff=7.0)])
     >>> both.card.cutoff
     8.5
+    >>> SumModel([{"component": "model:lennard-jones", "epsilon": 0.0104, "sigma": 3.405, "cutoff": 8.5},
+    ...           "model:demo"]).card.name
+    'lennard-jones+demo'
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -24,39 +30,50 @@ if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
 
-def _build(part: Any) -> Any:
+def _build(part: Any, index: int) -> Any:
     from alchemi_core import registry
 
     if isinstance(part, str):
         return registry.build(part)
     if isinstance(part, Mapping):
-        spec = dict(part)
-        name = spec.pop("model", None)
-        if not isinstance(name, str):
-            raise ConfigurationError(f"model:sum: a part given as a table needs model = 'model:<name>', got {part!r}")
-        return registry.build(name, **spec)
+        args = dict(part)
+        spec = args.pop("component", None)
+        if not isinstance(spec, str):
+            raise ConfigurationError(
+                f"model:sum: part {index} is a table without component = 'model:<name>' (its other keys are that "
+                f"model's arguments), got {dict(part)!r}"
+            )
+        return registry.build(spec, **args)
     if callable(part):
         return part
-    raise ConfigurationError(f"model:sum: a part must be a model, 'model:<name>' or a table, got {type(part).__name__}")
+    raise ConfigurationError(
+        f"model:sum: part {index} must be a model, 'model:<name>' or a table with component = 'model:<name>', "
+        f"got {type(part).__name__}"
+    )
 
 
 class SumModel(BaseModel):
-    """The sum of ``models`` (see the module docstring).
+    """The sum of ``parts`` (see the module docstring).
+
+    Args:
+        parts: Models, ``"model:<name>"`` specs or tables ``{"component": "model:<name>", ...}``.
 
     Raises:
         ConfigurationError: Fewer than one part, or a part that is not a model or a spec.
     """
 
-    def __init__(self, models: Sequence[Any]) -> None:
+    #: Parameters that hold components (checked part by part in a workflow file).
+    component_params: ClassVar[tuple[str, ...]] = ("parts",)
+
+    def __init__(self, parts: Sequence[Any]) -> None:
         super().__init__()
-        if isinstance(models, (str, Mapping)) or not len(models):
-            raise ConfigurationError("model:sum needs a list of one or more models")
-        parts = [_build(m) for m in models]
-        self.parts = parts
-        for i, m in enumerate(parts):
+        if isinstance(parts, (str, Mapping)) or not len(parts):
+            raise ConfigurationError("model:sum needs a list of one or more parts (models)")
+        self.parts = [_build(m, i) for i, m in enumerate(parts)]
+        for i, m in enumerate(self.parts):
             if isinstance(m, torch.nn.Module):
                 self.add_module(f"part{i}", m)
-        cards = [model_card(m) for m in parts]
+        cards = [model_card(m) for m in self.parts]
         cutoffs = [c.cutoff for c in cards]
         species = [set(c.species) for c in cards if c.species is not None]
         self.card = ModelCard(
@@ -66,7 +83,7 @@ class SumModel(BaseModel):
             stress=all(c.stress for c in cards),
             species=tuple(sorted(set.intersection(*species))) if species else None,
         )
-        self.cuda_graphs = all(getattr(m, "cuda_graphs", True) for m in parts)
+        self.cuda_graphs = all(getattr(m, "cuda_graphs", True) for m in self.parts)
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         """The parts' energies ``[B, 1]``, forces ``[V, 3]`` (and stress ``[B, 3, 3]``), added."""
