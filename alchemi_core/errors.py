@@ -49,6 +49,11 @@ class MissingDependencyError(AlchemiError, ImportError):
     """A component needs an optional package that is not installed."""
 
 
+class ModelNotAvailableError(AlchemiError, FileNotFoundError):
+    """A model named by name whose file is not on this machine and was not (or could not be)
+    downloaded; the message says which file to place where, or how to allow the download."""
+
+
 class PipelineError(AlchemiError, RuntimeError):
     """A distributed pipeline failed: a peer rank died, timed out or raised."""
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_core.errors import ConfigurationError, MissingDependencyError, ModelNotAvailableError
 from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
@@ -46,12 +46,78 @@ def _sevenn() -> Any:
     return sevenn
 
 
+#: A directory of model files that names resolve from before the package's own locations.
+MODEL_DIR_VARIABLE = "ALCHEMI_MODEL_DIR"
+
+
+def checkpoint_file(model: str | os.PathLike[str], download: bool = False) -> str:
+    """The checkpoint that ``model`` names: a file, a name whose checkpoint ships with sevenn
+    (``"7net-0"``), or one sevenn downloads (``"7net-omat"``). A downloaded name is looked for as
+    ``$ALCHEMI_MODEL_DIR/<file>`` and where sevenn keeps it (its package, ``~/.cache/sevennet``);
+    only with ``download=True`` does sevenn fetch a missing one.
+
+    Raises:
+        ModelNotAvailableError: The name's file is not here (which file to place where, or
+            ``download=True``), or its download failed (no network).
+
+    Example:
+        >>> checkpoint_file("7net-0")   # ships with sevenn: its loader resolves the name
+        '7net-0'
+    """
+    sevenn = _sevenn()
+    name = os.fspath(model)
+    if os.path.isfile(name):
+        return name
+    place = _download_place(name)
+    if place is None:  # a checkpoint that ships with sevenn, or not a name: sevenn's loader says which
+        return name
+    file, url, where = place
+    here = [p for p in where if os.path.isfile(p)]
+    if here:
+        return here[0]
+    own = os.environ.get(MODEL_DIR_VARIABLE)
+    put = f"place {file} (from {url}) " + (
+        f"in {own} (${MODEL_DIR_VARIABLE})" if own else f"at {where[-1]}, or in the directory ${MODEL_DIR_VARIABLE} names"
+    )
+    if not download:
+        raise ModelNotAvailableError(
+            f"model:sevennet: {name!r} is not on this machine: {put}; or pass download=True to let sevenn download it"
+        )
+    try:
+        return str(sevenn.util.pretrained_name_to_path(name))
+    except OSError as exc:  # requests' ConnectionError and urllib's URLError are OSErrors
+        raise ModelNotAvailableError(
+            f"model:sevennet: sevenn could not download {name!r} ({type(exc).__name__}: {exc}); "
+            f"without a network, {put}"
+        ) from None
+
+
+def _download_place(name: str) -> tuple[str, str, list[str]] | None:
+    """``(file, url, paths)`` of a name sevenn downloads, ``paths`` where alchemi and sevenn look
+    for it (``$ALCHEMI_MODEL_DIR`` first, sevenn's cache last); None for any other name."""
+    from sevenn import _const  # sevenn's table of downloadable checkpoints (it has no public one)
+
+    lower = name.lower()
+    stem = next((lower[len(p):] for p in ("7net-", "sevennet-") if lower.startswith(p)), None)
+    if stem is None:
+        return None
+    file = f"checkpoint_sevennet_{stem.replace('-', '_')}.pth"  # how sevenn names every download
+    own = os.environ.get(MODEL_DIR_VARIABLE)
+    for path, url in _const.CHECKPOINT_DOWNLOAD_LINKS.items():
+        if os.path.basename(path) == file:
+            cache = path.replace(_const._prefix, os.path.expanduser("~/.cache/sevennet"))
+            return file, url, [*([os.path.join(own, file)] if own else []), path, cache]
+    return None
+
+
 class SevenNetModel(EdgeModel):
     """A SevenNet network as an alchemi model (see the module docstring).
 
     Args:
-        model: A pretrained name (``"7net-0"``, the one that ships with sevenn) or the path of a
-            SevenNet checkpoint (``.pth``).
+        model: A pretrained name (``"7net-0"`` ships with sevenn; others, such as
+            ``"7net-omat"``, are files in ``$ALCHEMI_MODEL_DIR`` or where sevenn keeps its
+            downloads: :func:`checkpoint_file`) or the path of a SevenNet checkpoint (``.pth``).
+        download: Let sevenn download a named checkpoint that is not on this machine.
         modal: Fidelity of a multi-fidelity model (e.g. ``"mpa"`` for 7net-mf-ompa).
         dtype: Only ``"float32"`` (SevenNet's precision).
         enable_cueq: Run on cuEquivariance's kernels (sevenn's conversion). None: from the first
@@ -66,6 +132,8 @@ class SevenNetModel(EdgeModel):
             for a multi-fidelity model), a dtype other than float32, or ``enable_cueq`` without
             CUDA.
         MissingDependencyError: sevenn is not installed, or cuequivariance-torch with enable_cueq.
+        ModelNotAvailableError: A named checkpoint that is not here (and download=False) or whose
+            download failed; the message says which file to place where.
     """
 
     #: Per-atom device bytes of a step in float32 (7net-0's peak on W7, + 25 %).
@@ -76,14 +144,15 @@ class SevenNetModel(EdgeModel):
 
     def __init__(self, model: str | os.PathLike[str] = "7net-0", *, modal: str | None = None, dtype: Any = "float32",
                  enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None,
-                 chunk_atoms: int | None = None) -> None:
+                 chunk_atoms: int | None = None, download: bool = False) -> None:
         if dtype not in ("float32", torch.float32, None):
             raise ConfigurationError(f"model:sevennet computes in float32 only, got dtype={dtype!r}")
         sevenn = _sevenn()
         import sevenn._keys as KEY
 
+        path = checkpoint_file(model, download)
         try:
-            checkpoint = sevenn.util.load_checkpoint(os.fspath(model))
+            checkpoint = sevenn.util.load_checkpoint(path)
         except (ValueError, FileNotFoundError) as exc:
             raise ConfigurationError(
                 f"model:sevennet: {model!r} is neither a pretrained name nor a checkpoint file ({exc})"
