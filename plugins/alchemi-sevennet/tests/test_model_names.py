@@ -55,7 +55,7 @@ def test_a_download_that_fails_is_reported_with_where_to_place_the_file(no_cache
     with pytest.raises(ModelNotAvailableError) as err:
         SevenNetModel("7net-mf-ompa", modal="mpa", download=True)
     message = str(err.value)
-    assert "sevenn could not download '7net-mf-ompa'" in message
+    assert "model:sevennet: could not download '7net-mf-ompa'" in message
     assert ("ConnectionError" if error == "requests" else "URLError") in message
     assert "place checkpoint_sevennet_mf_ompa.pth (from https://" in message
     assert f"in {tmp_path / 'models'} ($ALCHEMI_MODEL_DIR)" in message

@@ -111,7 +111,11 @@ class MaceModel(EdgeModel):
 
     Args:
         model: A mace-torch module (give this or ``model_path``).
-        model_path: A ``.model`` file saved with ``torch.save`` (needs ``trust_model_file``).
+        model_path: A ``.model`` file saved with ``torch.save`` (needs ``trust_model_file``), or
+            the name of a published foundation model (``"mace-mp-0-small"``, ...:
+            :data:`alchemi_mace.names.FOUNDATION_NAMES`), found in ``$ALCHEMI_MODEL_DIR`` or
+            mace-torch's download cache.
+        download: Let mace-torch download a named MACE-MP-family file that is not on this machine.
         trust_model_file: Confirms that ``model_path`` may be unpickled.
         dtype: ``"float32"`` or ``"float64"`` (None: the network's own).
         head: Head of a multi-head model (None: its only head, or the one named "default").
@@ -126,6 +130,8 @@ class MaceModel(EdgeModel):
         ConfigurationError: Neither or both of model and model_path, an untrusted or missing
             file, something that is not a MACE network, a bad dtype or an unknown head.
         MissingDependencyError: mace-torch is not installed.
+        ModelNotAvailableError: A named model whose file is not here (and download=False) or
+            whose download failed; the message says which file to place where.
     """
 
     #: Per-atom device bytes of a step in float32 (the MACE-MP-0-small shape's peak on W7, + 25 %).
@@ -137,14 +143,16 @@ class MaceModel(EdgeModel):
     def __init__(self, model: torch.nn.Module | None = None, *, model_path: str | os.PathLike[str] | None = None,
                  trust_model_file: bool = False, dtype: Any = None, head: str | None = None,
                  enable_cueq: bool | None = None, skin: float = 0.5, max_edges: int | None = None,
-                 chunk_atoms: int | None = None) -> None:
+                 chunk_atoms: int | None = None, download: bool = False) -> None:
         import_mace()
         if (model is None) == (model_path is None):
             raise ConfigurationError(
                 "model:mace: give exactly one of model= (a MACE module) or model_path= (a .model file)"
             )
         if model_path is not None:
-            model = load_model_file(model_path, trust_model_file, "model:mace")
+            from alchemi_mace.names import model_file
+
+            model = load_model_file(model_file(model_path, download), trust_model_file, "model:mace")
         shaped = hasattr(model, "r_max") and hasattr(model, "atomic_numbers")
         if not isinstance(model, torch.nn.Module) or not shaped:
             raise ConfigurationError(

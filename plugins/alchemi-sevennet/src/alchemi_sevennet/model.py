@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from alchemi_core.errors import ConfigurationError, MissingDependencyError, ModelNotAvailableError
+from alchemi_core.errors import ConfigurationError, MissingDependencyError
 from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
+from alchemi_potentials.model_files import local_file
 
 if TYPE_CHECKING:
     from alchemi_potentials.edge_model import Systems
@@ -46,15 +47,12 @@ def _sevenn() -> Any:
     return sevenn
 
 
-#: A directory of model files that names resolve from before the package's own locations.
-MODEL_DIR_VARIABLE = "ALCHEMI_MODEL_DIR"
-
-
 def checkpoint_file(model: str | os.PathLike[str], download: bool = False) -> str:
     """The checkpoint that ``model`` names: a file, a name whose checkpoint ships with sevenn
     (``"7net-0"``), or one sevenn downloads (``"7net-omat"``). A downloaded name is looked for as
     ``$ALCHEMI_MODEL_DIR/<file>`` and where sevenn keeps it (its package, ``~/.cache/sevennet``);
-    only with ``download=True`` does sevenn fetch a missing one.
+    only with ``download=True`` does sevenn fetch a missing one
+    (:func:`alchemi_potentials.model_files.local_file`).
 
     Raises:
         ModelNotAvailableError: The name's file is not here (which file to place where, or
@@ -66,35 +64,17 @@ def checkpoint_file(model: str | os.PathLike[str], download: bool = False) -> st
     """
     sevenn = _sevenn()
     name = os.fspath(model)
-    if os.path.isfile(name):
-        return name
-    place = _download_place(name)
-    if place is None:  # a checkpoint that ships with sevenn, or not a name: sevenn's loader says which
+    place = None if os.path.isfile(name) else _download_place(name)
+    if place is None:  # a file, a checkpoint that ships with sevenn, or not a name: sevenn's loader says which
         return name
     file, url, where = place
-    here = [p for p in where if os.path.isfile(p)]
-    if here:
-        return here[0]
-    own = os.environ.get(MODEL_DIR_VARIABLE)
-    put = f"place {file} (from {url}) " + (
-        f"in {own} (${MODEL_DIR_VARIABLE})" if own else f"at {where[-1]}, or in the directory ${MODEL_DIR_VARIABLE} names"
-    )
-    if not download:
-        raise ModelNotAvailableError(
-            f"model:sevennet: {name!r} is not on this machine: {put}; or pass download=True to let sevenn download it"
-        )
-    try:
-        return str(sevenn.util.pretrained_name_to_path(name))
-    except OSError as exc:  # requests' ConnectionError and urllib's URLError are OSErrors
-        raise ModelNotAvailableError(
-            f"model:sevennet: sevenn could not download {name!r} ({type(exc).__name__}: {exc}); "
-            f"without a network, {put}"
-        ) from None
+    return local_file("model:sevennet", name, file, url, where,
+                      lambda: str(sevenn.util.pretrained_name_to_path(name)), download)
 
 
 def _download_place(name: str) -> tuple[str, str, list[str]] | None:
-    """``(file, url, paths)`` of a name sevenn downloads, ``paths`` where alchemi and sevenn look
-    for it (``$ALCHEMI_MODEL_DIR`` first, sevenn's cache last); None for any other name."""
+    """``(file, url, paths)`` of a name sevenn downloads, ``paths`` where sevenn looks for it (its
+    package, then its cache); None for any other name."""
     from sevenn import _const  # sevenn's table of downloadable checkpoints (it has no public one)
 
     lower = name.lower()
@@ -102,11 +82,9 @@ def _download_place(name: str) -> tuple[str, str, list[str]] | None:
     if stem is None:
         return None
     file = f"checkpoint_sevennet_{stem.replace('-', '_')}.pth"  # how sevenn names every download
-    own = os.environ.get(MODEL_DIR_VARIABLE)
     for path, url in _const.CHECKPOINT_DOWNLOAD_LINKS.items():
         if os.path.basename(path) == file:
-            cache = path.replace(_const._prefix, os.path.expanduser("~/.cache/sevennet"))
-            return file, url, [*([os.path.join(own, file)] if own else []), path, cache]
+            return file, url, [path, path.replace(_const._prefix, os.path.expanduser("~/.cache/sevennet"))]
     return None
 
 
