@@ -4,6 +4,10 @@ Energies, forces and stress are the sums of the parts' results; each part keeps 
 neighbour data. The card takes the largest cutoff, the species every part knows, and stress only
 when every part gives it. A step can be captured in a CUDA graph only when every part allows it.
 
+A part that returns per-atom partial charges (``"charges"``, ``[V]`` e) hands them to the parts
+after it that take them (``takes_charges = True``: ``model:ewald``, ``model:pme``, ``model:dsf``),
+and the sum returns the last such charges.
+
 Parts may be models or registry specs: ``"model:d3"`` or ``{"model": "model:d3", "functional":
 "pbe"}`` (the form a workflow file uses).
 
@@ -70,14 +74,22 @@ class SumModel(BaseModel):
             periodic=all(c.periodic for c in cards),
             stress=all(c.stress for c in cards),
             species=tuple(sorted(set.intersection(*species))) if species else None,
+            needs_charge=any(c.needs_charge for c in cards),
+            needs_spin=any(c.needs_spin for c in cards),
         )
         self.cuda_graphs = all(getattr(m, "cuda_graphs", True) for m in parts)
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
-        """The parts' energies ``[B, 1]``, forces ``[V, 3]`` (and stress ``[B, 3, 3]``), added."""
+        """The parts' energies ``[B, 1]``, forces ``[V, 3]`` (and stress ``[B, 3, 3]``), added;
+        the partial ``charges`` ``[V]`` of the last part that predicts them."""
         total: dict[str, torch.Tensor] = {}
         for m in self.parts:
-            out = m(batch, compute_stress=compute_stress) if compute_stress else m(batch)
+            kwargs: dict[str, Any] = {"compute_stress": True} if compute_stress else {}
+            if "charges" in total and getattr(m, "takes_charges", False):
+                kwargs["charges"] = total["charges"]
+            out = m(batch, **kwargs)
+            if "charges" in out:
+                total["charges"] = out["charges"]
             for key in ("energy", "forces", "stress"):
                 if key in out:
                     value = out[key].reshape(batch.num_graphs, 1) if key == "energy" else out[key]
