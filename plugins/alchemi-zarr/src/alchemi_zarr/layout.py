@@ -58,6 +58,7 @@ KNOWN_UNITS: dict[str, str] = {
     "virial": "eV",
     "atomic_masses": "amu",
     "charges": "e",
+    "charge": "e",
 }
 
 # torch dtype -> (name recorded in the header, numpy dtype zarr stores). bfloat16 has no numpy
