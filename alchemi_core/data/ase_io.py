@@ -313,7 +313,7 @@ def atoms_from_fields(
         results["energy"] = float(f["energy"].reshape(-1)[0])
     if "forces" in f:
         results["forces"] = f["forces"].double().numpy()
-    if "charges" in f:
+    if "charges" in f and "charges" not in skip:
         results["charges"] = f["charges"].double().numpy()
     if "stress" in f:
         results["stress"] = f["stress"][0].double().numpy()
