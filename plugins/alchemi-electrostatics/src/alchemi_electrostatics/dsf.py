@@ -49,7 +49,8 @@ class DSF(BaseModel):
     """
 
     takes_charges: ClassVar[bool] = True
-    cuda_graphs: ClassVar[bool] = True
+    #: Capturing ops' kernel in a CUDA graph has not been checked: the step runs eagerly.
+    cuda_graphs: ClassVar[bool] = False
 
     def __init__(self, alpha: float = 0.2, cutoff: float = 12.0, *, skin: float = 0.5,
                  max_edges: int | None = None) -> None:

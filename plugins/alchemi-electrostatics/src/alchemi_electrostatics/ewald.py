@@ -71,11 +71,11 @@ class Ewald(EdgeModel):
         ConfigurationError: A cutoff that is not positive or an accuracy outside (0, 1).
     """
 
-    #: ops' PME reads its mesh as host integers and its FFTs are plain torch; capture is untested.
+    #: Capturing ops' kernels in a CUDA graph has not been checked: the step runs eagerly.
     cuda_graphs: ClassVar[bool] = False
     #: Per-atom device bytes of a step in float32 (edges within 10 Å of a dense solid and their gradients).
     BYTES_PER_ATOM: ClassVar[float] = 4e5
-    #: The atom field model:sum hands predicted charges through (see ``SumModel``).
+    #: ``model:sum`` passes the charges an earlier part predicts as ``charges=`` (see ``SumModel``).
     takes_charges: ClassVar[bool] = True
     method: ClassVar[str] = "ewald"
 
