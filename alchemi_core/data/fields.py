@@ -61,6 +61,8 @@ KNOWN_LEVELS: dict[str, Level] = {
     "system_id": Level.SYSTEM,
     "fmax": Level.SYSTEM,
     "energy_change": Level.SYSTEM,
+    "charge": Level.SYSTEM,
+    "spin": Level.SYSTEM,
 }
 
 #: Edge fields that hold atom indices: batching offsets them by each system's first atom.
