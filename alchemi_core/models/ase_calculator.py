@@ -31,7 +31,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 
-class AlchemiCalculator(Calculator):  # type: ignore[misc]  # ase is untyped
+class AlchemiCalculator(Calculator):
     """An alchemi model behind ASE's ``Calculator`` interface (see the module docstring).
 
     Args:
@@ -68,11 +68,12 @@ class AlchemiCalculator(Calculator):  # type: ignore[misc]  # ase is untyped
         from alchemi_core.data import Batch
 
         super().calculate(atoms, properties, system_changes)
+        current: Any = self.atoms  # the copy ASE's calculate just took
         stress = "stress" in properties
-        if stress and not (self.gives_stress and bool(self.atoms.pbc.all())):
+        if stress and not (self.gives_stress and bool(current.pbc.all())):
             why = "gives no stress" if not self.gives_stress else "needs atoms periodic in x, y and z for stress"
-            raise PropertyNotImplementedError(f"model {self.model_name!r} {why} (pbc={self.atoms.pbc.tolist()})")
-        plain = self.atoms.copy()  # no calculator (its results would enter the batch) and no constraints
+            raise PropertyNotImplementedError(f"model {self.model_name!r} {why} (pbc={current.pbc.tolist()})")
+        plain = current.copy()  # no calculator (its results would enter the batch) and no constraints
         plain.set_constraint()
         batch = Batch.from_atoms(plain, device=self.device, dtype=self.dtype)
         out = self.model(batch, compute_stress=True) if stress else self.model(batch)
