@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,13 +68,14 @@ class DemoModelWrapper(BaseModel):
         super().__init__()
         self.depth = float(depth)
         self.stiffness = float(stiffness)
-        self._cache_key: tuple[int, int, torch.device, torch.dtype] | None = None
+        self._cache_key: tuple[weakref.ref[Batch], int, torch.device, torch.dtype] | None = None
         self._pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _pair_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ordered pairs (i, j), each pair's system and ``a * r0``; rebuilt when systems change."""
         pos = batch.positions
-        key = (id(batch), batch.version, pos.device, pos.dtype)
+        # A weak reference, not id(): a new batch can take a freed one's id (and version).
+        key = (weakref.ref(batch), batch.version, pos.device, pos.dtype)
         if key != self._cache_key or self._pairs is None:
             i_np, j_np, s_np = _ordered_pairs(np.asarray(batch.num_nodes_per_system, dtype=np.int64))
             dev = pos.device
