@@ -110,6 +110,9 @@ class BaseDynamics:
     #: Whether a system entering this stage needs forces before its first step (the engine
     #: evaluates the model for newcomers); a stage that moves nothing (``Static``) says False.
     forces_on_entry: bool = True
+    #: The system field holding this stage's ``fmax`` where that is not the largest atomic force
+    #: (a cell filter's, which counts the cell's forces too); logs read it. None: the atoms' forces.
+    fmax_field: str | None = None
     #: Whether runs capture the step as a CUDA graph (:meth:`compile`).
     compile_step: bool = False
     _stream: Any = None  # the stream of ``with stage:``

@@ -99,3 +99,21 @@ def test_relax_with_the_frechet_filter_reaches_ases_minimum() -> None:
         assert a.get_volume() == pytest.approx(ref.get_volume(), rel=2e-3)
         # The cell moved to LJ's own minimum: the filter's fmax counts the cell (stress near zero).
         assert np.abs(a.get_stress()).max() < 1e-4
+
+
+def test_the_log_shows_the_cell_filters_fmax() -> None:
+    """Under a cell filter the logged fmax counts the cell's forces, as convergence does."""
+    from alchemi_core.dynamics import ConvergenceHook
+    from alchemi_hooks.logger import LoggingHook
+    from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
+
+    rows = []
+    log = LoggingHook(writer=rows.append, frequency=1)
+    batch = Batch.from_atoms(_cells(strains=(0.95, 1.0), rattle=0.0)[:2], dtype=torch.float64)
+    fire = registry.build("integrator:fire", model=_lj(), n_steps=4, cell_filter="frechet", hooks=[log],
+                          convergence_hook=ConvergenceHook.from_fmax(1e-6))
+    fire.run(batch)
+    last = rows[-1]
+    np.testing.assert_allclose(last["fmax"], getattr(batch, CELL_FILTER_FMAX).numpy(), rtol=0, atol=1e-12)
+    atoms_only = torch.linalg.vector_norm(batch.forces, dim=-1).max().item()
+    assert atoms_only < 1e-8 < last["fmax"][0]  # unrattled: no atomic force, but the strained cell's
