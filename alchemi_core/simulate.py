@@ -61,6 +61,7 @@ def evaluate(
     *,
     compute_stress: bool = False,
     dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
     max_atoms: int | None = None,
     max_batch_size: int | None = None,
     progress: bool = False,
@@ -72,6 +73,8 @@ def evaluate(
         model: An alchemi model (``registry.build("model:...")``), on the device to run on.
         compute_stress: Ask for the stress too (every structure then needs a cell).
         dtype: Floating dtype of positions and results (default: ``AtomicData.from_atoms``'s).
+        device: Where to run (default: where the model's parameters are; for a model without any,
+            ``cuda`` when there is a GPU, else ``cpu``).
         max_atoms: Most atoms per batch (None: planned from the device's memory and the model).
         max_batch_size: Most structures per batch (None: no limit).
         progress: Show a progress bar.
@@ -85,7 +88,7 @@ def evaluate(
     from alchemi_core.dynamics.static import Static
 
     stage = Static(model, compute_stress=compute_stress)
-    return _run(stage, structures, model, dtype, max_atoms, max_batch_size, progress)
+    return _run(stage, structures, model, dtype, device, max_atoms, max_batch_size, progress)
 
 
 def relax(
@@ -96,6 +99,7 @@ def relax(
     cell_filter: str | None = None,
     max_steps: int = 1000,
     dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
     max_atoms: int | None = None,
     max_batch_size: int | None = None,
     progress: bool = False,
@@ -112,6 +116,7 @@ def relax(
             stress); None keeps them fixed.
         max_steps: Most FIRE steps per structure.
         dtype: Floating dtype of positions and results.
+        device: Where to run (default: as for :func:`evaluate`).
         max_atoms: Most atoms per batch (None: planned from the device's memory and the model).
         max_batch_size: Most structures per batch (None: no limit).
         progress: Show a progress bar.
@@ -131,12 +136,12 @@ def relax(
         "integrator:fire", model=model, n_steps=max_steps, cell_filter=cell_filter,
         convergence_hook=ConvergenceHook.from_fmax(fmax, frequency=1), **fire_options,
     )
-    return _run(stage, structures, model, dtype, max_atoms, max_batch_size, progress, fmax=fmax)
+    return _run(stage, structures, model, dtype, device, max_atoms, max_batch_size, progress, fmax=fmax)
 
 
 def _run(
     stage: BaseDynamics, structures: Sequence[ase.Atoms], model: Any, dtype: torch.dtype | None,
-    max_atoms: int | None, max_batch_size: int | None, progress: bool, fmax: float | None = None,
+    device: str | torch.device | None, max_atoms: int | None, max_batch_size: int | None, progress: bool, fmax: float | None = None,
 ) -> list[ase.Atoms]:
     """Run ``stage`` over ``structures`` through a sampler into host memory; the results as Atoms."""
     from alchemi_core.data import AtomicData
@@ -158,7 +163,7 @@ def _run(
     if not todo:
         return out
     sink = HostMemory(capacity=None)
-    stage.sampler = SizeAwareSampler(ListDataset(todo, device=_device_of(model)), max_atoms=max_atoms,
+    stage.sampler = SizeAwareSampler(ListDataset(todo, device=_device_of(model, device)), max_atoms=max_atoms,
                                      max_batch_size=max_batch_size, bin_width=1)
     stage.sinks = [sink]
     if fmax is not None:
@@ -233,9 +238,12 @@ def _cannot_evaluate(atoms: ase.Atoms, model: Any) -> str | None:
     return None
 
 
-def _device_of(model: Any) -> torch.device:
-    """Where ``model`` keeps its parameters or buffers (the CPU for a model without any)."""
-    if isinstance(model, torch.nn.Module):
+def _device_of(model: Any, device: str | torch.device | None) -> torch.device:
+    """``device``, else where ``model`` keeps its parameters or buffers, else ``cuda`` when there
+    is a GPU (a model without tensors, such as the Warp pair potentials, runs where its batch is)."""
+    from alchemi_core.workflow.plan import resolve_device
+
+    if device is None and isinstance(model, torch.nn.Module):
         for t in (*model.parameters(), *model.buffers()):
             return t.device
-    return torch.device("cpu")
+    return resolve_device(device)
