@@ -117,3 +117,25 @@ def test_the_log_shows_the_cell_filters_fmax() -> None:
     np.testing.assert_allclose(last["fmax"], getattr(batch, CELL_FILTER_FMAX).numpy(), rtol=0, atol=1e-12)
     atoms_only = torch.linalg.vector_norm(batch.forces, dim=-1).max().item()
     assert atoms_only < 1e-8 < last["fmax"][0]  # unrattled: no atomic force, but the strained cell's
+
+
+def test_relax_stops_evaluating_what_converged() -> None:
+    """The model evaluates about one system per FIRE step taken (a refill re-evaluates the batch
+    once for its newcomers), where one batch run to its slowest member evaluates all at every step."""
+    from alchemi_core.testing.factories import rattled_argon
+
+    model = _lj()
+    evaluated = [0]
+    forward = model.forward
+
+    def counting(batch, *args, **kwargs):  # type: ignore[no-untyped-def]
+        evaluated[0] += batch.num_graphs
+        return forward(batch, *args, **kwargs)
+
+    model.forward = counting
+    cells = rattled_argon(16, 0.02, 0.01)
+    done = relax(cells, model, fmax=0.01, dtype=torch.float64, max_batch_size=8)
+    steps = [a.info["steps"] for a in done]
+    assert all(a.info["converged"] for a in done)
+    assert evaluated[0] <= 1.2 * sum(steps)
+    assert sum(steps) < 0.8 * len(cells) * max(steps)  # what one batch to the slowest would cost
