@@ -140,3 +140,19 @@ def test_evaluate_is_quiet_unless_asked(capsys) -> None:
     evaluate([molecule("H2O"), molecule("CH4")], DemoModelWrapper())
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_static_on_the_gpu_gives_the_cpus_results_once_each() -> None:
+    structures = _mixed()
+    cpu, _ = _run(structures, DemoModelWrapper())
+    model = Counting().to("cuda")
+    sampler = SizeAwareSampler(ListDataset(structures, device="cuda"), max_atoms=14, max_batch_size=3, bin_width=1)
+    sink = HostMemory(capacity=None)
+    Static(model, sampler=sampler, sinks=[sink]).run()
+    gpu = sink.read().to("cpu")
+    gpu = gpu.index_select(torch.argsort(gpu.system_id.view(-1)))
+    assert gpu.system_id.view(-1).tolist() == list(range(len(SIZES))) and model.systems == len(SIZES)
+    torch.testing.assert_close(gpu.energy, cpu.energy, rtol=0, atol=1e-12)
+    torch.testing.assert_close(gpu.forces, cpu.forces, rtol=0, atol=1e-12)
