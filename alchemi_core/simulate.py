@@ -140,8 +140,15 @@ def relax(
 
 
 def _run(
-    stage: BaseDynamics, structures: Sequence[ase.Atoms], model: Any, dtype: torch.dtype | None,
-    device: str | torch.device | None, max_atoms: int | None, max_batch_size: int | None, progress: bool, fmax: float | None = None,
+    stage: BaseDynamics,
+    structures: Sequence[ase.Atoms],
+    model: Any,
+    dtype: torch.dtype | None,
+    device: str | torch.device | None,
+    max_atoms: int | None,
+    max_batch_size: int | None,
+    progress: bool,
+    fmax: float | None = None,
 ) -> list[ase.Atoms]:
     """Run ``stage`` over ``structures`` through a sampler into host memory; the results as Atoms."""
     from alchemi_core.data import AtomicData
