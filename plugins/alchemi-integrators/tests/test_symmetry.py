@@ -73,12 +73,13 @@ def space_group(atoms, symprec: float) -> int:  # type: ignore[no-untyped-def]
     return int(spglib.get_symmetry_dataset(cell, symprec=symprec).number)
 
 
-def strained_bcc(fix: bool):  # type: ignore[no-untyped-def]
-    """bcc argon (Im-3m, 229; a saddle of Lennard-Jones), strained by 3 % and rattled by 2 mÅ:
-    within ``symprec`` of Im-3m, so FixSymmetry finds that group and refines the start to it."""
-    atoms = bulk("Ar", "bcc", a=4.33 * 1.03, cubic=True)
+def strained_bcc(fix: bool, seed: int = 0, strain: float = 1.03):  # type: ignore[no-untyped-def]
+    """bcc argon (Im-3m, 229; a saddle of Lennard-Jones), strained by 3 % and rattled by 1 mÅ:
+    within ``symprec`` of Im-3m, so FixSymmetry finds that group (on a copy: the atoms stay
+    rattled, for the engine to refine)."""
+    atoms = bulk("Ar", "bcc", a=4.33 * strain, cubic=True)
     atoms.set_masses([MASS] * len(atoms))
-    atoms.positions += np.random.default_rng(0).normal(size=atoms.positions.shape) * 0.002
+    atoms.positions += np.random.default_rng(seed).normal(size=atoms.positions.shape) * 0.001
     if fix:
         atoms.set_constraint(FixSymmetry(atoms.copy(), symprec=0.01))
     return atoms
@@ -99,6 +100,26 @@ def test_frechet_relaxation_keeps_the_space_group_only_with_fixsymmetry(fix: boo
     assert (space_group(out, 1e-5) == 229) is fix
     if fix:
         assert isinstance(out.constraints[0], FixSymmetry)
+
+
+def test_systems_that_enter_from_a_sampler_keep_their_group() -> None:
+    """Five structures through two slots: each one that enters on a refill is refined and keeps
+    Im-3m through its relaxation; the one without FixSymmetry keeps its rattle."""
+    from alchemi_core.data.datapipes import ListDataset
+    from alchemi_core.dynamics import HostMemory, SizeAwareSampler
+
+    starts = [strained_bcc(i != 2, seed=i, strain=1.0 + 0.01 * i) for i in range(5)]
+    assert all(space_group(a, 0.01) == 229 for a in starts)
+    data = [AtomicData.from_atoms(a, dtype=torch.float64) for a in starts]
+    sink = HostMemory(capacity=10)
+    sampler = SizeAwareSampler(ListDataset(data), max_atoms=4, max_batch_size=2, bin_width=1)
+    FIRE(ReferenceLJ(), n_steps=3000, cell_filter="frechet", convergence_hook=ConvergenceHook.from_fmax(1e-3),
+         sampler=sampler, sinks=[sink]).run()
+    out = sink.read()
+    assert sorted(out.system_id.tolist()) == list(range(5))
+    for row, system in enumerate(out.system_id.tolist()):
+        atoms = out.index_select([row]).to_atoms()[0]
+        assert (space_group(atoms, 1e-5) == 229) is (system != 2), system
 
 
 def layered_argon():  # type: ignore[no-untyped-def]
