@@ -172,3 +172,57 @@ def test_a_system_without_symmetry_relaxes_as_it_would_alone() -> None:
     alone, mixed = runs
     assert torch.equal(mixed.positions[-len(plain):], alone.positions)
     assert torch.equal(mixed.cell[-1], alone.cell[0])
+
+
+class PulledSprings:
+    """Atoms on springs to homes 0.05 Å off their symmetric start, and a fixed stress: forces and
+    stress that break the symmetry, from torch alone (a model that never reads back)."""
+
+    def __init__(self, batch: Batch) -> None:
+        rng = np.random.default_rng(4)
+        self.home = batch.positions + torch.from_numpy(rng.normal(size=tuple(batch.positions.shape)) * 0.05).to(
+            batch.positions)
+        s = rng.normal(size=(3, 3)) * 1e-4
+        self.stress = torch.from_numpy(s + s.T).to(batch.positions).expand(batch.num_graphs, 3, 3).contiguous()
+
+    def __call__(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        d = batch.positions - self.home
+        forces = torch.mul(d, -0.5, out=batch.forces)
+        energy = batch.energy.zero_().index_add_(0, batch.batch_idx, (d * d).sum(-1, keepdim=True) * 0.25)
+        return {"energy": energy, "forces": forces, "stress": self.stress}
+
+
+def symmetric_fire(device: str, compiled: bool, steps: int = 30) -> Batch:
+    """``steps`` of FIRE with the Frechet filter on the layered argon cell, on ``device``."""
+    batch = Batch.from_atoms([layered_argon()], dtype=torch.float64).to(device)
+    stage = FIRE(PulledSprings(batch), n_steps=steps, dt=1.0, cell_filter="frechet")
+    (stage.compile() if compiled else stage).run(batch)
+    return batch
+
+
+def test_symmetric_steps_with_a_torch_model() -> None:
+    """The model of the GPU test below, on the CPU: the cell and atoms move and keep P4mm."""
+    batch = symmetric_fire("cpu", compiled=False)
+    out = batch.to_atoms()[0]
+    assert np.abs(out.cell.array - layered_argon().cell.array).max() > 1e-3
+    assert space_group(out, 1e-5) == 99
+
+
+@pytest.mark.gpu
+def test_fixsymmetry_on_gpu_without_host_syncs_and_in_a_captured_step() -> None:
+    """On the GPU: steps with FixSymmetry never synchronise with the host, and a step captured as
+    a CUDA graph follows the CPU's eager steps (float64, to rounding)."""
+    from alchemi_core.testing.gpu import no_host_sync
+
+    batch = Batch.from_atoms([layered_argon()], dtype=torch.float64).to("cuda")
+    dynamics = FIRE(PulledSprings(batch), n_steps=30, dt=1.0, cell_filter="frechet")
+    dynamics.step(batch)  # the first step prepares the run (allowed to read back)
+    dynamics.step(batch)
+    with no_host_sync():
+        for _ in range(5):
+            dynamics.step(batch)
+    cpu = symmetric_fire("cpu", compiled=False)
+    gpu = symmetric_fire("cuda", compiled=True)
+    torch.testing.assert_close(gpu.cell.cpu(), cpu.cell, rtol=0, atol=1e-10)
+    torch.testing.assert_close(gpu.positions.cpu(), cpu.positions, rtol=0, atol=1e-10)
+    assert space_group(gpu.to("cpu").to_atoms()[0], 1e-5) == 99
