@@ -50,6 +50,11 @@ def test_find_symmetry_gives_spglib_group_and_a_permutation_per_operation() -> N
         assert sorted(images.tolist()) == list(range(len(atoms)))
     for r in ops.rotations:  # Cartesian rotations of a (here orthogonal) cell are orthogonal
         np.testing.assert_allclose(r @ r.T, np.eye(3), atol=1e-12)
+    # One operation per distinct rotation; the 8 lattice translations the layered supercell keeps
+    # (those in its xy plane) make orbits of 8 atoms, each labelled by its first atom.
+    assert len(ops.rotations) == 8
+    assert sorted(np.bincount(ops.orbits)[np.unique(ops.orbits)].tolist()) == [8, 8, 8, 8]
+    assert all(ops.orbits[i] <= i for i in range(len(atoms)))
 
 
 def test_forces_and_stress_are_averaged_as_ase_fixsymmetry_averages_them() -> None:

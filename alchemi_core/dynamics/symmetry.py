@@ -18,7 +18,10 @@ The operations are kept in Cartesian form (``R = L^T r L^-T`` of spglib's fracti
 the refined cell ``L``, rows as cell vectors): a deformation averaged over the group commutes with
 every ``R``, so they stay right while the cell relaxes. They are found once per system and run,
 kept by ``system_id``, so refills, graduation and checkpoints (which carry ``symprec``) need
-nothing more. spglib and ASE are optional: ``pip install 'alchemi-core[symmetry]'``.
+nothing more. spglib and ASE are optional: ``pip install 'alchemi-core[symmetry]'``. The rotations
+are laid out per atom (``[K, V, 3, 3]``, K the most distinct rotations of a system of the batch,
+at most 48): a vector's average is the mean over each atom's orbit under the group's pure
+translations (the lattice points of a supercell), then one batched product and one scatter.
 
 Example:
     >>> from ase.build import bulk
@@ -57,10 +60,13 @@ class SymmetryOps(NamedTuple):
     positions: np.ndarray
     #: ``[3, 3]`` cell refined to the group (rows: cell vectors).
     cell: np.ndarray
-    #: ``[K, 3, 3]`` Cartesian rotations ``R`` (column vectors: ``x' = R x``).
+    #: ``[K, 3, 3]`` Cartesian rotations ``R`` (column vectors: ``x' = R x``), one operation per
+    #: distinct rotation (the others differ from it by a translation of the cell's lattice).
     rotations: np.ndarray
-    #: ``[K, N]`` the atom each operation takes each atom to.
+    #: ``[K, N]`` the atom each of these operations takes each atom to.
     images: np.ndarray
+    #: ``[N]`` the first atom of each atom's orbit under the group's pure translations.
+    orbits: np.ndarray
     #: The space group's number (International Tables).
     number: int
 
@@ -104,11 +110,17 @@ def find_symmetry(numbers: Any, positions: Any, cell: Any, symprec: float = 0.01
             f"spglib found no space group for a structure of {len(atoms)} atoms at symprec={symprec} ({exc}); "
             "FixSymmetry needs a periodic cell of non-zero volume with atoms apart"
         ) from None
+    maps = np.asarray(maps, dtype=np.int64)
+    flat = rotations.reshape(len(rotations), 9)
+    # The pure translations (identity rotation) form a normal subgroup: the group's average is the
+    # average over each atom's translation orbit, then over one operation per distinct rotation.
+    translations = (flat == np.eye(3, dtype=flat.dtype).reshape(9)).all(axis=1)
+    orbits = maps[translations].min(axis=0)
+    first = np.sort(np.unique(flat, axis=0, return_index=True)[1])
     lattice = atoms.cell.array
     # R = L^T r L^-T: spglib's rotations act on fractional columns.
-    cart = lattice.T @ rotations.astype(np.float64) @ np.linalg.inv(lattice).T
-    return SymmetryOps(atoms.positions.copy(), lattice.copy(), cart, np.asarray(maps, dtype=np.int64),
-                       int(dataset.number))
+    cart = lattice.T @ rotations[first].astype(np.float64) @ np.linalg.inv(lattice).T
+    return SymmetryOps(atoms.positions.copy(), lattice.copy(), cart, maps[first], orbits, int(dataset.number))
 
 
 class Symmetry:
@@ -129,6 +141,8 @@ class Symmetry:
         self._system_scale: torch.Tensor | None = None  # [B, 1, 1]
         self._system_on: torch.Tensor | None = None  # [B, 1, 1] the system keeps its symmetry
         self._atom_on: torch.Tensor | None = None  # [V, 1] the atom's system keeps its symmetry
+        self._orbits: torch.Tensor | None = None  # [V] the first atom of the atom's translation orbit
+        self._orbit_scale: torch.Tensor | None = None  # [V, 1] 1 / the size of that orbit
         self._found: dict[int, SymmetryOps] = {}
         self._version = -1
         self._work = Workspace()
@@ -184,6 +198,7 @@ class Symmetry:
         rotations = np.zeros((n, k, 3, 3))
         rotations[:, 0] = np.eye(3)
         images = np.tile(np.arange(v), (k, 1))
+        orbits = np.arange(v)
         counts = np.ones(n)
         on = np.zeros(n, dtype=bool)
         on[list(ops)] = True
@@ -191,11 +206,15 @@ class Symmetry:
             kb = o.rotations.shape[0]
             rotations[b, :kb] = o.rotations
             images[:kb, ptr[b]:ptr[b + 1]] = o.images + ptr[b]
+            orbits[ptr[b]:ptr[b + 1]] = o.orbits + ptr[b]
             counts[b] = kb
         dtype, dev = batch.positions.dtype, batch.device
         self.rotations = torch.as_tensor(rotations, dtype=dtype, device=dev)
         self._atom_rotations = self.rotations.index_select(0, batch.batch_idx).transpose(0, 1).contiguous()
         self._images = torch.as_tensor(images.reshape(-1), device=dev)
+        self._orbits = torch.as_tensor(orbits, device=dev)
+        sizes = np.bincount(orbits, minlength=v)[orbits]
+        self._orbit_scale = torch.as_tensor(1.0 / sizes, dtype=dtype, device=dev).view(-1, 1)
         scale = torch.as_tensor(1.0 / counts, dtype=dtype, device=dev)
         self._system_scale = scale.view(-1, 1, 1)
         self._atom_scale = scale.index_select(0, batch.batch_idx).view(-1, 1)
@@ -207,11 +226,17 @@ class Symmetry:
     def rank1(self, batch: Batch, vectors: torch.Tensor) -> None:
         """Average ``[V, 3]`` ``vectors`` (forces, a step) over each system's group, in place."""
         rot, images, scale = self._atom_rotations, self._images, self._atom_scale
+        orbits, orbit_scale = self._orbits, self._orbit_scale
         assert rot is not None and images is not None and scale is not None
+        assert orbits is not None and orbit_scale is not None
         k, v = rot.shape[0], rot.shape[1]
         w = self._work
+        orbit_sums = w.get("orbit_sums", v, v, (3,), rot.dtype, rot.device)
+        orbit_sums.zero_().index_add_(0, orbits, vectors.to(rot.dtype))
+        mean = w.get("orbit_mean", v, v, (3,), rot.dtype, rot.device)
+        torch.index_select(orbit_sums, 0, orbits, out=mean).mul_(orbit_scale)
         rotated = w.get("rotated", k, k, (v, 3, 1), rot.dtype, rot.device)
-        torch.matmul(rot, vectors.to(rot.dtype).view(1, v, 3, 1), out=rotated)
+        torch.matmul(rot, mean.view(1, v, 3, 1), out=rotated)
         total = w.get("total", v, v, (3,), rot.dtype, rot.device)
         total.zero_().index_add_(0, images, rotated.view(k * v, 3))
         vectors.copy_(total.mul_(scale))
