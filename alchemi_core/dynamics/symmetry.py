@@ -168,7 +168,7 @@ class Symmetry:
         self._version = batch.version
         precs = getattr(batch, SYMPREC).reshape(-1).double().cpu().numpy()
         if not (precs > 0).any():
-            self.rotations = None
+            self.rotations, self._found = None, {}
             return
         ids = (batch.system_id.reshape(-1).cpu().tolist() if "system_id" in batch
                else list(range(batch.num_graphs)))
@@ -179,6 +179,7 @@ class Symmetry:
             if found is None or found.images.shape[1] != ptr[b + 1] - ptr[b]:
                 found = self._found[ids[b]] = self._refine(batch, b, ptr[b], ptr[b + 1], float(precs[b]))
             ops[b] = found
+        self._found = {ids[b]: o for b, o in ops.items()}  # systems that left are not kept
         self._lay_out(batch, ops, ptr)
 
     @staticmethod
