@@ -135,7 +135,7 @@ def alchemi_npt(kind: str, systems: Systems, device: str, steps: int) -> dict[st
             "cuda_graph": graph_error is None, "graph_error": graph_error,
             "temperature_K": float(temperature(batch).mean()),
             "volume_per_atom": float(torch.linalg.det(batch.cell.double()).abs().sum() / batch.num_nodes),
-            "graph_captures": getattr(getattr(npt._engine, "state", None), "graph_captures", None)}
+            "graph_captures": getattr(getattr(npt._engine, "state", npt._engine), "graph_captures", None)}
 
 
 # ---------------------------------------------------------------------------------- TorchSim

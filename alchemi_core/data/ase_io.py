@@ -2,14 +2,20 @@
 
 What travels, in both directions:
 
-* numbers, positions, cell, pbc, masses, velocities (Å/fs) and the calculator's energy, forces
-  and stress (into a ``SinglePointCalculator`` on the way back);
+* numbers, positions, cell, pbc, masses, velocities (Å/fs) and the calculator's energy, forces,
+  stress and partial charges (atom field ``charges``; into a ``SinglePointCalculator`` on the way
+  back);
 * ``tags`` (atom field ``tags``), initial charges (``initial_charges``) and initial magnetic
   moments (``initial_magmoms``, ``[N]`` or ``[N, 3]``), when the ``Atoms`` has them;
 * ``info``: numbers, bools and numeric arrays become system fields ``info_<key>``; strings become
   fixed-width UTF-8 system fields ``infotext_<key>`` (at most :data:`TEXT_WIDTH` bytes); anything
   else ASE's JSON encoder takes (dicts such as ``adsorbate_info``, lists, None) becomes
   ``infojson_<key>`` (at most :data:`JSON_WIDTH` bytes of JSON);
+* the total charge and spin multiplicity, ``atoms.info["charge"]`` and ``atoms.info["spin"]``
+  (the convention of fairchem and ASE's calculators), become the integer system fields
+  ``charge`` (e) and ``spin`` (2S + 1), present only when given; back in ``atoms.info``. In a
+  batch of structures some of which give them, the others take charge 0 (neutral) and spin 0
+  (not given, never written back);
 * constraints: atoms ``FixAtoms`` holds (or ``FixCartesian`` in all three components) become the
   bool atom field ``frozen``; atoms ``FixCartesian`` holds in some components only become rows of
   the ``[N, 3]`` bool atom field ``frozen_axes`` (True: that component held), present only where
@@ -65,10 +71,13 @@ JSON_PREFIX = "infojson_"
 _INFO_PREFIXES = (INFO_PREFIX, TEXT_PREFIX, JSON_PREFIX)
 #: Atom arrays of ``Atoms`` that travel as atom fields, and the defaults of absent ones.
 ATOM_ARRAYS = ("tags", "initial_charges", "initial_magmoms")
+#: ``atoms.info`` keys that travel as integer system fields of the same name: the total charge
+#: (e) and the spin multiplicity (2S + 1; 0 stands for "not given").
+SYSTEM_INFO = ("charge", "spin")
 #: Fields ``atoms_from_fields`` places itself (everything else goes to ``arrays``/``info``).
 PLACED = frozenset(
     {"atomic_numbers", "positions", "velocities", "atomic_masses", "forces", "cell", "pbc", "energy", "stress",
-     "frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS}
+     "charges", "frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS, *SYSTEM_INFO}
 )
 
 #: Edge fields: a frame of an ASE file has no place for them, so file exports leave them out.
@@ -207,10 +216,27 @@ def _constraints(f: Mapping[str, torch.Tensor], atoms: ase.Atoms) -> list[Any]:
     return out
 
 
+def _integer_info(name: str, value: Any) -> torch.Tensor:
+    """``atoms.info[name]`` (an integral number) as a ``[1]`` int64 tensor."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number.is_integer() or (name == "spin" and number < 0):
+        raise InvalidDataError(
+            f"atoms.info[{name!r}] is {value!r}; alchemi takes the total charge (e) and the spin multiplicity "
+            f"(2S + 1) as integers, e.g. atoms.info['charge'] = 0, atoms.info['spin'] = 1"
+        )
+    return torch.tensor([int(number)], dtype=torch.long)
+
+
 def _info_fields(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for key, value in info.items():
         name = str(key)
+        if name in SYSTEM_INFO and value is not None:
+            out[name] = _integer_info(name, value)
+            continue
         if isinstance(value, str):
             out[TEXT_PREFIX + name] = encode_text(value, name).unsqueeze(0)
             continue
@@ -255,6 +281,8 @@ def fields_from_atoms(atoms: ase.Atoms, dtype: torch.dtype) -> tuple[dict[str, A
         fields["energy"] = torch.tensor([[results["energy"]]], dtype=dtype)
     if "forces" in results:
         fields["forces"] = torch.tensor(results["forces"], dtype=dtype)
+    if "charges" in results:
+        fields["charges"] = torch.tensor(results["charges"], dtype=dtype)
     if "stress" in results:
         from ase.stress import voigt_6_to_full_3x3_stress
 
@@ -297,6 +325,10 @@ def atoms_from_fields(
         atoms.set_initial_charges(f["initial_charges"].double().numpy())
     if "initial_magmoms" in f:
         atoms.set_initial_magnetic_moments(f["initial_magmoms"].double().numpy())
+    if "charge" in f:
+        atoms.info["charge"] = int(f["charge"].reshape(-1)[0])
+    if "spin" in f and int(f["spin"].reshape(-1)[0]):
+        atoms.info["spin"] = int(f["spin"].reshape(-1)[0])
     for name, value in f.items():
         if name.startswith(_INFO_PREFIXES):
             info = _info_value(name, value)
@@ -323,6 +355,8 @@ def atoms_from_fields(
         results["energy"] = float(f["energy"].reshape(-1)[0])
     if "forces" in f:
         results["forces"] = f["forces"].double().numpy()
+    if "charges" in f and "charges" not in skip:
+        results["charges"] = f["charges"].double().numpy()
     if "stress" in f:
         results["stress"] = f["stress"][0].double().numpy()
     if results:
@@ -348,7 +382,7 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
     that not all of them have alike (missing in some, or of another kind or shape) is stored as
     JSON in all, empty where it is missing, so each structure comes back with its own keys.
     """
-    optional = ("frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS)
+    optional = ("frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS, *SYSTEM_INFO)
     for name in optional:
         have = [f for f in fields_list if name in f]
         if not have or len(have) == len(fields_list):
@@ -356,7 +390,7 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
         like = have[0][name]
         for f in fields_list:
             if name not in f:
-                n = 1 if name in (SYMPREC, FIX_COM) else int(f["atomic_numbers"].shape[0])
+                n = 1 if name in (SYMPREC, FIX_COM, *SYSTEM_INFO) else int(f["atomic_numbers"].shape[0])
                 f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
     forms: dict[str, set[tuple[Any, ...]]] = {}
     owners: list[dict[str, str]] = []  # per structure: info key -> its field name

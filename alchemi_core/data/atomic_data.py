@@ -37,8 +37,10 @@ _SYSTEM_SHAPES: dict[str, tuple[int, ...]] = {
     "system_id": (),
     "fmax": (),
     "energy_change": (),
+    "charge": (),
+    "spin": (),
 }
-_INTEGER_SYSTEM_FIELDS = frozenset({"status", "system_id"})
+_INTEGER_SYSTEM_FIELDS = frozenset({"status", "system_id", "charge", "spin"})
 _NODE_VECTOR_FIELDS = frozenset({"positions", "velocities", "forces"})
 
 
@@ -63,7 +65,9 @@ class AtomicData:
         positions: ``[N, 3]`` floating tensor in Å, all finite.
         levels: Optional ``{field: "node" | "edge" | "system"}`` for custom fields.
         **fields: Any other field, e.g. ``cell``, ``pbc``, ``velocities`` (Å/fs),
-            ``atomic_masses`` (amu), ``energy`` (eV), ``neighbor_list`` (``[E, 2]``).
+            ``atomic_masses`` (amu), ``energy`` (eV), ``neighbor_list`` (``[E, 2]``), ``charge``
+            (the total charge in e, an integer) and ``spin`` (the spin multiplicity 2S + 1; 0: not
+            given), ``charges`` (``[N]`` partial charges in e).
 
     Raises:
         InvalidDataError: A field has a wrong shape, dtype or value; the message says which.

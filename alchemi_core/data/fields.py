@@ -68,6 +68,8 @@ KNOWN_LEVELS: dict[str, Level] = {
     "energy_change": Level.SYSTEM,
     SYMPREC: Level.SYSTEM,
     FIX_COM: Level.SYSTEM,
+    "charge": Level.SYSTEM,
+    "spin": Level.SYSTEM,
 }
 
 #: Edge fields that hold atom indices: batching offsets them by each system's first atom.

@@ -89,6 +89,9 @@ def _store(batch: Batch, out: Any, model: Any) -> None:
         if energy.numel() != e.numel():
             _check_shapes(model, out, batch)
         e.copy_(energy.reshape(e.shape))
+    charges = out.get("charges") if hasattr(out, "get") else None
+    if charges is not None and "charges" in batch:  # partial charges a model predicts
+        batch.charges.copy_(charges.reshape(batch.charges.shape))
     stress = out.get("stress") if hasattr(out, "get") else None
     if stress is not None:
         if stress.shape != (batch.num_graphs, 3, 3):

@@ -49,6 +49,10 @@ class ModelCard:
         periodic: True when the model applies periodic boundary conditions from ``cell``/``pbc``.
         stress: True when the model can return stress.
         species: Atomic numbers the model has parameters for (None: any).
+        needs_charge: The model reads each system's total charge (the system field ``charge``,
+            ``atoms.info["charge"]``, in e).
+        needs_spin: The model reads each system's spin multiplicity (``spin``,
+            ``atoms.info["spin"]``, 2S + 1).
     """
 
     name: str = "model"
@@ -56,6 +60,8 @@ class ModelCard:
     periodic: bool = False
     stress: bool = False
     species: tuple[int, ...] | None = None
+    needs_charge: bool = False
+    needs_spin: bool = False
 
 
 @runtime_checkable
@@ -101,6 +107,7 @@ class BaseModel(torch.nn.Module):
         self.check_species(batch)
         if self.card.periodic:
             self.check_cells(batch)
+        check_charge_and_spin(self.card, batch)
 
     def check_species(self, batch: Batch) -> None:
         """Refuse atomic numbers that are no element and, when ``card.species`` is set,
@@ -226,6 +233,33 @@ def check_input(model: Any, batch: Batch, stress: bool = False) -> None:
     check = getattr(model, "check_batch", None)
     if check is not None:
         check(batch)
+
+
+def check_charge_and_spin(card: ModelCard, batch: Batch) -> None:
+    """Refuse a batch without the total charge or spin multiplicity ``card`` needs (a spin of
+    0 means "not given"; one read-back when the card needs spin).
+
+    Raises:
+        InvalidDataError: Names the field and the value to set.
+
+    Example:
+        >>> import torch
+        >>> from alchemi_core.data import AtomicData, Batch
+        >>> h = Batch.from_data_list([AtomicData(atomic_numbers=[1], positions=torch.zeros(1, 3), charge=0, spin=2)])
+        >>> check_charge_and_spin(ModelCard(needs_charge=True, needs_spin=True), h)
+    """
+    from alchemi_core.errors import InvalidDataError
+
+    if card.needs_charge and "charge" not in batch:
+        raise InvalidDataError(
+            f"model {card.name!r} needs each structure's total charge (the system field 'charge', in e); "
+            "set it, e.g. atoms.info['charge'] = 0 for a neutral structure, before converting"
+        )
+    if card.needs_spin and ("spin" not in batch or not bool((batch.spin > 0).all())):
+        raise InvalidDataError(
+            f"model {card.name!r} needs each structure's spin multiplicity 2S + 1 (the system field 'spin'), "
+            "and some structure has none; set it, e.g. atoms.info['spin'] = 1 for a closed shell"
+        )
 
 
 def model_card(model: Any) -> ModelCard:

@@ -93,6 +93,11 @@ PLUGINS: tuple[FirstParty, ...] = (
         ("comm:nccl", "comm:gloo"),
         "`comm:nccl`, `comm:gloo`: `DistributedPipeline` over torch.distributed",
     ),
+    FirstParty(
+        "alchemi-electrostatics",
+        ("model:ewald", "model:pme", "model:dsf"),
+        "`model:ewald`, `model:pme`, `model:dsf`: Coulomb energies of per-atom charges (nvalchemi-toolkit-ops)",
+    ),
     # The machine-learned potentials: mace-torch pins e3nn 0.4.4, sevenn needs e3nn >= 0.5, so
     # each installs into an environment of its own.
     FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),

@@ -104,7 +104,8 @@ class _Deadline(Hook):
 def _engine_counts(run: Any) -> dict[str, int]:
     """How often the run just done captured its step: each capture costs an eager step and a
     recording of host time that the GPU waits for."""
-    return {"graph_captures": int(run._engine.state.graph_captures)}
+    state = getattr(run._engine, "state", run._engine)  # a checkout before the RunState kept it on the engine
+    return {"graph_captures": int(state.graph_captures)}
 
 
 def to_batch(systems: Systems, device: str, dtype: torch.dtype = torch.float32) -> Batch:

@@ -1,6 +1,9 @@
 """``SumModel`` (``model:sum``): several models added together, e.g. SevenNet + D3. The card
 takes the largest cutoff, the species every part knows, and stress when every part gives it.
-Parts may be models or registry specs (``"model:d3"``, ``{"model": "model:d3", ...}``).
+A part that returns per-atom partial charges (``"charges"``, ``[V]`` e) hands them to the parts
+after it that take them (``takes_charges = True``: ``model:ewald``, ``model:pme``, ``model:dsf``);
+the sum returns the last such charges. Parts may be models or registry specs (``"model:d3"``,
+``{"model": "model:d3", ...}``).
 
 Example:
     >>> from alchemi_potentials import LennardJones, Morse
@@ -65,14 +68,22 @@ class SumModel(BaseModel):
             periodic=all(c.periodic for c in cards),
             stress=all(c.stress for c in cards),
             species=tuple(sorted(set.intersection(*species))) if species else None,
+            needs_charge=any(c.needs_charge for c in cards),
+            needs_spin=any(c.needs_spin for c in cards),
         )
         self.cuda_graphs = all(getattr(m, "cuda_graphs", True) for m in parts)
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
-        """The parts' energies ``[B, 1]``, forces ``[V, 3]`` (and stress ``[B, 3, 3]``), added."""
+        """The parts' energies ``[B, 1]``, forces ``[V, 3]`` (and stress ``[B, 3, 3]``), added;
+        the partial ``charges`` ``[V]`` of the last part that predicts them."""
         total: dict[str, torch.Tensor] = {}
         for m in self.parts:
-            out = m(batch, compute_stress=compute_stress) if compute_stress else m(batch)
+            kwargs: dict[str, Any] = {"compute_stress": True} if compute_stress else {}
+            if "charges" in total and getattr(m, "takes_charges", False):
+                kwargs["charges"] = total["charges"]
+            out = m(batch, **kwargs)
+            if "charges" in out:
+                total["charges"] = out["charges"]
             for key in ("energy", "forces", "stress"):
                 if key in out:
                     value = out[key].reshape(batch.num_graphs, 1) if key == "energy" else out[key]

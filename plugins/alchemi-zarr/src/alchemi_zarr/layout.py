@@ -56,6 +56,7 @@ KNOWN_UNITS: dict[str, str] = {
     "virial": "eV",
     "atomic_masses": "amu",
     "charges": "e",
+    "charge": "e",
 }
 
 # torch dtype -> (header name, numpy dtype stored); bfloat16's bits are stored as uint16.
