@@ -171,10 +171,12 @@ def csvr_draws(seed: int, batch: Batch, step: torch.Tensor, nf: torch.Tensor) ->
     """Production CSVR's two random numbers of each system at its ``step``: ``R_1`` and the sum
     of ``nf`` squared normals (float64, drawn by a Warp kernel with the kernels' keys)."""
     out = torch.zeros(batch.num_graphs, 2, dtype=torch.float64, device=nf.device)
-    wp.launch(_csvr_draws, batch.num_graphs,
-              [warp_seed(seed), wp.from_torch(batch.system_id), wp.from_torch(step.contiguous()),
-               wp.from_torch(nf.to(torch.float64).contiguous()), wp.from_torch(out)],
-              device=str(nf.device))
+    args = [warp_seed(seed), wp.from_torch(batch.system_id), wp.from_torch(step.contiguous()),
+            wp.from_torch(nf.to(torch.float64).contiguous()), wp.from_torch(out)]
+    if nf.is_cuda:  # on torch's current stream, ordered with the oracle's torch operations
+        wp.launch(_csvr_draws, batch.num_graphs, args, stream=wp.stream_from_torch(torch.cuda.current_stream()))
+    else:
+        wp.launch(_csvr_draws, batch.num_graphs, args, device="cpu")
     dtype = nf.dtype
     return out[:, 0].to(dtype), out[:, 1].to(dtype)
 
