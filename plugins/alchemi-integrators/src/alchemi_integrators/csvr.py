@@ -8,7 +8,7 @@ One step of length dt, the model's forward between the halves::
     v += dt/2 F/m;  v *= alpha                                 (post_update)
 
 Once per step each system's kinetic energy K jumps to an exact sample of its canonical
-relaxation towards ``K_0 = N_f kB T / 2`` over dt (the Bussi formula, their eq. (A7))::
+relaxation towards ``K_0 = N_f kB T / 2`` over dt (the formula of their appendix)::
 
     alpha² = c + (1 - c) K_0 / (N_f K) (R_1² + S) + 2 R_1 sqrt(c (1 - c) K_0 / (N_f K)),
     c = exp(-dt / tau),

@@ -173,7 +173,7 @@ def sum_of_squared_normals(state: wp.uint32, first: Any, count: Any):
 @wp.func
 def rescaling_factor(ke: Any, target: Any, nf: Any, c: Any, r1: Any, chi2: Any):
     # Stochastic velocity rescaling (Bussi, Donadio & Parrinello, J. Chem. Phys. 126, 014101
-    # (2007), their eq. (A7)): the factor that takes kinetic energy ke of nf degrees of freedom to
+    # (2007), their appendix): the factor that takes kinetic energy ke of nf degrees of freedom to
     # an exact sample of its canonical relaxation towards target = nf kT / 2 over a time with
     # c = exp(-time / tau); r1 is the first normal, chi2 the sum of the squares of all nf.
     one = type(ke)(1.0)

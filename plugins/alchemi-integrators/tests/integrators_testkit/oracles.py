@@ -146,7 +146,7 @@ class TorchLangevin(_Oracle, Langevin):
 def rescaling_factor(
     ke: torch.Tensor, target: torch.Tensor, nf: torch.Tensor, c: torch.Tensor, r1: torch.Tensor, chi2: torch.Tensor,
 ) -> torch.Tensor:
-    """``[B]`` stochastic velocity rescaling factors (Bussi, Donadio & Parrinello 2007, eq. (A7)):
+    """``[B]`` stochastic velocity rescaling factors (Bussi, Donadio & Parrinello 2007, appendix):
     kinetic energy ``ke`` of ``nf`` degrees of freedom relaxes towards ``target`` with
     ``c = exp(-time / tau)``; ``r1`` is the first normal, ``chi2`` the sum of all ``nf`` squared."""
     safe_ke = ke.clamp(min=torch.finfo(ke.dtype).tiny)
