@@ -21,8 +21,12 @@ What travels, in both directions:
   the ``[N, 3]`` bool atom field ``frozen_axes`` (True: that component held), present only where
   some atom is held so. Every alchemi stage keeps them in place
   (:mod:`alchemi_core.dynamics.constraints`). On the way back ``frozen`` becomes a ``FixAtoms``
-  and each pattern of ``frozen_axes`` a ``FixCartesian``. Any other constraint (bond lengths,
-  filters) is an error: alchemi cannot honour it and never drops one silently.
+  and each pattern of ``frozen_axes`` a ``FixCartesian``. ``FixSymmetry(atoms, symprec)`` becomes
+  the system field ``symprec`` (the space group is kept through relaxations:
+  :mod:`alchemi_core.dynamics.symmetry`) and ``FixCom`` the bool system field ``fix_com``; both come
+  back as those constraints. Any other constraint (bond lengths, ``FixSymmetry`` without
+  ``adjust_positions`` or ``adjust_cell``, ``FixSubsetCom``) is an error: alchemi cannot honour it
+  and never drops one silently.
 
 A structure that left an optimiser (FIRE) has zero velocities (the optimiser's are not physical),
 so ``to_atoms`` of a relaxed structure carries no momenta. Zero velocities are not written back.
@@ -51,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from alchemi_core.data.fields import FROZEN_AXES
+from alchemi_core.data.fields import FIX_COM, FROZEN_AXES, SYMPREC
 from alchemi_core.errors import InvalidDataError
 
 if TYPE_CHECKING:
@@ -73,7 +77,7 @@ SYSTEM_INFO = ("charge", "spin")
 #: Fields ``atoms_from_fields`` places itself (everything else goes to ``arrays``/``info``).
 PLACED = frozenset(
     {"atomic_numbers", "positions", "velocities", "atomic_masses", "forces", "cell", "pbc", "energy", "stress",
-     "charges", "frozen", FROZEN_AXES, *ATOM_ARRAYS, *SYSTEM_INFO}
+     "charges", "frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS, *SYSTEM_INFO}
 )
 
 #: Edge fields: a frame of an ASE file has no place for them, so file exports leave them out.
@@ -128,6 +132,8 @@ def held_components(atoms: ase.Atoms) -> np.ndarray | None:
         return None
     held = np.zeros((len(atoms), 3), dtype=bool)
     for c in atoms.constraints:
+        if _system_constraint(c) is not None:
+            continue
         if isinstance(c, FixAtoms):
             held[c.get_indices()] = True
         elif isinstance(c, FixCartesian):
@@ -135,29 +141,58 @@ def held_components(atoms: ase.Atoms) -> np.ndarray | None:
         else:
             raise InvalidDataError(
                 f"the structure has a {type(c).__name__} constraint, which alchemi cannot honour (it holds "
-                "atoms or Cartesian components fixed: FixAtoms, FixCartesian); remove it "
+                "atoms or Cartesian components fixed: FixAtoms, FixCartesian; and keeps FixSymmetry, FixCom); "
+                "remove it "
                 "(atoms.set_constraint()) or replace it with one of those"
             )
     return held
 
 
+def _system_constraint(c: Any) -> tuple[str, torch.Tensor] | None:
+    """The system field of a ``FixSymmetry`` or ``FixCom`` (None for other constraints).
+
+    Raises:
+        InvalidDataError: A ``FixSymmetry`` that leaves positions or the cell free.
+    """
+    from ase.constraints import FixCom, FixSymmetry
+
+    if type(c) is FixCom:
+        return FIX_COM, torch.tensor([True])
+    if not isinstance(c, FixSymmetry):
+        return None
+    if not (c.do_adjust_positions and c.do_adjust_cell):
+        raise InvalidDataError(
+            "the structure has a FixSymmetry with adjust_positions or adjust_cell off, which alchemi cannot "
+            "honour (it symmetrises forces, stress, positions and cell steps together); make it with the "
+            "defaults, FixSymmetry(atoms, symprec=...)"
+        )
+    return SYMPREC, torch.tensor([float(c.symprec)], dtype=torch.float64)
+
+
 def _constraint_fields(atoms: ase.Atoms) -> dict[str, torch.Tensor]:
-    """``frozen`` for every structure with constraints, and ``frozen_axes`` where some atom is
-    held in only some components."""
+    """``frozen`` for every structure with constraints, ``frozen_axes`` where some atom is
+    held in only some components, ``symprec`` and ``fix_com`` for ``FixSymmetry`` and ``FixCom``."""
+    fields: dict[str, torch.Tensor] = {}
+    for c in atoms.constraints:
+        pair = _system_constraint(c)
+        if pair is not None:
+            fields[pair[0]] = pair[1]
     held = held_components(atoms)
-    if held is None:
-        return {}
+    if held is None or len(fields) == len(atoms.constraints):
+        return fields
     whole = np.asarray(held.all(axis=1), dtype=bool)
-    fields = {"frozen": torch.from_numpy(whole)}
+    fields["frozen"] = torch.from_numpy(whole)
     if bool((held.any(axis=1) & ~whole).any()):
         fields[FROZEN_AXES] = torch.from_numpy(held & ~whole[:, None])
     return fields
 
 
-def _constraints(f: Mapping[str, torch.Tensor]) -> list[Any]:
+def _constraints(f: Mapping[str, torch.Tensor], atoms: ase.Atoms) -> list[Any]:
     """ASE constraints for one structure's ``frozen``/``frozen_axes``: a ``FixAtoms`` of the atoms
-    held whole, one ``FixCartesian`` per pattern of the atoms held in some components only."""
-    from ase.constraints import FixAtoms, FixCartesian
+    held whole, one ``FixCartesian`` per pattern of the atoms held in some components only; a
+    ``FixSymmetry`` for ``symprec`` above 0 (found on a copy of ``atoms``, which stays bit for bit
+    as it is) and a ``FixCom`` for ``fix_com``."""
+    from ase.constraints import FixAtoms, FixCartesian, FixCom, FixSymmetry
 
     n = int(f["atomic_numbers"].shape[0])
     held = np.zeros((n, 3), dtype=bool)
@@ -169,8 +204,15 @@ def _constraints(f: Mapping[str, torch.Tensor]) -> list[Any]:
     out: list[Any] = [FixAtoms(mask=whole)] if whole.any() else []
     partial = held.any(axis=1) & ~whole
     for pattern in np.unique(held[partial], axis=0):
-        atoms = np.flatnonzero(partial & (held == pattern).all(axis=1))
-        out.append(FixCartesian(atoms.tolist(), mask=tuple(bool(v) for v in pattern)))
+        atoms_held = np.flatnonzero(partial & (held == pattern).all(axis=1))
+        out.append(FixCartesian(atoms_held.tolist(), mask=tuple(bool(v) for v in pattern)))
+    if SYMPREC in f and float(f[SYMPREC].reshape(-1)[0]) > 0:
+        from alchemi_core.dynamics.symmetry import require_symmetry
+
+        require_symmetry()  # a clear error without spglib or ASE's helpers
+        out.append(FixSymmetry(atoms.copy(), symprec=float(f[SYMPREC].reshape(-1)[0])))
+    if FIX_COM in f and bool(f[FIX_COM].reshape(-1)[0]):
+        out.append(FixCom())
     return out
 
 
@@ -292,7 +334,7 @@ def atoms_from_fields(
             info = _info_value(name, value)
             if info is not _ABSENT:
                 atoms.info[_split_info(name)[1]] = info
-    constraints = _constraints(f)
+    constraints = _constraints(f, atoms)
     if constraints:
         atoms.set_constraint(constraints)
     from alchemi_core.registry import engine_state_fields
@@ -335,11 +377,12 @@ def _as_numpy(name: str, t: torch.Tensor) -> np.ndarray:
 
 def harmonise(fields_list: list[dict[str, Any]]) -> None:
     """Make structures from different files batch together: every structure gets the atom arrays,
-    ``frozen`` and ``frozen_axes`` that any of them has (ASE's defaults: zeros, not frozen), and an ``info`` key
+    ``frozen``, ``frozen_axes``, ``symprec`` and ``fix_com`` that any of them has (ASE's defaults:
+    zeros, not frozen, no symmetry kept, centre of mass free), and an ``info`` key
     that not all of them have alike (missing in some, or of another kind or shape) is stored as
     JSON in all, empty where it is missing, so each structure comes back with its own keys.
     """
-    optional = ("frozen", FROZEN_AXES, *ATOM_ARRAYS, *SYSTEM_INFO)
+    optional = ("frozen", FROZEN_AXES, SYMPREC, FIX_COM, *ATOM_ARRAYS, *SYSTEM_INFO)
     for name in optional:
         have = [f for f in fields_list if name in f]
         if not have or len(have) == len(fields_list):
@@ -347,7 +390,7 @@ def harmonise(fields_list: list[dict[str, Any]]) -> None:
         like = have[0][name]
         for f in fields_list:
             if name not in f:
-                n = 1 if name in SYSTEM_INFO else int(f["atomic_numbers"].shape[0])
+                n = 1 if name in (SYMPREC, FIX_COM, *SYSTEM_INFO) else int(f["atomic_numbers"].shape[0])
                 f[name] = torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
     forms: dict[str, set[tuple[Any, ...]]] = {}
     owners: list[dict[str, str]] = []  # per structure: info key -> its field name

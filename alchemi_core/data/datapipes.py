@@ -28,6 +28,7 @@ import torch
 
 from alchemi_core.data.ase_io import INFO_PREFIX, JSON_PREFIX, SYSTEM_INFO, TEXT_PREFIX, harmonise
 from alchemi_core.data.atomic_data import AtomicData
+from alchemi_core.data.fields import KNOWN_LEVELS
 from alchemi_core.errors import InvalidDataError
 
 #: Prefixes of the system fields that hold ``atoms.info`` values.
@@ -99,8 +100,10 @@ def harmonise_structures(structures: Sequence[AtomicData]) -> list[AtomicData]:
     harmonise([f for f, _ in converted])
     out = []
     for fields, levels in converted:
-        # Fields harmonise added: JSON info, charge and spin (one row per structure) or atom arrays.
-        lv = {k: levels.get(k, "system" if k.startswith(INFO_PREFIXES) or k in SYSTEM_INFO else "node") for k in fields}
+        # Fields harmonise added: JSON info, charge, spin, ``symprec`` and ``fix_com`` (one row per
+        # structure) or atom arrays.
+        lv = {k: levels.get(k, "system" if k.startswith(INFO_PREFIXES) or k in SYSTEM_INFO
+                            else KNOWN_LEVELS.get(k, "node")) for k in fields}
         out.append(AtomicData(levels=lv, **fields))
     return out
 

@@ -33,6 +33,11 @@ class Level(str, enum.Enum):
 #: ``[V, 3]`` bool: the Cartesian components of an atom held fixed (ASE's ``FixCartesian``; whole
 #: atoms are ``frozen``, ASE's ``FixAtoms``). See ``alchemi_core.dynamics.constraints``.
 FROZEN_AXES = "frozen_axes"
+#: ``[B]`` float: a system above 0 keeps its space group found at this tolerance (Å; ASE's
+#: ``FixSymmetry(atoms, symprec)``). See ``alchemi_core.dynamics.symmetry``.
+SYMPREC = "symprec"
+#: ``[B]`` bool: the system's centre of mass stays where it is (ASE's ``FixCom``).
+FIX_COM = "fix_com"
 
 #: Fields whose level never depends on a shape.
 KNOWN_LEVELS: dict[str, Level] = {
@@ -61,6 +66,8 @@ KNOWN_LEVELS: dict[str, Level] = {
     "system_id": Level.SYSTEM,
     "fmax": Level.SYSTEM,
     "energy_change": Level.SYSTEM,
+    SYMPREC: Level.SYSTEM,
+    FIX_COM: Level.SYSTEM,
     "charge": Level.SYSTEM,
     "spin": Level.SYSTEM,
 }

@@ -226,8 +226,9 @@ class Admission:
             new[n0:] = True
             self.masks.init_entering(batch, new)
             self.masks.update(batch)
-            forward(st, batch)
-            verify_models(st.models, batch)  # what the newcomers need (neighbour columns) before they step
+            if st.forces_on_entry:
+                forward(st, batch)
+                verify_models(st.models, batch)  # what the newcomers need (neighbour columns) before they step
             if st.track_energy_change:
                 batch.energy_prev.copy_(batch.energy)
         return copied

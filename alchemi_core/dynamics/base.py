@@ -107,6 +107,12 @@ class BaseDynamics:
     #: Whether the integrator changes cells (NPT, cell filters): held atoms and components then
     #: follow the cell's deformation (``alchemi_core.dynamics.constraints``).
     moves_cell: bool = False
+    #: Whether a system entering this stage needs forces before its first step (the engine
+    #: evaluates the model for newcomers); a stage that moves nothing (``Static``) says False.
+    forces_on_entry: bool = True
+    #: The system field holding this stage's ``fmax`` where that is not the largest atomic force
+    #: (a cell filter's, which counts the cell's forces too); logs read it. None: the atoms' forces.
+    fmax_field: str | None = None
     #: Whether runs capture the step as a CUDA graph (:meth:`compile`).
     compile_step: bool = False
     _stream: Any = None  # the stream of ``with stage:``

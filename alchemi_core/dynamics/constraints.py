@@ -1,4 +1,6 @@
-"""Fixed atoms and fixed Cartesian components: the one place every step honours constraints.
+"""Constraints: the one place every step honours them, whatever the integrator.
+
+Fixed atoms and fixed Cartesian components, a kept space group and a fixed centre of mass.
 
 Two atom fields hold atoms in place, as ASE's constraints do:
 
@@ -19,6 +21,16 @@ follows the cell's deformation of the step, as under ASE's ``FrechetCellFilter``
 the kept one mapped by ``cell_old^-1 cell_new`` (so a ``frozen`` atom keeps its fractional
 coordinates), and stays bit for bit where a system's cell did not change.
 
+Two system fields constrain whole systems:
+
+* ``symprec`` (float, above 0): the system keeps its space group (ASE's ``FixSymmetry``): forces
+  and stress are averaged over the group after each forward, and each step's cell change and
+  position step (taken from the old positions carried by the averaged cell change) before the
+  held components are put back (:mod:`alchemi_core.dynamics.symmetry`);
+* ``fix_com`` (bool): the system's centre of mass stays put (ASE's ``FixCom``): the forces lose
+  ``m_i sum(m f) / sum(m^2)``, each step's positions are shifted back to the centre of mass they
+  started from (carried by the cell), the velocities lose the centre-of-mass velocity.
+
 Only batches with such fields pay for it; buffers are allocated when the batch's systems
 change, never per step, and nothing is read back.
 """
@@ -29,14 +41,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from alchemi_core.data.fields import FROZEN_AXES
+from alchemi_core.data.fields import FIX_COM, FROZEN_AXES
+from alchemi_core.dynamics.symmetry import Symmetry
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.workspace import Workspace
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-__all__ = ["FROZEN_AXES", "Constraints", "free_components", "has_constraints", "hold_forces"]
+__all__ = ["FROZEN_AXES", "CentreOfMass", "Constraints", "free_components", "has_constraints", "hold_forces"]
 
 
 def has_constraints(batch: Batch) -> bool:
@@ -66,16 +79,91 @@ def free_components(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
     return free
 
 
-class Constraints:
-    """The held components of one engine's batch and what the step keeps of them.
+class CentreOfMass:
+    """Systems whose centre of mass stays put (system field ``fix_com``, ASE's ``FixCom``): their
+    forces lose their mass-weighted mean (ASE's ``adjust_forces``), each step's positions are
+    shifted back to the centre of mass they started from, and their velocities lose the
+    centre-of-mass velocity. Weights per atom are written with the masks; the step reads nothing."""
 
-    ``write`` (at each rewrite of the masks) reads the fields into ``[V, 3]`` bool ``held``;
-    ``keep``, ``project`` and ``settle`` run inside the step (see the module docstring).
+    def __init__(self) -> None:
+        #: ``[V, 1]`` each atom's mass in systems with ``fix_com``, else 0; None: no such system.
+        self.mass: torch.Tensor | None = None
+        self._inv_total: torch.Tensor | None = None  # [B, 1] 1 / the system's mass (0: not held)
+        self._inv_squares: torch.Tensor | None = None  # [B, 1] 1 / sum of squared masses
+        self._version = -1
+        self._work = Workspace()
+
+    def write(self, batch: Batch) -> None:
+        """Per-atom weights of the systems with ``fix_com`` (None where the batch has none), laid
+        out when the systems change (a captured step keeps reading the same tensors)."""
+        if FIX_COM not in batch:
+            self.mass, self._version = None, -1
+            return
+        if self._version == batch.version:
+            return
+        self._version = batch.version
+        held = getattr(batch, FIX_COM).reshape(-1).to(torch.bool)
+        dtype, idx = batch.positions.dtype, batch.batch_idx
+        mass = batch.atomic_masses.to(dtype) * held.index_select(0, idx).to(dtype)
+        n = batch.num_graphs
+        total = torch.zeros(n, dtype=dtype, device=batch.device).index_add_(0, idx, mass)
+        squares = torch.zeros_like(total).index_add_(0, idx, mass * mass)
+        self.mass = mass.view(-1, 1)
+        self._inv_total = torch.where(total > 0, 1.0 / total, 0.0).view(-1, 1)
+        self._inv_squares = torch.where(squares > 0, 1.0 / squares, 0.0).view(-1, 1)
+
+    def _mean(self, batch: Batch, values: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        """``[V, 3]`` each atom's system's ``sum(m v) * inv`` (0 in systems without ``fix_com``)."""
+        assert self.mass is not None
+        w = self._work
+        n, v = batch.num_graphs, values.shape[0]
+        weighted = w.get("weighted", v, batch.node_capacity, (3,), values.dtype, values.device)
+        torch.mul(values, self.mass, out=weighted)
+        sums = w.get("sums", n, batch.system_capacity, (3,), values.dtype, values.device)
+        sums.zero_().index_add_(0, batch.batch_idx, weighted).mul_(inv)
+        per_atom = w.get("per_atom", v, batch.node_capacity, (3,), values.dtype, values.device)
+        return torch.index_select(sums, 0, batch.batch_idx, out=per_atom)
+
+    def forces(self, batch: Batch) -> None:
+        """Forces less ``m_i lambda`` with ``lambda = sum(m f) / sum(m^2)`` (the net force gone)."""
+        assert self._inv_squares is not None and self.mass is not None
+        lam = self._mean(batch, batch.forces, self._inv_squares)
+        batch.forces.sub_(lam.mul_(self.mass))
+
+    def positions(self, batch: Batch, start: torch.Tensor) -> None:
+        """Positions shifted so each held system's centre of mass is that of ``start``."""
+        assert self._inv_total is not None
+        x = batch.positions
+        step = self._work.get("com_step", x.shape[0], batch.node_capacity, (3,), x.dtype, x.device)
+        torch.sub(start, x, out=step)
+        x.add_(self._mean(batch, step, self._inv_total))
+
+    def velocities(self, batch: Batch) -> None:
+        """Velocities less each held system's centre-of-mass velocity."""
+        assert self._inv_total is not None
+        if "velocities" in batch:
+            v = batch.velocities
+            v.sub_(self._mean(batch, v, self._inv_total))
+
+
+class Constraints:
+    """The constraints of one engine's batch and what the step keeps of them.
+
+    ``write`` (at each rewrite of the masks) reads the fields into ``[V, 3]`` bool ``held``, the
+    symmetry operations (:mod:`alchemi_core.dynamics.symmetry`) and the centre-of-mass weights;
+    ``adjust_forces`` runs after each model forward, ``keep``, ``project`` and ``settle`` around the
+    stages' updates (see the module docstring).
     """
 
     def __init__(self) -> None:
         #: ``[V, 3]`` True for each held component; None while the batch holds nothing.
         self.held: torch.Tensor | None = None
+        #: The space groups of the systems that keep theirs (``symprec``).
+        self.symmetry = Symmetry()
+        #: The systems whose centre of mass stays put (``fix_com``).
+        self.com = CentreOfMass()
+        #: Whether the step has anything to keep (held components, symmetry, a fixed centre of mass).
+        self.active = False
         self._positions: torch.Tensor | None = None
         self._cells: torch.Tensor | None = None
         self._version = -1
@@ -84,24 +172,35 @@ class Constraints:
     def write(self, batch: Batch, moves_cell: bool) -> None:
         """Read ``frozen``/``frozen_axes`` of ``batch`` into :attr:`held` (buffers kept while the
         systems stay; rewritten in place, so a captured step sees them) and zero the held
-        components' velocities, so no stage starts from a velocity it may not use.
+        components' velocities, so no stage starts from a velocity it may not use; lay out the
+        symmetry operations and centre-of-mass weights.
 
         Raises:
             InvalidDataError: ``frozen_axes`` not of shape ``[V, 3]``.
+            MissingDependencyError: a system keeps its symmetry and spglib is not installed.
         """
-        if not has_constraints(batch):
+        self.symmetry.write(batch)
+        self.com.write(batch)
+        holds = has_constraints(batch)
+        self.active = holds or self.symmetry.active or self.com.mass is not None
+        if not self.active:
             self.held = self._positions = self._cells = None
             return
         x = batch.positions
-        if self.held is None or self._version != batch.version or self.held.shape != x.shape:
-            self.held = torch.empty(x.shape, dtype=torch.bool, device=x.device)
+        if self._positions is None or self._version != batch.version or self._positions.shape != x.shape:
             self._positions = torch.empty_like(x)
+            self.held = None
             self._version = batch.version
         cells = moves_cell and "cell" in batch
         if not cells:
             self._cells = None
         elif self._cells is None or self._cells.shape != batch.cell.shape:
             self._cells = torch.empty_like(batch.cell)
+        if not holds:
+            self.held = None
+            return
+        if self.held is None:
+            self.held = torch.empty(x.shape, dtype=torch.bool, device=x.device)
         held = self.held
         if "frozen" in batch:
             held.copy_(batch.frozen.reshape(-1, 1).to(torch.bool).expand_as(held))
@@ -119,6 +218,16 @@ class Constraints:
         if "velocities" in batch:
             batch.velocities.masked_fill_(held, 0.0)
 
+    def adjust_forces(self, batch: Batch) -> None:
+        """After a model forward: held components feel no force, the forces (and stress) of a
+        system that keeps its symmetry are averaged over its group, a fixed centre of mass feels
+        no net force."""
+        if self.symmetry.active:
+            self.symmetry.forces(batch)
+        if self.com.mass is not None:
+            self.com.forces(batch)
+        hold_forces(batch)
+
     def keep(self, batch: Batch) -> None:
         """Before the stages' ``pre_update``: keep the positions (and cells) they start from."""
         assert self._positions is not None
@@ -127,26 +236,36 @@ class Constraints:
             self._cells.copy_(batch.cell)
 
     def project(self, batch: Batch) -> None:
-        """After the stages' ``pre_update``: held components back where they were (carried by
-        the cell's deformation where it changed), their velocities zero."""
-        held, kept = self.held, self._positions
-        assert held is not None and kept is not None
+        """After the stages' ``pre_update``: a symmetric system's cell change and step averaged
+        over its group, a fixed centre of mass put back, held components back where they were
+        (all carried by the cell's deformation where it changed), their velocities zero."""
+        kept = self._positions
+        assert kept is not None
         if self._cells is not None:
-            kept = self._carried(batch, kept, self._cells)
+            carry = self._carry(batch, self._cells)
+            if self.symmetry.active:
+                self.symmetry.cell_step(batch, self._cells, carry)
+            kept = self._carried(batch, kept, carry)
+        if self.symmetry.active:
+            self.symmetry.position_step(batch, kept)
+        if self.com.mass is not None:
+            self.com.positions(batch, kept)
         x = batch.positions
-        torch.where(held, kept, x, out=x)
+        if self.held is not None:
+            torch.where(self.held, kept, x, out=x)
         self.settle(batch)
 
     def settle(self, batch: Batch) -> None:
-        """After the stages' ``post_update``: held components' velocities zero (where the batch
-        has velocities: an integrator may keep none)."""
-        assert self.held is not None
-        if "velocities" in batch:
+        """After the stages' ``post_update``: held components' velocities zero and a fixed centre
+        of mass at rest (where the batch has velocities: an integrator may keep none)."""
+        if self.com.mass is not None:
+            self.com.velocities(batch)
+        if self.held is not None and "velocities" in batch:
             batch.velocities.masked_fill_(self.held, 0.0)
 
-    def _carried(self, batch: Batch, kept: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-        """``kept`` positions mapped by each system's cell change ``cell_old^-1 cell_new`` (row
-        vectors), exactly ``kept`` for systems whose cell did not change; into kept buffers."""
+    def _carry(self, batch: Batch, old: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, 3]`` each system's cell change ``cell_old^-1 cell_new`` (row vectors), exactly
+        the identity for systems whose cell did not change; a kept buffer."""
         new = batch.cell
         rows, cap, dtype, dev = batch.num_graphs, batch.system_capacity, old.dtype, old.device
         work = self._work
@@ -170,6 +289,11 @@ class Constraints:
         eye = work.get("eye", 1, 1, (3, 3), dtype, dev)
         torch.eye(3, dtype=dtype, device=dev, out=eye[0])
         torch.where(same.view(-1, 1, 1), eye, carry, out=carry)
+        return carry
+
+    def _carried(self, batch: Batch, kept: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+        """``kept`` positions mapped by each system's cell change ``carry``, into a kept buffer."""
+        work, dtype, dev = self._work, carry.dtype, carry.device
         per_atom = work.get("per_atom", batch.num_nodes, batch.node_capacity, (3, 3), dtype, dev)
         torch.index_select(carry, 0, batch.batch_idx, out=per_atom)
         carried = work.get("carried", batch.num_nodes, batch.node_capacity, (1, 3), dtype, dev)

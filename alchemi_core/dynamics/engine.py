@@ -106,8 +106,9 @@ class Engine:
             if bool(entering.any()):
                 self.masks.init_entering(batch, entering)
         self.masks.update(batch)
-        forward(st, batch)
-        verify_models(st.models, batch)
+        if st.forces_on_entry:  # (a run that moves nothing evaluates in its step, once)
+            forward(st, batch)
+            verify_models(st.models, batch)
         if st.track_energy_change:
             batch.energy_prev.copy_(batch.energy)
         self._build_tables()

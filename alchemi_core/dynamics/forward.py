@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from alchemi_core.data import Batch
-from alchemi_core.dynamics.constraints import hold_forces
 from alchemi_core.dynamics.state import RunState
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.models.base import model_card
@@ -20,13 +19,15 @@ from alchemi_core.models.base import model_card
 def forward(state: RunState, batch: Batch) -> None:
     """One model evaluation per distinct model; results written into the batch buffers.
     Atoms marked ``frozen`` and components ``frozen_axes`` holds feel no force (as under ASE's
-    ``FixAtoms`` and ``FixCartesian``), so ``fmax`` counts only what moves; the step puts back
-    whatever an update moved of them (``constraints``)."""
+    ``FixAtoms`` and ``FixCartesian``), so ``fmax`` counts only what moves; forces and stress of a
+    system with ``symprec`` are averaged over its space group (``FixSymmetry``), a system with
+    ``fix_com`` feels no net force (``FixCom``); the step puts back whatever an update moved
+    against them (``constraints``)."""
     models, stress = state.models, state.needs_stress
     if len(models) == 1:
         model = models[0]
         _store(batch, model(batch, compute_stress=True) if stress else model(batch), model)
-        hold_forces(batch)
+        state.constraints.adjust_forces(batch)
         return
     # Several models: each system takes the forces (and stress) of its own stage's model.
     kwargs = {"compute_stress": True} if stress else {}
@@ -42,7 +43,7 @@ def forward(state: RunState, batch: Batch) -> None:
                 if stress and out.get("stress") is not None:
                     rows = s.sys_mask.view(-1, 1, 1)
                     batch.stress.copy_(torch.where(rows, out["stress"], batch.stress))
-    hold_forces(batch)
+    state.constraints.adjust_forces(batch)
 
 
 def verify_models(models: list[Any], batch: Batch) -> None:

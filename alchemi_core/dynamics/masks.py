@@ -205,6 +205,9 @@ class Masks:
         and inverse masses first, and drop their derived values: they describe the old layout.
         """
         st = self.state
+        # Newcomers that keep their symmetry are refined to their group before any stage starts
+        # from their cell (a cell filter takes it as its reference).
+        st.constraints.symmetry.write(batch)
         if st.inv_mass_version != batch.version:
             inv_mass, version = self.inv_mass(batch), next_version()
             for ctx in st.contexts:

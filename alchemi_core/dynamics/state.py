@@ -105,6 +105,9 @@ class RunState:
     track_energy_change: bool
     moves_cells: bool
     needs_stress: bool
+    #: Whether systems entering need forces before their first step (the engine then evaluates
+    #: the model at a run's start and after a refill); a run of stages that move nothing does not.
+    forces_on_entry: bool
     #: Capture the step as a CUDA graph on GPUs (``compile()``). A model whose own code reads back
     #: from the device says ``cuda_graphs = False``: its stage then steps eagerly.
     graph_requested: bool
@@ -243,6 +246,7 @@ class RunState:
             track_fmax="fmax" in keys, track_energy_change="energy_change" in keys,
             moves_cells=any(getattr(s.dynamics, "moves_cell", False) for s in subs),
             needs_stress=any(getattr(x, "needs_stress", False) for x in (*(s.dynamics for s in subs), *all_hooks)),
+            forces_on_entry=any(getattr(s.dynamics, "forces_on_entry", True) for s in subs),
             graph_requested=bool(getattr(owner, "compile_step", False))
             and all(getattr(m, "cuda_graphs", True) for m in models),
             given_tuning=getattr(owner, "tuning", None), health=HealthCheck.of(owner),

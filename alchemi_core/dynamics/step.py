@@ -155,9 +155,9 @@ class StepLoop:
         """
         st = self.state
         subs, own = st.subs, st.owner_hooks
-        # Held atoms and components (``constraints``): whatever the updates do to them is undone
-        # here, for every integrator and backend alike.
-        constraints = st.constraints if st.constraints.held is not None else None
+        # Held atoms and components, symmetry, a fixed centre of mass (``constraints``): whatever
+        # the updates do against them is undone here, for every integrator and backend alike.
+        constraints = st.constraints if st.constraints.active else None
         with torch.no_grad():
             if constraints is not None:
                 constraints.keep(batch)

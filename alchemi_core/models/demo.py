@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -68,17 +68,15 @@ class DemoModelWrapper(BaseModel):
         super().__init__()
         self.depth = float(depth)
         self.stiffness = float(stiffness)
-        self._cache_key: tuple[int, torch.device, torch.dtype] | None = None
-        self._cache_batch: weakref.ref[Batch] | None = None
+        self._cache_key: tuple[weakref.ref[Batch], int, torch.device, torch.dtype] | None = None
         self._pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _pair_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ordered pairs (i, j), each pair's system and ``a * r0``; rebuilt when systems change."""
         pos = batch.positions
-        key = (batch.version, pos.device, pos.dtype)
-        # The batch object itself, not its id: a new batch may take a freed one's id.
-        held = self._cache_batch() if self._cache_batch is not None else None
-        if key != self._cache_key or held is not batch or self._pairs is None:
+        # A weak reference, not id(): a new batch can take a freed one's id (and version).
+        key = (weakref.ref(batch), batch.version, pos.device, pos.dtype)
+        if key != self._cache_key or self._pairs is None:
             i_np, j_np, s_np = _ordered_pairs(np.asarray(batch.num_nodes_per_system, dtype=np.int64))
             dev = pos.device
             i_t = torch.from_numpy(i_np).to(dev)
@@ -88,7 +86,6 @@ class DemoModelWrapper(BaseModel):
             r0 = 0.5 + 0.1 * (root[i_t] + root[j_t])
             self._pairs = (i_t, j_t, s_t, self.stiffness * r0)
             self._cache_key = key
-            self._cache_batch = weakref.ref(batch)
         return self._pairs
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
@@ -109,10 +106,6 @@ class DemoModelWrapper(BaseModel):
         coef = torch.addcmul(x, x, x, value=-1.0).div_(r)
         forces.index_add_(0, i, d * coef.unsqueeze(-1), alpha=-2.0 * self.depth * self.stiffness)
         return {"energy": energy, "forces": forces}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A weak reference does not pickle; a copy builds its pair table again.
-        return {**super().__getstate__(), "_cache_key": None, "_cache_batch": None, "_pairs": None}
 
     @staticmethod
     def _outputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,11 @@ def alchemi_register_integrators(registrar):  # type: ignore[no-untyped-def]
         "alchemi_core.dynamics.demo:DemoDynamics",
         summary="velocity Verlet reference implementation (tests and examples)",
     )
+    registrar.add(
+        "static",
+        "alchemi_core.dynamics.static:Static",
+        summary="one model evaluation per structure: energy, forces, stress when asked (screening, labelling)",
+    )
 
 
 @hookimpl

@@ -44,14 +44,14 @@ PLUGINS: tuple[FirstParty, ...] = (
     FirstParty(
         "alchemi-integrators",
         (
-            "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover",
-            "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale",
+            "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover", "integrator:csvr",
+            "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale", "integrator:nph",
             *_exports(
-                "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "FIRE", "FIRE2", "NPTMTK",
-                "NPTCRescale",
+                "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "CSVR", "FIRE", "FIRE2",
+                "NPTMTK", "NPTCRescale", "NPH",
             ),
         ),
-        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `fire`, `fire2`",
+        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`",
     ),
     FirstParty(
         "alchemi-potentials",

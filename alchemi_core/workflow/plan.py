@@ -227,7 +227,9 @@ def execute(
         raise ConfigurationError("the workflow's input holds no structures")
     wf = plan.workflow
     opts = dict(wf.sampler)
-    refill = int(opts.pop("refill_frequency", 10))
+    # Stages of one step (``integrator:static`` alone) hand each structure on right after it.
+    one_step = all(s.n_steps == 1 and not s.forces_on_entry for s in plan.stages)
+    refill = int(opts.pop("refill_frequency", 1 if one_step else 10))
     max_atoms = opts.pop("max_atoms", None)  # None: planned from the model and the memory
     sampler = SizeAwareSampler(_on_device(dataset, plan.device), max_atoms=max_atoms,
                                max_batch_size=opts.pop("max_batch_size", None), bin_width=opts.pop("bin_width", 16),

@@ -7,7 +7,8 @@ one, and kills itself with SIGKILL at the step the parent drew; the parent waits
 next attempt, until one finishes. The parent touches no Zarr store until every child is done
 (zarr's event-loop thread would not survive a fork).
 
-Usage: ``python kill_resume_driver.py SINK TRIALS SEED WORKDIR`` with SINK ``zarr`` or ``host``;
+Usage: ``python kill_resume_driver.py SINK TRIALS SEED WORKDIR [RUN]`` with SINK ``zarr`` or
+``host`` and RUN ``fused`` (relax then MD, the default) or ``static`` (``integrator:static``);
 prints one JSON object: per trial the kills made, the system ids found and whether the final
 state equals the uninterrupted run's.
 """
@@ -35,10 +36,12 @@ from alchemi_core.dynamics import (  # noqa: E402
     SizeAwareSampler,
 )
 from alchemi_core.dynamics import checkpoint as ckpt  # noqa: E402
+from alchemi_core.dynamics.static import Static  # noqa: E402
 from alchemi_core.models.demo import DemoModelWrapper  # noqa: E402
 from alchemi_core.testing import random_structures  # noqa: E402
 
 SIZES = [3, 5, 4, 2, 6, 3, 4, 5, 2, 3, 4, 6, 5, 3]
+RUN = sys.argv[5] if len(sys.argv) > 5 else "fused"
 
 
 def _warm_up() -> None:
@@ -76,6 +79,8 @@ def _workflow(kind: str, where: Path, hooks=()):
     sampler = SizeAwareSampler(dataset, max_atoms=16, max_batch_size=4, bin_width=1)
     sink = _sink(kind, where)
     model = DemoModelWrapper()
+    if RUN == "static":
+        return Static(model, sampler=sampler, sinks=[sink], hooks=list(hooks)), sink
     opt = DemoDynamics(model=model, n_steps=9, dt=0.5, sampler=sampler, refill_frequency=2, sinks=[sink],
                        convergence_hook=ConvergenceHook.from_fmax(0.3, frequency=2), hooks=list(hooks))
     return opt + DemoDynamics(model=model, n_steps=6, dt=0.5), sink

@@ -197,3 +197,37 @@ def test_a_slab_relaxed_then_heated_by_alchemi_run_keeps_fixed_atoms_and_compone
     velocities = back.get_velocities()
     assert not velocities[whole].any() and not velocities[top][:, [0, 2]].any()
     assert velocities[free].any()
+
+
+def test_fixsymmetry_and_fixcom_through_alchemi_run_and_export(tmp_path, monkeypatch):
+    """A rattled bcc cell with ``FixSymmetry`` and ``FixCom`` in an ASE trajectory, relaxed with
+    the Frechet filter by ``alchemi run`` and exported: both constraints come back (with their
+    ``symprec``) and the relaxed cell is Im-3m to 1e-5 Å."""
+    pytest.importorskip("alchemi_zarr")
+    spglib = pytest.importorskip("spglib")
+    from ase.constraints import FixCom, FixSymmetry
+
+    from alchemi_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    start = bulk("Ar", "bcc", a=4.46, cubic=True)
+    start.positions += np.random.default_rng(0).normal(size=(2, 3)) * 0.001
+    start.set_constraint([FixSymmetry(start.copy(), symprec=0.01), FixCom()])
+    ase.io.write("bcc.traj", [start])
+    (tmp_path / "relax.toml").write_text(
+        '[model]\ncomponent = "model:lennard-jones"\nepsilon = 0.0104\nsigma = 3.405\ncutoff = 8.5125\n'
+        '[input]\npath = "bcc.traj"\ndtype = "float64"\n'
+        '[[stage]]\ncomponent = "integrator:fire"\nn_steps = 2000\ncell_filter = "frechet"\n'
+        'converge = { fmax = 0.001 }\n[output]\npath = "bcc.zarr"\n'
+    )
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", "relax.toml", "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["export", "bcc.zarr", "relaxed.traj"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    back = ase.io.read("relaxed.traj")
+    assert [type(c) for c in back.constraints] == [FixSymmetry, FixCom]
+    assert back.constraints[0].symprec == 0.01
+    assert abs(back.cell.array[0, 0] - start.cell.array[0, 0]) > 0.1, "the cell relaxed"
+    cell = (back.cell.array, back.get_scaled_positions(), back.numbers)
+    assert spglib.get_symmetry_dataset(cell, symprec=1e-5).number == 229

@@ -33,3 +33,20 @@ def test_random_kills_lose_and_repeat_nothing(tmp_path, sink):
     for t in trials:
         assert t["system_ids"] == expected, f"trial {t['trial']} (killed at steps {t['kills']}): {t['system_ids']}"
         assert t["same"], f"trial {t['trial']} (killed at steps {t['kills']}) ended in another state"
+
+
+def test_a_static_run_killed_and_resumed_stores_each_structure_once(tmp_path):
+    """``integrator:static`` into a Zarr store: every structure once, each with the energy of the
+    uninterrupted run."""
+    pytest.importorskip("alchemi_zarr")
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), "zarr", "8", "2027", str(tmp_path), "static"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["expected_ids"] == list(range(14))
+    assert sum(len(t["kills"]) for t in report["trials"]) >= 8
+    for t in report["trials"]:
+        assert t["system_ids"] == report["expected_ids"], f"trial {t['trial']} (killed at steps {t['kills']})"
+        assert t["same"], f"trial {t['trial']} (killed at steps {t['kills']}) ended in another state"

@@ -17,7 +17,7 @@ from integrators_testkit.oracles import implementation
 
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
-from alchemi_integrators import FIRE2, Langevin, NoseHooverChain, VelocityVerlet
+from alchemi_integrators import CSVR, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.thermo import initialize_velocities
 
 
@@ -38,18 +38,21 @@ def test_production_matches_the_oracle(cls: type, kwargs: dict[str, Any]) -> Non
     assert (torch_run.positions - _start().positions).abs().max().item() > 1e-3  # they moved
     torch.testing.assert_close(warp_run.positions, torch_run.positions, rtol=0, atol=1e-12)
     torch.testing.assert_close(warp_run.velocities, torch_run.velocities, rtol=0, atol=1e-13)
-    for name in ("fire_dt", "fire_alpha", "fire_positive_steps", "nhc_positions", "nhc_velocities", "status"):
+    for name in ("fire_dt", "fire_alpha", "fire_positive_steps", "nhc_positions", "nhc_velocities", "csvr_noise_step",
+                 "csvr_thermostat_energy", "status"):
         if name in torch_run:
             torch.testing.assert_close(getattr(warp_run, name), getattr(torch_run, name), rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("second", [VelocityVerlet, NoseHooverChain, Langevin])
+@pytest.mark.parametrize("second", [VelocityVerlet, NoseHooverChain, Langevin, CSVR])
 def test_fused_relax_then_md_masks_agree(second: type) -> None:
     """FIRE2 then MD in one fused stage: systems switch stage at different steps, so every
     kernel runs with part of the batch masked out. Production and oracle end in the same state."""
     extra: dict[str, Any] = {"initial_temperature": 30.0, "random_seed": 9}
     if second is not VelocityVerlet:
         extra["temperature"] = 50.0
+    if second is CSVR:
+        extra["tau"] = 20.0
     if second is Langevin:
         # The oracle draws (zero-weighted) noise from the generator that also draws the
         # initial velocities, so with noise the draws would differ; start from FIRE's rest.

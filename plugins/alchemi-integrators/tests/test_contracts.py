@@ -10,7 +10,17 @@ import torch
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import DynamicsStage
 from alchemi_core.testing.contracts import IntegratorContract
-from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
+from alchemi_integrators import (
+    CSVR,
+    FIRE,
+    FIRE2,
+    NPH,
+    NPTMTK,
+    Langevin,
+    NoseHooverChain,
+    NPTCRescale,
+    VelocityVerlet,
+)
 
 _AFTER_STEP = DynamicsStage.AFTER_STEP
 _Contract = IntegratorContract
@@ -53,6 +63,14 @@ class TestNoseHoover(_Contract):
         return NoseHooverChain(model=model, n_steps=n_steps, dt=0.5, **kwargs)
 
 
+class TestCSVR(_Contract):
+    deterministic = False
+    integrator_kwargs = {"temperature": 300.0, "tau": 10.0, "random_seed": 1}
+
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> CSVR:
+        return CSVR(model=model, n_steps=n_steps, dt=0.5, **kwargs)
+
+
 class TestFIRE(_Contract):
     def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> FIRE:
         return FIRE(model=model, n_steps=n_steps, dt=0.5, **kwargs)
@@ -76,6 +94,11 @@ class TestLangevinGpu(TestLangevin):
 
 @pytest.mark.gpu
 class TestNoseHooverGpu(TestNoseHoover):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestCSVRGpu(TestCSVR):
     device = "cuda"
 
 
@@ -124,6 +147,13 @@ class TestNPTMTKAnisotropic(TestNPTMTK):
     integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0, "anisotropic": True}
 
 
+class TestNPH(_CellContract):
+    integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0, "pressure": 0.001}
+
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> NPH:
+        return NPH(model=model, n_steps=n_steps, dt=5.0, **kwargs)
+
+
 class TestNPTCRescale(_CellContract):
     deterministic = False
     integrator_kwargs = {"temperature": 50.0, "tau_p": 200.0, "random_seed": 2, "anisotropic": True}
@@ -153,7 +183,7 @@ def test_langevin_keeps_a_slabs_fixed_atoms(fix_com: bool) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("contract", [TestFIRECellFilter, TestFIRE2UnitCellFilter, TestNPTMTK, TestNPTMTKAnisotropic,
-                                      TestNPTCRescale])
+                                      TestNPH, TestNPTCRescale])
 def test_held_coordinates_follow_the_cell_on_gpu(contract: type) -> None:
     """Cell filters and barostats with held atoms and components on a GPU."""
     case = contract()

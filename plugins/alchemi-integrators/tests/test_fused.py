@@ -12,7 +12,7 @@ from integrators_testkit.recording import Record
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook
 from alchemi_core.dynamics.context import StepContext
-from alchemi_integrators import FIRE, Langevin, VelocityVerlet
+from alchemi_integrators import CSVR, FIRE, Langevin, VelocityVerlet
 from alchemi_integrators.thermo import center_of_mass_velocity, initialize_velocities, temperature
 
 #: Production (Warp) and its torch oracle (integrators_testkit/oracles.py).
@@ -41,14 +41,16 @@ def test_each_stage_moves_only_its_systems(backend: str, core_tuning) -> None:
     assert torch.equal(track[30, 4:], track[-1, 4:])  # and never after it graduated
 
 
-def test_relaxed_systems_enter_md_at_the_initial_temperature(core_tuning) -> None:
-    """FIRE then Langevin with initial_temperature: each system gets Maxwell-Boltzmann velocities
+@pytest.mark.parametrize(("md_class", "thermostat"), [(Langevin, {"friction": 0.01}), (CSVR, {"tau": 100.0})],
+                         ids=["langevin", "csvr"])
+def test_relaxed_systems_enter_md_at_the_initial_temperature(md_class: type, thermostat: dict, core_tuning) -> None:
+    """FIRE then an NVT stage with initial_temperature: each system gets Maxwell-Boltzmann velocities
     with no COM motion when it enters MD (at its own step), instead of FIRE's near-zero ones."""
     batch = Batch.from_data_list([argon(2, rattle=0.1, seed=s) for s in range(4)])
     temps = Record(lambda b, d: temperature(b) * (b.status == d.status_code).to(b.positions.dtype))
     relax = FIRE(ReferenceLJ(), n_steps=500, dt=5.0, dt_max=50.0, convergence_hook=ConvergenceHook.from_fmax(0.05), tuning=core_tuning)
-    md = Langevin(ReferenceLJ(), n_steps=20, dt=5.0, temperature=40.0, friction=0.01, initial_temperature=40.0,
-                  random_seed=1, hooks=[temps], tuning=core_tuning)
+    md = md_class(ReferenceLJ(), n_steps=20, dt=5.0, temperature=40.0, initial_temperature=40.0,
+                  random_seed=1, hooks=[temps], tuning=core_tuning, **thermostat)
     out = (relax + md).run(batch)
     assert out.status.tolist() == [2, 2, 2, 2]
     t = temps.array()

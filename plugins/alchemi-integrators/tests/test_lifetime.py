@@ -11,16 +11,28 @@ from integrators_testkit.lj_reference import ReferenceLJ, argon
 from alchemi_core.data import Batch
 from alchemi_core.testing.lifetime import collector_off, still_alive, watch
 from alchemi_core.tuning import CoreTuning
-from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
+from alchemi_integrators import (
+    CSVR,
+    FIRE,
+    FIRE2,
+    NPH,
+    NPTMTK,
+    Langevin,
+    NoseHooverChain,
+    NPTCRescale,
+    VelocityVerlet,
+)
 
 STAGES = {
     "langevin": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01),
     "fire": lambda m: FIRE(m, dt=1.0),
     "velocity-verlet": lambda m: VelocityVerlet(m, dt=2.0),
     "nose-hoover": lambda m: NoseHooverChain(m, dt=2.0, temperature=50.0),
+    "csvr": lambda m: CSVR(m, dt=2.0, temperature=50.0, tau=50.0),
     "fire2": lambda m: FIRE2(m, dt=1.0),
     "npt-mtk": lambda m: NPTMTK(m, dt=2.0, temperature=50.0, pressure=0.0),
     "npt-crescale": lambda m: NPTCRescale(m, dt=2.0, temperature=50.0, pressure=0.0),
+    "nph": lambda m: NPH(m, dt=2.0, temperature=50.0, pressure=0.0),
 }
 
 

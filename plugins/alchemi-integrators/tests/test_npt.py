@@ -11,7 +11,7 @@ from integrators_testkit.resume import resumed_run
 from alchemi_core import registry, units
 from alchemi_core.data import Batch
 from alchemi_core.dynamics import ConvergenceHook, DynamicsStage, FusedStage, Hook
-from alchemi_integrators import FIRE2, NPTMTK, NPTCRescale
+from alchemi_integrators import FIRE2, NPH, NPTMTK, NPTCRescale
 from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
 from alchemi_integrators.thermo import initialize_velocities, kinetic_energy
 
@@ -217,7 +217,7 @@ class _VolumesInStage(Hook):
             self.volumes.setdefault(sid, []).append(float(torch.linalg.det(batch.cell[s])))
 
 
-@pytest.mark.parametrize("cls", [NPTMTK, NPTCRescale])
+@pytest.mark.parametrize("cls", [NPTMTK, NPH, NPTCRescale])
 def test_relax_cell_then_npt_in_a_fused_stage(cls: type) -> None:
     """FIRE2 with a Frechet cell filter hands each converged system to NPT in one fused stage:
     every system relaxes (fmax over atoms and cell rows below the threshold), then runs exactly
@@ -255,6 +255,8 @@ class _MixedSteps(Hook):
 _DETERMINISTIC_NPT = {
     "mtk": lambda backend: implementation(NPTMTK, backend)(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0,
                                   initial_temperature=50.0, random_seed=5),
+    "nph": lambda backend: implementation(NPH, backend)(ReferenceLJ(), n_steps=40, dt=5.0, temperature=50.0, tau_p=500.0,
+                                initial_temperature=50.0, random_seed=5),
     "crescale": lambda backend: implementation(NPTCRescale, backend)(ReferenceLJ(), n_steps=40, initial_temperature=50.0,
                                                                      random_seed=5, **_QUIET_CRESCALE),
 }
@@ -322,22 +324,23 @@ def test_crescale_warp_thermostat_samples_canonical_kinetic_energies() -> None:
     assert abs(ke.var().item() / (0.5 * nf * kt * kt) - 1) < 0.15
 
 
-@pytest.mark.parametrize("count", [2, 3, 11, 301])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 11, 301])
 def test_crescale_draws_the_sum_of_squared_normals_as_chi_squared(count: int) -> None:
     """The thermostat draws the sum of N_f squared normals as the first normal squared plus a
     chi-squared variate of N_f - 1 (twice a Marsaglia-Tsang gamma): over 40,000 keys its mean is
-    N_f and its variance 2 N_f (five standard errors), and its 1 % and 99 % quantiles are the
-    distribution's (from the squares of torch's normals)."""
+    N_f and its variance 2 N_f (five standard errors), and its distribution is chi-squared (a
+    two-sample test against the squares of torch's normals). Counts below 3 take
+    the gamma draw's boost for shapes below 1."""
     import warp as wp
 
-    from alchemi_integrators import crescale_kernels
+    from alchemi_integrators import crescale_kernels, kernel_funcs
 
     @wp.kernel
     def draw(n: wp.float64, out: wp.array(dtype=wp.float64)):
         i = wp.tid()
         state = crescale_kernels._system_state(7, i, wp.int64(i), 0)
         first = wp.float64(wp.randn(state))
-        out[i] = crescale_kernels._sum_of_squared_normals(
+        out[i] = kernel_funcs.sum_of_squared_normals(
             crescale_kernels._system_state(7, i, wp.int64(i), 1), first, n)
 
     size = 40_000
@@ -347,5 +350,7 @@ def test_crescale_draws_the_sum_of_squared_normals_as_chi_squared(count: int) ->
     assert abs(mean - count) < 5 * (2 * count / size) ** 0.5
     assert abs(var / (2 * count) - 1) < 5 * (2.0 / size) ** 0.5 * (1 + 6 / count) ** 0.5
     reference = (torch.randn(size, count, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) ** 2).sum(1)
-    for q in (0.01, 0.99):
-        assert abs(out.quantile(q).item() / reference.quantile(q).item() - 1) < 0.06
+    # Two-sample Kolmogorov-Smirnov: the largest gap of the two empirical CDFs, at 0.1 % significance.
+    pooled = torch.cat([out, reference])
+    cdfs = [torch.searchsorted(x.sort().values, pooled, right=True) for x in (out, reference)]
+    assert (cdfs[0] - cdfs[1]).abs().max().item() / size < 1.95 * (2.0 / size) ** 0.5

@@ -11,17 +11,29 @@ from integrators_testkit.lj_reference import ReferenceLJ, argon
 from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.data.fields import ENGINE_STATE_FIELDS
-from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
+from alchemi_integrators import (
+    CSVR,
+    FIRE,
+    FIRE2,
+    NPH,
+    NPTMTK,
+    Langevin,
+    NoseHooverChain,
+    NPTCRescale,
+    VelocityVerlet,
+)
 from alchemi_integrators.plugin import STATE_FIELDS
 
 STAGES = {
     "velocity-verlet": lambda m: VelocityVerlet(m, dt=2.0),
     "langevin": lambda m: Langevin(m, dt=2.0, temperature=50.0, friction=0.01),
     "nose-hoover": lambda m: NoseHooverChain(m, dt=2.0, temperature=50.0),
+    "csvr": lambda m: CSVR(m, dt=2.0, temperature=50.0, tau=50.0),
     "fire": lambda m: FIRE(m, dt=1.0, cell_filter="frechet"),
     "fire2": lambda m: FIRE2(m, dt=1.0, cell_filter="unit"),
     "npt-mtk": lambda m: NPTMTK(m, dt=2.0, temperature=50.0, pressure=0.0),
     "npt-crescale": lambda m: NPTCRescale(m, dt=2.0, temperature=50.0, pressure=0.0),
+    "nph": lambda m: NPH(m, dt=2.0, temperature=50.0, pressure=0.0),
 }
 #: Fields a run creates that are data about the structure (forces, the cell filter's ASE-style
 #: fmax) or the engine's columns users read (``status``, ``fmax``).

@@ -3,8 +3,9 @@
 Each row holds ``step, system_id, status, time, energy, kinetic_energy, total_energy, fmax,
 temperature`` (fs, eV, eV/Å, K) of a system of the hook's stage: ``time`` is its steps in the
 stage times ``dt``, the temperature counts the degrees of freedom the stage's thermostat uses
-(:func:`alchemi_hooks.observables.temperature`). The row for step ``k`` is the state at the end
-of step ``k``, when ``k`` is a multiple of ``frequency``.
+(:func:`alchemi_hooks.observables.temperature`), and ``fmax`` is the stage's (under a cell
+filter it counts the cell's forces, as convergence does: ``BaseDynamics.fmax_field``). The row for
+step ``k`` is the state at the end of step ``k``, when ``k`` is a multiple of ``frequency``.
 
 The values are computed on the device and written by a background thread
 (:mod:`alchemi_hooks.host_transfer`), so the step never waits for the GPU or the disk. The first
@@ -150,7 +151,7 @@ class LoggingHook(Hook):
         ke = kinetic_energy(batch)
         table[:, _KINETIC] = ke
         table[:, _TOTAL] = table[:, _ENERGY] + table[:, _KINETIC]
-        table[:, _FMAX] = max_force(batch)
+        table[:, _FMAX] = _fmax(batch, dynamics)
         table[:, _TEMPERATURE] = temperature(batch, ke, com_fixed=com_fixed(dynamics))
         return table
 
@@ -181,6 +182,18 @@ class LoggingHook(Hook):
     def __repr__(self) -> str:
         where = str(self.log_path) if self.log_path is not None else "writer"
         return f"LoggingHook({where!r}, frequency={self.frequency})"
+
+
+def _fmax(batch: Batch, dynamics: Any) -> torch.Tensor:
+    """``[B]`` fmax as the stage counts it: its ``fmax_field`` for its own systems (a cell filter's,
+    which counts the cell's forces), else the largest atomic force."""
+    atoms = max_force(batch)
+    field = getattr(dynamics, "fmax_field", None)
+    if field is None or field not in batch:
+        return atoms
+    mask = dynamics.context.system_mask
+    own = getattr(batch, field).to(atoms.dtype)
+    return own if mask is None else torch.where(mask, own, atoms)
 
 
 def _dt(batch: Batch, dynamics: Any) -> torch.Tensor | float:

@@ -1,9 +1,9 @@
-"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, FIRE and FIRE2 (with
-cell filters), NPT (MTK and C-rescale).
+"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, CSVR (Bussi), FIRE and
+FIRE2 (with cell filters), NPT (MTK and C-rescale) and NPH (MTK).
 
 Every integrator is a ``BaseDynamics`` found by name (``integrator:velocity-verlet``,
-``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:fire``, ``integrator:fire2``,
-``integrator:npt-mtk``, ``integrator:npt-crescale``)
+``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:csvr``, ``integrator:fire``,
+``integrator:fire2``, ``integrator:npt-mtk``, ``integrator:npt-crescale``, ``integrator:nph``)
 and imported from here or from ``alchemi_core.dynamics``. Parameters take a number, one value per
 system, or a batch field's name (:mod:`alchemi_integrators.parameters`); :mod:`.thermo` has the
 per-system kinetic energy, temperature and Maxwell-Boltzmann velocities.
@@ -22,10 +22,12 @@ _LAZY = {
     "VelocityVerlet": "alchemi_integrators.verlet",
     "Langevin": "alchemi_integrators.langevin",
     "NoseHooverChain": "alchemi_integrators.nose_hoover",
+    "CSVR": "alchemi_integrators.csvr",
     "FIRE": "alchemi_integrators.fire",
     "FIRE2": "alchemi_integrators.fire",
     "NPTMTK": "alchemi_integrators.npt",
     "NPTCRescale": "alchemi_integrators.npt",
+    "NPH": "alchemi_integrators.npt",
     "initialize_velocities": "alchemi_integrators.thermo",
     "kinetic_energy": "alchemi_integrators.thermo",
     "temperature": "alchemi_integrators.thermo",

@@ -35,7 +35,15 @@ import torch
 import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators.kernel_funcs import declare_overloads, half_kick, idle, keyed_state, launches_of
+from alchemi_integrators.kernel_funcs import (
+    declare_overloads,
+    half_kick,
+    idle,
+    keyed_state,
+    launches_of,
+    rescaling_factor,
+    sum_of_squared_normals,
+)
 from alchemi_integrators.npt_common import (
     expm3,
     eye3,
@@ -56,11 +64,6 @@ from alchemi_integrators.warp_kernels import active_flags, advance_counter, comm
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-#: Rejection rounds of the gamma sampler at most (each accepts with probability above 0.95).
-GAMMA_TRIES = 64
-_GAMMA_TRIES = wp.constant(GAMMA_TRIES)
-
-
 # ---------------------------------------------------------------------------------------------
 # random numbers
 # ---------------------------------------------------------------------------------------------
@@ -70,36 +73,6 @@ _GAMMA_TRIES = wp.constant(GAMMA_TRIES)
 def _system_state(seed: wp.int32, draw: wp.int32, system_id: wp.int64, stream: wp.int32):
     # A generator state keyed by (seed, draw number, system, purpose).
     return wp.rand_init(wp.int32(keyed_state(seed, draw, wp.int32(system_id))), stream)
-
-
-@wp.func
-def gamma_variate(state: wp.uint32, shape: Any):
-    """A Gamma(shape, 1) number for ``shape >= 1`` (Marsaglia & Tsang, ACM TOMS 26, 363 (2000))."""
-    one = type(shape)(1.0)
-    d = shape - one / type(shape)(3.0)
-    c = one / wp.sqrt(type(shape)(9.0) * d)
-    out = d  # the mode, should every round be rejected
-    tries = int(0)
-    while tries < _GAMMA_TRIES:
-        tries += 1
-        x = type(shape)(wp.randn(state))
-        t = one + c * x
-        u = type(shape)(wp.randf(state))
-        if t > type(shape)(0.0):
-            v = t * t * t
-            if wp.log(u) < type(shape)(0.5) * x * x + d - d * v + d * wp.log(v):
-                out = d * v
-                tries = _GAMMA_TRIES
-    return out
-
-
-@wp.func
-def _sum_of_squared_normals(state: wp.uint32, first: Any, count: Any):
-    # first² plus chi-squared(count - 1): the sum of ``count`` squared N(0, 1) whose first is given.
-    rest = type(first)(0.0)
-    if count > type(first)(1.5):
-        rest = type(first)(2.0) * gamma_variate(state, type(first)(0.5) * (count - type(first)(1.0)))
-    return first * first + rest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +98,6 @@ def _thermostat(
     # NPTCRescale._thermostat): the kinetic energy jumps to a sample of its canonical relaxation.
     b = wp.tid()
     one = type(kb)(1.0)
-    zero = type(kb)(0.0)
     scale[b] = one
     if idle(active, b):
         return
@@ -135,14 +107,8 @@ def _thermostat(
     target = type(kb)(0.5) * n * kb * temperature[b]
     state = _system_state(seed, counter[0], system_id[b], 0)
     r1 = type(kb)(wp.randn(state))
-    chi2 = _sum_of_squared_normals(_system_state(seed, counter[0], system_id[b], 1), r1, n)
-    if ke <= zero:
-        return
-    new_ke = c * ke + (one - c) * target * chi2 / n + type(kb)(2.0) * r1 * wp.sqrt(c * (one - c) * ke * target / n)
-    alpha = wp.sqrt(wp.max(new_ke, zero) / ke)
-    if c < one and r1 + wp.sqrt(c * n * ke / ((one - c) * target)) < zero:
-        alpha = -alpha
-    scale[b] = alpha
+    chi2 = sum_of_squared_normals(_system_state(seed, counter[0], system_id[b], 1), r1, n)
+    scale[b] = rescaling_factor(ke, target, n, c, r1, chi2)
 
 
 @wp.kernel

@@ -225,6 +225,11 @@ class _FireBase(Integrator):
         with a cell filter, the engine keeps rewriting them on the host (not measured that way)."""
         return self.cell_filter is None
 
+    @property
+    def fmax_field(self) -> str | None:  # type: ignore[override]
+        """With a cell filter, the filter's fmax (atoms and cell, ASE's criterion), which logs show."""
+        return None if self.cell_filter is None else CELL_FILTER_FMAX
+
     # ------------------------------------------------------------------ the step
     def pre_update(self, batch: Batch) -> None:
         if self.cell_filter is None:

@@ -1,6 +1,7 @@
 """What the integrators' Warp kernels share (:mod:`~alchemi_integrators.warp_kernels`,
 :mod:`~alchemi_integrators.npt_common`): the half-kick, the idle-system test, the per-atom
-Gaussian draws, a Nose-Hoover chain's half step, :func:`declare_overloads`, which types their
+Gaussian draws, the gamma and chi-squared draws and the factor of stochastic velocity rescaling, a
+Nose-Hoover chain's half step, :func:`declare_overloads`, which types their
 generic arguments, and :class:`Launches`, which passes tensors to them by argument name."""
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import torch
 import warp as wp
 
 from alchemi_core.warp_runtime import RecordedLaunches, warp
+
+#: Rejection rounds of the gamma sampler at most (each accepts with probability above 0.95).
+GAMMA_TRIES = 64
+_GAMMA_TRIES = wp.constant(GAMMA_TRIES)
 
 #: Arguments that hold a vector per atom or system (``wp.vec3``), by name.
 VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers", "values", "partial",
@@ -89,6 +94,17 @@ def idle(active: wp.array(dtype=Any), b: Any):
 
 
 @wp.func
+def kick_atom(v: wp.array(dtype=Any), f: wp.array(dtype=Any), inv_mass: wp.array(dtype=Any), dt: wp.array(dtype=Any),
+              active: wp.array(dtype=Any), i: Any, b: Any):
+    # Atom i's half-kick (stored) unless its system b is idle; its velocity either way.
+    vi = v[i]
+    if not idle(active, b):
+        vi = half_kick(vi, f[i], inv_mass[i], dt[b])
+        v[i] = vi
+    return vi
+
+
+@wp.func
 def keyed_state(seed: wp.int32, first: wp.int32, second: wp.int32):
     # A generator state keyed by the seed and two integers (Warp's rand_init, chained): the
     # counter-based draws' common recipe; a third key chains on the same way.
@@ -97,13 +113,78 @@ def keyed_state(seed: wp.int32, first: wp.int32, second: wp.int32):
 
 
 @wp.func
+def system_stream(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int32):
+    # A generator state keyed by (seed, system, its step count, a number within the system: an
+    # atom, or a purpose): the same numbers for a system wherever it sits in the batch.
+    return wp.rand_init(wp.int32(keyed_state(seed, wp.int32(system_id), step)), local)
+
+
+@wp.func
 def gaussian3(seed: wp.int32, system_id: wp.int64, step: wp.int32, local: wp.int32, like: Any):
-    # Three N(0, 1) numbers keyed by (seed, system, its step, atom within it): the same numbers
-    # for a system wherever it sits in the batch.
-    state = wp.rand_init(wp.int32(keyed_state(seed, wp.int32(system_id), step)), local)
+    # Three N(0, 1) numbers keyed by (seed, system, its step, atom within it).
+    state = system_stream(seed, system_id, step, local)
     return type(like)(
         type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state)), type(like[0])(wp.randn(state))
     )
+
+
+@wp.func
+def _marsaglia_tsang(state: wp.uint32, shape: Any):
+    # A Gamma(shape, 1) number for shape >= 1 (Marsaglia & Tsang, ACM TOMS 26, 363 (2000)).
+    one = type(shape)(1.0)
+    d = shape - one / type(shape)(3.0)
+    c = one / wp.sqrt(type(shape)(9.0) * d)
+    out = d  # the mode, should every round be rejected
+    tries = int(0)  # noqa: UP018 - a Warp variable the loop changes (a bare 0 is a constant)
+    while tries < _GAMMA_TRIES:
+        tries += 1
+        x = type(shape)(wp.randn(state))
+        t = one + c * x
+        u = type(shape)(wp.randf(state))
+        if t > type(shape)(0.0):
+            v = t * t * t
+            if wp.log(u) < type(shape)(0.5) * x * x + d - d * v + d * wp.log(v):
+                out = d * v
+                tries = _GAMMA_TRIES
+    return out
+
+
+@wp.func
+def gamma_variate(state: wp.uint32, shape: Any):
+    """A Gamma(shape, 1) number for ``shape > 0``: Marsaglia & Tsang's rejection method for
+    ``shape >= 1``; below 1 their boost, a Gamma(shape + 1) number times ``U^(1/shape)``."""
+    one = type(shape)(1.0)
+    u = type(shape)(wp.randf(state))  # drawn first: the rejection rounds' numbers follow it
+    if shape < one:
+        return _marsaglia_tsang(state, shape + one) * wp.pow(u, one / shape)
+    return _marsaglia_tsang(state, shape)
+
+
+@wp.func
+def sum_of_squared_normals(state: wp.uint32, first: Any, count: Any):
+    # first² plus chi-squared(count - 1) (twice a Gamma((count - 1) / 2) number): the sum of
+    # ``count`` squared N(0, 1) whose first is given, one draw whatever the count.
+    rest = type(first)(0.0)
+    if count > type(first)(1.5):
+        rest = type(first)(2.0) * gamma_variate(state, type(first)(0.5) * (count - type(first)(1.0)))
+    return first * first + rest
+
+
+@wp.func
+def rescaling_factor(ke: Any, target: Any, nf: Any, c: Any, r1: Any, chi2: Any):
+    # Stochastic velocity rescaling (Bussi, Donadio & Parrinello, J. Chem. Phys. 126, 014101
+    # (2007), their appendix): the factor that takes kinetic energy ke of nf degrees of freedom to
+    # an exact sample of its canonical relaxation towards target = nf kT / 2 over a time with
+    # c = exp(-time / tau); r1 is the first normal, chi2 the sum of the squares of all nf.
+    one = type(ke)(1.0)
+    zero = type(ke)(0.0)
+    if ke <= zero:
+        return one
+    new_ke = c * ke + (one - c) * target * chi2 / nf + type(ke)(2.0) * r1 * wp.sqrt(c * (one - c) * ke * target / nf)
+    alpha = wp.sqrt(wp.max(new_ke, zero) / ke)
+    if c < one and r1 + wp.sqrt(c * nf * ke / ((one - c) * target)) < zero:
+        alpha = -alpha
+    return alpha
 
 
 @wp.func

@@ -1,4 +1,4 @@
-"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``).
+"""MTK's NPT step as Warp kernels (``integrator:npt-mtk``, and ``integrator:nph`` without its chains).
 
 Specialised kernels: the step as generic torch operations is about two hundred small operations
 (3x3 exponentials of every system's strain rate as batched matrix products, the kinetic tensor as
@@ -15,6 +15,8 @@ copy of the matrix). Here a step is two kernels per system and four per atom:
 * after the forces: one thread per system builds the kick maps of the new strain rate, one per
   atom kicks and writes its kinetic-tensor share, the sums, one per system kicks the strain rate
   and walks the chains, and one per atom scales the velocities by the particle chain.
+
+With ``thermostatted`` off (``integrator:nph``) the system kernel leaves both chains alone.
 
 The arithmetic is the test oracle's, in the same order (:mod:`~alchemi_integrators.npt_common`),
 so both agree to rounding. Systems another stage integrates are left untouched. Nothing
@@ -126,6 +128,7 @@ def _system_update(
     cell_dof: Any,
     kb: Any,
     anisotropic: wp.int32,
+    thermostat: wp.int32,
     before_forces: wp.int32,
     kick: wp.array(dtype=Any),
     push: wp.array(dtype=Any),
@@ -156,9 +159,12 @@ def _system_update(
     k = kinetic_tensor(kd[b], ko[b], gb)
     if before_forces == 0:
         gb = _kick_cell(gb, k, cell[b], stress[b], pressure[b], nf[b], mass, h, anisotropic)
-    s_cell = chain_walk(b, half * mass * wp.ddot(gb, gb), bxi, bvxi, kt, tau_p[b], cell_dof, dt[b], weights,
-                        chain_steps)
-    s_atoms = chain_walk(b, half * trace3(k), xi, vxi, kt, tau_t[b], nf[b], dt[b], weights, chain_steps)
+    s_cell = type(kb)(1.0)
+    s_atoms = type(kb)(1.0)
+    if thermostat != 0:  # NPH (thermostat = 0): no chain moves, H = KE + E + pV + W |g|² / 2 is conserved
+        s_cell = chain_walk(b, half * mass * wp.ddot(gb, gb), bxi, bvxi, kt, tau_p[b], cell_dof, dt[b], weights,
+                            chain_steps)
+        s_atoms = chain_walk(b, half * trace3(k), xi, vxi, kt, tau_t[b], nf[b], dt[b], weights, chain_steps)
     gb = gb * s_cell
     if before_forces == 0:
         g[b] = gb
@@ -261,7 +267,7 @@ def _system_args(dyn: Any, batch: Batch, kd: torch.Tensor, ko: torch.Tensor, cel
         getattr(batch, BAROSTAT_CHAIN_POSITIONS), getattr(batch, BAROSTAT_CHAIN_VELOCITIES),
         per("temperature", batch), per("pressure", batch), per("tau_t", batch), per("tau_p", batch),
         dyn.system_dof(batch), per("dt", batch), active_flags(dyn, batch), weights, dyn.chain_steps,
-        typed(dyn.cell_dof, batch), typed(KB, batch), int(dyn.anisotropic),
+        typed(dyn.cell_dof, batch), typed(KB, batch), int(dyn.anisotropic), int(dyn.thermostatted),
     )
 
 

@@ -1,4 +1,5 @@
-"""Constant-pressure molecular dynamics: ``integrator:npt-mtk`` and ``integrator:npt-crescale``.
+"""Constant-pressure molecular dynamics: ``integrator:npt-mtk``, ``integrator:nph`` and
+``integrator:npt-crescale``.
 
 Both move each system's cell with its atoms towards a target ``pressure`` (eV/Å³; see
 ``alchemi_core.units.GPA``) at a target ``temperature`` (K), per system: each is a number, a
@@ -23,6 +24,10 @@ with ``G = sum m v v^T - V sigma - V p I + (2 KE / N_f) I`` (its trace part only
 and ``B = g + tr(g)/N_f I``. The matrix exponentials are exact for the strain rates of NPT runs
 (``|g dt| << 0.1``). It conserves
 ``H = KE + E + p V + W |g|² / 2 + (both chains' energies)``: :meth:`NPTMTK.conserved_energy`.
+
+**NPH** (:class:`NPH`, ``integrator:nph``): the same step with both chains removed (no
+thermostat on the atoms or the cell); it conserves the enthalpy ``KE + E + p V + W |g|² / 2``
+(:meth:`NPTMTK.enthalpy`), and ``temperature`` only sets the barostat mass ``W``.
 
 **C-rescale** (:class:`NPTCRescale`; Bernetti & Bussi, J. Chem. Phys. 153, 114107 (2020)):
 stochastic cell rescaling. Each step the log-volume moves by
@@ -154,6 +159,9 @@ class NPTMTK(_NPTBase):
         **kwargs: ``initial_temperature``, ``random_seed`` and ``BaseDynamics``'s.
     """
 
+    #: Whether the Nose-Hoover chains act on the atoms and the cell (off: :class:`NPH`).
+    thermostatted = True
+
     def __init__(
         self,
         model: Any,
@@ -211,11 +219,16 @@ class NPTMTK(_NPTBase):
         g = getattr(batch, CELL_STRAIN_RATE)
         return 0.5 * self.barostat_mass(batch) * (g * g).sum((1, 2))
 
-    def conserved_energy(self, batch: Batch) -> torch.Tensor:
-        """``[B]`` ``KE + E + p V + W |g|²/2`` plus both chains' kinetic and potential terms (eV)."""
-        kt, nf = self.kt(batch), degrees_of_freedom(batch)
+    def enthalpy(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` ``KE + E + p V + W |g|²/2`` (eV): the enthalpy at the target pressure plus the
+        barostat's kinetic energy, MTK's conserved energy without thermostats (NPH's)."""
         total = kinetic_energy(batch) + batch.energy.view(-1) + self.per_system("pressure", batch) * self.volume(batch)
-        total = total + self._barostat_ke(batch)
+        return total + self._barostat_ke(batch)
+
+    def conserved_energy(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` :meth:`enthalpy` plus both chains' kinetic and potential terms (eV)."""
+        kt, nf = self.kt(batch), degrees_of_freedom(batch)
+        total = self.enthalpy(batch)
         for (xi_name, v_name), dof, tau in (
             ((THERMOSTAT_POSITIONS, THERMOSTAT_VELOCITIES), nf, "tau_t"),
             ((BAROSTAT_CHAIN_POSITIONS, BAROSTAT_CHAIN_VELOCITIES), self.cell_dof, "tau_p"),
@@ -234,6 +247,55 @@ class NPTMTK(_NPTBase):
 
     def post_update(self, batch: Batch) -> None:
         mtk_kernels.mtk_post(self, batch)
+
+
+class NPH(NPTMTK):
+    """Constant enthalpy and pressure: MTK's barostat with no thermostat (see the module docstring).
+
+    The atoms and the cell move by MTK's equations with both Nose-Hoover chains removed, so the
+    enthalpy ``KE + E + p V + W |g|²/2`` (:meth:`~NPTMTK.enthalpy`, also
+    :meth:`conserved_energy`) is conserved up to the integrator's O(dt²) fluctuation, and the
+    temperature drifts to wherever the enthalpy puts it.
+
+    Args:
+        model: Returns ``energy``, ``forces`` and, asked for it, ``stress``.
+        n_steps: Steps of ``run()``.
+        dt: Time step in fs.
+        pressure: Target pressure in eV/Å³ (``1.0 * units.GPA``).
+        tau_p: Barostat period in fs (~1000 dt).
+        temperature: Reference temperature in K of the barostat mass
+            ``W = (N_f + 3) kB T tau_p² / 3`` only (no thermostat acts): the run's expected
+            temperature keeps the volume's period near ``tau_p``.
+        anisotropic: All six strain components fluctuate (else only the volume).
+        **kwargs: ``initial_temperature``, ``random_seed`` and ``BaseDynamics``'s.
+
+    Example:
+        >>> from alchemi_core import registry, units
+        >>> nph = registry.build("integrator:nph", model=model, dt=5.0, pressure=1.0 * units.GPA,
+        ...                      tau_p=5000.0, temperature=50.0, initial_temperature=50.0)  # doctest: +SKIP
+    """
+
+    thermostatted = False
+
+    def __init__(
+        self,
+        model: Any,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        pressure: ParameterValue = 0.0,
+        tau_p: ParameterValue = 1000.0,
+        temperature: ParameterValue = 300.0,
+        *,
+        anisotropic: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # The chains keep their (zero) state fields at the smallest size; tau_t is never read.
+        super().__init__(model, n_steps, dt, temperature, pressure, tau_p, tau_p, anisotropic=anisotropic,
+                         chain_length=1, chain_steps=1, yoshida_order=1, **kwargs)
+
+    def conserved_energy(self, batch: Batch) -> torch.Tensor:
+        """``[B]`` the conserved :meth:`~NPTMTK.enthalpy` (eV)."""
+        return self.enthalpy(batch)
 
 
 class NPTCRescale(_NPTBase):

@@ -20,10 +20,12 @@ _MTK_STATE = ("npt_strain_rate", "npt_thermostat_positions", "npt_thermostat_vel
 STATE_FIELDS: dict[str, tuple[str, ...]] = {
     "velocity-verlet": (),
     "langevin": ("langevin_noise_step",),
+    "csvr": ("csvr_noise_step", "csvr_thermostat_energy"),
     "nose-hoover": ("nhc_positions", "nhc_velocities"),
     "fire": _FIRE_STATE,
     "fire2": _FIRE_STATE,
     "npt-mtk": _MTK_STATE,
+    "nph": _MTK_STATE,
     "npt-crescale": (),
 }
 
@@ -31,9 +33,11 @@ _INTEGRATORS = (
     ("velocity-verlet", "verlet:VelocityVerlet", "NVE velocity Verlet (symplectic, time-reversible)"),
     ("langevin", "langevin:Langevin", "NVT Langevin dynamics, BAOAB splitting"),
     ("nose-hoover", "nose_hoover:NoseHooverChain", "NVT Nose-Hoover chains (MTK), with a conserved energy"),
+    ("csvr", "csvr:CSVR", "NVT stochastic velocity rescaling (Bussi-Donadio-Parrinello 2007)"),
     ("fire", "fire:FIRE", "FIRE geometry optimiser (ASE's variant, per-system state)"),
     ("fire2", "fire:FIRE2", "FIRE 2.0 geometry optimiser (Guenole et al. 2020)"),
     ("npt-mtk", "npt:NPTMTK", "NPT Martyna-Tobias-Klein with Nose-Hoover chains (isotropic or anisotropic)"),
+    ("nph", "npt:NPH", "NPH: Martyna-Tobias-Klein without thermostats, with a conserved enthalpy"),
     ("npt-crescale", "npt:NPTCRescale", "NPT stochastic cell rescaling (Bernetti-Bussi 2020) with velocity rescaling"),
 )
 

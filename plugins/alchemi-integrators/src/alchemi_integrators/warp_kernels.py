@@ -36,7 +36,11 @@ from alchemi_integrators.kernel_funcs import (
     gaussian3,
     half_kick,
     idle,
+    kick_atom,
     launches_of,
+    rescaling_factor,
+    sum_of_squared_normals,
+    system_stream,
 )
 from alchemi_integrators.system_sums import system_sums
 from alchemi_integrators.thermo import degrees_of_freedom, masses_and_totals
@@ -244,11 +248,60 @@ def _kick_kinetic_energy(
     # Velocity Verlet's second half, summing the new kinetic energy per system.
     i = wp.tid()
     b = system[i]
-    vi = v[i]
-    if not idle(active, b):
-        vi = half_kick(vi, f[i], inv_mass[i], dt[b])
-        v[i] = vi
+    vi = kick_atom(v, f, inv_mass, dt, active, i, b)
     wp.atomic_add(ke, wp.int32(b), type(inv_mass[i])(0.5) * wp.dot(vi, vi) / inv_mass[i])
+
+
+@wp.kernel
+def _kick_kinetic_diag(
+    v: wp.array(dtype=Any),
+    f: wp.array(dtype=Any),
+    inv_mass: wp.array(dtype=Any),
+    system: wp.array(dtype=wp.int64),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    diag: wp.array(dtype=Any),
+):
+    # Velocity Verlet's second half; each atom's (m vx², m vy², m vz²) in eV, summed per system
+    # by system_sums (no atomic add per atom onto one address).
+    i = wp.tid()
+    vi = kick_atom(v, f, inv_mass, dt, active, i, system[i])
+    diag[i] = wp.cw_mul(vi, vi) / inv_mass[i]
+
+
+@wp.kernel
+def _csvr_factors(
+    kd: wp.array(dtype=Any),
+    system_id: wp.array(dtype=wp.int64),
+    noise_step: wp.array(dtype=wp.int32),
+    temperature: wp.array(dtype=Any),
+    tau: wp.array(dtype=Any),
+    nf: wp.array(dtype=Any),
+    dt: wp.array(dtype=Any),
+    active: wp.array(dtype=Any),
+    seed: wp.int32,
+    kb: Any,
+    heat: wp.array(dtype=Any),
+    scale: wp.array(dtype=Any),
+):
+    # One thread per system: the stochastic velocity-rescaling factor over dt (csvr.py), from
+    # draws keyed by (seed, system, its step count); the system's count then advances, and the
+    # kinetic energy the thermostat took out is added to heat[b].
+    b = wp.tid()
+    scale[b] = type(kb)(1.0)
+    if idle(active, b):
+        return
+    step = noise_step[b]
+    noise_step[b] = step + 1
+    n = nf[b]
+    first = system_stream(seed, system_id[b], step, 0)
+    r1 = type(kb)(wp.randn(first))
+    chi2 = sum_of_squared_normals(system_stream(seed, system_id[b], step, 1), r1, n)
+    ke = type(kb)(0.5) * (kd[b][0] + kd[b][1] + kd[b][2])
+    c = wp.exp(-dt[b] / tau[b])
+    alpha = rescaling_factor(ke, type(kb)(0.5) * n * kb * temperature[b], n, c, r1, chi2)
+    heat[b] = heat[b] + ke * (type(kb)(1.0) - alpha * alpha)
+    scale[b] = alpha
 
 
 @wp.kernel
@@ -418,8 +471,8 @@ def _fire_move(
 wp.init()
 declare_overloads([
     _kick_drift, _kick, _langevin_baoa, _langevin_remove_com_drift, _langevin_kick_count, _kinetic_energy,
-    _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, scale_by_system, _fire_powers, _fire_system, _fire_atoms,
-    _fire_move,
+    _nhc_half_step, _scale_kick_drift, _kick_kinetic_energy, _kick_kinetic_diag, _csvr_factors, scale_by_system,
+    _fire_powers, _fire_system, _fire_atoms, _fire_move,
 ])
 
 # ---------------------------------------------------------------------------------------------
@@ -559,6 +612,25 @@ def nose_hoover_post(dyn: Any, batch: Batch) -> None:
     ke.zero_()
     launches.launch("kick_ke", _kick_kinetic_energy, batch.num_nodes, (v, f, im, sys, dt, act, ke), batch.device)
     scale = _chain(dyn, batch, ke)
+    launches.launch("scale", scale_by_system, batch.num_nodes, (v, sys, scale), batch.device)
+
+
+def csvr_post(dyn: Any, batch: Batch) -> None:
+    """CSVR's update after the forces: the half-kick, then each system's rescaling (csvr.py)."""
+    _, v, f, im, sys, dt, act = common(dyn, batch)
+    launches = launches_of(dyn)
+    dtype, dev = v.dtype, v.device
+    diag = dyn.work.get("csvr_diag", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+    launches.launch("kick_diag", _kick_kinetic_diag, batch.num_nodes, (v, f, im, sys, dt, act, diag), batch.device)
+    kd = dyn.work.get("csvr_kd", batch.num_graphs, batch.system_capacity, (3,), dtype, dev)
+    kd.zero_()
+    system_sums(launches, dyn.work, "csvr_kd", diag, sys, kd, largest_system(dyn, batch))
+    scale = dyn.work.get("csvr_scale", batch.num_graphs, batch.system_capacity, (), dtype, dev)
+    nf = dyn.cached("csvr_dof", batch, lambda: degrees_of_freedom(batch), reads_fields=False)
+    args = (kd, batch.system_id, getattr(batch, dyn.noise_field), dyn.per_system("temperature", batch),
+            dyn.per_system("tau", batch), nf, dt, act, warp_seed(dyn.random_seed), typed(KB, batch),
+            getattr(batch, dyn.heat_field), scale)
+    launches.launch("factors", _csvr_factors, batch.num_graphs, args, batch.device)
     launches.launch("scale", scale_by_system, batch.num_nodes, (v, sys, scale), batch.device)
 
 

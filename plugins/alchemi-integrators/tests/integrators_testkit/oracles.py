@@ -6,7 +6,8 @@ torch steps the package once shipped as its ``backend="torch"``; parameters, sta
 masks and constraints are the production class's. Values derived from the masks are rebuilt at
 every step (an oracle need not be fast). Langevin and C-rescale draw their noise from the
 integrator's torch generator, so they agree with production in distribution, or exactly with
-the noise switched off (zero friction, a temperature near 0 K).
+the noise switched off (zero friction, a temperature near 0 K). CSVR takes its two random numbers
+per system and step from production's keyed draws (:func:`csvr_draws`), so it agrees step by step.
 
 Example:
     >>> from alchemi_integrators import Langevin
@@ -20,12 +21,25 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
+import warp as wp
 
 from alchemi_core.units import KB
-from alchemi_integrators import FIRE, FIRE2, NPTMTK, Langevin, NoseHooverChain, NPTCRescale, VelocityVerlet
+from alchemi_integrators import (
+    CSVR,
+    FIRE,
+    FIRE2,
+    NPH,
+    NPTMTK,
+    Langevin,
+    NoseHooverChain,
+    NPTCRescale,
+    VelocityVerlet,
+)
 from alchemi_integrators.cell_filter import CELL_VELOCITY
 from alchemi_integrators.cell_math import expm
+from alchemi_integrators.csvr import THERMOSTAT_ENERGY
 from alchemi_integrators.fire import FIRE_ALPHA, FIRE_DT, FIRE_POSITIVE_STEPS, FIRE_STEPS
+from alchemi_integrators.kernel_funcs import sum_of_squared_normals, system_stream
 from alchemi_integrators.nose_hoover import CHAIN_POSITIONS, CHAIN_VELOCITIES, YOSHIDA_WEIGHTS
 from alchemi_integrators.npt_common import (
     BAROSTAT_CHAIN_POSITIONS,
@@ -35,6 +49,7 @@ from alchemi_integrators.npt_common import (
     THERMOSTAT_VELOCITIES,
 )
 from alchemi_integrators.thermo import degrees_of_freedom, kinetic_energy, masses_and_totals
+from alchemi_integrators.warp_kernels import warp_seed
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -126,6 +141,68 @@ class TorchLangevin(_Oracle, Langevin):
 
     def post_update(self, batch: Batch) -> None:
         batch.velocities.addcmul_(batch.forces, self._coefficients(batch)[0])
+
+
+def rescaling_factor(
+    ke: torch.Tensor, target: torch.Tensor, nf: torch.Tensor, c: torch.Tensor, r1: torch.Tensor, chi2: torch.Tensor,
+) -> torch.Tensor:
+    """``[B]`` stochastic velocity rescaling factors (Bussi, Donadio & Parrinello 2007, appendix):
+    kinetic energy ``ke`` of ``nf`` degrees of freedom relaxes towards ``target`` with
+    ``c = exp(-time / tau)``; ``r1`` is the first normal, ``chi2`` the sum of all ``nf`` squared."""
+    safe_ke = ke.clamp(min=torch.finfo(ke.dtype).tiny)
+    new_ke = c * ke + (1.0 - c) * target * chi2 / nf + 2.0 * r1 * torch.sqrt(c * (1.0 - c) * ke * target / nf)
+    alpha = torch.sqrt(new_ke.clamp(min=0.0) / safe_ke)
+    flip = (r1 + torch.sqrt(c * nf * ke / ((1.0 - c).clamp(min=1e-300) * target))) < 0
+    alpha = torch.where(flip, -alpha, alpha)
+    return torch.where(ke > 0, alpha, torch.ones_like(alpha))
+
+
+@wp.kernel
+def _csvr_draws(seed: wp.int32, system_id: wp.array(dtype=wp.int64), step: wp.array(dtype=wp.int32),
+                nf: wp.array(dtype=wp.float64), out: wp.array2d(dtype=wp.float64)):
+    b = wp.tid()
+    first = system_stream(seed, system_id[b], step[b], 0)
+    r1 = wp.float64(wp.randn(first))
+    out[b, 0] = r1
+    out[b, 1] = sum_of_squared_normals(system_stream(seed, system_id[b], step[b], 1), r1, nf[b])
+
+
+def csvr_draws(seed: int, batch: Batch, step: torch.Tensor, nf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Production CSVR's two random numbers of each system at its ``step``: ``R_1`` and the sum
+    of ``nf`` squared normals (float64, drawn by a Warp kernel with the kernels' keys)."""
+    out = torch.zeros(batch.num_graphs, 2, dtype=torch.float64, device=nf.device)
+    args = [warp_seed(seed), wp.from_torch(batch.system_id), wp.from_torch(step.contiguous()),
+            wp.from_torch(nf.to(torch.float64).contiguous()), wp.from_torch(out)]
+    if nf.is_cuda:  # on torch's current stream, ordered with the oracle's torch operations
+        wp.launch(_csvr_draws, batch.num_graphs, args, stream=wp.stream_from_torch(torch.cuda.current_stream()))
+    else:
+        wp.launch(_csvr_draws, batch.num_graphs, args, device="cpu")
+    dtype = nf.dtype
+    return out[:, 0].to(dtype), out[:, 1].to(dtype)
+
+
+class TorchCSVR(_Oracle, CSVR):
+    """Velocity Verlet, then each system's Bussi rescaling over dt, in torch; the random numbers
+    are production's (:func:`csvr_draws`)."""
+
+    def pre_update(self, batch: Batch) -> None:
+        kick_and_drift(self, batch)
+
+    def post_update(self, batch: Batch) -> None:
+        kick(self, batch)
+        counter = getattr(batch, self.noise_field)
+        nf = degrees_of_freedom(batch)
+        r1, chi2 = csvr_draws(self.random_seed, batch, counter, nf)
+        ke = kinetic_energy(batch)
+        target = 0.5 * nf * KB * self.per_system("temperature", batch)
+        c = torch.exp(-self.per_system("dt", batch) / self.per_system("tau", batch))
+        alpha = rescaling_factor(ke, target, nf, c, r1, chi2)
+        mask = self.context.system_mask
+        if mask is not None:
+            alpha = torch.where(mask, alpha, torch.ones_like(alpha))
+        getattr(batch, THERMOSTAT_ENERGY).add_(ke * (1.0 - alpha * alpha))
+        batch.velocities.mul_(self.per_atom(batch, alpha))
+        counter.add_(1 if mask is None else mask.to(counter.dtype))
 
 
 def nhc_half_step(
@@ -396,7 +473,9 @@ class _TorchNPT(_Oracle):
 
 class TorchNPTMTK(_TorchNPT, NPTMTK):
     def _chains(self, batch: Batch) -> None:
-        """Both chains over dt/2: the barostat's scales g, the particles' scales v."""
+        """Both chains over dt/2: the barostat's scales g, the particles' scales v (NPH: none)."""
+        if not self.thermostatted:
+            return
         kt = self.kt(batch)
         weights = YOSHIDA_WEIGHTS[self.yoshida_order]
         g = getattr(batch, CELL_STRAIN_RATE)
@@ -505,12 +584,7 @@ class TorchNPTCRescale(_TorchNPT, NPTCRescale):
         weights[(first + 1).clamp(max=batch.num_nodes - 1), 0] = 0.0
         chi2 = torch.zeros_like(ke).index_add_(0, batch.batch_idx, (noise * noise * weights).sum(-1))
         r1 = noise.view(-1).index_select(0, first * 3)
-        safe_ke = ke.clamp(min=torch.finfo(ke.dtype).tiny)
-        new_ke = c * ke + (1.0 - c) * target * chi2 / nf + 2.0 * r1 * torch.sqrt(c * (1.0 - c) * ke * target / nf)
-        alpha = torch.sqrt(new_ke.clamp(min=0.0) / safe_ke)
-        flip = (r1 + torch.sqrt(c * nf * ke / ((1.0 - c).clamp(min=1e-300) * target))) < 0
-        alpha = torch.where(flip, -alpha, alpha)
-        batch.velocities.mul_(self.per_atom(batch, torch.where(ke > 0, alpha, torch.ones_like(alpha))))
+        batch.velocities.mul_(self.per_atom(batch, rescaling_factor(ke, target, nf, c, r1, chi2)))
 
     def _rescale(self, batch: Batch) -> None:
         """One step of the cell's stochastic equation; atoms and cell scale with it."""
@@ -558,9 +632,14 @@ class TorchNPTCRescale(_TorchNPT, NPTCRescale):
         self._thermostat(batch)
 
 
+class TorchNPH(TorchNPTMTK, NPH):
+    """MTK's oracle with its chains off."""
+
+
 ORACLES: dict[type, type] = {
     VelocityVerlet: TorchVelocityVerlet, Langevin: TorchLangevin, NoseHooverChain: TorchNoseHooverChain,
-    FIRE: TorchFIRE, FIRE2: TorchFIRE2, NPTMTK: TorchNPTMTK, NPTCRescale: TorchNPTCRescale,
+    CSVR: TorchCSVR, FIRE: TorchFIRE, FIRE2: TorchFIRE2, NPTMTK: TorchNPTMTK, NPH: TorchNPH,
+    NPTCRescale: TorchNPTCRescale,
 }
 
 
