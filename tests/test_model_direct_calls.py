@@ -114,3 +114,19 @@ def test_results_of_a_wrong_shape_stop_a_run_naming_the_model_and_the_shape_expe
     batch = make_batch([2, 3])
     with pytest.raises(InvalidDataError, match=rf"model 'misshapen' returned {message}"):
         DemoDynamics(model=Misshapen(bend), n_steps=2, dt=0.5).run(batch)
+
+
+def test_the_demo_model_pickles_after_a_call() -> None:
+    """Its pair-table cache holds a weak reference to the last batch, which pickle cannot take:
+    a model handed to worker processes is pickled after it has been called."""
+    import pickle
+
+    from alchemi_core.data import Batch
+    from alchemi_core.models.demo import DemoModelWrapper
+    from alchemi_core.testing import random_structures
+
+    model = DemoModelWrapper()
+    batch = Batch.from_data_list(random_structures([3, 4]))
+    energy = model(batch)["energy"]
+    again = pickle.loads(pickle.dumps(model))
+    assert torch.equal(again(batch)["energy"], energy)

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,6 +70,10 @@ class DemoModelWrapper(BaseModel):
         self.stiffness = float(stiffness)
         self._cache_key: tuple[weakref.ref[Batch], int, torch.device, torch.dtype] | None = None
         self._pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The pair table is a cache keyed on a weak reference, which pickle cannot take.
+        return {**super().__getstate__(), "_cache_key": None, "_pairs": None}
 
     def _pair_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ordered pairs (i, j), each pair's system and ``a * r0``; rebuilt when systems change."""
