@@ -15,6 +15,11 @@ class TestLennardJones(ModelContract):
         return registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125)
 
 
+class TestLennardJonesShiftedForce(ModelContract):
+    def make_model(self):
+        return registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5125, shift="force")
+
+
 class TestMorse(ModelContract):
     def make_model(self):
         return registry.build("model:morse", D=0.01, alpha=1.2, r0=3.8, cutoff=7.0)

@@ -32,6 +32,8 @@ class PairOptions:
 
     Attributes:
         kind: ``LENNARD_JONES`` or ``MORSE``.
+        force_shift: Subtract ``slope r`` from pair energies (the row's fifth column is
+            ``slope = U'(r_cut)``), the linear term of the shifted-force potential.
         switching: Multiply energies by the smooth switch between onset and cutoff.
         virial: Accumulate virials (for stress).
         half: Each pair listed once: also update the neighbour's force.
@@ -50,6 +52,7 @@ class PairOptions:
     """
 
     kind: int = LENNARD_JONES
+    force_shift: bool = False
     switching: bool = False
     virial: bool = False
     half: bool = False
@@ -69,7 +72,7 @@ class PairOptions:
 
     @property
     def tag(self) -> str:
-        flags = "".join(str(int(v)) for v in (self.switching, self.virial, self.half, self.one_type, self.per_slot,
+        flags = "".join(str(int(v)) for v in (self.force_shift, self.switching, self.virial, self.half, self.one_type, self.per_slot,
                                               self.masked, self.lanes, self.fast_math))
         blocks = f"_b{self.min_blocks}" if self.min_blocks else ""
         widths = f"_l{self.lane_width}x{self.wide_lane_width}" if self.lanes else ""
@@ -81,7 +84,7 @@ def pair_kernel(options: PairOptions) -> Any:
     """The pair kernel for ``options``, with float32 and float64 instances declared."""
     KIND, SWITCHING, VIRIAL, HALF = options.kind, options.switching, options.virial, options.half
     ONE_TYPE, PER_SLOT, UNROLL, MASKED = options.one_type, options.per_slot, options.unroll, options.masked
-    LANES = options.lanes
+    LANES, FORCE_SHIFT = options.lanes, options.force_shift
     lanes_row = pair_lanes.row_function(options) if LANES else None
 
     def add_pair(
@@ -96,6 +99,7 @@ def pair_kernel(options: PairOptions) -> Any:
         pb: Any,
         pc: Any,
         ps: Any,
+        pd: Any,
         cutoff_sq: Any,
         switch_on: Any,
         cutoff: Any,
@@ -114,14 +118,22 @@ def pair_kernel(options: PairOptions) -> Any:
             b = pb
             c = pc
             shift = ps
+            slope = pd
             if wp.static(not ONE_TYPE):
                 row = row_base + type_of(type_lut, lists.slot_number[u], unknown)
                 a = params[row, 0]
                 b = params[row, 1]
                 c = params[row, 2]
                 shift = params[row, 3]
+                if wp.static(FORCE_SHIFT):
+                    slope = params[row, 4]
             energy, g = pair_terms(KIND, r2, a, b, c)
             energy = energy - shift
+            if wp.static(FORCE_SHIFT):
+                # U_sf = U - U(r_c) - (r - r_c) U'(r_c): the constant part is in ``shift``.
+                r = wp.sqrt(r2)
+                energy = energy - slope * r
+                g = g - slope / r
             if wp.static(SWITCHING):
                 energy, g = switched(energy, g, r2, switch_on, cutoff)
             if wp.static(MASKED):
@@ -184,6 +196,9 @@ def pair_kernel(options: PairOptions) -> Any:
         pb = params[row_base + ti, 1]
         pc = params[row_base + ti, 2]
         ps = params[row_base + ti, 3]
+        pd = zero
+        if wp.static(FORCE_SHIFT):
+            pd = params[row_base + ti, 4]
         n = lists.count[t]
         # Entries past n up to the next multiple of COLUMNS_MULTIPLE_OF are valid: loaded, not added.
         for k in range(0, n, UNROLL):
@@ -203,18 +218,18 @@ def pair_kernel(options: PairOptions) -> Any:
                 u3 = first + entry_slot(c3, bits)
                 d2 = wrapped[u2] - yi + image_vector(entry_image(c2, bits, ibits), m)
                 d3 = wrapped[u3] - yi + image_vector(entry_image(c3, bits, ibits), m)
-            e, f, w = add_pair(d0, u0, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps, cutoff_sq,
+            e, f, w = add_pair(d0, u0, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps, pd, cutoff_sq,
                                switch_on, cutoff, forces, e, f, w)
             if wp.static(UNROLL >= 2):
                 if k + 1 < n:
-                    e, f, w = add_pair(d1, u1, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps,
+                    e, f, w = add_pair(d1, u1, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps, pd,
                                        cutoff_sq, switch_on, cutoff, forces, e, f, w)
             if wp.static(UNROLL == 4):
                 if k + 2 < n:
-                    e, f, w = add_pair(d2, u2, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps,
+                    e, f, w = add_pair(d2, u2, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps, pd,
                                        cutoff_sq, switch_on, cutoff, forces, e, f, w)
                 if k + 3 < n:
-                    e, f, w = add_pair(d3, u3, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps,
+                    e, f, w = add_pair(d3, u3, lists, type_lut, unknown, row_base, params, pa, pb, pc, ps, pd,
                                        cutoff_sq, switch_on, cutoff, forces, e, f, w)
         i = lists.order[t]
         # A full list sees every pair twice, a half list once.

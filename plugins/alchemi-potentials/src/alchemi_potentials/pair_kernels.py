@@ -1,9 +1,9 @@
 """Warp functions and kernels around the pair sum (:mod:`alchemi_potentials.pair_forces`).
 
-A parameter row per pair of species types holds ``(a, b, c, shift)``: Lennard-Jones (kind 0)
+A parameter row per pair of species types holds ``(a, b, c, shift, slope)``: Lennard-Jones (kind 0)
 ``a = 4 epsilon``, ``b = sigma^2``, ``U = a ((b/r^2)^6 - (b/r^2)^3)``; Morse (kind 1) ``a = D``,
 ``b = alpha``, ``c = r0``, ``U = D (x^2 - 2 x)``, ``x = exp(-alpha (r - r0))``. ``shift`` is
-subtracted from every pair energy. The switch multiplies energies by ``S(t) = 10 t^3 - 15 t^4 +
+subtracted from every pair energy, and ``slope r`` too under a force shift. The switch multiplies energies by ``S(t) = 10 t^3 - 15 t^4 +
 6 t^5``, ``t = (r_cut - r) / (r_cut - r_on)``.
 """
 
@@ -110,9 +110,31 @@ def virial_to_stress(cell: wp.array(dtype=Any), virial: wp.array(dtype=Any), str
         stress[s] = virial[s] * type(volume)(wp.nan)
 
 
+@wp.kernel
+def add_tail(
+    cell: wp.array(dtype=Any),
+    tail_energy: wp.array(dtype=Any),
+    tail_pressure: wp.array(dtype=Any),
+    want_stress: int,
+    energy: wp.array(dtype=Any),
+    stress: wp.array(dtype=Any),
+):
+    """Add the analytic tail: ``energy += K_E / V`` and ``stress -= K_P / V^2`` on the diagonal,
+    ``K`` per system the sums over species pairs of ``N_i N_j`` times the pair's tail integral."""
+    s = wp.tid()
+    volume = wp.abs(wp.determinant(cell[s]))
+    energy[s] = energy[s] + tail_energy[s] / volume
+    if want_stress != 0:
+        p = tail_pressure[s] / (volume * volume)
+        stress[s] = stress[s] - type(cell[s])(p, p - p, p - p, p - p, p, p - p, p - p, p - p, p)
+
+
 for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
     wp.overload(zero_totals, {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)})
     wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
     _totals = {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)}
     wp.overload(fold_totals, {"slot_energy": wp.array(dtype=_scalar), "slot_virial": wp.array(dtype=_mat), **_totals})
+    wp.overload(add_tail, {"cell": wp.array(dtype=_mat), "tail_energy": wp.array(dtype=_scalar),
+                           "tail_pressure": wp.array(dtype=_scalar), "energy": wp.array(dtype=_scalar),
+                           "stress": wp.array(dtype=_mat)})
     wp.overload(virial_to_stress, {"cell": wp.array(dtype=_mat), "virial": wp.array(dtype=_mat), "stress": wp.array(dtype=_mat)})

@@ -161,7 +161,7 @@ def _row_stub(module: str, scalar: Any, vec: Any, mat: Any) -> Any:
 
 def covers(options: PairOptions) -> bool:
     """Whether the lanes compute ``options``' variant."""
-    return options.kind == LENNARD_JONES and options.one_type and not options.switching
+    return options.kind == LENNARD_JONES and options.one_type and not options.switching and not options.force_shift
 
 
 @functools.cache

@@ -4,9 +4,11 @@ the batched neighbour list, and one Warp kernel that sums pairs into energies, f
 A forward makes no host synchronisation and, once buffers exist, allocates nothing; it writes
 into ``batch.forces``, ``batch.energy`` (``batch.stress``) when they have the positions' dtype and
 returns them, else fresh tensors. Cutoff treatments (at most one): none (energy jumps at the
-cutoff); ``shift_energy=True`` (pair energies shifted to zero there, as ASE's ``LennardJones``);
+cutoff); ``shift="energy"`` (pair energies shifted to zero there, as ASE's ``LennardJones``);
+``shift="force"`` (``U(r) - U(r_c) - (r - r_c) U'(r_c)``: energies and forces go to zero there);
 ``switch_onset=r_on`` (a quintic smoothstep from 1 at ``r_on`` to 0 at the cutoff, as ASE's
-``MorsePotential``).
+``MorsePotential``). ``tail_correction=True`` adds the analytic energy and pressure of the pairs
+beyond the cutoff (models with a :meth:`PairPotential._tail_integrals`; periodic systems only).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from alchemi_potentials.tuning import PotentialsTuning
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
+#: The ``shift`` options of the pair potentials.
+SHIFTS = ("none", "energy", "force")
 #: Systems larger than this (atoms) sum energies and virials per slot, then chunk by chunk
 #: (``fold_totals``), instead of one atomic add per atom into the system's total.
 DIRECT_TOTALS_UP_TO = 1024
@@ -63,13 +67,17 @@ class PairPotential(BaseModel):
     """Base class of the pair potentials (see the module docstring).
 
     Subclasses set ``kind`` and ``name`` and give, in float64 numpy, the kernel's ``a, b, c`` per
-    pair of types (:meth:`_coefficients`) and the pair energy (:meth:`_pair_energy`, for shifts).
+    pair of types (:meth:`_coefficients`), the pair energy and its derivative
+    (:meth:`_pair_energy`, :meth:`_pair_slope`, for shifts) and, for tail corrections,
+    :meth:`_tail_integrals`.
 
     Args:
         table: Parameters per pair of species.
         cutoff: Interaction range in Å.
-        shift_energy: Shift each pair energy to zero at the cutoff.
+        shift_energy: Shift each pair energy to zero at the cutoff (``shift="energy"``).
         switch_onset: Start (Å) of the smooth switch to zero at the cutoff; None for no switch.
+        shift: ``"none"``, ``"energy"`` or ``"force"`` (None: from ``shift_energy``).
+        tail_correction: Add the analytic tail energy and pressure (periodic systems only).
         skin: Verlet skin in Å of the model's own neighbour list (default: the tuning's).
         max_neighbors: Columns of the model's own neighbour list (None: sized from the
             structures; a number: no read-back ever, for CUDA graphs).
@@ -79,8 +87,9 @@ class PairPotential(BaseModel):
             (default: ``PotentialsTuning.for_device`` of the batch's device).
 
     Raises:
-        ConfigurationError: A bad cutoff or switch onset, both cutoff treatments at once, or a
-            neighbour list built for a shorter cutoff.
+        ConfigurationError: A bad cutoff, shift or switch onset, two cutoff treatments at once, a
+            tail correction the model has no formula for, or a neighbour list built for a shorter
+            cutoff.
     """
 
     kind: ClassVar[int]
@@ -94,6 +103,8 @@ class PairPotential(BaseModel):
         cutoff: float,
         shift_energy: bool = False,
         switch_onset: float | None = None,
+        shift: str | None = None,
+        tail_correction: bool = False,
         skin: float | None = None,
         max_neighbors: int | None = None,
         neighbor_list: BatchedNeighborList | None = None,
@@ -107,10 +118,16 @@ class PairPotential(BaseModel):
             raise ConfigurationError(f"{self.name}: cutoff must be a number in Å, got {cutoff!r}") from None
         if not (cutoff > 0 and math.isfinite(cutoff)):
             raise ConfigurationError(f"{self.name}: cutoff must be positive and finite (Å), got {cutoff!r}")
+        if shift is None:
+            shift = "energy" if shift_energy else "none"
+        elif shift not in SHIFTS:
+            raise ConfigurationError(f"{self.name}: shift must be one of {', '.join(map(repr, SHIFTS))}, got {shift!r}")
+        elif shift_energy and shift != "energy":
+            raise ConfigurationError(f"{self.name}: shift_energy=True contradicts shift={shift!r}; give only shift")
         if switch_onset is not None:
-            if shift_energy:
+            if shift != "none":
                 raise ConfigurationError(
-                    f"{self.name}: choose one cutoff treatment: shift_energy=True or switch_onset=..., not both"
+                    f"{self.name}: choose one cutoff treatment: shift={shift!r} or switch_onset=..., not both"
                 )
             switch_onset = float(switch_onset)
             if not 0 <= switch_onset < cutoff:
@@ -126,9 +143,12 @@ class PairPotential(BaseModel):
             )
         self._cutoff = cutoff
         self.tuning = tuning
-        self.shift_energy = bool(shift_energy)
+        self.shift = shift
+        self.shift_energy = shift == "energy"
         self.switch_onset = switch_onset
         self.table = table
+        # Per pair of types, the tail's energy and pressure integrals (checked here, not at a forward).
+        self._tail = self._tail_integrals() if tail_correction else None
         self.neighbor_list = neighbor_list
         self._check_list_cutoff()
         self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
@@ -160,15 +180,29 @@ class PairPotential(BaseModel):
     def _pair_energy(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    def _pair_slope(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:
+        """``U'(r)`` per pair of types (for ``shift="force"``)."""
+        raise ConfigurationError(f"{self.name}: shift='force' is not available for this model; use 'energy' or 'none'")
+
+    def _tail_integrals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair of types ``(2 pi int_rc^inf r^2 U dr, -(2 pi / 3) int_rc^inf r^3 U' dr)``: the
+        tail energy of a system is ``sum_ij N_i N_j e_ij / V``, its pressure ``sum_ij N_i N_j p_ij / V^2``."""
+        raise ConfigurationError(f"{self.name}: this model has no analytic tail correction; leave tail_correction off")
+
     def _parameter_rows(self) -> np.ndarray:
-        """``[(T + 1)^2, 4]`` float64 rows ``(a, b, c, shift)``; type T (elements without
+        """``[(T + 1)^2, 5]`` float64 rows ``(a, b, c, shift, slope)``; type T (elements without
         parameters) has NaN rows, so such atoms give NaN rather than plausible numbers."""
         a, b, c = self._coefficients()
-        shift = self._pair_energy(a, b, c, self._cutoff) if self.shift_energy else np.zeros_like(a)
+        shift, slope = np.zeros_like(a), np.zeros_like(a)
+        if self.shift != "none":
+            shift = self._pair_energy(a, b, c, self._cutoff)
+        if self.shift == "force":
+            slope = self._pair_slope(a, b, c, self._cutoff)
+            shift = shift - self._cutoff * slope  # the constant part of -(r - r_c) U'(r_c)
         n = a.shape[0]
-        rows = np.full((n + 1, n + 1, 4), np.nan)
-        rows[:n, :n] = np.stack([a, b, c, shift], axis=-1)
-        return rows.reshape(-1, 4)
+        rows = np.full((n + 1, n + 1, 5), np.nan)
+        rows[:n, :n] = np.stack([a, b, c, shift, slope], axis=-1)
+        return rows.reshape(-1, 5)
 
     def _device_array(self, name: str, dtype: torch.dtype, device: torch.device) -> Any:
         """``_rows`` (parameters) or ``_types`` (the type of every atomic number) on ``device``."""
@@ -251,7 +285,7 @@ class PairPotential(BaseModel):
         onset = self.switch_onset if self.switch_onset is not None else 0.0
         tuning = self.tuning if self.tuning is not None else PotentialsTuning.for_device(pos.device)
         options = PairOptions(
-            kind=self.kind, switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
+            kind=self.kind, force_shift=self.shift == "force", switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=tuning.unroll, masked=tuning.masked,
             fast_math=tuning.fast_math, min_blocks=tuning.min_blocks_large if per_slot else 0,
             lane_width=tuning.lane_width, wide_lane_width=tuning.wide_lane_width,
@@ -270,7 +304,35 @@ class PairPotential(BaseModel):
             held.append(chunks)
         if stress is not None:
             seq.add(k.virial_to_stress, n_sys, [C, W, _warp.view(stress, mat)])
+        if self._tail is not None:
+            tails = self._tail_sums(batch, cell)
+            held.append(tails)
+            seq.add(k.add_tail, n_sys, [C, _warp.view(tails[0], scalar), _warp.view(tails[1], scalar),
+                                        int(stress is not None), E, W if stress is None else _warp.view(stress, mat)])
         return _Outputs(key, forces, energy, stress, owned, seq, matrix, held)
+
+    def _tail_sums(self, batch: Batch, cell: torch.Tensor | None) -> torch.Tensor:
+        """``[2, B]``: per system ``sum_ij N_i N_j`` times the energy and pressure integrals (on the
+        device; once per batch layout, not per step).
+
+        Raises:
+            InvalidDataError: A system that is not periodic along all three axes.
+        """
+        pbc = batch.pbc if "pbc" in batch else None
+        if cell is None or pbc is None or not bool(pbc.all()):
+            raise InvalidDataError(
+                f"{self.name}: tail_correction needs systems periodic along all three axes (a homogeneous fluid "
+                "or solid fills space); give every system a cell with pbc=True, or leave tail_correction off"
+            )
+        assert self._tail is not None
+        pos = batch.positions
+        types = torch.as_tensor(self._types, device=pos.device)[batch.atomic_numbers.long()].long()
+        n_types = self.table.num_types
+        counts = torch.zeros((batch.num_graphs, n_types + 1), dtype=pos.dtype, device=pos.device)
+        counts.index_put_((batch.batch_idx.long(), types), torch.ones_like(types, dtype=pos.dtype), accumulate=True)
+        counts = counts[:, :n_types]
+        pairs = torch.as_tensor(np.stack(self._tail), dtype=pos.dtype, device=pos.device)
+        return torch.einsum("bi,kij,bj->kb", counts, pairs, counts).contiguous()
 
     # ------------------------------------------------------------------ checks
     def _check_list_cutoff(self) -> None:
@@ -319,10 +381,12 @@ class PairPotential(BaseModel):
 
     def extra_repr(self) -> str:
         treatment = "truncated"
-        if self.shift_energy:
-            treatment = "shifted"
+        if self.shift != "none":
+            treatment = f"{self.shift}-shifted"
         elif self.switch_onset is not None:
             treatment = f"switched from {self.switch_onset}"
+        if self._tail is not None:
+            treatment += ", tail-corrected"
         return f"cutoff={self._cutoff}, {treatment}, species={self.table.species}, {self.neighbor_list!r}"
 
 
