@@ -129,7 +129,7 @@ def test_tail_pressure_is_the_volume_derivative_plus_the_impulsive_term(ref, rng
         return (on["energy"] - off["energy"]).item(), a.get_volume(), p_tail
 
     h = 1e-4
-    (e1, v1, _), (e0, v0, p_tail), (e2, v2, _) = tail_energy(1 - h), tail_energy(1.0), tail_energy(1 + h)
+    (e1, v1, _), (_, v0, p_tail), (e2, v2, _) = tail_energy(1 - h), tail_energy(1.0), tail_energy(1 + h)
     rho = 32 / v0
     impulsive = (2 / 3) * math.pi * rho**2 * RC**3 * lj(RC)
     assert -(e2 - e1) / (v2 - v1) + impulsive == pytest.approx(p_tail, rel=1e-6)

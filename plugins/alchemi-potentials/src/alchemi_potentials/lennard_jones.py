@@ -13,10 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import math
 
 import numpy as np
 
@@ -93,7 +92,8 @@ class LennardJones(PairPotential):
             model=self.name,
         )
         super().__init__(table, cutoff=cutoff, shift_energy=shift_energy, switch_onset=switch_onset, shift=shift,
-                         tail_correction=tail_correction, skin=skin, max_neighbors=max_neighbors, neighbor_list=neighbor_list, tuning=tuning)
+                         tail_correction=tail_correction, skin=skin, max_neighbors=max_neighbors,
+                         neighbor_list=neighbor_list, tuning=tuning)
 
     def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         eps, sig = self.table.values["epsilon"], self.table.values["sigma"]

@@ -285,7 +285,8 @@ class PairPotential(BaseModel):
         onset = self.switch_onset if self.switch_onset is not None else 0.0
         tuning = self.tuning if self.tuning is not None else PotentialsTuning.for_device(pos.device)
         options = PairOptions(
-            kind=self.kind, force_shift=self.shift == "force", switching=self.switch_onset is not None, virial=compute_stress, half=matrix.half,
+            kind=self.kind, force_shift=self.shift == "force", switching=self.switch_onset is not None,
+            virial=compute_stress, half=matrix.half,
             one_type=n_types == 1, per_slot=per_slot, unroll=tuning.unroll, masked=tuning.masked,
             fast_math=tuning.fast_math, min_blocks=tuning.min_blocks_large if per_slot else 0,
             lane_width=tuning.lane_width, wide_lane_width=tuning.wide_lane_width,
