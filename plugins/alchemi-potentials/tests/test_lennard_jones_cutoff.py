@@ -114,6 +114,25 @@ def test_tail_energy_and_pressure_match_the_formulas_for_a_mixture(ref, rng, tun
         torch.testing.assert_close(tail["forces"], plain["forces"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tail_follows_the_composition_call_after_call(ref, rng, tuning, dtype):
+    """The counts come from the neighbour list's slots each forward: repeated calls and a batch
+    with other species in the same shapes both get their own tail."""
+    eps, sig = {18: 0.0104, 36: 0.0141}, {18: 3.405, 36: 3.65}
+    model = LennardJones(eps, sig, 9.0, tail_correction=True, tuning=tuning)
+    plain = LennardJones(eps, sig, 9.0, tuning=tuning)
+    atoms = ref.atoms(rng, 24, np.eye(3) * 12.5, True, species=(18, 36), min_distance=3.0)
+    swapped = atoms.copy()
+    swapped.numbers = np.where(atoms.numbers == 18, 36, 18)
+    e_mix = lambda a, b: math.sqrt(eps[a] * eps[b])  # noqa: E731
+    s_mix = lambda a, b: 0.5 * (sig[a] + sig[b])  # noqa: E731
+    for a in (atoms, atoms, swapped):
+        batch = ref.batch([a], dtype=dtype)
+        e, _ = tail_formulas(a.numbers, a.get_volume(), e_mix, s_mix, 9.0)
+        rel = 1e-9 if dtype == torch.float64 else 1e-4
+        assert (model(batch)["energy"] - plain(batch)["energy"]).item() == pytest.approx(e, rel=rel)
+
+
 def test_tail_pressure_is_the_volume_derivative_plus_the_impulsive_term(ref, rng, tuning):
     """-dE_tail/dV at fixed N (finite differences of the model's energies) plus the mean impulsive
     term of the truncation, (2/3) pi rho^2 r_c^3 U(r_c), is the stress's P_tail."""

@@ -111,22 +111,45 @@ def virial_to_stress(cell: wp.array(dtype=Any), virial: wp.array(dtype=Any), str
 
 
 @wp.kernel
+def count_types(system: wp.array(dtype=wp.int32), slot_number: wp.array(dtype=wp.int32),
+                lut: wp.array(dtype=wp.int32), unknown: int, counts: wp.array(dtype=Any)):
+    """Atoms of each type per system (``counts[s * (unknown + 1) + type]``), from the list's slots:
+    they follow systems entering and leaving a batch."""
+    t = wp.tid()
+    wp.atomic_add(counts, system[t] * (unknown + 1) + type_of(lut, slot_number[t], unknown), type(counts[0])(1.0))
+
+
+@wp.kernel
 def add_tail(
     cell: wp.array(dtype=Any),
+    counts: wp.array(dtype=Any),
+    n_types: int,
     tail_energy: wp.array(dtype=Any),
     tail_pressure: wp.array(dtype=Any),
     want_stress: int,
     energy: wp.array(dtype=Any),
     stress: wp.array(dtype=Any),
 ):
-    """Add the analytic tail: ``energy += K_E / V`` and ``stress -= K_P / V^2`` on the diagonal,
-    ``K`` per system the sums over species pairs of ``N_i N_j`` times the pair's tail integral."""
+    """Add the analytic tail: ``energy += sum_ij N_i N_j e_ij / V`` and ``stress -= sum_ij N_i N_j
+    p_ij / V^2`` on the diagonal (tables ``[n_types^2]``); then zero the system's counts."""
     s = wp.tid()
     volume = wp.abs(wp.determinant(cell[s]))
-    energy[s] = energy[s] + tail_energy[s] / volume
+    base = s * n_types
+    ke = volume - volume
+    kp = ke
+    for i in range(n_types):
+        ci = counts[base + i]
+        for j in range(n_types):
+            nn = ci * counts[base + j]
+            ke += nn * tail_energy[i * n_types + j]
+            kp += nn * tail_pressure[i * n_types + j]
+    for i in range(n_types):
+        counts[base + i] = volume - volume
+    energy[s] = energy[s] + ke / volume
     if want_stress != 0:
-        p = tail_pressure[s] / (volume * volume)
-        stress[s] = stress[s] - type(cell[s])(p, p - p, p - p, p - p, p, p - p, p - p, p - p, p)
+        p = kp / (volume * volume)
+        z = p - p
+        stress[s] = stress[s] - type(cell[s])(p, z, z, z, p, z, z, z, p)
 
 
 for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.vec3d, wp.mat33d)):
@@ -134,7 +157,8 @@ for _scalar, _vec, _mat in ((wp.float32, wp.vec3f, wp.mat33f), (wp.float64, wp.v
     wp.overload(zero_forces, {"forces": wp.array(dtype=_vec)})
     _totals = {"energy": wp.array(dtype=_scalar), "virial": wp.array(dtype=_mat)}
     wp.overload(fold_totals, {"slot_energy": wp.array(dtype=_scalar), "slot_virial": wp.array(dtype=_mat), **_totals})
-    wp.overload(add_tail, {"cell": wp.array(dtype=_mat), "tail_energy": wp.array(dtype=_scalar),
+    wp.overload(count_types, {"counts": wp.array(dtype=_scalar)})
+    wp.overload(add_tail, {"cell": wp.array(dtype=_mat), "counts": wp.array(dtype=_scalar), "tail_energy": wp.array(dtype=_scalar),
                            "tail_pressure": wp.array(dtype=_scalar), "energy": wp.array(dtype=_scalar),
                            "stress": wp.array(dtype=_mat)})
     wp.overload(virial_to_stress, {"cell": wp.array(dtype=_mat), "virial": wp.array(dtype=_mat), "stress": wp.array(dtype=_mat)})

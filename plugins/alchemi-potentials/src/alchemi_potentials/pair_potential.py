@@ -33,6 +33,8 @@ from alchemi_potentials.tuning import PotentialsTuning
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
+_PERIODIC_HINT = ("the tail of a homogeneous fluid or solid fills space: give every system a cell with "
+                  "pbc=True, or leave tail_correction off")
 #: The ``shift`` options of the pair potentials.
 SHIFTS = ("none", "energy", "force")
 #: Systems larger than this (atoms) sum energies and virials per slot, then chunk by chunk
@@ -147,8 +149,14 @@ class PairPotential(BaseModel):
         self.shift_energy = shift == "energy"
         self.switch_onset = switch_onset
         self.table = table
-        # Per pair of types, the tail's energy and pressure integrals (checked here, not at a forward).
+        # Per pair of types (padded by zeros for the unknown type), the tail's energy and pressure
+        # integrals, flattened for the kernel (asked here so that a model without them fails now).
         self._tail = self._tail_integrals() if tail_correction else None
+        if self._tail is not None:
+            padded = [np.zeros((table.num_types + 1,) * 2) for _ in self._tail]
+            for pad, values in zip(padded, self._tail, strict=True):
+                pad[:-1, :-1] = values
+            self._tail_energy, self._tail_pressure = (pad.reshape(-1) for pad in padded)
         self.neighbor_list = neighbor_list
         self._check_list_cutoff()
         self.card = ModelCard(name=self.name, cutoff=cutoff, periodic=True, stress=True, species=table.species)
@@ -205,7 +213,8 @@ class PairPotential(BaseModel):
         return rows.reshape(-1, 5)
 
     def _device_array(self, name: str, dtype: torch.dtype, device: torch.device) -> Any:
-        """``_rows`` (parameters) or ``_types`` (the type of every atomic number) on ``device``."""
+        """``_rows`` (parameters), ``_types`` (the type of every atomic number) or a tail table on
+        ``device``."""
         key = (name, dtype, device)
         entry = self._device_arrays.get(key)
         if entry is None:
@@ -220,7 +229,8 @@ class PairPotential(BaseModel):
 
         Raises:
             ConfigurationError: The neighbour list was built for a shorter cutoff.
-            InvalidDataError: Positions that are not float32 or float64.
+            InvalidDataError: Positions that are not float32 or float64, or systems without a
+                cell under ``tail_correction``.
         """
         self._check_list_cutoff()
         matrix = self.neighbor_list.update(batch)
@@ -306,34 +316,18 @@ class PairPotential(BaseModel):
         if stress is not None:
             seq.add(k.virial_to_stress, n_sys, [C, W, _warp.view(stress, mat)])
         if self._tail is not None:
-            tails = self._tail_sums(batch, cell)
-            held.append(tails)
-            seq.add(k.add_tail, n_sys, [C, _warp.view(tails[0], scalar), _warp.view(tails[1], scalar),
+            if self.neighbor_list.last_cell is None:
+                raise InvalidDataError(f"{self.name}: tail_correction needs periodic systems; {_PERIODIC_HINT}")
+            counts = self._scratch("type_counts", (n_sys * (n_types + 1),), pos)
+            lists = matrix.pair_list
+            seq.add(k.count_types, n_atoms, [lists.system, lists.slot_number,
+                                             self._device_array("_types", torch.int32, pos.device), n_types,
+                                             _warp.view(counts, scalar)])
+            seq.add(k.add_tail, n_sys, [C, _warp.view(counts, scalar), n_types + 1,
+                                        self._device_array("_tail_energy", pos.dtype, pos.device),
+                                        self._device_array("_tail_pressure", pos.dtype, pos.device),
                                         int(stress is not None), E, W if stress is None else _warp.view(stress, mat)])
         return _Outputs(key, forces, energy, stress, owned, seq, matrix, held)
-
-    def _tail_sums(self, batch: Batch, cell: torch.Tensor | None) -> torch.Tensor:
-        """``[2, B]``: per system ``sum_ij N_i N_j`` times the energy and pressure integrals (on the
-        device; once per batch layout, not per step).
-
-        Raises:
-            InvalidDataError: A system that is not periodic along all three axes.
-        """
-        pbc = batch.pbc if "pbc" in batch else None
-        if cell is None or pbc is None or not bool(pbc.all()):
-            raise InvalidDataError(
-                f"{self.name}: tail_correction needs systems periodic along all three axes (a homogeneous fluid "
-                "or solid fills space); give every system a cell with pbc=True, or leave tail_correction off"
-            )
-        assert self._tail is not None
-        pos = batch.positions
-        types = torch.as_tensor(self._types, device=pos.device)[batch.atomic_numbers.long()].long()
-        n_types = self.table.num_types
-        counts = torch.zeros((batch.num_graphs, n_types + 1), dtype=pos.dtype, device=pos.device)
-        counts.index_put_((batch.batch_idx.long(), types), torch.ones_like(types, dtype=pos.dtype), accumulate=True)
-        counts = counts[:, :n_types]
-        pairs = torch.as_tensor(np.stack(self._tail), dtype=pos.dtype, device=pos.device)
-        return torch.einsum("bi,kij,bj->kb", counts, pairs, counts).contiguous()
 
     # ------------------------------------------------------------------ checks
     def _check_list_cutoff(self) -> None:
@@ -350,7 +344,8 @@ class PairPotential(BaseModel):
 
         Raises:
             InvalidDataError: Elements without parameters, positions that are not float32 or
-                float64, or a periodic cell with zero volume.
+                float64, a periodic cell with zero volume, or (with the tail correction) a system
+                that is not periodic along all three axes.
             ConfigurationError: A neighbour list built for a shorter cutoff.
         """
         self._check_list_cutoff()
@@ -359,6 +354,9 @@ class PairPotential(BaseModel):
                 f"{self.name}: positions must be float32 or float64, got {batch.positions.dtype}"
             )
         super().check_batch(batch)  # species, cells
+        if self._tail is not None and ("pbc" not in batch or not bool(batch.pbc.all())):
+            raise InvalidDataError(f"{self.name}: tail_correction needs systems periodic along all three axes; "
+                                   + _PERIODIC_HINT)
 
     def check_cells(self, batch: Batch) -> None:
         """The base class's check, and periodic axes too thin for the neighbour list's images."""
