@@ -105,7 +105,8 @@ class LoggingHook(Hook):
         self.pressure = pressure
         #: Read by the engine: the run asks the model for stress when a hook needs it.
         self.needs_stress = pressure is True
-        self.columns = COLUMNS
+        #: The columns this hook writes: COLUMNS, then PRESSURE_COLUMNS where it logs pressure.
+        self.columns: tuple[str, ...] = COLUMNS
         self.writer = writer
         if log_path is None and writer is None:
             log_path = DEFAULT_LOG_PATH
