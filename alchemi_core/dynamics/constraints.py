@@ -49,12 +49,21 @@ from alchemi_core.workspace import Workspace
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
 
-__all__ = ["FROZEN_AXES", "CentreOfMass", "Constraints", "free_components", "has_constraints", "hold_forces"]
+__all__ = ["FROZEN_AXES", "CentreOfMass", "Constraints", "com_at_rest", "free_components", "has_constraints", "hold_forces"]
 
 
 def has_constraints(batch: Batch) -> bool:
     """Whether ``batch`` holds some atom or component fixed (has ``frozen`` or ``frozen_axes``)."""
     return "frozen" in batch or FROZEN_AXES in batch
+
+
+def com_at_rest(batch: Batch, com_fixed: bool) -> torch.Tensor:
+    """``[B]`` bool: the systems whose centre of mass stays at rest, all of them when the stage
+    keeps it (``com_fixed``), else those with the system field ``fix_com`` (ASE's ``FixCom``).
+    Temperatures count three degrees of freedom fewer in these systems."""
+    if FIX_COM in batch and not com_fixed:
+        return getattr(batch, FIX_COM).reshape(-1).to(torch.bool)
+    return torch.full((batch.num_graphs,), com_fixed, dtype=torch.bool, device=batch.device)
 
 
 def hold_forces(batch: Batch) -> None:

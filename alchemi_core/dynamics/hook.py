@@ -46,6 +46,9 @@ class Hook:
     """
 
     stage: DynamicsStage = DynamicsStage.AFTER_STEP
+    #: The hook reads ``batch.stress``: a run holding it asks the model for stress, as it does
+    #: for a stage that needs it (NPT, cell filters).
+    needs_stress: bool = False
 
     def __init__(self, frequency: int = 1, stage: DynamicsStage | None = None) -> None:
         from alchemi_core.validation import whole_number

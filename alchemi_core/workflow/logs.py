@@ -2,7 +2,8 @@
 
 Each stage gets a ``hook:logging`` whose rows go to one CSV file with the columns
 :data:`COLUMNS`: ``time`` in fs, energies in eV, ``fmax`` in eV/Å, ``temperature`` in K,
-``wall_s`` seconds since the run started.
+``wall_s`` seconds since the run started, and for stages that compute stress (NPT, a cell filter)
+``volume`` in Å³ and the instantaneous ``pressure`` in eV/Å³ (empty for the others).
 
 Example:
     >>> import os, tempfile
@@ -29,7 +30,7 @@ import numpy as np
 
 #: Columns of the file, in order (missing ones are left empty).
 COLUMNS = ("step", "stage", "system_id", "status", "time", "energy", "kinetic_energy", "total_energy", "fmax",
-           "temperature", "wall_s", "stage_name")
+           "temperature", "wall_s", "stage_name", "volume", "pressure")
 _INTEGER = frozenset({"step", "stage", "system_id", "status"})
 
 

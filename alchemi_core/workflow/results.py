@@ -26,9 +26,10 @@ import numpy as np
 
 from alchemi_core.data.ase_io import EDGE_FIELDS
 from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_core.units import EV_PER_A3_TO_GPA
 
 #: Plots :func:`plot_results` draws.
-PLOTS = ("energy", "temperature", "fmax", "throughput")
+PLOTS = ("energy", "temperature", "fmax", "throughput", "pressure", "volume")
 #: Export formats by file suffix.
 FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
 #: Orders :func:`export_structures` writes structures in: by ``system_id`` (the order of the
@@ -229,8 +230,9 @@ def _export_order(reader: Any, frames: str, order: str) -> list[int]:
 def plot_results(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] = PLOTS,
                  log: str | os.PathLike[str] | None = None) -> list[Path]:
     """PNG plots with labelled axes, one per kind in ``kinds``, into ``outdir``: from the run's log
-    (``log``, default ``<store>.log.csv``) each stage's values over time and the throughput;
-    without a log, histograms of the stored final energy per atom and fmax.
+    (``log``, default ``<store>.log.csv``) each stage's values over time and the throughput, and
+    pressure (GPa) and volume per atom where the log has them (stages with stress: NPT, cell
+    filters); without a log, histograms of the stored final energy per atom and fmax.
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
@@ -278,6 +280,8 @@ _LABELS = {
     "energy": ("potential energy per atom (eV/atom)", "energy"),
     "temperature": ("temperature (K)", "temperature"),
     "fmax": ("largest atomic force, fmax (eV/Å)", "fmax"),
+    "pressure": ("instantaneous pressure (GPa)", "pressure"),
+    "volume": ("volume per atom (Å³/atom)", "volume"),
 }
 
 
@@ -286,10 +290,22 @@ def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, a
         if kind == "throughput":
             return _draw_throughput(ax, cols)
         ylabel, column = _LABELS[kind]
-        values = cols[column].astype(float)
-        if kind == "energy":
+        # An all-empty column reads back as bools (numpy's genfromtxt): nothing logged there.
+        if column not in cols or np.asarray(cols[column]).dtype == bool:
+            return False
+        values = np.asarray(cols[column], dtype=float)
+        if kind in ("pressure", "volume"):
+            # Only stages with stress log these: the rows of the others are empty (NaN).
+            keep = np.isfinite(values)
+            if not keep.any():
+                return False
+            cols = {k: np.asarray(v)[keep] for k, v in cols.items()}
+            values = values[keep]
+        if kind in ("energy", "volume"):
             n = np.array([atoms.get(int(s), 1) for s in cols["system_id"]], dtype=float)
             values = values / n
+        if kind == "pressure":
+            values = values * EV_PER_A3_TO_GPA
         names = cols.get("stage_name")
         for stage in np.unique(cols["stage"]).tolist():
             sel = cols["stage"] == stage
@@ -310,7 +326,7 @@ def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, a
         ax.legend(fontsize="small")
         return True
     # No log: the store's final values.
-    if kind in ("temperature", "throughput"):
+    if kind in ("temperature", "throughput", "pressure", "volume"):
         return False
     column = "energy" if kind == "energy" else "fmax"
     stored = _column(reader, column)

@@ -285,3 +285,49 @@ def test_plots_name_each_stage_from_the_log(tmp_path):
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
         plt.close(fig)
         assert [lab.split(":")[0] for lab in labels[::2]] == expected
+
+
+def test_plots_add_pressure_and_volume_where_the_log_has_them(tmp_path):
+    """An NPT stage's rows carry pressure and volume, a FIRE stage's leave them empty: the plots
+    add pressure.png and volume.png from the NPT rows; a log without them gets neither."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("alchemi_zarr")
+    import torch
+
+    from alchemi_core.data import AtomicData
+    from alchemi_core.workflow.logs import LogCollector
+    from alchemi_core.workflow.results import _draw, plot_results
+    from alchemi_zarr import AtomicDataZarrWriter
+
+    store = tmp_path / "results.zarr"
+    AtomicDataZarrWriter(store).write([AtomicData(atomic_numbers=torch.full((4,), 18), positions=torch.rand(4, 3),
+                                                  energy=torch.tensor([[-1.0]])) for _ in range(2)])
+    for with_pressure in (True, False):
+        path = tmp_path / f"run{with_pressure}.log.csv"
+        log = LogCollector(path)
+        for stage in (0, 1):
+            for step in range(4):
+                cols = {"step": np.array([step, step]), "system_id": np.array([0, 1]),
+                        "time": np.array([5.0 * step] * 2), "energy": np.array([-1.0 - step, -2.0]),
+                        "temperature": np.array([50.0, 60.0]), "fmax": np.array([0.1, 0.2])}
+                if stage == 1 and with_pressure:
+                    cols |= {"volume": np.array([160.0 + step, 170.0]), "pressure": np.array([1e-3 * step, -2e-3])}
+                log.receive(stage, cols)
+        log.close()
+        plots = plot_results(store, tmp_path / f"plots{with_pressure}", log=path)
+        names = sorted(p.name for p in plots)
+        extra = ["pressure.png", "volume.png"] if with_pressure else []
+        assert names == sorted(["energy.png", "fmax.png", "temperature.png", "throughput.png", *extra])
+        for p in plots:
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.pyplot as plt
+
+    from alchemi_core.units import EV_PER_A3_TO_GPA
+    from alchemi_core.workflow.logs import read_log
+
+    table = read_log(tmp_path / "runTrue.log.csv")
+    fig, ax = plt.subplots()
+    assert _draw(ax, "pressure", {k: np.asarray(table[k]) for k in table}, None, {0: 4, 1: 4})
+    (line,) = ax.get_lines()  # only the NPT stage
+    np.testing.assert_allclose(line.get_ydata(), [(1e-3 * s - 2e-3) / 2 * EV_PER_A3_TO_GPA for s in range(4)])
+    plt.close(fig)

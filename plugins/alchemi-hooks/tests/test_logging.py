@@ -12,11 +12,13 @@ import torch
 from alchemi_core.data import AtomicData, Batch
 from alchemi_core.data.datapipes import ListDataset
 from alchemi_core.dynamics import DemoDynamics, FusedStage, SizeAwareSampler
+from alchemi_core.dynamics.hook import Hook
+from alchemi_core.dynamics.stage import DynamicsStage
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.models.demo import DemoModelWrapper
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
 from alchemi_hooks.errors import HookWorkerError
-from alchemi_hooks.logger import COLUMNS, LoggingHook
+from alchemi_hooks.logger import COLUMNS, PRESSURE_COLUMNS, LoggingHook
 
 
 def read_log(path):
@@ -213,3 +215,106 @@ def test_temperature_counts_the_degrees_of_freedom_the_thermostat_uses(tmp_path,
         assert float(r["temperature"]) == pytest.approx(2 * ke / ((3 * n - removed) * KB), rel=1e-6)
         assert float(r["total_energy"]) == pytest.approx(float(r["energy"]) + ke, rel=1e-6, abs=1e-9)
         assert float(r["time"]) == pytest.approx((int(r["step"]) + 1) * 2.0)
+
+
+class _PressureRecorder(Hook):
+    """What the NPT integrator's own pressure function gives at the points the log sees."""
+
+    stage = DynamicsStage.AFTER_STEP
+
+    def __init__(self, frequency: int) -> None:
+        super().__init__(frequency=frequency)
+        self.records: list[dict[str, np.ndarray]] = []
+
+    def __call__(self, batch, dynamics):
+        from alchemi_integrators.npt import NPTMTK
+
+        self.records.append({
+            "pressure": NPTMTK.pressure_tensor(batch).diagonal(dim1=-2, dim2=-1).mean(-1).numpy().copy(),
+            "volume": np.abs(np.linalg.det(batch.cell.double().numpy())),
+            "stress": batch.stress.double().numpy().copy(),
+        })
+
+
+def _argon_crystal(a: float, seed: int) -> AtomicData:
+    """32 argon atoms on a rattled fcc lattice of side ``2 a`` (Å)."""
+    from ase.build import bulk
+
+    atoms = bulk("Ar", "fcc", a=a, cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=seed)
+    return AtomicData(atomic_numbers=torch.as_tensor(atoms.numbers), positions=torch.as_tensor(atoms.positions),
+                      cell=torch.as_tensor(atoms.cell.array), pbc=torch.tensor([True, True, True]))
+
+
+def _assert_pressure_columns_match(columns, records):
+    assert len(columns) == len(records)
+    voigt = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
+    for got, want in zip(columns, records, strict=True):
+        np.testing.assert_allclose(got["pressure"], want["pressure"], rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(got["volume"], want["volume"], rtol=1e-12)
+        for name, (i, j) in zip(PRESSURE_COLUMNS[2:], voigt, strict=True):
+            np.testing.assert_allclose(got[name], want["stress"][:, i, j], rtol=1e-12, atol=1e-15)
+
+
+def test_an_nvt_run_logs_pressure_volume_and_stress_when_asked_without_a_stress_flag(tmp_path):
+    """``LoggingHook(pressure=True)`` makes a Langevin run ask the LJ model for stress; the logged
+    pressure is the barostats' ``(sum m v v^T)/V - stress`` trace over three, volume is det(cell)."""
+    pytest.importorskip("alchemi_integrators")
+    from alchemi_core import registry
+
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5)
+    columns = []
+    path = tmp_path / "log.csv"
+    log = LoggingHook(log_path=path, frequency=5, pressure=True, writer=columns.append)
+    truth = _PressureRecorder(frequency=5)
+    md = registry.build("integrator:langevin", model=model, n_steps=20, dt=2.0, temperature=60.0,
+                        initial_temperature=60.0, random_seed=1, hooks=[log, truth])
+    md.run(Batch.from_data_list([_argon_crystal(5.26, 0), _argon_crystal(5.4, 1)]))
+    _assert_pressure_columns_match(columns, truth.records)
+    assert np.abs(np.concatenate([c["stress_xx"] for c in columns])).max() > 1e-6  # the model's stress is in it
+    rows = read_log(path)
+    assert list(rows[0]) == [*COLUMNS, *PRESSURE_COLUMNS] and len(rows) == 2 * 4
+    assert {int(r["status"]) for r in rows} == {0}
+
+
+def test_pressure_of_non_interacting_atoms_is_the_ideal_gas_2k_over_3v(tmp_path):
+    """Atoms farther apart than the cutoff feel no force and no stress: P = 2 K / (3 V)."""
+    pytest.importorskip("alchemi_integrators")
+    from alchemi_core import registry
+
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=5.0)
+    data = AtomicData(atomic_numbers=torch.full((2,), 18),
+                      positions=torch.tensor([[1.0, 1.0, 1.0], [11.0, 11.0, 11.0]], dtype=torch.float64),
+                      cell=torch.diag(torch.tensor([20.0, 21.0, 22.0], dtype=torch.float64)),
+                      pbc=torch.tensor([True, True, True]))
+    columns = []
+    md = registry.build("integrator:velocity-verlet", model=model, n_steps=4, dt=1.0, initial_temperature=300.0,
+                        random_seed=2, hooks=[LoggingHook(writer=columns.append, frequency=2, pressure=True)])
+    md.run(Batch.from_data_list([data]))
+    assert len(columns) == 2
+    for c in columns:
+        assert float(c["volume"][0]) == pytest.approx(20.0 * 21.0 * 22.0, rel=1e-12)
+        assert float(c["kinetic_energy"][0]) > 0
+        assert float(c["pressure"][0]) == pytest.approx(2 * float(c["kinetic_energy"][0]) / (3 * 9240.0), rel=1e-9)
+
+
+def test_an_npt_run_logs_pressure_by_default_as_its_barostat_computes_it():
+    """Without ``pressure=`` the hook logs pressure where the stage computes stress anyway."""
+    pytest.importorskip("alchemi_integrators")
+    from alchemi_core import registry
+
+    model = registry.build("model:lennard-jones", epsilon=0.0104, sigma=3.405, cutoff=8.5)
+    columns = []
+    log = LoggingHook(writer=columns.append, frequency=3)
+    assert not log.needs_stress
+    truth = _PressureRecorder(frequency=3)
+    md = registry.build("integrator:npt-mtk", model=model, n_steps=9, dt=2.0, temperature=50.0, pressure=0.0,
+                        tau_t=100.0, tau_p=500.0, initial_temperature=50.0, random_seed=1, hooks=[log, truth])
+    md.run(Batch.from_data_list([_argon_crystal(5.3, 0)]))
+    _assert_pressure_columns_match(columns, truth.records)
+
+
+def test_pressure_true_refuses_molecules_naming_the_fix(molecules):
+    with pytest.raises(ConfigurationError, match="stress"):
+        DemoDynamics(model=DemoModelWrapper(), n_steps=2, dt=0.5,
+                     hooks=[LoggingHook(writer=lambda c: None, pressure=True)]).run(molecules([3, 2]))

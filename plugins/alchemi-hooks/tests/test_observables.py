@@ -86,3 +86,19 @@ def test_max_force_is_the_largest_row_norm_per_system(moving_batch):
     norms = np.linalg.norm(forces.numpy(), axis=1)
     ptr = moving_batch.batch_ptr.numpy()
     assert np.allclose(got, [norms[ptr[i] : ptr[i + 1]].max() for i in range(3)], rtol=1e-12)
+
+
+def test_fix_com_systems_count_three_fewer_degrees_of_freedom_like_ase_fix_com(moving_batch):
+    """A system with the field ``fix_com`` (ASE's ``FixCom``) has its centre of mass at rest:
+    ``3N - 3`` degrees of freedom, as ASE counts it, even when the stage leaves the COM free."""
+    from ase.constraints import FixCom
+
+    moving_batch.set_field("fix_com", torch.tensor([True, False, True]), "system")
+    assert degrees_of_freedom(moving_batch).tolist() == [6, 21, 12]
+    assert degrees_of_freedom(moving_batch, com_fixed=True).tolist() == [6, 18, 12]
+    t = temperature(moving_batch)
+    for row, held in enumerate([True, False, True]):
+        atoms = _ase_atoms(moving_batch, row)
+        if held:
+            atoms.set_constraint(FixCom())
+        assert float(t[row]) == pytest.approx(atoms.get_temperature(), rel=1e-6)

@@ -156,3 +156,16 @@ def test_nose_hoover_heats_what_moves_to_its_temperature_when_atoms_are_held() -
                     random_seed=2, hooks=[record]).run(batch)
     measured = 2.0 * record.array()[150:].mean() / (3 * 16 * KB)  # 120 K when held atoms counted
     assert abs(measured - 60.0) < 6.0, measured
+
+
+def test_fix_com_systems_count_three_fewer_degrees_of_freedom() -> None:
+    """A system with the field ``fix_com`` (ASE's ``FixCom``) counts ``3N - 3`` even where the
+    stage leaves the centre of mass free; held atoms pin it already (no 3 more)."""
+    batch = _molecules([5, 4, 3])
+    batch.set_field("fix_com", torch.tensor([True, False, True]), "system")
+    assert degrees_of_freedom(batch, com_fixed=False).tolist() == [12.0, 12.0, 6.0]
+    assert degrees_of_freedom(batch, com_fixed=True).tolist() == [12.0, 9.0, 6.0]
+    frozen = torch.zeros(12, dtype=torch.bool)
+    frozen[0] = True
+    batch.set_field("frozen", frozen, "node")
+    assert degrees_of_freedom(batch, com_fixed=False).tolist() == [12.0, 12.0, 6.0]

@@ -5,7 +5,7 @@ Units are alchemi's: velocities in Å/fs, masses in amu, energies in eV, forces 
 Temperature is ``T = 2 KE / (f kB)`` with ``f`` the Cartesian components that move, as ASE
 counts them under ``FixAtoms`` (field ``frozen``) and ``FixCartesian`` (``frozen_axes``), less
 three with ``com_fixed=True`` for a stage that keeps the centre of mass at rest
-(:func:`com_fixed`). A system with no moving atom reports 0 K.
+(:func:`com_fixed`) and in systems with the field ``fix_com`` (ASE's ``FixCom``). A system with no moving atom reports 0 K.
 
 Example:
     >>> import torch
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from alchemi_core.dynamics.constraints import free_components
+from alchemi_core.dynamics.constraints import com_at_rest, free_components
 from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, KB
 
 if TYPE_CHECKING:
@@ -45,14 +45,13 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
 
 
 def degrees_of_freedom(batch: Batch, com_fixed: bool = False) -> torch.Tensor:
-    """``[B]`` the Cartesian components that move, less three with ``com_fixed`` when nothing is
-    held (held atoms already pin the centre of mass)."""
+    """``[B]`` the Cartesian components that move, less three in systems whose centre of mass is
+    at rest (``com_fixed``, or the system's ``fix_com`` field) when nothing is held (held atoms
+    already pin the centre of mass)."""
     free = free_components(batch, batch.positions.dtype)
     dof = per_system_sum(free, batch)
-    if com_fixed:
-        pinned = per_system_sum(3.0 - free, batch) > 0
-        dof = torch.where(pinned, dof, dof - 3.0)
-    return dof
+    pinned = per_system_sum(3.0 - free, batch) > 0
+    return torch.where(com_at_rest(batch, com_fixed) & ~pinned, dof - 3.0, dof)
 
 
 def com_fixed(dynamics: object) -> bool:

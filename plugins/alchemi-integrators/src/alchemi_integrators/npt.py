@@ -60,11 +60,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from alchemi_core.dynamics.pressure import cell_volume, kinetic_tensor, pressure_tensor
 from alchemi_core.errors import ConfigurationError
-from alchemi_core.units import AMU_A2_PER_FS2_TO_EV, BAR, KB
+from alchemi_core.units import BAR, KB
 from alchemi_integrators import crescale_kernels, mtk_kernels
 from alchemi_integrators.base import MDIntegrator
-from alchemi_integrators.cell_math import det3
 from alchemi_integrators.nose_hoover import YOSHIDA_WEIGHTS
 from alchemi_integrators.npt_common import (
     BAROSTAT_CHAIN_POSITIONS,
@@ -119,22 +119,18 @@ class _NPTBase(MDIntegrator):
     @staticmethod
     def volume(batch: Batch) -> torch.Tensor:
         """``[B]`` cell volumes, Å³."""
-        return det3(batch.cell.to(batch.positions.dtype)).abs()
+        return cell_volume(batch)
 
     @staticmethod
     def kinetic_tensor(batch: Batch) -> torch.Tensor:
         """``[B, 3, 3]`` ``sum_i m_i v_i v_i^T`` in eV (twice the kinetic energy tensor)."""
-        v = batch.velocities
-        mv = v * (batch.atomic_masses * AMU_A2_PER_FS2_TO_EV).unsqueeze(-1).to(v.dtype)
-        outer = mv.unsqueeze(-1) * v.unsqueeze(-2)
-        return torch.zeros(batch.num_graphs, 3, 3, dtype=v.dtype, device=v.device).index_add_(
-            0, batch.batch_idx, outer
-        )
+        return kinetic_tensor(batch)
 
-    def pressure_tensor(self, batch: Batch) -> torch.Tensor:
-        """``[B, 3, 3]`` instantaneous pressure ``(sum m v v^T) / V - sigma`` (eV/Å³)."""
-        stress = batch.stress.to(batch.positions.dtype)
-        return self.kinetic_tensor(batch) / self.volume(batch).view(-1, 1, 1) - stress
+    @staticmethod
+    def pressure_tensor(batch: Batch) -> torch.Tensor:
+        """``[B, 3, 3]`` instantaneous pressure ``(sum m v v^T) / V - sigma`` (eV/Å³,
+        :func:`alchemi_core.dynamics.pressure.pressure_tensor`)."""
+        return pressure_tensor(batch)
 
     def system_dof(self, batch: Batch) -> torch.Tensor:
         """``[B]`` degrees of freedom ``3N - 3`` (kept while the batch's systems stay the same)."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from alchemi_core.dynamics.constraints import free_components, has_constraints
+from alchemi_core.dynamics.constraints import com_at_rest, free_components, has_constraints
 from alchemi_core.errors import InvalidDataError
 from alchemi_core.units import ACCELERATION, AMU_A2_PER_FS2_TO_EV, KB
 
@@ -87,7 +87,8 @@ def kinetic_energy(batch: Batch) -> torch.Tensor:
 
 
 def degrees_of_freedom(batch: Batch, com_fixed: bool = True) -> torch.Tensor:
-    """``[B]`` kinetic degrees of freedom: ``3N - 3`` with the COM fixed, else ``3N``; where
+    """``[B]`` kinetic degrees of freedom: ``3N - 3`` with the COM fixed (by the stage, or the
+    system's ``fix_com`` field), else ``3N``; where
     atoms or components are held (``frozen``, ``frozen_axes``), the components that move, with
     no 3 taken off (held atoms pin the centre of mass), as ASE counts them under ``FixAtoms``
     and ``FixCartesian``: a thermostat then heats only what moves to its temperature.
@@ -96,12 +97,11 @@ def degrees_of_freedom(batch: Batch, com_fixed: bool = True) -> torch.Tensor:
     """
     dtype = batch.positions.dtype
     n = batch.node_counts.to(dtype)
+    at_rest = com_at_rest(batch, com_fixed)
     if not has_constraints(batch):
-        dof = 3.0 * n - 3.0 if com_fixed else 3.0 * n
-        return dof.clamp_(min=1.0)
+        return (3.0 * n - 3.0 * at_rest.to(dtype)).clamp_(min=1.0)
     free = _per_system_sum(batch, free_components(batch, dtype))
-    if com_fixed:
-        free = torch.where(free < 3.0 * n, free, free - 3.0)
+    free = torch.where(at_rest & (free >= 3.0 * n), free - 3.0, free)
     return free.clamp_(min=1.0)
 
 
