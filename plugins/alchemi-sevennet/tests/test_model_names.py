@@ -81,9 +81,13 @@ def test_a_name_resolves_from_the_model_directory(no_cache, monkeypatch, tmp_pat
 def test_every_name_sevenn_downloads_has_a_place():
     """Guards the naming alchemi relies on (each download's file is checkpoint_sevennet_<name>.pth)."""
     import sevenn._const
-    from alchemi_sevennet.model import _download_place
+    from alchemi_sevennet.model import DOWNLOADS, _download_place
 
     downloads = {os.path.basename(p) for p in sevenn._const.CHECKPOINT_DOWNLOAD_LINKS}
     found = {_download_place(f"7net-{f[len('checkpoint_sevennet_'):-4].replace('_', '-')}")[0] for f in downloads}
     assert found == downloads
+    # alchemi's own copy of sevenn's private table: the same folders (relative to sevenn's) and URLs
+    prefix = sevenn._const._prefix
+    assert {os.path.basename(p): (os.path.relpath(os.path.dirname(p), prefix), url)
+            for p, url in sevenn._const.CHECKPOINT_DOWNLOAD_LINKS.items()} == DOWNLOADS
     assert _download_place("7net-0") is None and _download_place("my.pth") is None

@@ -72,20 +72,36 @@ def checkpoint_file(model: str | os.PathLike[str], download: bool = False) -> st
                       lambda: str(sevenn.util.pretrained_name_to_path(name)), download)
 
 
+#: The checkpoints sevenn downloads rather than ships: folder under its ``pretrained_potentials``
+#: and URL, by file. sevenn keeps this table only under a private name, so alchemi keeps its own
+#: copy (a test compares the two, so a sevenn release that changes it is noticed).
+DOWNLOADS: dict[str, tuple[str, str]] = {
+    f"checkpoint_sevennet_{stem}.pth": (folder, f"https://github.com/MDIL-SNU/SevenNet/releases/download/{tag}/"
+                                        f"checkpoint_sevennet_{stem}.pth")
+    for stem, folder, tag in (
+        ("mf_ompa", "SevenNet_MF_ompa", "v0.11.0.cp"),
+        ("omat", "SevenNet_omat", "v0.11.0.cp"),
+        ("omni", "SevenNet_omni", "v0.12.0.cp"),
+        ("omni_i8", "SevenNet_omni_i8", "v0.12.1.cp"),
+        ("omni_i12", "SevenNet_omni_i12", "v0.12.1.cp"),
+    )
+}
+
+
 def _download_place(name: str) -> tuple[str, str, list[str]] | None:
     """``(file, url, paths)`` of a name sevenn downloads, ``paths`` where sevenn looks for it (its
     package, then its cache); None for any other name."""
-    from sevenn import _const  # sevenn's table of downloadable checkpoints (it has no public one)
-
     lower = name.lower()
     stem = next((lower[len(p):] for p in ("7net-", "sevennet-") if lower.startswith(p)), None)
     if stem is None:
         return None
     file = f"checkpoint_sevennet_{stem.replace('-', '_')}.pth"  # how sevenn names every download
-    for path, url in _const.CHECKPOINT_DOWNLOAD_LINKS.items():
-        if os.path.basename(path) == file:
-            return file, url, [path, path.replace(_const._prefix, os.path.expanduser("~/.cache/sevennet"))]
-    return None
+    if file not in DOWNLOADS:
+        return None
+    folder, url = DOWNLOADS[file]
+    package = os.path.join(os.path.dirname(_sevenn().__file__), "pretrained_potentials")
+    cache = os.path.expanduser("~/.cache/sevennet")
+    return file, url, [os.path.join(root, folder, file) for root in (package, cache)]
 
 
 class SevenNetModel(EdgeModel):
