@@ -46,9 +46,10 @@ PLUGINS: tuple[FirstParty, ...] = (
         (
             "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover", "integrator:csvr",
             "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale", "integrator:nph",
+            "integrator:neb",
             *_exports(
                 "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "CSVR", "FIRE", "FIRE2",
-                "NPTMTK", "NPTCRescale", "NPH",
+                "NPTMTK", "NPTCRescale", "NPH", "NEB",
             ),
         ),
         "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`",

@@ -22,6 +22,8 @@ from alchemi_integrators import (
     NPTCRescale,
     VelocityVerlet,
 )
+from alchemi_integrators.neb import NEB
+from alchemi_integrators.neb_bands import band_data
 from alchemi_integrators.plugin import STATE_FIELDS
 
 STAGES = {
@@ -34,6 +36,7 @@ STAGES = {
     "npt-mtk": lambda m: NPTMTK(m, dt=2.0, temperature=50.0, pressure=0.0),
     "npt-crescale": lambda m: NPTCRescale(m, dt=2.0, temperature=50.0, pressure=0.0),
     "nph": lambda m: NPH(m, dt=2.0, temperature=50.0, pressure=0.0),
+    "neb": lambda m: NEB(m, dt=1.0, climb=True),
 }
 #: Fields a run creates that are data about the structure (forces, the cell filter's ASE-style
 #: fmax) or the engine's columns users read (``status``, ``fmax``).
@@ -48,7 +51,8 @@ def test_every_registered_integrator_declares_its_state():
 
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_the_declared_state_is_what_a_run_creates(name):
-    batch = Batch.from_data_list([argon(2, rattle=0.05, seed=s) for s in range(2)])
+    structures = [argon(2, rattle=0.05, seed=s) for s in range(3 if name == "neb" else 2)]
+    batch = Batch.from_data_list(band_data(structures, 0) if name == "neb" else structures)  # a band of 3 images
     before = set(batch.keys())
     out = STAGES[name](ReferenceLJ()).run(batch, n_steps=3)
     created = set(out.keys()) - before - DATA - ENGINE_STATE_FIELDS

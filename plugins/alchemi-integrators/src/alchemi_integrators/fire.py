@@ -408,8 +408,14 @@ class FIRE2(_FireBase):
 
 def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
     """A copy of ``hook`` whose ``fmax`` criteria read the cell filter's fmax (atoms and cell)."""
-    criteria = [attrs.evolve(c, key=CELL_FILTER_FMAX) if c.key == "fmax" else c for c in hook.criteria]
-    if all(c.key != CELL_FILTER_FMAX for c in criteria):
+    return reading_fmax_from(hook, CELL_FILTER_FMAX)
+
+
+def reading_fmax_from(hook: ConvergenceHook, key: str) -> ConvergenceHook:
+    """A copy of ``hook`` whose ``fmax`` criteria read the system field ``key`` instead (``hook``
+    itself when it has none)."""
+    criteria = [attrs.evolve(c, key=key) if c.key == "fmax" else c for c in hook.criteria]
+    if all(c.key != key for c in criteria):
         return hook
     return ConvergenceHook(
         criteria=criteria, source_status=hook.source_status, target_status=hook.target_status,

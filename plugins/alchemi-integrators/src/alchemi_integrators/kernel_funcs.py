@@ -20,11 +20,11 @@ _GAMMA_TRIES = wp.constant(GAMMA_TRIES)
 
 #: Arguments that hold a vector per atom or system (``wp.vec3``), by name.
 VECTOR_ARGS = frozenset({"x", "v", "f", "momentum", "sums", "dx", "dx_out", "kicks", "powers", "values", "partial",
-                         "totals", "diag", "off", "kd", "ko"})
+                         "totals", "diag", "off", "kd", "ko", "tangent", "f_out", "wrap"})
 #: Arguments that hold rows of scalars per system (``wp.array2d``), by name.
 ARRAY2D_ARGS = frozenset({"xi", "vxi", "coeff", "bxi", "bvxi"})
 #: Arguments that hold a 3x3 matrix per system (``wp.mat33``), by name.
-MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry", "shrink"})
+MATRIX_ARGS = frozenset({"g", "cell", "stress", "kick", "push", "grow", "carry", "shrink", "inv_cell"})
 
 
 class Launches(RecordedLaunches):

@@ -1,0 +1,168 @@
+"""Nudged elastic bands (``integrator:neb``): minimum energy paths of many bands in one batch.
+
+A band of N images is N systems of the batch with the same ``neb_band`` (an integer, distinct per
+band) and ``neb_image`` 0..N-1 along the path (:func:`alchemi_integrators.neb_bands.band_data`
+builds them); all images of a band have the same atoms in the same order. Images 0 and N-1 are the
+end points: they stay where they are. After each forward pass, the force on every other image is
+replaced by the NEB force (:mod:`~alchemi_integrators.neb_kernels`, as ASE's
+``NEB(method="improvedtangent")``): the true force perpendicular to the improved tangent of
+Henkelman and Jónsson plus the spring force ``k (|x_next - x| - |x - x_prev|)`` along it, and with
+``climb`` the highest image feels the true force with its component along the tangent inverted
+(Henkelman, Uberuaga and Jónsson 2000). Neighbour differences take the minimum image on periodic
+axes. FIRE (:class:`~alchemi_integrators.fire.FIRE`, each image its own state) then steps the
+images on those forces.
+
+A band converges when its largest NEB force on an atom (``neb_fmax``, every image of the band
+carries the band's value, ASE's criterion) is at most ``fmax``: all its images leave together, and
+under a :class:`~alchemi_integrators.neb_bands.BandSampler` a whole new band takes their slots.
+Everything is computed on the device, with no host synchronisation in a step.
+
+Example:
+    >>> from alchemi_integrators.neb import NEB
+    >>> stage = NEB(model, k=0.1, climb=True, fmax=0.05, dt=2.0, n_steps=500)  # doctest: +SKIP
+    >>> stage.run(band_batch)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from alchemi_core.data import register_field
+from alchemi_core.dynamics.convergence import ConvergenceHook
+from alchemi_core.errors import ConfigurationError
+from alchemi_integrators.fire import FIRE, reading_fmax_from
+from alchemi_integrators.neb_kernels import neb_forces
+from alchemi_integrators.parameters import ParameterValue
+
+if TYPE_CHECKING:
+    from alchemi_core.data import Batch
+
+#: ``[B]`` int64: the band a system (image) belongs to; distinct per band.
+NEB_BAND = "neb_band"
+#: ``[B]`` int64: the image's place along its band, 0 (initial end point) to N-1 (final).
+NEB_IMAGE = "neb_image"
+#: ``[B]`` float state: the largest NEB force on an atom of the system's band (eV/Å).
+NEB_FMAX = "neb_fmax"
+
+register_field(NEB_BAND, "system")
+register_field(NEB_IMAGE, "system")
+
+#: Images per band at most (the sort key of a band's images is ``band * MAX_IMAGES + image``).
+MAX_IMAGES = 1 << 20
+
+
+class NEB(FIRE):
+    """Nudged elastic bands relaxed by FIRE (see the module docstring).
+
+    Args:
+        model: Returns ``energy`` ``[B, 1]`` and ``forces`` ``[V, 3]``.
+        k: Spring constant in eV/Å² (ASE's default 0.1): a number, ``[B]`` tensor or field name.
+        climb: The highest image of each band climbs (a bool, or per system as a ``[B]`` tensor or
+            field name of 0/1).
+        fmax: A band converges when its largest NEB force is at most this (eV/Å); ignored when
+            ``convergence_hook`` is given (whose ``fmax`` criteria then read ``neb_fmax``).
+        n_steps: Most steps of each band.
+        dt: FIRE's initial time step in fs (masses count: see :class:`~alchemi_integrators.fire.FIRE`).
+        **kwargs: FIRE's (``dt_max``, ``maxstep``, ...) and ``BaseDynamics``'s arguments
+            (``sampler``, ``sinks``, ...).
+
+    Raises:
+        ConfigurationError: ``k`` negative, ``fmax`` not a finite non-negative number, or a cell filter
+            (variable-cell NEB is not implemented).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        k: ParameterValue = 0.1,
+        climb: ParameterValue = False,
+        fmax: float = 0.05,
+        n_steps: int = 1000,
+        dt: ParameterValue = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("cell_filter") is not None:
+            raise ConfigurationError(
+                "NEB: a cell filter is not supported (variable-cell NEB is not implemented); "
+                "drop cell_filter and keep each band's cell fixed"
+            )
+        hook = kwargs.pop("convergence_hook", None)
+        if hook is None:
+            hook = ConvergenceHook(criteria=[{"key": NEB_FMAX, "threshold": fmax, "reduce_op": "max"}])
+        else:
+            hook = reading_fmax_from(hook, NEB_FMAX)
+        super().__init__(model, n_steps, dt, convergence_hook=hook, **kwargs)
+        self.declare("k", k, unit="eV/Å²", low=0.0)
+        self.declare("climb", float(climb) if isinstance(climb, bool) else climb, low=0.0, high=1.0)
+
+    @property
+    def fmax_field(self) -> str | None:  # type: ignore[override]
+        """The band's largest NEB force, which convergence and logs read."""
+        return NEB_FMAX
+
+    # ------------------------------------------------------------------ state
+    def create_state(self, batch: Batch) -> None:
+        missing = [name for name in (NEB_BAND, NEB_IMAGE) if name not in batch]
+        if missing:
+            raise ConfigurationError(
+                f"NEB: the batch has no {' or '.join(missing)} field; build the bands' images with "
+                "alchemi_integrators.neb_bands.band_data (or give each system its band and image index)"
+            )
+        super().create_state(batch)
+        self.ensure_field(batch, NEB_FMAX, (), batch.positions.dtype, "system")
+
+    def init_state(self, batch: Batch, entering: torch.Tensor) -> None:
+        super().init_state(batch, entering)
+        getattr(batch, NEB_FMAX).masked_fill_(entering, float("inf"))
+
+    # ------------------------------------------------------------------ the step
+    def pre_update(self, batch: Batch) -> None:
+        # The forces of the current positions are the model's: FIRE steps on their NEB forces.
+        neb_forces(self, batch, batch.forces)
+        super().pre_update(batch)
+
+    def post_update(self, batch: Batch) -> None:
+        # The new positions' NEB forces, for the convergence check (batch.forces keeps the model's).
+        dtype, dev = batch.positions.dtype, batch.device
+        out = self.work.get("neb_post_forces", batch.num_nodes, batch.node_capacity, (3,), dtype, dev)
+        neb_forces(self, batch, out, getattr(batch, NEB_FMAX))
+
+    # ------------------------------------------------------------------ what the kernels read
+    def neighbours(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B]`` int64 each: the system before and after each image in its band (-1: none)."""
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            band = getattr(batch, NEB_BAND).view(-1).to(torch.int64)
+            order = torch.argsort(band * MAX_IMAGES + getattr(batch, NEB_IMAGE).view(-1), stable=True)
+            same = band[order[1:]] == band[order[:-1]]
+            none = torch.full_like(order[1:], -1)
+            prev = torch.full_like(band, -1)
+            nxt = torch.full_like(band, -1)
+            prev[order[1:]] = torch.where(same, order[:-1], none)
+            nxt[order[:-1]] = torch.where(same, order[1:], none)
+            return prev, nxt
+
+        return self.cached("neb_neighbours", batch, build, reads_fields=False, masks=False)
+
+    def cells(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each system's cell ``[B, 3, 3]``, its inverse and ``[B, 3]`` 1.0 on periodic axes (for
+        the minimum image of the differences between images; a zero row is taken as a unit row)."""
+
+        def build() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            dtype, nb = batch.positions.dtype, batch.num_graphs
+            eye = torch.eye(3, dtype=dtype, device=batch.device).expand(nb, 3, 3)
+            if "cell" not in batch:
+                return eye.contiguous(), eye.contiguous(), torch.zeros(nb, 3, dtype=dtype, device=batch.device)
+            cell = batch.cell.to(dtype).reshape(nb, 3, 3)
+            empty = (cell.abs().sum(-1, keepdim=True) == 0)
+            cell = torch.where(empty, eye, cell).contiguous()
+            pbc = batch.pbc.reshape(nb, 3) if "pbc" in batch else torch.zeros(nb, 3, dtype=torch.bool)
+            wrap = (pbc.to(batch.device) & ~empty.squeeze(-1)).to(dtype).contiguous()
+            return cell, torch.linalg.inv(cell).contiguous(), wrap
+
+        return self.cached("neb_cells", batch, build, reads_fields=False, masks=False)
+
+
+__all__ = ["MAX_IMAGES", "NEB", "NEB_BAND", "NEB_FMAX", "NEB_IMAGE"]

@@ -1,0 +1,201 @@
+"""Bands as data, and the one call that relaxes many of them: :func:`neb`.
+
+:func:`band_data` turns a band's images into systems that :class:`~alchemi_integrators.neb.NEB`
+steps (each with its ``neb_band`` and ``neb_image``). :class:`BandSampler` hands out whole bands
+for inflight batching: a band that converges leaves the batch with all its images and the next
+band that fits takes their slots. :func:`neb` runs a list of bands (one batch, or inflight with
+``max_images``) and gives each band's images, energies and barrier.
+
+Example:
+    >>> from ase.build import bulk
+    >>> from ase.calculators.emt import EMT
+    >>> from alchemi_integrators.neb_bands import neb
+    >>> from alchemi_integrators.neb_paths import interpolate
+    >>> from alchemi_potentials import AseCalculatorModel
+    >>> initial = bulk("Cu", cubic=True).repeat(2)
+    >>> del initial[0]
+    >>> final = initial.copy()
+    >>> final.positions[0] = (0.0, 0.0, 0.0)
+    >>> band = interpolate(initial, final, 5)
+    >>> [result] = neb([band], AseCalculatorModel(EMT), climb=True, fmax=0.05, dt=5.0)  # doctest: +SKIP
+    >>> round(result.barrier, 2)  # doctest: +SKIP
+    0.69
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import torch
+
+from alchemi_core.data import AtomicData, Batch
+from alchemi_core.dynamics import SizeAwareSampler
+from alchemi_core.errors import ConfigurationError, InvalidDataError
+from alchemi_integrators.neb import NEB, NEB_BAND, NEB_FMAX, NEB_IMAGE
+
+if TYPE_CHECKING:
+    import ase
+
+
+def band_data(images: Sequence[ase.Atoms | AtomicData], band: int, first_system_id: int = 0,
+              dtype: torch.dtype = torch.float64) -> list[AtomicData]:
+    """The images of one band as systems: ``neb_band = band``, ``neb_image`` 0..N-1 and
+    ``system_id`` ``first_system_id`` + 0..N-1.
+
+    Raises:
+        InvalidDataError: Fewer than 3 images, or images with other atoms than the first.
+    """
+    if len(images) < 3:
+        raise InvalidDataError(f"band {band}: a band needs at least 3 images (2 end points), got {len(images)}")
+    out = []
+    for i, image in enumerate(images):
+        data = image if isinstance(image, AtomicData) else AtomicData.from_atoms(image, dtype=dtype)
+        data = data.with_system_id(first_system_id + i)
+        data.neb_band = torch.tensor([int(band)], dtype=torch.long)
+        data.neb_image = torch.tensor([i], dtype=torch.long)
+        out.append(data)
+    first = out[0].atomic_numbers
+    for i, data in enumerate(out[1:], 1):
+        if data.atomic_numbers.shape != first.shape or bool((data.atomic_numbers != first).any()):
+            raise InvalidDataError(
+                f"band {band}: image {i} has other atoms than image 0; every image of a band must have the same "
+                "atoms in the same order"
+            )
+    return out
+
+
+class BandDataset:
+    """A list of bands (each a list of :func:`band_data` systems) as a sampler's dataset: item
+    ``i`` is band ``i``; its metadata are all its images' atoms and, in the place of edges, its
+    images (so the sampler's bins fit bands to free atoms and free system slots at once)."""
+
+    def __init__(self, bands: Sequence[Sequence[AtomicData]]) -> None:
+        self.bands = [list(b) for b in bands]
+
+    def __len__(self) -> int:
+        return len(self.bands)
+
+    def __getitem__(self, i: int) -> list[AtomicData]:
+        return self.bands[i]
+
+    def get_metadata(self, i: int) -> tuple[int, int]:
+        return sum(d.num_nodes for d in self.bands[i]), len(self.bands[i])
+
+
+class BandSampler(SizeAwareSampler):
+    """A :class:`~alchemi_core.dynamics.SizeAwareSampler` of whole bands: each request takes the
+    largest bands that fit the free atoms and free slots and hands out all their images
+    (``max_batch_size`` counts images). No prefetch, no worker processes.
+
+    Args:
+        bands: Bands, each a list of :func:`band_data` systems.
+        **kwargs: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``shuffle``, ``seed``.
+    """
+
+    def __init__(self, bands: Sequence[Sequence[AtomicData]], **kwargs: Any) -> None:
+        dataset = BandDataset(bands)
+        self.most_images = max((len(b) for b in dataset.bands), default=0)
+        super().__init__(dataset, prefetch=0, workers=0, **kwargs)
+        if self.max_batch_size is not None and self.max_batch_size < self.most_images:
+            raise ConfigurationError(
+                f"BandSampler: max_batch_size ({self.max_batch_size}) is smaller than a band's images "
+                f"({self.most_images}); raise it to at least {self.most_images}"
+            )
+
+    def _many(self, max_systems: int, num_atoms: int, num_edges: int | None, stored: bool) -> list[AtomicData]:
+        # The largest bands within the free atoms and the free slots (a band's "edges" are its
+        # images); the batch's edge budget plays no part (band images are stored without edges).
+        out: list[AtomicData] = []
+        while True:
+            i = self._take(num_atoms, max_systems - len(out))
+            if i is None:
+                return out
+            images = self.dataset[i]
+            out.extend(images)
+            num_atoms -= sum(d.num_nodes for d in images)
+
+
+@attrs.frozen
+class BandResult:
+    """One relaxed band.
+
+    Attributes:
+        images: The images, end points included, with their energies and (model) forces.
+        energies: ``[N]`` eV.
+        barrier: Highest energy minus the initial end point's (eV).
+        fmax: The band's largest NEB force at the end (eV/Å).
+        converged: ``fmax`` reached the threshold.
+    """
+
+    images: list[Any]
+    energies: np.ndarray
+    barrier: float
+    fmax: float
+    converged: bool
+
+
+def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, climb: bool = False,
+        fmax: float = 0.05, n_steps: int = 1000, max_images: int | None = None, max_atoms: int | None = None,
+        dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
+        **fire: Any) -> list[BandResult]:
+    """Relax nudged elastic bands (:class:`~alchemi_integrators.neb.NEB`) and return one
+    :class:`BandResult` per band, in the order given.
+
+    Args:
+        bands: Each a list of ``ase.Atoms`` images, end points first and last (e.g. from
+            :func:`~alchemi_integrators.neb_paths.interpolate`).
+        model: An alchemi model.
+        k: Spring constant (eV/Å²).
+        climb: Climbing image.
+        fmax: Convergence of a band: its largest NEB force (eV/Å).
+        n_steps: Most steps of each band.
+        max_images: Images in the batch at once (None: every band at once); fewer than all bands'
+            runs inflight: converged bands leave, the next take their slots.
+        max_atoms: Atoms in the batch at once (inflight; None: no limit beyond ``max_images``).
+        dtype: Precision of positions.
+        device: Where to run (None: the CPU).
+        **fire: FIRE's arguments (``dt``, ``dt_max``, ``maxstep``, ...).
+    """
+    data, first = [], 0
+    for b, images in enumerate(bands):
+        data.append(band_data(images, b, first, dtype))
+        first += len(images)
+    stage_kwargs: dict[str, Any] = {"k": k, "climb": climb, "fmax": fmax, "n_steps": n_steps, **fire}
+    if max_images is None:
+        batch = Batch.from_data_list([d for band in data for d in band], device=device)
+        NEB(model, **stage_kwargs).run(batch)
+    else:
+        total = sum(d.num_nodes for band in data for d in band)
+        sampler = BandSampler(data, max_batch_size=max_images, max_atoms=max_atoms or total)
+        out = NEB(model, sampler=sampler, **stage_kwargs).run()
+        assert out is not None
+        batch = out
+    return band_results(batch, len(bands), fmax)
+
+
+def band_results(batch: Batch, n_bands: int, fmax: float) -> list[BandResult]:
+    """Each band of ``batch`` (bands ``0..n_bands-1``, images in any order) as a :class:`BandResult`."""
+    atoms = batch.to_atoms()
+    band = batch.neb_band.view(-1).tolist()
+    image = batch.neb_image.view(-1).tolist()
+    energy = batch.energy.view(-1).tolist()
+    band_fmax = getattr(batch, NEB_FMAX).view(-1).tolist()
+    rows: dict[int, list[int]] = {}
+    for row, b in enumerate(band):
+        rows.setdefault(int(b), []).append(row)
+    results = []
+    for b in range(n_bands):
+        if b not in rows:
+            raise InvalidDataError(f"band {b} is missing from the finished batch")
+        order = sorted(rows[b], key=lambda r: image[r])
+        energies = np.asarray([energy[r] for r in order])
+        worst = float(band_fmax[order[0]])
+        results.append(BandResult([atoms[r] for r in order], energies, float(energies.max() - energies[0]), worst,
+                                  worst <= fmax))
+    return results
+
+
+__all__ = ["NEB_BAND", "NEB_IMAGE", "BandDataset", "BandResult", "BandSampler", "band_data", "band_results", "neb"]

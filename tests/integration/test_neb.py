@@ -1,0 +1,172 @@
+"""Nudged elastic bands (``integrator:neb``) against ASE's NEB, IDPP against ASE's, and many bands
+in one run (one batch, and inflight with refill) against each band alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+ase = pytest.importorskip("ase")
+
+from ase.build import bulk  # noqa: E402
+from ase.calculators.emt import EMT  # noqa: E402
+from ase.calculators.lj import LennardJones as AseLJ  # noqa: E402
+from ase.mep import NEB as AseNEB  # noqa: E402
+from ase.mep import idpp_interpolate  # noqa: E402
+from ase.mep import interpolate as ase_interpolate  # noqa: E402
+from ase.optimize import FIRE as AseFIRE  # noqa: E402
+
+from alchemi_core.errors import ConfigurationError, InvalidDataError  # noqa: E402
+from alchemi_integrators.neb import NEB  # noqa: E402
+from alchemi_integrators.neb_bands import BandSampler, band_data, neb  # noqa: E402
+from alchemi_integrators.neb_paths import interpolate  # noqa: E402
+from alchemi_potentials import AseCalculatorModel, LennardJones  # noqa: E402
+
+AR_EPSILON, AR_SIGMA, AR_CUTOFF = 0.0104, 3.405, 8.0
+
+
+def vacancy_hop(symbol: str, a: float, repeat: int | tuple[int, int, int], hop: int = 1) -> tuple[ase.Atoms, ase.Atoms]:
+    """An fcc supercell without atom 0; the final state has atom ``hop`` moved into the vacancy."""
+    initial = bulk(symbol, "fcc", a=a, cubic=True).repeat(repeat)
+    vacancy = initial.positions[0].copy()
+    del initial[0]
+    final = initial.copy()
+    final.positions[hop - 1] = vacancy
+    return initial, final
+
+
+def ase_band(initial: ase.Atoms, final: ase.Atoms, n_images: int, calc, *, k: float, climb: bool, fmax: float) -> list:
+    images = [initial.copy() for _ in range(n_images - 1)] + [final.copy()]
+    ase_interpolate(images)
+    for image in images:
+        image.calc = calc()
+    band = AseNEB(images, k=k, climb=climb, method="improvedtangent")
+    assert AseFIRE(band, logfile=None).run(fmax=fmax, steps=3000)
+    return images
+
+
+def assert_same_band(result, images) -> None:
+    energies = np.array([im.get_potential_energy() for im in images])
+    np.testing.assert_allclose(result.energies, energies, atol=1e-3)
+    assert abs(result.barrier - (energies.max() - energies[0])) < 1e-3
+    for mine, theirs in zip(result.images, images, strict=True):
+        assert np.abs(mine.positions - theirs.positions).max() < 0.01
+
+
+def lj_model() -> LennardJones:
+    return LennardJones(AR_EPSILON, AR_SIGMA, AR_CUTOFF, shift_energy=True)
+
+
+def ase_lj() -> AseLJ:
+    return AseLJ(epsilon=AR_EPSILON, sigma=AR_SIGMA, rc=AR_CUTOFF)
+
+
+#: Both NEBs converge to fmax/k along the path: an image on a slope of 1 eV/Å moves 1e-3 Å (and its
+#: energy 1 meV) for fmax = 1e-4 at ASE's k = 0.1, so the comparison takes stiffer springs.
+K, FMAX = 1.0, 3e-4
+
+
+@pytest.mark.parametrize("climb", [True, False])
+def test_emt_vacancy_hop_equals_ase(climb: bool) -> None:
+    initial, final = vacancy_hop("Cu", 3.61, 2)
+    band = interpolate(initial, final, 5)
+    [result] = neb([band], AseCalculatorModel(EMT), k=K, climb=climb, fmax=FMAX, dt=5.0, dt_max=50.0, n_steps=3000)
+    assert result.converged and result.fmax <= FMAX
+    assert_same_band(result, ase_band(initial, final, 5, EMT, k=K, climb=climb, fmax=FMAX))
+    assert 0.3 < result.barrier < 1.5  # a vacancy hop in Cu, not a flat line
+
+
+def test_lj_vacancy_hop_equals_ase() -> None:
+    initial, final = vacancy_hop("Ar", 5.26, 2)
+    band = interpolate(initial, final, 7)
+    [result] = neb([band], lj_model(), k=K, climb=True, fmax=FMAX, dt=10.0, dt_max=100.0, n_steps=5000)
+    assert result.converged
+    assert_same_band(result, ase_band(initial, final, 7, ase_lj, k=K, climb=True, fmax=FMAX))
+    assert result.barrier > 0.01
+
+
+@pytest.mark.parametrize("mic", [False, True])
+def test_idpp_equals_ase(mic: bool) -> None:
+    # A second-neighbour hop (a, 0, 0) -> (0, 0, 0): its straight line passes 1.8 Å from 4 atoms.
+    # (3 cells along x: no difference along the path is half a cell, where the minimum image is a tie.)
+    initial, _ = vacancy_hop("Cu", 3.61, (3, 2, 2))
+    j = int(np.argmin(np.linalg.norm(initial.positions - (3.61, 0, 0), axis=1)))
+    initial, final = vacancy_hop("Cu", 3.61, (3, 2, 2), hop=j + 1)
+    if mic:  # the final state one cell away: only the minimum image makes the short path
+        final.positions[j] += final.cell[1]
+    images = [initial.copy() for _ in range(6)] + [final.copy()]
+    ase_interpolate(images, mic=mic)
+    idpp_interpolate(images, traj=None, log=None, mic=mic)
+    mine = interpolate(initial, final, 7, method="idpp", mic=mic)
+    linear = interpolate(initial, final, 7, mic=mic)
+    moved = max(np.abs(a.positions - b.positions).max() for a, b in zip(images, linear, strict=True))
+    assert moved > 0.05  # IDPP changed the straight line
+    for a, b in zip(mine, images, strict=True):
+        assert np.abs(a.positions - b.positions).max() < 1e-4
+
+
+def lj_bands() -> list[list[ase.Atoms]]:
+    """Bands of different systems: two hops in a 2x2x2 cell, one in a 3x2x2 cell (more atoms)."""
+    bands = []
+    for repeat, hop, n_images in (((2, 2, 2), 1, 5), ((2, 2, 2), 6, 5), ((3, 2, 2), 1, 7)):
+        initial, final = vacancy_hop("Ar", 5.26, repeat, hop)
+        bands.append(interpolate(initial, final, n_images, method="idpp"))
+    return bands
+
+
+SETTINGS = {"climb": True, "fmax": 0.01, "dt": 10.0, "dt_max": 100.0, "n_steps": 3000}
+
+
+def assert_results_equal(together, alone) -> None:
+    for a, b in zip(together, alone, strict=True):
+        assert a.converged and b.converged
+        np.testing.assert_allclose(a.energies, b.energies, atol=1e-9)
+        for x, y in zip(a.images, b.images, strict=True):
+            np.testing.assert_allclose(x.positions, y.positions, atol=1e-9)
+
+
+def test_bands_in_one_run_equal_each_alone() -> None:
+    bands = lj_bands()
+    model = lj_model()
+    together = neb(bands, model, **SETTINGS)
+    alone = [neb([band], model, **SETTINGS)[0] for band in bands]
+    assert_results_equal(together, alone)
+    assert len({round(r.barrier, 6) for r in together}) == 3  # three different paths
+
+
+def test_inflight_bands_refill_each_out_once() -> None:
+    bands = lj_bands() * 2  # six bands, slots for two of five images at a time
+    model = lj_model()
+    inflight = neb(bands, model, max_images=12, **SETTINGS)
+    alone = [neb([band], model, **SETTINGS)[0] for band in bands[:3]]
+    assert_results_equal(inflight, alone * 2)
+
+
+def test_band_sampler_hands_out_whole_bands() -> None:
+    data = [band_data(band, b, 100 * b) for b, band in enumerate(lj_bands())]
+    sampler = BandSampler(data, max_batch_size=12, max_atoms=10_000)
+    first = sampler.build_initial_batch()  # the largest band first, then the largest that fits
+    assert first.neb_band.view(-1).tolist() == [2] * 7 + [0] * 5
+    assert first.neb_image.view(-1).tolist() == [*range(7), *range(5)]
+    assert sampler.request_batch(4, 10_000, None) is None  # no band fits 4 slots
+    rest = sampler.request_batch(5, 10_000, None)
+    assert rest is not None and rest.neb_band.view(-1).tolist() == [1] * 5 and sampler.exhausted
+    with pytest.raises(ConfigurationError, match="max_batch_size"):
+        BandSampler(data, max_batch_size=6, max_atoms=10_000)
+
+
+def test_wrong_input_is_refused() -> None:
+    initial, final = vacancy_hop("Ar", 5.26, 2)
+    other = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)
+    del other[0]
+    with pytest.raises(InvalidDataError, match="same atoms"):
+        band_data([initial, initial, other], 0)
+    with pytest.raises(InvalidDataError, match="at least 3"):
+        band_data([initial, final], 0)
+    with pytest.raises(ConfigurationError, match="cell filter"):
+        NEB(lj_model(), cell_filter="frechet")
+    from alchemi_core.data import Batch
+
+    with pytest.raises(ConfigurationError, match="neb_band"):
+        NEB(lj_model(), n_steps=1).run(Batch.from_atoms([initial, final], dtype=torch.float64))
