@@ -78,14 +78,8 @@ class Admission:
         """Move the sampler's batch into buffers sized for the sampler's budgets."""
         s = self.state.sampler
         assert s is not None
-        atoms, edges = s._atoms, s._edges
-        cap_sys = s.max_batch_size or len(s)
-        cap_sys = min(cap_sys, s.max_atoms // max(1, int(atoms.min()) if len(atoms) else 1))
+        cap_sys, cap_edges = s.batch_capacity()
         cap_sys = max(cap_sys, batch.num_graphs)
-        if s.max_edges is not None:
-            cap_edges = s.max_edges
-        else:  # the most edges cap_sys systems can bring
-            cap_edges = int(np.sort(edges)[::-1][:cap_sys].sum()) if len(edges) else 0
         buf = Batch.empty(
             num_systems=cap_sys,
             num_nodes=max(s.max_atoms, batch.num_nodes),

@@ -194,6 +194,17 @@ class SizeAwareSampler:
         self._plan: Iterator[int] = iter(())
         self._plan_at = -1
 
+    def batch_capacity(self) -> tuple[int, int]:
+        """The most systems and edges a batch of this sampler's budgets can hold (the room the
+        engine's active batch is given)."""
+        atoms, edges = self._atoms, self._edges
+        systems = self.max_batch_size or len(self)
+        systems = min(systems, self.max_atoms // max(1, int(atoms.min()) if len(atoms) else 1))
+        if self.max_edges is not None:
+            return systems, self.max_edges
+        # the most edges that many systems can bring
+        return systems, int(np.sort(edges)[::-1][:systems].sum()) if len(edges) else 0
+
     # ------------------------------------------------------------------ state
     def __len__(self) -> int:
         return len(self._atoms)

@@ -84,6 +84,9 @@ class BandDataset:
     def get_metadata(self, i: int) -> tuple[int, int]:
         return sum(d.num_nodes for d in self.bands[i]), len(self.bands[i])
 
+    def band(self, i: int) -> list[AtomicData]:
+        return self.bands[i]
+
 
 class BandSampler(SizeAwareSampler):
     """A :class:`~alchemi_core.dynamics.SizeAwareSampler` of whole bands: each request takes the
@@ -104,6 +107,31 @@ class BandSampler(SizeAwareSampler):
                 f"BandSampler: max_batch_size ({self.max_batch_size}) is smaller than a band's images "
                 f"({self.most_images}); raise it to at least {self.most_images}"
             )
+        #: Each band's images' ``system_id``s: checkpoints count images, as the engine does.
+        self.image_ids = [[int(d.system_id.view(-1)[0]) for d in band] for band in dataset.bands]
+
+    def batch_capacity(self) -> tuple[int, int]:
+        """Room for ``max_batch_size`` images (or as many of the smallest images as ``max_atoms``
+        holds); no edges (models build their own neighbours)."""
+        smallest = min((d.num_nodes for band in self.dataset.bands for d in band), default=1)
+        images = sum(len(band) for band in self.dataset.bands)
+        return min(self.max_batch_size or images, self.max_atoms // max(1, smallest)), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The images handed out (positions in the list of all images, and ``system_id``s)."""
+        flat = [i for band in self.image_ids for i in band]
+        where = {sid: n for n, sid in enumerate(flat)}
+        ids = [sid for b in self._handed for sid in self.image_ids[b]]
+        return {"handed_out": [where[i] for i in ids], "handed_out_ids": ids, "seed": self.seed,
+                "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s images: the bands whose images were handed out."""
+        self.seed = int(state["seed"])
+        self.shuffle = bool(state["shuffle"])
+        ids = {int(i) for i in state["handed_out_ids"]}
+        handed = [b for b, band in enumerate(self.image_ids) if band[0] in ids]
+        self._reset_bins(np.asarray(handed, dtype=np.int64))
 
     def _many(self, max_systems: int, num_atoms: int, num_edges: int | None, stored: bool) -> list[AtomicData]:
         # The largest bands within the free atoms and the free slots (a band's "edges" are its
