@@ -216,3 +216,55 @@ def test_wrong_input_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="neb_band"):
         NEB(lj_model(), n_steps=1).run(Batch.from_atoms([initial, final], dtype=torch.float64))
+
+
+class Record(Hook):
+    """Copies a field at a hook point, every step."""
+
+    def __init__(self, stage: DynamicsStage, *names: str) -> None:
+        super().__init__(frequency=1)
+        self.stage = stage
+        self.names = names
+        self.seen: list[dict[str, torch.Tensor]] = []
+
+    def __call__(self, batch, dynamics) -> None:
+        self.seen.append({n: getattr(batch, n).detach().clone() for n in self.names})
+
+
+@pytest.mark.parametrize(("climb_fmax", "climbs"), [(0.0, True), (1e-6, False)])
+def test_neb_forces_equal_the_torch_oracle(climb_fmax: float, climbs: bool) -> None:
+    """The Warp kernels' NEB forces, of two bands whose images are shuffled in the batch (one band
+    crossing the cell's face), against the torch version that IDPP uses (ASE's improved tangent)."""
+    from alchemi_core.data import Batch
+    from alchemi_integrators.neb_paths import neb_forces
+
+    initial, final = vacancy_hop("Ar", 5.26, 2)
+    final.positions[0] += final.cell[2]  # the hop seen through the periodic boundary
+    crossing = interpolate(initial, final, 5, mic=True)
+    rng = np.random.default_rng(3)
+    for image in crossing[1:-1]:
+        image.positions += rng.normal(scale=0.05, size=image.positions.shape)
+    bands = [crossing, lj_bands()[2]]
+    data = band_data(bands[0], 0, 0) + band_data(bands[1], 1, 100)
+    batch = Batch.from_data_list(data).index_select(torch.from_numpy(rng.permutation(len(data))))
+    before = Record(DynamicsStage.BEFORE_PRE_UPDATE, "positions", "forces", "energy")
+    after = Record(DynamicsStage.AFTER_PRE_UPDATE, "forces")
+    k = 0.7
+    NEB(lj_model(), k=k, climb=True, climb_fmax=climb_fmax, dt=10.0, n_steps=3, hooks=[before, after]).run(batch)
+    band, image = batch.neb_band.view(-1), batch.neb_image.view(-1)
+    cell = torch.as_tensor(np.asarray(initial.cell), dtype=torch.float64)
+    pbc = torch.ones(3, dtype=torch.bool)
+    checked = 0
+    for old, new in zip(before.seen, after.seen, strict=True):
+        for b, atoms in ((0, len(initial)), (1, len(bands[1][0]))):
+            rows = sorted(torch.nonzero(band == b).view(-1).tolist(), key=lambda r: int(image[r]))
+            atom_rows = [torch.arange(batch.batch_ptr[r], batch.batch_ptr[r] + atoms) for r in rows]
+            x = torch.stack([old["positions"][a] for a in atom_rows])
+            f = torch.stack([old["forces"][a] for a in atom_rows])
+            got = torch.stack([new["forces"][a] for a in atom_rows])
+            energies = old["energy"].view(-1)[rows]
+            expected = neb_forces(x, energies, f[1:-1], cell, pbc, k, climb=climbs)
+            torch.testing.assert_close(got[1:-1], expected, rtol=0, atol=1e-10)
+            assert not got[0].any() and not got[-1].any()  # end points feel nothing
+            checked += 1
+    assert checked == 6

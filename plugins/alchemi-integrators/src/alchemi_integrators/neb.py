@@ -8,7 +8,8 @@ replaced by the NEB force (:mod:`~alchemi_integrators.neb_kernels`, as ASE's
 ``NEB(method="improvedtangent")``): the true force perpendicular to the improved tangent of
 Henkelman and Jónsson plus the spring force ``k (|x_next - x| - |x - x_prev|)`` along it, and with
 ``climb`` the highest image feels the true force with its component along the tangent inverted
-(Henkelman, Uberuaga and Jónsson 2000). Neighbour differences take the minimum image on periodic
+(Henkelman, Uberuaga and Jónsson 2000), from the start or once the band's largest force is below
+``climb_fmax``. Neighbour differences take the minimum image on periodic
 axes. FIRE (:class:`~alchemi_integrators.fire.FIRE`, each image its own state) then steps the
 images on those forces.
 
@@ -61,6 +62,8 @@ class NEB(FIRE):
         k: Spring constant in eV/Å² (ASE's default 0.1): a number, ``[B]`` tensor or field name.
         climb: The highest image of each band climbs (a bool, or per system as a ``[B]`` tensor or
             field name of 0/1).
+        climb_fmax: With ``climb``, a band's highest image climbs only once the band's largest NEB
+            force is below this (eV/Å); 0 (the default) climbs from the start, as ASE does.
         fmax: A band converges when its largest NEB force is at most this (eV/Å); ignored when
             ``convergence_hook`` is given (whose ``fmax`` criteria then read ``neb_fmax``).
         n_steps: Most steps of each band.
@@ -79,6 +82,7 @@ class NEB(FIRE):
         k: ParameterValue = 0.1,
         climb: ParameterValue = False,
         fmax: float = 0.05,
+        climb_fmax: ParameterValue = 0.0,
         n_steps: int = 1000,
         dt: ParameterValue = 1.0,
         **kwargs: Any,
@@ -96,6 +100,7 @@ class NEB(FIRE):
         super().__init__(model, n_steps, dt, convergence_hook=hook, **kwargs)
         self.declare("k", k, unit="eV/Å²", low=0.0)
         self.declare("climb", float(climb) if isinstance(climb, bool) else climb, low=0.0, high=1.0)
+        self.declare("climb_fmax", climb_fmax, unit="eV/Å", low=0.0)
 
     @property
     def fmax_field(self) -> str | None:  # type: ignore[override]
@@ -130,6 +135,10 @@ class NEB(FIRE):
         neb_forces(self, batch, out, getattr(batch, NEB_FMAX))
 
     # ------------------------------------------------------------------ what the kernels read
+    def band_fmax(self, batch: Batch) -> torch.Tensor:
+        """``[B]``: each band's largest NEB force of the last step (infinite for entering bands)."""
+        return getattr(batch, NEB_FMAX)
+
     def neighbours(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B]`` int64 each: the system before and after each image in its band (-1: none)."""
 

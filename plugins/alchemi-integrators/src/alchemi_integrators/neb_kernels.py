@@ -5,7 +5,9 @@ after image ``b`` (-1 at the band's ends), and atom ``j`` of an image correspond
 its neighbours. Four launches, no host synchronisation:
 
 1. per system: the tangent's weights (the improved tangent of Henkelman and Jónsson, J. Chem.
-   Phys. 113, 9978 (2000), eqs. 8-11) and the image's role: end point, image or climbing image;
+   Phys. 113, 9978 (2000), eqs. 8-11) and the image's role: end point, image or climbing image
+   (the highest interior image, where ``climb``, from the start or, with ``climb_fmax`` > 0, once
+   the band's largest force of the step before is below it);
 2. per atom: the neighbour differences ``t1 = x - x_prev``, ``t2 = x_next - x`` (minimum image
    on periodic axes), the unnormalised tangent and its per-system sums (``tau.tau``, ``F.tau``,
    ``|t1|^2``, ``|t2|^2``);
@@ -46,6 +48,8 @@ def _neb_roles(
     next: wp.array(dtype=wp.int64),
     active: wp.array(dtype=Any),
     climb: wp.array(dtype=Any),
+    climb_fmax: wp.array(dtype=Any),
+    band_fmax: wp.array(dtype=Any),
     coeff: wp.array2d(dtype=Any),
 ):
     # coeff[b] = (role, weight of t1, weight of t2).
@@ -82,8 +86,9 @@ def _neb_roles(
     coeff[b, 1] = w1
     coeff[b, 2] = w2
     role = type(energy[b])(_IMAGE)
-    if climb[b] > zero:
-        # The highest interior image climbs (ties: the last of them, as ASE's argsort).
+    if climb[b] > zero and (climb_fmax[b] == zero or band_fmax[b] < climb_fmax[b]):
+        # The highest interior image climbs (ties: the last of them, as ASE's argsort), from the
+        # start (climb_fmax 0) or once the band's largest force of the step before is below it.
         highest = wp.int32(1)
         q = p
         while prev[q] >= wp.int64(0):
@@ -232,8 +237,9 @@ def neb_forces(dyn: Any, batch: Batch, out: torch.Tensor, band_fmax: torch.Tenso
     totals = work.get("neb_totals", nb, batch.system_capacity, (3,), dtype, dev)
     fmax = work.get("neb_fmax", nb, batch.system_capacity, (), dtype, dev)
     energy = batch.energy.view(-1)
-    launches.launch("neb_roles", _neb_roles, nb, (energy, prev, nxt, active, dyn.per_system("climb", batch), coeff),
-                    dev)
+    per = dyn.per_system
+    args = (energy, prev, nxt, active, per("climb", batch), per("climb_fmax", batch), dyn.band_fmax(batch), coeff)
+    launches.launch("neb_roles", _neb_roles, nb, args, dev)
     args = (batch.positions, batch.forces, batch.batch_idx, batch.batch_ptr, prev, nxt, coeff, cell, inv_cell, wrap,
             tangent, values, powers)
     launches.launch("neb_tangents", _neb_tangents, nv, args, dev)
