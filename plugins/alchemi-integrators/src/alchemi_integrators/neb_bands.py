@@ -8,18 +8,19 @@ band that fits takes their slots. :func:`neb` runs a list of bands (one batch, o
 
 Example:
     >>> from ase.build import bulk
-    >>> from ase.calculators.emt import EMT
     >>> from alchemi_integrators.neb_bands import neb
     >>> from alchemi_integrators.neb_paths import interpolate
-    >>> from alchemi_potentials import AseCalculatorModel
-    >>> initial = bulk("Cu", cubic=True).repeat(2)
+    >>> from alchemi_potentials import LennardJones
+    >>> initial = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    >>> vacancy = initial.positions[0].copy()
     >>> del initial[0]
     >>> final = initial.copy()
-    >>> final.positions[0] = (0.0, 0.0, 0.0)
-    >>> band = interpolate(initial, final, 5)
-    >>> [result] = neb([band], AseCalculatorModel(EMT), climb=True, fmax=0.05, dt=5.0)  # doctest: +SKIP
-    >>> round(result.barrier, 2)  # doctest: +SKIP
-    0.69
+    >>> final.positions[0] = vacancy
+    >>> band = interpolate(initial, final, 5, method="idpp")
+    >>> model = LennardJones(0.0104, 3.405, 8.0, shift_energy=True)
+    >>> [result] = neb([band], model, climb=True, fmax=0.01, dt=10.0, dt_max=100.0)
+    >>> result.converged, round(result.barrier, 3)
+    (True, 0.068)
 """
 
 from __future__ import annotations
