@@ -183,7 +183,7 @@ def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, cli
         n_steps: Most steps of each band.
         max_images: Images in the batch at once (None: every band at once); fewer than all bands'
             runs inflight: converged bands leave, the next take their slots.
-        max_atoms: Atoms in the batch at once (inflight; None: no limit beyond ``max_images``).
+        max_atoms: Atoms in the batch at once (inflight; None: ``max_images`` of the largest image).
         dtype: Precision of positions.
         device: Where to run (None: the CPU).
         **fire: FIRE's arguments (``dt``, ``dt_max``, ``maxstep``, ...).
@@ -197,8 +197,8 @@ def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, cli
         batch = Batch.from_data_list([d for band in data for d in band], device=device)
         NEB(model, **stage_kwargs).run(batch)
     else:
-        total = sum(d.num_nodes for band in data for d in band)
-        sampler = BandSampler(data, max_batch_size=max_images, max_atoms=max_atoms or total)
+        largest = max(d.num_nodes for band in data for d in band)
+        sampler = BandSampler(data, max_batch_size=max_images, max_atoms=max_atoms or max_images * largest)
         out = NEB(model, sampler=sampler, **stage_kwargs).run()
         assert out is not None
         batch = out
