@@ -216,6 +216,14 @@ def test_wrong_input_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="neb_band"):
         NEB(lj_model(), n_steps=1).run(Batch.from_atoms([initial, final], dtype=torch.float64))
+    images = band_data([initial, initial, final], 0)
+    with pytest.raises(InvalidDataError, match="images 0..N-1"):  # a band without its last image
+        NEB(lj_model(), n_steps=1).run(Batch.from_data_list(images[:2]))
+    swapped = images[1].clone()
+    swapped.positions = swapped.positions.flip(0)
+    swapped.atomic_numbers = torch.arange(len(initial))  # other atoms than image 0
+    with pytest.raises(InvalidDataError, match="other atoms"):
+        NEB(lj_model(), n_steps=1).run(Batch.from_data_list([images[0], swapped, images[2]]))
 
 
 class Record(Hook):
@@ -268,3 +276,56 @@ def test_neb_forces_equal_the_torch_oracle(climb_fmax: float, climbs: bool) -> N
             assert not got[0].any() and not got[-1].any()  # end points feel nothing
             checked += 1
     assert checked == 6
+
+
+# ---------------------------------------------------------------------------------------- GPU
+GPU = pytest.mark.gpu
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _gpu_batch():
+    from alchemi_core.data import Batch
+
+    bands = lj_bands()
+    data = [d for b, band in enumerate(bands) for d in band_data(band, b, 100 * b)]
+    return Batch.from_data_list(data).to("cuda")
+
+
+@GPU
+@GPU_ONLY
+def test_a_neb_step_never_synchronises_with_the_host() -> None:
+    from alchemi_core.testing.gpu import no_host_sync
+
+    batch = _gpu_batch()
+    stage = NEB(lj_model(), climb=True, climb_fmax=0.1, dt=10.0, n_steps=100)
+    stage.step(batch)  # the first step prepares the run (allowed to read back)
+    stage.step(batch)
+    with no_host_sync():
+        for _ in range(5):
+            stage.step(batch)
+    assert bool(torch.isfinite(batch.positions).all())
+
+
+@GPU
+@GPU_ONLY
+def test_a_captured_neb_run_equals_the_eager_one() -> None:
+    eager, captured = _gpu_batch(), _gpu_batch()
+    NEB(lj_model(), **SETTINGS).run(eager)
+    stage = NEB(lj_model(), **SETTINGS).compile()
+    stage.run(captured)
+    assert stage._engine.state.graph_captures >= 1
+    for a, b in zip(band_results(eager, 3, SETTINGS["fmax"]), band_results(captured, 3, SETTINGS["fmax"]),
+                    strict=True):
+        assert a.converged and b.converged
+        np.testing.assert_allclose(a.energies, b.energies, atol=1e-8)
+
+
+@GPU
+@GPU_ONLY
+def test_inflight_bands_on_the_gpu_equal_the_cpu() -> None:
+    bands = lj_bands() * 2
+    gpu = neb(bands, lj_model(), max_images=12, device="cuda", **SETTINGS)
+    cpu = neb(bands[:3], lj_model(), **SETTINGS)
+    for a, b in zip(gpu, cpu * 2, strict=True):
+        assert a.converged
+        assert abs(a.barrier - b.barrier) < 1e-6

@@ -32,7 +32,7 @@ import torch
 
 from alchemi_core.data import register_field
 from alchemi_core.dynamics.convergence import ConvergenceHook
-from alchemi_core.errors import ConfigurationError
+from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_integrators.fire import FIRE, reading_fmax_from
 from alchemi_integrators.neb_kernels import neb_forces
 from alchemi_integrators.parameters import ParameterValue
@@ -73,7 +73,8 @@ class NEB(FIRE):
 
     Raises:
         ConfigurationError: ``k`` negative, ``fmax`` not a finite non-negative number, or a cell filter
-            (variable-cell NEB is not implemented).
+            (variable-cell NEB is not implemented); at a run's start, no band fields.
+        InvalidDataError: At a run's start, a band that is not whole (:func:`check_bands`).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class NEB(FIRE):
                 f"NEB: the batch has no {' or '.join(missing)} field; build the bands' images with "
                 "alchemi_integrators.neb_bands.band_data (or give each system its band and image index)"
             )
+        check_bands(batch)
         super().create_state(batch)
         self.ensure_field(batch, NEB_FMAX, (), batch.positions.dtype, "system")
 
@@ -174,4 +176,35 @@ class NEB(FIRE):
         return self.cached("neb_cells", batch, build, reads_fields=False, masks=False)
 
 
-__all__ = ["MAX_IMAGES", "NEB", "NEB_BAND", "NEB_FMAX", "NEB_IMAGE"]
+def check_bands(batch: Batch) -> None:
+    """Refuse bands the kernels cannot step (once per run, on the host): fewer than 3 images,
+    image indices other than 0..N-1, or images with other atoms than the band's first.
+
+    Raises:
+        InvalidDataError: Names the band and what is wrong with it.
+    """
+    band = getattr(batch, NEB_BAND).view(-1).cpu().tolist()
+    image = getattr(batch, NEB_IMAGE).view(-1).cpu().tolist()
+    counts = batch.num_nodes_per_system
+    numbers = batch.atomic_numbers.cpu()
+    ptr = batch.batch_ptr.cpu().tolist()
+    rows: dict[int, list[int]] = {}
+    for row, b in enumerate(band):
+        rows.setdefault(int(b), []).append(row)
+    for b, members in rows.items():
+        members.sort(key=lambda r: image[r])
+        if len(members) < 3 or [image[r] for r in members] != list(range(len(members))):
+            raise InvalidDataError(
+                f"NEB: band {b} has images {sorted(image[r] for r in members)}; a band needs images 0..N-1, "
+                "each once, N >= 3 (alchemi_integrators.neb_bands.band_data numbers them)"
+            )
+        first = numbers[ptr[members[0]]:ptr[members[0] + 1]]
+        for r in members[1:]:
+            if counts[r] != counts[members[0]] or not bool((numbers[ptr[r]:ptr[r + 1]] == first).all()):
+                raise InvalidDataError(
+                    f"NEB: image {image[r]} of band {b} has other atoms than its image 0; every image of a "
+                    "band must have the same atoms in the same order"
+                )
+
+
+__all__ = ["MAX_IMAGES", "NEB", "NEB_BAND", "NEB_FMAX", "NEB_IMAGE", "check_bands"]

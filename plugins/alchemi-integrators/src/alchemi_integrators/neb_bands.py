@@ -73,8 +73,10 @@ class BandDataset:
     ``i`` is band ``i``; its metadata are all its images' atoms and, in the place of edges, its
     images (so the sampler's bins fit bands to free atoms and free system slots at once)."""
 
-    def __init__(self, bands: Sequence[Sequence[AtomicData]]) -> None:
+    def __init__(self, bands: Sequence[Sequence[AtomicData]], device: torch.device | str | None = None) -> None:
         self.bands = [list(b) for b in bands]
+        #: Where the sampler puts the bands it hands out (None: where they are).
+        self.device = device
 
     def __len__(self) -> int:
         return len(self.bands)
@@ -96,11 +98,13 @@ class BandSampler(SizeAwareSampler):
 
     Args:
         bands: Bands, each a list of :func:`band_data` systems.
+        device: Where the bands it hands out go (None: where they are).
         **kwargs: ``max_atoms``, ``max_batch_size``, ``bin_width``, ``shuffle``, ``seed``.
     """
 
-    def __init__(self, bands: Sequence[Sequence[AtomicData]], **kwargs: Any) -> None:
-        dataset = BandDataset(bands)
+    def __init__(self, bands: Sequence[Sequence[AtomicData]], device: torch.device | str | None = None,
+                 **kwargs: Any) -> None:
+        dataset = BandDataset(bands, device)
         self.most_images = max((len(b) for b in dataset.bands), default=0)
         super().__init__(dataset, prefetch=0, workers=0, **kwargs)
         if self.max_batch_size is not None and self.max_batch_size < self.most_images:
@@ -198,7 +202,7 @@ def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, cli
         NEB(model, **stage_kwargs).run(batch)
     else:
         largest = max(d.num_nodes for band in data for d in band)
-        sampler = BandSampler(data, max_batch_size=max_images, max_atoms=max_atoms or max_images * largest)
+        sampler = BandSampler(data, device, max_batch_size=max_images, max_atoms=max_atoms or max_images * largest)
         out = NEB(model, sampler=sampler, **stage_kwargs).run()
         assert out is not None
         batch = out
