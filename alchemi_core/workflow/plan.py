@@ -231,11 +231,19 @@ def execute(
     one_step = all(s.n_steps == 1 and not s.forces_on_entry for s in plan.stages)
     refill = int(opts.pop("refill_frequency", 1 if one_step else 10))
     max_atoms = opts.pop("max_atoms", None)  # None: planned from the model and the memory
-    sampler = SizeAwareSampler(_on_device(dataset, plan.device), max_atoms=max_atoms,
-                               max_batch_size=opts.pop("max_batch_size", None), bin_width=opts.pop("bin_width", 16),
-                               workers=opts.pop("workers", 0))
     stages = plan.stages
     first = stages[0]
+    sizes = {"max_atoms": max_atoms, "max_batch_size": opts.pop("max_batch_size", None),
+             "bin_width": opts.pop("bin_width", 16), "workers": opts.pop("workers", 0)}
+    if any(hasattr(s, "make_sampler") for s in stages[1:]):
+        raise ConfigurationError(
+            f"stage {next(i for i, s in enumerate(stages) if i and hasattr(s, 'make_sampler'))} samples its own "
+            "structures (integrator:neb takes whole bands): make it the workflow's first stage"
+        )
+    # A stage that takes its structures in groups (integrator:neb: whole bands) makes its sampler.
+    make_sampler = getattr(first, "make_sampler", None)
+    sampler = (make_sampler(dataset, plan.device, **sizes) if make_sampler is not None
+               else SizeAwareSampler(_on_device(dataset, plan.device), **sizes))
     first.sampler, first.refill_frequency = sampler, refill
     added: list[tuple[Any, Any]] = []
     for stage, hooks in zip(stages, extra_hooks, strict=False):

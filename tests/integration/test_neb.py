@@ -329,3 +329,57 @@ def test_inflight_bands_on_the_gpu_equal_the_cpu() -> None:
     for a, b in zip(gpu, cpu * 2, strict=True):
         assert a.converged
         assert abs(a.barrier - b.barrier) < 1e-6
+
+
+def test_a_workflow_stage_runs_bands_from_a_file(tmp_path) -> None:
+    """``integrator:neb`` as a workflow's stage: images from an extxyz file with
+    ``atoms.info["neb_band"]``/``["neb_image"]``, two bands at a time, results in a store whose
+    bands equal :func:`neb`'s (checked at every step, as ``neb`` does)."""
+    pytest.importorskip("alchemi_zarr")
+    import ase.io
+
+    from alchemi_core.workflow import parse_workflow, run_workflow
+    from alchemi_core.workflow.results import export_structures
+
+    bands = lj_bands()
+    frames = []
+    for b, band in enumerate(bands):
+        for i, image in enumerate(band):
+            image = image.copy()
+            image.info.update(neb_band=b, neb_image=i)
+            frames.append(image)
+    ase.io.write(tmp_path / "bands.extxyz", frames)
+    wf = parse_workflow(f"""
+[model]
+component = "model:lennard-jones"
+epsilon = {AR_EPSILON}
+sigma = {AR_SIGMA}
+cutoff = {AR_CUTOFF}
+shift_energy = true
+[input]
+path = "{tmp_path}/bands.extxyz"
+dtype = "float64"
+[[stage]]
+component = "integrator:neb"
+climb = true
+k = 0.1
+dt = 10.0
+dt_max = 100.0
+n_steps = 3000
+converge = {{ fmax = 0.01, frequency = 1 }}
+[sampler]
+max_batch_size = 12
+refill_frequency = 1
+[output]
+path = "{tmp_path}/results.zarr"
+""")
+    summary = run_workflow(wf, device="cpu", progress=False)
+    assert summary.structures_out == len(frames)
+    export_structures(tmp_path / "results.zarr", tmp_path / "out.extxyz")
+    out = ase.io.read(tmp_path / "out.extxyz", ":")
+    alone = neb(bands, lj_model(), **SETTINGS)
+    for b, result in enumerate(alone):
+        images = sorted((a for a in out if a.info["neb_band"] == b), key=lambda a: a.info["neb_image"])
+        assert len(images) == len(bands[b])
+        energies = np.array([a.get_potential_energy() for a in images])
+        np.testing.assert_allclose(energies, result.energies, atol=1e-8)

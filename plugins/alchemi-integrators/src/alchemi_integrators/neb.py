@@ -81,7 +81,7 @@ class NEB(FIRE):
         self,
         model: Any,
         k: ParameterValue = 0.1,
-        climb: ParameterValue = False,
+        climb: bool | ParameterValue = False,
         fmax: float = 0.05,
         climb_fmax: ParameterValue = 0.0,
         n_steps: int = 1000,
@@ -102,6 +102,16 @@ class NEB(FIRE):
         self.declare("k", k, unit="eV/Å²", low=0.0)
         self.declare("climb", float(climb) if isinstance(climb, bool) else climb, low=0.0, high=1.0)
         self.declare("climb_fmax", climb_fmax, unit="eV/Å", low=0.0)
+
+    def make_sampler(self, dataset: Any, device: Any = None, **kwargs: Any) -> Any:
+        """The sampler a workflow gives this stage when it comes first: whole bands of ``dataset``'s
+        images (:meth:`~alchemi_integrators.neb_bands.BandSampler.from_images`; ``kwargs``:
+        ``max_atoms``, ``max_batch_size``, ``bin_width``)."""
+        from alchemi_integrators.neb_bands import BandSampler
+
+        if kwargs.pop("workers", 0):
+            raise ConfigurationError("NEB: a band sampler builds no structures in worker processes; drop workers")
+        return BandSampler.from_images(dataset, device, **kwargs)
 
     @property
     def fmax_field(self) -> str | None:  # type: ignore[override]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from alchemi_core.data import AtomicData, Batch
+from alchemi_core.data.datapipes import as_atomic_data
 from alchemi_core.dynamics import SizeAwareSampler
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_integrators.neb import NEB, NEB_BAND, NEB_FMAX, NEB_IMAGE
@@ -41,10 +42,10 @@ if TYPE_CHECKING:
     import ase
 
 
-def band_data(images: Sequence[ase.Atoms | AtomicData], band: int, first_system_id: int = 0,
+def band_data(images: Sequence[ase.Atoms | AtomicData], band: int, first_system_id: int | None = 0,
               dtype: torch.dtype = torch.float64) -> list[AtomicData]:
     """The images of one band as systems: ``neb_band = band``, ``neb_image`` 0..N-1 and
-    ``system_id`` ``first_system_id`` + 0..N-1.
+    ``system_id`` ``first_system_id`` + 0..N-1 (None: the images keep theirs).
 
     Raises:
         InvalidDataError: Fewer than 3 images, or images with other atoms than the first.
@@ -54,7 +55,7 @@ def band_data(images: Sequence[ase.Atoms | AtomicData], band: int, first_system_
     out = []
     for i, image in enumerate(images):
         data = image if isinstance(image, AtomicData) else AtomicData.from_atoms(image, dtype=dtype)
-        data = data.with_system_id(first_system_id + i)
+        data = data.to() if first_system_id is None else data.with_system_id(first_system_id + i)
         data.neb_band = torch.tensor([int(band)], dtype=torch.long)
         data.neb_image = torch.tensor([i], dtype=torch.long)
         out.append(data)
@@ -114,6 +115,37 @@ class BandSampler(SizeAwareSampler):
             )
         #: Each band's images' ``system_id``s: checkpoints count images, as the engine does.
         self.image_ids = [[int(d.system_id.view(-1)[0]) for d in band] for band in dataset.bands]
+
+    @classmethod
+    def from_images(cls, dataset: Any, device: torch.device | str | None = None, **kwargs: Any) -> BandSampler:
+        """A sampler of the bands in ``dataset``, a dataset of images (e.g. a workflow's input) each
+        with its band and place along it: ``neb_band`` and ``neb_image`` fields, or
+        ``atoms.info["neb_band"]`` and ``atoms.info["neb_image"]`` of ASE structures. Every image is
+        loaded now; each keeps its ``system_id``.
+
+        Raises:
+            InvalidDataError: An image without its band or place, or a band that is not whole.
+        """
+        grouped: dict[int, list[tuple[int, AtomicData]]] = {}
+        for index in range(len(dataset)):
+            data = as_atomic_data(dataset[index], index)
+            keys = [next((k for k in (name, f"info_{name}") if k in data), None) for name in (NEB_BAND, NEB_IMAGE)]
+            if None in keys:
+                raise InvalidDataError(
+                    f"structure {index} has no band and image index: give every image of a band "
+                    "atoms.info['neb_band'] (one number per band) and atoms.info['neb_image'] (0..N-1 along it)"
+                )
+            band, image = (int(getattr(data, k).view(-1)[0]) for k in keys)  # type: ignore[arg-type]
+            grouped.setdefault(band, []).append((image, data))
+        bands = []
+        for band, members in sorted(grouped.items()):
+            images = [d for _, d in sorted(members, key=lambda m: m[0])]
+            if sorted(i for i, _ in members) != list(range(len(members))):
+                raise InvalidDataError(
+                    f"band {band} has images {sorted(i for i, _ in members)}; a band needs images 0..N-1, each once"
+                )
+            bands.append(band_data(images, band, None))
+        return cls(bands, device, **kwargs)
 
     def batch_capacity(self) -> tuple[int, int]:
         """Room for ``max_batch_size`` images (or as many of the smallest images as ``max_atoms``
