@@ -202,6 +202,30 @@ def test_band_sampler_hands_out_whole_bands() -> None:
         BandSampler(data, max_batch_size=6, max_atoms=10_000)
 
 
+def test_band_sampler_groups_a_dataset_of_images() -> None:
+    """Images in any order, each with ``atoms.info["neb_band"]``/``["neb_image"]``, become whole bands."""
+    from alchemi_core.data import AtomicData
+    from alchemi_core.data.datapipes import ListDataset
+
+    frames = []
+    for b, band in enumerate(lj_bands()[:2]):
+        for i, image in enumerate(band):
+            image = image.copy()
+            image.info.update(neb_band=10 + b, neb_image=i)
+            frames.append(AtomicData.from_atoms(image))
+    order = np.random.default_rng(0).permutation(len(frames))
+    sampler = BandSampler.from_images(ListDataset([frames[i] for i in order]), max_batch_size=10, max_atoms=10_000)
+    batch = sampler.build_initial_batch()
+    assert batch.neb_band.view(-1).tolist() == [10] * 5 + [11] * 5
+    assert batch.neb_image.view(-1).tolist() == [*range(5), *range(5)]
+    assert sorted(batch.system_id.view(-1).tolist()) == list(range(10))  # their places in the dataset
+    del frames[3]  # band 10 loses image 3
+    with pytest.raises(InvalidDataError, match="images 0..N-1"):
+        BandSampler.from_images(ListDataset(frames), max_batch_size=10, max_atoms=10_000)
+    with pytest.raises(InvalidDataError, match="neb_band"):
+        BandSampler.from_images(ListDataset([AtomicData.from_atoms(lj_bands()[0][0])]), max_atoms=10_000)
+
+
 def test_wrong_input_is_refused() -> None:
     initial, final = vacancy_hop("Ar", 5.26, 2)
     other = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2)

@@ -9,9 +9,9 @@ replaced by the NEB force (:mod:`~alchemi_integrators.neb_kernels`, as ASE's
 Henkelman and Jónsson plus the spring force ``k (|x_next - x| - |x - x_prev|)`` along it, and with
 ``climb`` the highest image feels the true force with its component along the tangent inverted
 (Henkelman, Uberuaga and Jónsson 2000), from the start or once the band's largest force is below
-``climb_fmax``. Neighbour differences take the minimum image on periodic
-axes. FIRE (:class:`~alchemi_integrators.fire.FIRE`, each image its own state) then steps the
-images on those forces.
+``climb_fmax``. Neighbour differences take the minimum image on periodic axes. FIRE
+(:class:`~alchemi_integrators.fire.FIRE`, each image its own state) then steps the images on
+those forces.
 
 A band converges when its largest NEB force on an atom (``neb_fmax``, every image of the band
 carries the band's value, ASE's criterion) is at most ``fmax``: all its images leave together, and

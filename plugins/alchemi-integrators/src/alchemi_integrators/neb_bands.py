@@ -88,9 +88,6 @@ class BandDataset:
     def get_metadata(self, i: int) -> tuple[int, int]:
         return sum(d.num_nodes for d in self.bands[i]), len(self.bands[i])
 
-    def band(self, i: int) -> list[AtomicData]:
-        return self.bands[i]
-
 
 class BandSampler(SizeAwareSampler):
     """A :class:`~alchemi_core.dynamics.SizeAwareSampler` of whole bands: each request takes the
@@ -121,7 +118,7 @@ class BandSampler(SizeAwareSampler):
         """A sampler of the bands in ``dataset``, a dataset of images (e.g. a workflow's input) each
         with its band and place along it: ``neb_band`` and ``neb_image`` fields, or
         ``atoms.info["neb_band"]`` and ``atoms.info["neb_image"]`` of ASE structures. Every image is
-        loaded now; each keeps its ``system_id``.
+        loaded now; each keeps its ``system_id`` (or takes its position in ``dataset``).
 
         Raises:
             InvalidDataError: An image without its band or place, or a band that is not whole.
@@ -129,6 +126,8 @@ class BandSampler(SizeAwareSampler):
         grouped: dict[int, list[tuple[int, AtomicData]]] = {}
         for index in range(len(dataset)):
             data = as_atomic_data(dataset[index], index)
+            if "system_id" not in data:
+                data = data.with_system_id(index)
             keys = [next((k for k in (name, f"info_{name}") if k in data), None) for name in (NEB_BAND, NEB_IMAGE)]
             if None in keys:
                 raise InvalidDataError(
