@@ -29,8 +29,8 @@ def _fmt(value: Any, spec: str) -> str:
 @click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and the table as JSON.")
 @click.option("--plot", "plot_dir", default=None, metavar="DIR",
-              help="Write energy, temperature, fmax and throughput PNGs into DIR, and pressure and volume "
-                   "where the log has them (NPT runs).")
+              help="Write energy, temperature, fmax and throughput PNGs into DIR, pressure and volume "
+                   "where the log has them (NPT runs), and bands (each band's energy profile) for NEB runs.")
 @click.option("--limit", default=20, show_default=True, help="Rows of the per-structure table (0: all).")
 @reported
 def inspect_store(store: str, as_json: bool, plot_dir: str | None, limit: int) -> None:

@@ -29,7 +29,7 @@ from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.units import EV_PER_A3_TO_GPA
 
 #: Plots :func:`plot_results` draws.
-PLOTS = ("energy", "temperature", "fmax", "throughput", "pressure", "volume")
+PLOTS = ("energy", "temperature", "fmax", "throughput", "pressure", "volume", "bands")
 #: Export formats by file suffix.
 FORMATS = {".extxyz": "extxyz", ".xyz": "extxyz", ".traj": "traj"}
 #: Orders :func:`export_structures` writes structures in: by ``system_id`` (the order of the
@@ -232,7 +232,8 @@ def plot_results(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str
     """PNG plots with labelled axes, one per kind in ``kinds``, into ``outdir``: from the run's log
     (``log``, default ``<store>.log.csv``) each stage's values over time and the throughput, and
     pressure (GPa) and volume per atom where the log has them (stages with stress: NPT, cell
-    filters); without a log, histograms of the stored final energy per atom and fmax.
+    filters); without a log, histograms of the stored final energy per atom and fmax; and the
+    energy profile of each nudged elastic band where the store holds bands (``bands``).
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
@@ -286,6 +287,8 @@ _LABELS = {
 
 
 def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, atoms: dict[int, int]) -> bool:
+    if kind == "bands":
+        return _draw_bands(ax, reader)
     if cols is not None and len(cols.get("step", ())):
         if kind == "throughput":
             return _draw_throughput(ax, cols)
@@ -340,6 +343,27 @@ def _draw(ax: Any, kind: str, cols: dict[str, np.ndarray] | None, reader: Any, a
     ax.set_xlabel(_LABELS[kind][0])
     ax.set_ylabel("structures")
     ax.set_title(f"final {kind} of each structure")
+    return True
+
+
+def _draw_bands(ax: Any, reader: Any) -> bool:
+    """The energy profile of each nudged elastic band in the store (``integrator:neb``: records
+    with ``neb_band`` and ``neb_image``): each image's final energy less its band's first."""
+    names = [next((k for k in (n, f"info_{n}") if k in reader.fields), None) for n in ("neb_band", "neb_image")]
+    if None in names or "energy" not in reader.fields:
+        return False
+    last = last_records(reader)
+    band, image = (np.asarray(_column(reader, n)).reshape(len(reader), -1)[last, 0] for n in names)  # type: ignore[arg-type]
+    energy = np.asarray(_column(reader, "energy"), dtype=float).reshape(len(reader), -1)[last, 0]
+    for b in np.unique(band).tolist():
+        sel = np.nonzero(band == b)[0]
+        order = sel[np.argsort(image[sel], kind="stable")]
+        ax.plot(image[order], energy[order] - energy[order[0]], marker="o", label=f"band {b}")
+    ax.set_xlabel("image along the band")
+    ax.set_ylabel("energy less the first image's (eV)")
+    ax.set_title("energy profile of each band")
+    if len(np.unique(band)) <= 12:
+        ax.legend(fontsize="small")
     return True
 
 

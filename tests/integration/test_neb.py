@@ -108,10 +108,14 @@ def test_idpp_equals_ase(mic: bool) -> None:
 
 
 def lj_bands() -> list[list[ase.Atoms]]:
-    """Bands of different systems: two hops in a 2x2x2 cell, one in a 3x2x2 cell (more atoms)."""
+    """Bands of different systems: a hop in a 2x2x2 cell, the same with its atoms rattled 0.05 Å
+    (the same noise in both end points), and a hop in a 3x2x2 cell (more atoms, more images)."""
     bands = []
-    for repeat, hop, n_images in (((2, 2, 2), 1, 5), ((2, 2, 2), 6, 5), ((3, 2, 2), 1, 7)):
-        initial, final = vacancy_hop("Ar", 5.26, repeat, hop)
+    for repeat, rattle, n_images in (((2, 2, 2), 0.0, 5), ((2, 2, 2), 0.05, 5), ((3, 2, 2), 0.0, 7)):
+        initial, final = vacancy_hop("Ar", 5.26, repeat)
+        noise = np.random.default_rng(1).normal(scale=rattle, size=initial.positions.shape)
+        initial.positions += noise
+        final.positions += noise
         bands.append(interpolate(initial, final, n_images, method="idpp"))
     return bands
 
@@ -407,3 +411,7 @@ path = "{tmp_path}/results.zarr"
         assert len(images) == len(bands[b])
         energies = np.array([a.get_potential_energy() for a in images])
         np.testing.assert_allclose(energies, result.energies, atol=1e-8)
+    pytest.importorskip("matplotlib")
+    from alchemi_core.workflow.results import plot_results
+
+    assert tmp_path / "plots" / "bands.png" in plot_results(tmp_path / "results.zarr", tmp_path / "plots", ["bands"])
