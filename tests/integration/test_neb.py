@@ -193,6 +193,28 @@ def test_killed_inflight_run_resumes_without_repeating_a_band(tmp_path) -> None:
     torch.testing.assert_close(a.energy, b.energy, rtol=0, atol=1e-9)
 
 
+def test_end_points_relax_with_the_band() -> None:
+    """``relax_endpoints``: rattled end points relax (FIRE on their true forces) while the band
+    relaxes; they end at the minima FIRE finds for each alone (to 0.1 meV), and their forces count
+    in the band's fmax."""
+    from alchemi_core.data import Batch
+    from alchemi_core.dynamics import ConvergenceHook
+    from alchemi_integrators import FIRE
+
+    band = lj_bands()[1]  # rattled end points: not minima
+    fmax = 0.002
+    [result] = neb([band], lj_model(), relax_endpoints=True, **{**SETTINGS, "fmax": fmax})
+    assert result.converged
+    ends = Batch.from_atoms([band[0], band[-1]], dtype=torch.float64)
+    FIRE(lj_model(), n_steps=5000, dt=10.0, dt_max=100.0,
+         convergence_hook=ConvergenceHook.from_fmax(1e-4, frequency=1)).run(ends)
+    np.testing.assert_allclose(result.energies[[0, -1]], ends.energy.view(-1).numpy(), atol=1e-4)
+    for image in (result.images[0], result.images[-1]):
+        assert np.linalg.norm(image.get_forces(), axis=1).max() <= fmax
+    fixed = neb([band], lj_model(), **{**SETTINGS, "fmax": fmax})[0]
+    assert abs(fixed.energies[0] - result.energies[0]) > 1e-3  # the fixed end points did not relax
+
+
 def test_band_sampler_hands_out_whole_bands() -> None:
     data = [band_data(band, b, 100 * b) for b, band in enumerate(lj_bands())]
     sampler = BandSampler(data, max_batch_size=12, max_atoms=10_000)

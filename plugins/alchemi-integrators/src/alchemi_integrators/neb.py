@@ -3,8 +3,9 @@
 A band of N images is N systems of the batch with the same ``neb_band`` (an integer, distinct per
 band) and ``neb_image`` 0..N-1 along the path (:func:`alchemi_integrators.neb_bands.band_data`
 builds them); all images of a band have the same atoms in the same order. Images 0 and N-1 are the
-end points: they stay where they are. After each forward pass, the force on every other image is
-replaced by the NEB force (:mod:`~alchemi_integrators.neb_kernels`, as ASE's
+end points: they stay where they are, or relax with the band (``relax_endpoints``). After each
+forward pass, the force on every other image is replaced by the NEB force
+(:mod:`~alchemi_integrators.neb_kernels`, as ASE's
 ``NEB(method="improvedtangent")``): the true force perpendicular to the improved tangent of
 Henkelman and Jónsson plus the spring force ``k (|x_next - x| - |x - x_prev|)`` along it, and with
 ``climb`` the highest image feels the true force with its component along the tangent inverted
@@ -64,6 +65,8 @@ class NEB(FIRE):
             field name of 0/1).
         climb_fmax: With ``climb``, a band's highest image climbs only once the band's largest NEB
             force is below this (eV/Å); 0 (the default) climbs from the start, as ASE does.
+        relax_endpoints: The end points feel their true forces and relax with the band (FIRE, as a
+            relaxation of each alone); their forces count in the band's ``fmax``. False: they stay.
         fmax: A band converges when its largest NEB force is at most this (eV/Å); ignored when
             ``convergence_hook`` is given (whose ``fmax`` criteria then read ``neb_fmax``).
         n_steps: Most steps of each band.
@@ -84,6 +87,7 @@ class NEB(FIRE):
         climb: bool | ParameterValue = False,
         fmax: float = 0.05,
         climb_fmax: ParameterValue = 0.0,
+        relax_endpoints: bool | ParameterValue = False,
         n_steps: int = 1000,
         dt: ParameterValue = 1.0,
         **kwargs: Any,
@@ -102,6 +106,8 @@ class NEB(FIRE):
         self.declare("k", k, unit="eV/Å²", low=0.0)
         self.declare("climb", float(climb) if isinstance(climb, bool) else climb, low=0.0, high=1.0)
         self.declare("climb_fmax", climb_fmax, unit="eV/Å", low=0.0)
+        relax = float(relax_endpoints) if isinstance(relax_endpoints, bool) else relax_endpoints
+        self.declare("relax_endpoints", relax, low=0.0, high=1.0)
 
     def make_sampler(self, dataset: Any, device: Any = None, **kwargs: Any) -> Any:
         """The sampler a workflow gives this stage when it comes first: whole bands of ``dataset``'s

@@ -12,8 +12,8 @@ its neighbours. Four launches, no host synchronisation:
    on periodic axes), the unnormalised tangent and its per-system sums (``tau.tau``, ``F.tau``,
    ``|t1|^2``, ``|t2|^2``);
 3. per atom: the NEB force, ``F - (F.tau) tau + k (|t2| - |t1|) tau`` (eq. 12), or
-   ``F - 2 (F.tau) tau`` on the climbing image, 0 on the end points; each system's largest atom
-   force;
+   ``F - 2 (F.tau) tau`` on the climbing image; on the end points 0, or ``F`` where they relax
+   with the band (``relax_endpoints``); each system's largest atom force;
 4. per system: the band's largest force over its images (what decides its convergence).
 
 Systems that are not ``active`` (other stages, finished bands) keep their forces.
@@ -158,10 +158,12 @@ def _neb_project(
     sums: wp.array(dtype=Any),
     totals: wp.array(dtype=Any),
     k: wp.array(dtype=Any),
+    relax_ends: wp.array(dtype=Any),
     f_out: wp.array(dtype=Any),
     fmax: wp.array(dtype=Any),
 ):
-    # The NEB force of atom i into f_out[i] (f_out may be f); its norm into fmax's max.
+    # The NEB force of atom i into f_out[i] (f_out may be f); its norm into fmax's max. End
+    # points feel nothing, or their true force where relax_ends (they relax with the band).
     i = wp.tid()
     b = system[i]
     fi = f[i]
@@ -171,7 +173,10 @@ def _neb_project(
     zero = type(fi[0])(0.0)
     role = coeff[b, 0]
     out = fi * zero
-    if role != type(fi[0])(_ENDPOINT):
+    if role == type(fi[0])(_ENDPOINT):
+        if relax_ends[b] > zero:
+            out = fi
+    else:
         norm = wp.sqrt(sums[b][0])
         scale = zero
         if norm > zero:
@@ -249,7 +254,8 @@ def neb_forces(dyn: Any, batch: Batch, out: torch.Tensor, band_fmax: torch.Tenso
     system_sums(launches, work, "neb_values", values, batch.batch_idx, sums, largest)
     system_sums(launches, work, "neb_powers", powers, batch.batch_idx, totals, largest)
     fmax.zero_()
-    args = (batch.forces, batch.batch_idx, active, coeff, tangent, sums, totals, dyn.per_system("k", batch), out, fmax)
+    args = (batch.forces, batch.batch_idx, active, coeff, tangent, sums, totals, per("k", batch),
+            per("relax_endpoints", batch), out, fmax)
     launches.launch("neb_project", _neb_project, nv, args, dev)
     if band_fmax is not None:
         launches.launch("neb_band_max", _neb_band_max, nb, (fmax, prev, nxt, active, band_fmax), dev)
