@@ -180,7 +180,8 @@ def test_killed_inflight_run_resumes_without_repeating_a_band(tmp_path) -> None:
     expected = reference.read()
     sink = HostMemory(capacity=None)
     with pytest.raises(KeyboardInterrupt):
-        inflight(bands, sink, hooks=[Interrupt(at=150)]).run(checkpoint=tmp_path / "neb.ckpt", checkpoint_every=10)
+        # (the whole run takes about 90 steps: killed at 50, with bands out and bands running)
+        inflight(bands, sink, hooks=[Interrupt(at=50)]).run(checkpoint=tmp_path / "neb.ckpt", checkpoint_every=10)
     assert 0 < len(sink.read().system_id) < len(expected.system_id)  # killed half-way: some bands out
     fresh = HostMemory(capacity=None)
     inflight(bands, fresh).run(resume_from=tmp_path / "neb.ckpt")
