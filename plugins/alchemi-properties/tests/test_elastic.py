@@ -64,6 +64,26 @@ def test_cubic_crystals_equal_ases_finite_differences(which, crystals, request):
         assert moduli.shear_voigt == pytest.approx((c11 - c12 + 3 * c44) / 5, rel=0.01)
 
 
+def test_every_element_of_low_symmetry_tensors_equals_ases(emt):
+    """A rotated fcc crystal (all 36 elements non-zero) and hcp copper (its ions move under normal
+    and xy strains): element by element, so a Voigt component out of order or a wrong shear factor
+    shows, which cubic symmetry hides."""
+    from scipy.spatial.transform import Rotation
+
+    rotated = bulk("Cu", "fcc", a=3.59)
+    rotated.set_cell(rotated.cell[:] @ Rotation.from_euler("zyx", [20, 35, 50], degrees=True).as_matrix().T,
+                     scale_atoms=True)
+    hcp = bulk("Cu", "hcp", a=2.54, c=4.15)
+    results = elastic_tensor([rotated, hcp], emt.model, fmax=1e-4)
+    for r, atoms in zip(results, [rotated, hcp], strict=True):
+        reference = _ase_tensor(atoms, emt.calculator, fmax=1e-4)
+        assert r.error is None
+        np.testing.assert_allclose(r.tensor, reference, atol=0.01 * np.abs(reference).max())
+    assert np.abs(results[0].tensor).min() > 1.0, "the rotated crystal has no zero element"
+    assert abs(results[0].moduli.bulk_hill - voigt_reuss_hill(_ase_tensor(bulk("Cu", "fcc", a=3.59), emt.calculator))
+               .bulk_hill) < 0.01 * results[0].moduli.bulk_hill, "rotation leaves the bulk modulus as it is"
+
+
 def test_clamped_ions_equal_ase_exactly_and_relaxing_them_softens_c44(tersoff):
     """Diamond's C44 needs the ions relaxed (Kleinman's internal strain); clamped, it is stiffer."""
     si = bulk("Si", "diamond", a=5.432, cubic=True)
