@@ -45,7 +45,8 @@ def _cubic_constants(c):
 
 @pytest.mark.parametrize(("which", "crystals"), [
     ("emt", [bulk("Cu", "fcc", a=3.59, cubic=True), bulk("Cu", "fcc", a=3.59), bulk("Cu", "fcc", a=3.59) * (1, 2, 1)]),
-    ("tersoff", [bulk("Si", "diamond", a=5.432, cubic=True), bulk("Si", "diamond", a=5.432)]),
+    pytest.param("tersoff", [bulk("Si", "diamond", a=5.432, cubic=True), bulk("Si", "diamond", a=5.432)],
+                 marks=pytest.mark.slow),
 ], ids=["Cu-EMT", "Si-Tersoff"])
 def test_cubic_crystals_equal_ases_finite_differences(which, crystals, request):
     pot = request.getfixturevalue(which)
@@ -84,6 +85,7 @@ def test_every_element_of_low_symmetry_tensors_equals_ases(emt):
                .bulk_hill) < 0.01 * results[0].moduli.bulk_hill, "rotation leaves the bulk modulus as it is"
 
 
+@pytest.mark.slow
 def test_clamped_ions_equal_ase_exactly_and_relaxing_them_softens_c44(tersoff):
     """Diamond's C44 needs the ions relaxed (Kleinman's internal strain); clamped, it is stiffer."""
     si = bulk("Si", "diamond", a=5.432, cubic=True)
