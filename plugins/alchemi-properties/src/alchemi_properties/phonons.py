@@ -18,14 +18,13 @@ entropy and heat capacity J/K/mol (per mole of phonopy's primitive cell).
 Masses are the ``Atoms``' own (``atoms.get_masses()``).
 
 Example:
-    >>> import torch
     >>> from ase.build import bulk
     >>> from ase.calculators.emt import EMT
     >>> from alchemi_core import registry
     >>> from alchemi_properties.phonons import phonons
     >>> model = registry.build("model:ase", EMT())
     >>> cu, al = phonons([bulk("Cu", a=3.6), bulk("Al", a=4.05)], model, supercell_matrix=[2, 2, 2],
-    ...                  mesh=[8, 8, 8], temperatures=[300.0], dtype=torch.float64)
+    ...                  mesh=[9, 9, 9], temperatures=[300.0])
     >>> cu.force_constants.shape, cu.failure
     ((8, 8, 3, 3), None)
     >>> cu.thermal_properties.heat_capacity.shape
@@ -63,7 +62,7 @@ class PhononResult:
     Attributes:
         index: The structure's position in the input.
         phonopy: Its ``Phonopy`` with force constants (and the band structure, mesh, DOS and
-            thermal properties that were asked for); None when it failed before phonopy had forces.
+            thermal properties that were asked for); None when phonopy could not set it up.
         supercells: How many displaced supercells it had evaluated.
         plot: The band structure (and DOS) PNG, when one was asked for.
         failure: Why it could not be done; None when it was.
@@ -115,7 +114,7 @@ def phonons(
     temperatures: Sequence[float] | None = None,
     plot_dir: str | Path | None = None,
     strict: bool = False,
-    dtype: torch.dtype | None = torch.float64,
+    dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     max_atoms: int | None = None,
     max_batch_size: int | None = None,
@@ -142,8 +141,9 @@ def phonons(
             ``band_path`` and matplotlib.
         strict: Raise :class:`PhononFailure` at the first structure that fails, instead of
             reporting it in its result.
-        dtype: Floating dtype of positions and forces; float64 (the default) keeps the small
-            force differences of a 0.01 Å displacement.
+        dtype: Floating dtype of positions and forces (default: that of the model's floating
+            parameters, else float64, which keeps the small force differences of a 0.01 Å
+            displacement).
         device: Where to run (default: :func:`alchemi_core.evaluate`'s).
         max_atoms: Most atoms per batch (None: planned from the device's memory and the model).
         max_batch_size: Most supercells per batch (None: no limit).
@@ -174,7 +174,7 @@ def phonons(
     # One flat list of every displaced supercell of every structure; owners[k] says whose it is.
     owners = [i for i, ph in built.items() for _ in ph.supercells_with_displacements]
     supercells = [_to_ase(sc) for ph in built.values() for sc in ph.supercells_with_displacements]
-    done = evaluate(supercells, model, dtype=dtype, device=device, max_atoms=max_atoms,
+    done = evaluate(supercells, model, dtype=dtype or _dtype_of(model), device=device, max_atoms=max_atoms,
                     max_batch_size=max_batch_size, progress=progress) if supercells else []
     forces: dict[int, list[np.ndarray]] = {i: [] for i in built}
     for i, result in zip(owners, done, strict=True):
@@ -262,6 +262,16 @@ def _properties(ph: Phonopy, forces: np.ndarray, band_path: Any, band_points: in
     figure.savefig(plot)
     pyplot.close(figure)
     return plot
+
+
+def _dtype_of(model: Any) -> torch.dtype:
+    """The dtype of ``model``'s floating parameters or buffers, else float64 (as
+    :class:`~alchemi_core.models.ase_calculator.AlchemiCalculator` chooses)."""
+    if isinstance(model, torch.nn.Module):
+        for t in (*model.parameters(), *model.buffers()):
+            if t.dtype.is_floating_point:
+                return t.dtype
+    return torch.float64
 
 
 def _fail(failures: dict[int, str], index: int, reason: str, strict: bool) -> None:
