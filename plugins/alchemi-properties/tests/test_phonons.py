@@ -202,3 +202,23 @@ def test_options_that_do_not_go_together_are_refused(options, match):
         phonons([bulk("Cu", a=3.6)], registry.build("model:ase", EMT()), **options)
     with pytest.raises(ConfigurationError, match="no structures"):
         phonons([], registry.build("model:ase", EMT()))
+
+
+def test_worker_processes_give_what_one_process_gives(tmp_path):
+    """phonopy's work spread over processes: the same force constants, properties and plots, in order."""
+    crystals = [bulk("Cu", a=3.6), bulk("Al", a=4.05), molecule("H2O"), bulk("Ni", a=3.52)]
+    options = {"supercell_matrix": [2, 2, 2], "band_path": [[[0, 0, 0], [0.5, 0, 0.5]]], "band_points": 11,
+               "mesh": [5, 5, 5], "temperatures": [300.0], "dtype": torch.float64}
+    model = registry.build("model:ase", EMT())
+    serial = phonons(crystals, model, plot_dir=tmp_path / "one", **options)
+    spread = phonons(crystals, model, plot_dir=tmp_path / "two", workers=2, **options)
+    assert [r.index for r in spread] == [0, 1, 2, 3]
+    assert spread[2].failure == serial[2].failure and "periodic" in spread[2].failure
+    for one, two in zip(serial[:2] + serial[3:], spread[:2] + spread[3:], strict=True):
+        assert two.failure is None and two.supercells == one.supercells
+        np.testing.assert_array_equal(two.force_constants, one.force_constants)
+        np.testing.assert_array_equal(two.thermal_properties.free_energy, one.thermal_properties.free_energy)
+        np.testing.assert_array_equal(two.band_structure.frequencies[0], one.band_structure.frequencies[0])
+        assert two.plot == tmp_path / "two" / f"phonons-{two.index}.png" and two.plot.stat().st_size > 10_000
+    with pytest.raises(ConfigurationError, match="workers"):
+        phonons(crystals, model, workers=0)

@@ -34,22 +34,27 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import numpy as np
-import torch
 
 from alchemi_core.errors import AlchemiError, ConfigurationError, MissingDependencyError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     import ase
+    import torch
     from phonopy import Phonopy
     from phonopy.phonon.band_structure import BandStructure
     from phonopy.phonon.dos import TotalDos
     from phonopy.phonon.thermal_properties import ThermalProperties
     from phonopy.structure.atoms import PhonopyAtoms
+
+_T = TypeVar("_T")
 
 #: A supercell matrix as phonopy takes it: 3 integers (diagonal) or 3x3.
 SupercellMatrix = Sequence[int] | Sequence[Sequence[int]] | np.ndarray
@@ -119,6 +124,7 @@ def phonons(
     max_atoms: int | None = None,
     max_batch_size: int | None = None,
     progress: bool = False,
+    workers: int = 1,
 ) -> list[PhononResult]:
     """Finite-displacement phonons of every structure, all displaced supercells in one batched run.
 
@@ -148,6 +154,11 @@ def phonons(
         max_atoms: Most atoms per batch (None: planned from the device's memory and the model).
         max_batch_size: Most supercells per batch (None: no limit).
         progress: Show a progress bar over the supercells.
+        workers: Processes for phonopy's own work (symmetry, displacements, force constants, band
+            structure, DOS, thermal properties, plots), which runs in Python on the CPU and, with
+            the model on a GPU, takes most of the time; above 1 the structures are spread over
+            that many processes (each starts a Python and imports phonopy: worth it for many or
+            large supercells).
 
     Returns:
         One :class:`PhononResult` per structure, in input order.
@@ -160,47 +171,52 @@ def phonons(
     from alchemi_core import evaluate
 
     structures = list(structures)
-    _check_options(structures, band_path, mesh, temperatures, plot_dir)
+    _check_options(structures, band_path, mesh, temperatures, plot_dir, workers)
     if plot_dir is not None:
         Path(plot_dir).mkdir(parents=True, exist_ok=True)
-    failures: dict[int, str] = {}
-    built: dict[int, Phonopy] = {}
-    for i, atoms in enumerate(structures):
-        matrix = supercell_matrix(atoms) if callable(supercell_matrix) else supercell_matrix
-        try:
-            built[i] = _displaced(atoms, matrix, primitive_matrix, distance, symprec)
-        except Exception as exc:  # phonopy and spglib raise many kinds; the structure fails, not the call
-            _fail(failures, i, f"phonopy could not set it up: {exc}", strict)
-    # One flat list of every displaced supercell of every structure; owners[k] says whose it is.
-    owners = [i for i, ph in built.items() for _ in ph.supercells_with_displacements]
-    supercells = [_to_ase(sc) for ph in built.values() for sc in ph.supercells_with_displacements]
-    done = evaluate(supercells, model, dtype=dtype or _dtype_of(model), device=device, max_atoms=max_atoms,
-                    max_batch_size=max_batch_size, progress=progress) if supercells else []
-    forces: dict[int, list[np.ndarray]] = {i: [] for i in built}
-    for i, result in zip(owners, done, strict=True):
-        reason = result.info.get("quarantine")
-        if reason is not None and i not in failures:
-            _fail(failures, i, f"displaced supercell {len(forces[i])}: {reason}", strict)
-        forces[i].append(np.zeros((len(result), 3)) if reason is not None else result.get_forces())
-    results = []
-    for i in range(len(structures)):
-        ph = built.get(i)
-        plot = None
-        if ph is not None and i not in failures:
-            try:
-                plot = _properties(ph, np.asarray(forces[i]), band_path, band_points, mesh, temperatures,
-                                   None if plot_dir is None else Path(plot_dir) / f"phonons-{i}.png")
-            except Exception as exc:  # as above: one structure's phonopy error is that structure's
-                _fail(failures, i, f"phonopy failed on its forces: {exc}", strict)
-        results.append(PhononResult(i, ph, len(forces.get(i, ())), plot, failures.get(i)))
-    return results
+    with _workers(workers, len(structures)) as pool:
+        failures: dict[int, str] = {}
+        built: dict[int, Phonopy] = {}
+        matrices = [supercell_matrix(a) if callable(supercell_matrix) else supercell_matrix for a in structures]
+        set_up = _map(_set_up, [(a, m, primitive_matrix, distance, symprec) for a, m in zip(structures, matrices)],
+                      pool)
+        for i, ph_or_reason in enumerate(set_up):
+            if isinstance(ph_or_reason, str):
+                _fail(failures, i, ph_or_reason, strict)
+            else:
+                built[i] = ph_or_reason
+        # One flat list of every displaced supercell of every structure; owners[k] says whose it is.
+        owners = [i for i, ph in built.items() for _ in ph.supercells_with_displacements]
+        supercells = [_to_ase(sc) for ph in built.values() for sc in ph.supercells_with_displacements]
+        done = evaluate(supercells, model, dtype=dtype or _dtype_of(model), device=device, max_atoms=max_atoms,
+                        max_batch_size=max_batch_size, progress=progress) if supercells else []
+        forces: dict[int, list[np.ndarray]] = {i: [] for i in built}
+        for i, result in zip(owners, done, strict=True):
+            reason = result.info.get("quarantine")
+            if reason is not None and i not in failures:
+                _fail(failures, i, f"displaced supercell {len(forces[i])}: {reason}", strict)
+            forces[i].append(np.zeros((len(result), 3)) if reason is not None else result.get_forces())
+        todo = [i for i in built if i not in failures]
+        plots = {i: None if plot_dir is None else Path(plot_dir) / f"phonons-{i}.png" for i in todo}
+        finished = _map(_finish, [(built[i], np.asarray(forces[i]), band_path, band_points, mesh, temperatures, plots[i])
+                                  for i in todo], pool)
+        drawn: dict[int, Path | None] = {}
+        for i, out in zip(todo, finished, strict=True):
+            if isinstance(out, str):
+                _fail(failures, i, out, strict)
+            else:
+                built[i], drawn[i] = out  # from a worker process: a copy of the Phonopy sent
+        return [PhononResult(i, built.get(i), len(forces.get(i, ())), drawn.get(i), failures.get(i))
+                for i in range(len(structures))]
 
 
 def _check_options(structures: list[ase.Atoms], band_path: object, mesh: object, temperatures: object,
-                   plot_dir: object) -> None:
+                   plot_dir: object, workers: int) -> None:
     """Raise ConfigurationError for options that cannot work together, before any work."""
     if not structures:
         raise ConfigurationError("phonons: no structures given; pass a list of ase.Atoms")
+    if workers < 1:
+        raise ConfigurationError(f"phonons: workers is a number of processes, at least 1, not {workers}")
     if temperatures is not None and mesh is None:
         raise ConfigurationError("phonons: thermal properties need a q-point mesh; pass mesh=[n, n, n] too")
     if plot_dir is not None and band_path is None:
@@ -212,6 +228,42 @@ def _check_options(structures: list[ase.Atoms], band_path: object, mesh: object,
         _require("seekpath", "band_path='auto'")
     if plot_dir is not None:
         _require("matplotlib", "plot_dir")
+
+
+def _workers(workers: int, structures: int) -> AbstractContextManager[Executor | None]:
+    """A pool of ``workers`` processes for phonopy's work, or None for this process alone. Spawned:
+    a fork of a process that holds a GPU context or Warp's threads is not safe."""
+    if workers == 1 or structures < 2:
+        return nullcontext()
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(min(workers, structures), mp_context=multiprocessing.get_context("spawn"))
+
+
+def _map(function: Callable[..., _T], calls: list[tuple[Any, ...]], pool: Executor | None) -> list[_T]:
+    """``[function(*call) for call in calls]``, in ``pool`` where there is one."""
+    if pool is None or not calls:
+        return [function(*call) for call in calls]
+    return list(pool.map(function, *zip(*calls, strict=True)))
+
+
+def _set_up(atoms: ase.Atoms, supercell_matrix: SupercellMatrix | None, primitive_matrix: Any, distance: float,
+            symprec: float) -> Phonopy | str:
+    """``atoms``' ``Phonopy`` with its displacements, or why phonopy could not make them."""
+    try:
+        return _displaced(atoms, supercell_matrix, primitive_matrix, distance, symprec)
+    except Exception as exc:  # phonopy and spglib raise many kinds; the structure fails, not the call
+        return f"phonopy could not set it up: {exc}"
+
+
+def _finish(ph: Phonopy, forces: np.ndarray, band_path: Any, band_points: int, mesh: Any,
+            temperatures: Sequence[float] | None, plot: Path | None) -> tuple[Phonopy, Path | None] | str:
+    """``ph`` with its force constants and what was asked, and its plot; or why phonopy failed."""
+    try:
+        return ph, _properties(ph, forces, band_path, band_points, mesh, temperatures, plot)
+    except Exception as exc:  # as in _set_up: one structure's phonopy error is that structure's
+        return f"phonopy failed on its forces: {exc}"
 
 
 def _displaced(atoms: ase.Atoms, supercell_matrix: SupercellMatrix | None, primitive_matrix: Any,
@@ -267,6 +319,7 @@ def _properties(ph: Phonopy, forces: np.ndarray, band_path: Any, band_points: in
 def _dtype_of(model: Any) -> torch.dtype:
     """The dtype of ``model``'s floating parameters or buffers, else float64 (as
     :class:`~alchemi_core.models.ase_calculator.AlchemiCalculator` chooses)."""
+    import torch
     if isinstance(model, torch.nn.Module):
         for t in (*model.parameters(), *model.buffers()):
             if t.dtype.is_floating_point:
