@@ -11,9 +11,11 @@ displacements (0.01 Å, ``primitive_matrix="auto"``) and force constants on both
   displaced supercells as one state (``ts.io.phonopy_to_state``), one ``model(state)`` call, the
   forces split back to phonopy.
 
-Reported: wall time of the whole job (phonopy's work included, the same on both sides; median of
-``--repeats`` after one untimed run), supercells and atoms evaluated, ``speedup`` (TorchSim's time
-over alchemi's; target 3x), the largest difference of force constants between the two (eV/Å²),
+Reported: wall time of the whole job (phonopy's work included; median of ``--repeats`` after one
+untimed run), supercells and atoms evaluated, ``speedup`` (TorchSim's time over alchemi's; target
+3x), ``phonopy_alone_seconds`` (phonopy's own work crystal after crystal with zero forces: the
+floor of a recipe that runs phonopy in one process; alchemi spreads it over ``--workers``
+processes), the largest difference of force constants between the two (eV/Å²),
 and, for the first ``--check`` crystals, the largest difference from phonopy's own route through
 ASE with the same model (``model.as_ase_calculator()``, one supercell at a time).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,13 +81,14 @@ def models(kind: str, device: str, quick: bool) -> tuple[Any, Any]:
     return ours.to(device), peers.get("torchsim", "unavailable: TorchSim not installed")
 
 
-def alchemi_job(model: Any, jobs: list[tuple[Any, list[int]]], device: str) -> list[np.ndarray]:
-    """alchemi: every crystal's force constants, all displaced supercells in one run."""
+def alchemi_job(model: Any, jobs: list[tuple[Any, list[int]]], device: str, workers: int) -> list[np.ndarray]:
+    """alchemi: every crystal's force constants, all displaced supercells in one run, phonopy's work
+    spread over ``workers`` processes."""
     from alchemi_properties.phonons import phonons
 
     sizes = {id(a): m for a, m in jobs}
     results = phonons([a for a, _ in jobs], model, supercell_matrix=lambda a: sizes[id(a)], device=device,
-                      dtype=torch.float32)
+                      dtype=torch.float32, workers=workers)
     failed = [(r.index, r.failure) for r in results if r.failure is not None]
     if failed:
         raise RuntimeError(f"alchemi: crystals failed: {failed[:3]}")
@@ -120,6 +124,15 @@ def torchsim_job(peer: Any, jobs: list[tuple[Any, list[int]]], device: str) -> l
         ph.produce_force_constants()
         out.append(ph.force_constants)
     return out
+
+
+def phonopy_alone(jobs: list[tuple[Any, list[int]]]) -> None:
+    """phonopy's own work, crystal after crystal, with zero forces (no model): what every
+    recipe that runs phonopy in one process pays whatever its model's speed."""
+    for atoms, matrix in jobs:
+        ph = displaced(atoms, matrix)
+        ph.forces = np.zeros((len(ph.supercells_with_displacements), len(ph.supercell), 3))
+        ph.produce_force_constants(show_drift=False)
 
 
 def ase_route(model: Any, atoms: Any, matrix: list[int], device: str) -> np.ndarray:
@@ -162,6 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--crystals", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--check", type=int, default=3, help="crystals also done through phonopy's ASE route")
+    p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
+                   help="processes for phonopy's work on alchemi's side (phonons(workers=...))")
     p.add_argument("--quick", action="store_true", help="6 crystals, one repeat (a smoke test)")
     args = p.parse_args(argv)
     device = args.device
@@ -172,7 +187,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "crystals": n, "torchsim": "ok" if not isinstance(peer, str) else peer}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
-    report["alchemi"], fc_ours = measure(lambda: alchemi_job(ours, jobs, device), device, repeats)
+    report["workers"] = args.workers
+    report["alchemi"], fc_ours = measure(lambda: alchemi_job(ours, jobs, device, args.workers), device, repeats)
+    report["phonopy_alone_seconds"] = timed(lambda: phonopy_alone(jobs), "cpu")
     cells = [sc for a, m in jobs for sc in displaced(a, m).supercells_with_displacements]
     report["supercells"], report["atoms"] = len(cells), sum(len(sc) for sc in cells)
     checked = [ase_route(ours, a, m, device) for a, m in jobs[:args.check]]

@@ -222,3 +222,17 @@ def test_worker_processes_give_what_one_process_gives(tmp_path):
         assert two.plot == tmp_path / "two" / f"phonons-{two.index}.png" and two.plot.stat().st_size > 10_000
     with pytest.raises(ConfigurationError, match="workers"):
         phonons(crystals, model, workers=0)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_force_constants_equal_phonopy_through_ase():
+    """On a GPU (alchemi's Warp LJ on CUDA, float64, many crystals in one run): phonopy's ASE route's
+    force constants within 1e-6 eV/Å²."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    crystals = [bulk("Ar", "fcc", a=5.20 + 0.02 * k) for k in range(8)] + [bulk("Ar", "bcc", a=4.2)]
+    results = phonons(crystals, lennard_jones(), supercell_matrix=[3, 3, 3], device="cuda", dtype=torch.float64,
+                      workers=2)
+    for a, result in zip(crystals, results, strict=True):
+        reference = phonopy_ase_route(a, AseLennardJones(epsilon=EPS, sigma=SIG, rc=RC, smooth=False), [3, 3, 3])
+        assert_fc_close(result, reference, f"Ar {a.cell.cellpar()[0]:.2f} on cuda")

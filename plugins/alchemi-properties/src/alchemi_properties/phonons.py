@@ -157,8 +157,8 @@ def phonons(
         workers: Processes for phonopy's own work (symmetry, displacements, force constants, band
             structure, DOS, thermal properties, plots), which runs in Python on the CPU and, with
             the model on a GPU, takes most of the time; above 1 the structures are spread over
-            that many processes (each starts a Python and imports phonopy: worth it for many or
-            large supercells).
+            that many processes (forked from a fork server that the first such call starts:
+            worth it for many or large supercells).
 
     Returns:
         One :class:`PhononResult` per structure, in input order.
@@ -231,14 +231,15 @@ def _check_options(structures: list[ase.Atoms], band_path: object, mesh: object,
 
 
 def _workers(workers: int, structures: int) -> AbstractContextManager[Executor | None]:
-    """A pool of ``workers`` processes for phonopy's work, or None for this process alone. Spawned:
-    a fork of a process that holds a GPU context or Warp's threads is not safe."""
+    """A pool of ``workers`` processes for phonopy's work, or None for this process alone. Forked from
+    a fork server (a fresh process, started once): a fork of this process, which may hold a GPU
+    context or Warp's threads, is not safe, and a spawned worker would import everything again."""
     if workers == 1 or structures < 2:
         return nullcontext()
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(min(workers, structures), mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(min(workers, structures), mp_context=multiprocessing.get_context("forkserver"))
 
 
 def _map(function: Callable[..., _T], calls: list[tuple[Any, ...]], pool: Executor | None) -> list[_T]:
