@@ -80,25 +80,30 @@ class PhononResult:
     failure: str | None = None
 
     @property
+    def _done(self) -> Phonopy | None:
+        """The ``Phonopy`` of a structure that did not fail."""
+        return self.phonopy if self.failure is None else None
+
+    @property
     def force_constants(self) -> np.ndarray | None:
         """Supercell force constants ``[N, N, 3, 3]`` (eV/Å²), or None for a failed structure."""
-        return None if self.failure is not None or self.phonopy is None else self.phonopy.force_constants
+        return None if (ph := self._done) is None else ph.force_constants
 
     @property
     def band_structure(self) -> BandStructure | None:
         """phonopy's ``BandStructure`` (``distances``, ``frequencies`` in THz, ``qpoints``)."""
-        return None if self.failure is not None or self.phonopy is None else self.phonopy.band_structure
+        return None if (ph := self._done) is None else ph.band_structure
 
     @property
     def total_dos(self) -> TotalDos | None:
         """phonopy's ``TotalDos`` (``frequency_points`` in THz, ``dos``)."""
-        return None if self.failure is not None or self.phonopy is None else self.phonopy.total_dos
+        return None if (ph := self._done) is None else ph.total_dos
 
     @property
     def thermal_properties(self) -> ThermalProperties | None:
         """phonopy's ``ThermalProperties`` (``temperatures``, ``free_energy``, ``entropy``,
         ``heat_capacity``)."""
-        return None if self.failure is not None or self.phonopy is None else self.phonopy.thermal_properties
+        return None if (ph := self._done) is None else ph.thermal_properties
 
 
 class PhononFailure(AlchemiError, RuntimeError):
@@ -186,8 +191,9 @@ def phonons(
             else:
                 built[i] = ph_or_reason
         # One flat list of every displaced supercell of every structure; owners[k] says whose it is.
-        owners = [i for i, ph in built.items() for _ in ph.supercells_with_displacements]
-        supercells = [_to_ase(sc) for ph in built.values() for sc in ph.supercells_with_displacements]
+        displaced = {i: ph.supercells_with_displacements or [] for i, ph in built.items()}
+        owners = [i for i, cells in displaced.items() for _ in cells]
+        supercells = [_to_ase(sc) for cells in displaced.values() for sc in cells]
         done = evaluate(supercells, model, dtype=dtype or _dtype_of(model), device=device, max_atoms=max_atoms,
                         max_batch_size=max_batch_size, progress=progress) if supercells else []
         forces: dict[int, list[np.ndarray]] = {i: [] for i in built}
