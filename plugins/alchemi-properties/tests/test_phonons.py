@@ -110,8 +110,8 @@ def test_several_structures_in_one_call_equal_each_alone():
     sizes = {0: [3, 3, 3], 1: [2, 2, 2], 2: [2, 2, 2], 3: [[-1, 1, 1], [1, -1, 1], [1, 1, -1]]}
     pick = {id(a): sizes[i] for i, a in enumerate(crystals)}
     model = registry.build("model:ase", EMT())
-    together = phonons(crystals, model, supercell_matrix=lambda a: pick[id(a)], max_batch_size=2)  # float64:
-    # the default for a model without floating parameters
+    # No dtype: float64 is the default for a model without floating parameters.
+    together = phonons(crystals, model, supercell_matrix=lambda a: pick[id(a)], max_batch_size=2)
     for i, a in enumerate(crystals):
         [alone] = phonons([a], model, supercell_matrix=sizes[i], dtype=torch.float64)
         assert together[i].index == i
