@@ -155,6 +155,26 @@ def test_failures_are_reported_with_their_reason_and_the_rest_finish():
         phonons(structures[:2], lennard_jones(species=(18,)), supercell_matrix=[2, 2, 2], strict=True)
 
 
+def test_non_finite_forces_fail_their_structure_only():
+    """A supercell whose forces come back NaN (found by the run's quarantine) fails its structure."""
+
+    class NanForAluminium(EMT):
+        def calculate(self, *args, **kwargs):
+            super().calculate(*args, **kwargs)
+            if 13 in self.atoms.numbers:
+                self.results["forces"] = np.full_like(self.results["forces"], np.nan)
+
+    crystals = [bulk("Cu", a=3.6), bulk("Al", a=4.05), bulk("Ni", a=3.52)]
+    results = phonons(crystals, registry.build("model:ase", NanForAluminium()), supercell_matrix=[2, 2, 2],
+                      dtype=torch.float64)
+    assert results[1].failure is not None and "displaced supercell 0" in results[1].failure
+    assert "finite" in results[1].failure, results[1].failure
+    assert results[1].force_constants is None and results[1].supercells == 1
+    [cu] = phonons(crystals[:1], registry.build("model:ase", EMT()), supercell_matrix=[2, 2, 2], dtype=torch.float64)
+    np.testing.assert_array_equal(results[0].force_constants, cu.force_constants)
+    assert results[2].failure is None
+
+
 def test_band_structure_on_a_given_path_equals_phonopys():
     path = [[[0.0, 0.0, 0.0], [0.5, 0.0, 0.5], [0.5, 0.25, 0.75]], [[0.0, 0.0, 0.0], [0.5, 0.5, 0.5]]]
     cu = bulk("Cu", a=3.6)
