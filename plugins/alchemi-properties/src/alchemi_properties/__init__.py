@@ -1,5 +1,5 @@
 """alchemi-properties: material properties of many structures in one call, every derived
-structure (scaled cell, strained cell) evaluated or relaxed in batches through alchemi's engine.
+structure (scaled cell, strained cell, displaced supercell) evaluated or relaxed in batches through alchemi's engine.
 
 Names are imported on first use, so importing the package pulls in neither torch nor ASE.
 
@@ -21,6 +21,9 @@ _EXPORTS = {
     "elastic_tensor": "alchemi_properties.elastic",
     "ElasticResult": "alchemi_properties.elastic",
     "voigt_reuss_hill": "alchemi_properties.elastic",
+    "phonons": "alchemi_properties.phonons",
+    "PhononResult": "alchemi_properties.phonons",
+    "PhononFailure": "alchemi_properties.phonons",
 }
 
 __all__ = sorted(_EXPORTS)
