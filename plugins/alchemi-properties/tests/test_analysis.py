@@ -160,6 +160,22 @@ def test_msd_of_an_ideal_gas_is_free_flight(tmp_path) -> None:
     torch.testing.assert_close(unwrap(straight), straight.positions)
 
 
+def test_msd_and_vacf_equal_direct_sums_over_time_origins() -> None:
+    """The FFT forms against the O(F²) definitions in numpy, on random data in a triclinic cell
+    whose positions never wrap."""
+    rng = np.random.default_rng(5)
+    x = 20 + np.cumsum(rng.normal(0.0, 0.2, (40, 9, 3)), axis=0)
+    v = rng.normal(0.0, 0.01, (40, 9, 3))
+    traj = Trajectory.from_arrays(x, cell=[[30.0, 0, 0], [10, 30, 0], [5, 5, 30]], velocities=v, dt=2.5)
+    lags = np.arange(31)
+    msd_ref = np.stack([((x[m:] - x[: 40 - m]) ** 2).sum(-1).mean(0) for m in lags], axis=1)
+    vacf_ref = np.stack([(v[m:] * v[: 40 - m]).sum(-1).mean(0) for m in lags], axis=1)
+    result = msd(traj, max_lag=30)
+    np.testing.assert_allclose(result.per_atom.numpy(), msd_ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(result.lag_times.numpy(), lags * 2.5)
+    np.testing.assert_allclose(vacf(traj, max_lag=30).per_atom.numpy(), vacf_ref, rtol=1e-10, atol=1e-14)
+
+
 @pytest.fixture(scope="module")
 def free_langevin(tmp_path_factory: pytest.TempPathFactory) -> Trajectory:
     """1,000 argon atoms without forces under Langevin (gamma = 0.01/fs), a frame every 8 fs for
@@ -222,7 +238,9 @@ def test_bad_input_is_refused_clearly(tmp_path) -> None:
     with pytest.raises(InvalidDataError, match="increase"):
         Trajectory.from_arrays(frames, times=[0.0, 1.0, 1.0], pbc=False)
     with pytest.raises(InvalidDataError, match="periodic"):
-        rdf(Trajectory.from_arrays(frames, pbc=False), r_max=2.0)
+        rdf(Trajectory.from_arrays(frames), r_max=2.0)
+    with pytest.raises(InvalidDataError, match="nonzero volume"):
+        rdf(Trajectory.from_arrays(frames, cell=np.zeros((3, 3)), pbc=True), r_max=2.0)
     with pytest.raises(ConfigurationError, match="r_max"):
         rdf(Trajectory.from_arrays(frames, cell=np.eye(3) * 5), r_max=0.0)
     with pytest.raises(InvalidDataError, match="shape"):

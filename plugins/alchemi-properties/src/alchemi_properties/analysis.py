@@ -46,8 +46,10 @@ if TYPE_CHECKING:
 
     from alchemi_core.data import AtomicData
 
-#: Pair-image distances held in memory at once by :func:`rdf` (about 24 bytes each in float64).
-PAIR_BUDGET = 1 << 23
+#: Pair-image distances :func:`rdf` holds at once (about 100 bytes each in float64: 0.4 GB).
+PAIR_BUDGET = 1 << 22
+#: Values one FFT of :func:`msd` / :func:`vacf` transforms at once (complex128: 0.5 GB).
+FFT_BUDGET = 1 << 25
 #: 1/fs in THz.
 THZ_PER_INV_FS = 1000.0
 
@@ -121,7 +123,7 @@ class Trajectory:
                                      for a in attrs.fields(Trajectory)})
 
     @classmethod
-    def from_arrays(cls, positions: Any, *, cell: Any = None, pbc: Any = True, atomic_numbers: Any = None,
+    def from_arrays(cls, positions: Any, *, cell: Any = None, pbc: Any = None, atomic_numbers: Any = None,
                     times: Any = None, dt: float = 1.0, velocities: Any = None, device: Any = None,
                     dtype: torch.dtype = torch.float64) -> Trajectory:
         """A trajectory from numpy arrays or tensors.
@@ -130,7 +132,7 @@ class Trajectory:
             positions: ``[F, N, 3]`` Å.
             cell: ``[3, 3]`` (every frame) or ``[F, 3, 3]`` Å; None for no cell (then ``pbc``
                 must be False: only :func:`msd` and :func:`vacf` apply).
-            pbc: A bool or three.
+            pbc: A bool or three (default: periodic where a cell is given).
             atomic_numbers: ``[N]``; None counts every atom as one element, 0.
             times: ``[F]`` fs; None: ``dt`` apart from 0.
             dt: Time between frames in fs, when ``times`` is None.
@@ -146,7 +148,7 @@ class Trajectory:
         f, n = x.shape[:2]
         c = torch.zeros(3, 3, dtype=dtype, device=device) if cell is None else _tensor(cell, dtype, device)
         c = c.expand(f, 3, 3).clone() if c.ndim == 2 else c
-        p = _tensor(pbc, torch.bool, device).expand(3).clone()
+        p = _tensor(cell is not None if pbc is None else pbc, torch.bool, device).expand(3).clone()
         z = torch.zeros(n, dtype=torch.long, device=device) if atomic_numbers is None else _tensor(
             atomic_numbers, torch.long, device)
         t = torch.arange(f, dtype=dtype, device=device) * float(dt) if times is None else _tensor(times, dtype, device)
@@ -306,6 +308,9 @@ def rdf(trajectory: Trajectory, r_max: float, bins: int = 200, frames: slice | N
     if not bool(trajectory.pbc.all()):
         raise InvalidDataError("rdf needs a trajectory periodic along all three axes (a cell and pbc=True): "
                                "g(r) is normalised by the cell's volume")
+    if not bool((torch.linalg.det(trajectory.cell).abs() > 1e-9).all()):
+        raise InvalidDataError("rdf needs a cell of nonzero volume in every frame; give cell= (rows are lattice "
+                               "vectors, Å)")
     sel = frames if frames is not None else slice(None)
     x, cell = trajectory.positions[sel], trajectory.cell[sel]
     f, n = x.shape[:2]
@@ -320,7 +325,6 @@ def rdf(trajectory: Trajectory, r_max: float, bins: int = 200, frames: slice | N
     inv = torch.linalg.inv(cell)
     rows = max(1, min(n, pair_budget // max(1, n * len(shifts))))
     chunk = max(1, pair_budget // max(1, rows * n * len(shifts)))
-    pair_type = (types[:, None] * nt + types[None, :])  # [N, N] ordered element pair
     # Sum over frames of V_f * counts_f, per (ordered element pair, bin).
     weighted = torch.zeros(nt * nt * bins, dtype=dt_, device=dev)
     for f0 in range(0, f, chunk):
@@ -338,7 +342,8 @@ def rdf(trajectory: Trajectory, r_max: float, bins: int = 200, frames: slice | N
             same = torch.arange(i0, i1, device=dev)[:, None] == torch.arange(n, device=dev)[None, :]
             inside &= ~(same[None, :, :, None] & (shifts.abs().sum(-1) == 0)[None, None, None, :])
             b = torch.bucketize(r, edges, right=True) - 1
-            key = (pair_type[i0:i1][None, :, :, None] * bins + b).expand(m, -1, -1, -1)
+            pair_type = types[i0:i1, None] * nt + types[None, :]  # [rows, N]: the ordered element pair
+            key = (pair_type[None, :, :, None] * bins + b).expand(m, -1, -1, -1)
             frame = torch.arange(m, device=dev)[:, None, None, None].expand_as(key)
             counts = torch.bincount((frame * (nt * nt * bins) + key)[inside], minlength=m * nt * nt * bins)
             weighted += (counts.reshape(m, -1).to(dt_) * volume[f0:f0 + chunk, None]).sum(0)
@@ -371,11 +376,15 @@ def _check_even(trajectory: Trajectory) -> float:
 
 def _autocorrelation(a: torch.Tensor, lags: int) -> torch.Tensor:
     """``sum_t a[t] . a[t+m] / (F - m)`` for m < lags, per row: ``a`` is ``[R, F, 3]``, result ``[R, lags]``
-    (FFT, zero-padded so it is not circular)."""
+    (FFT, zero-padded so it is not circular; rows in chunks of at most :data:`FFT_BUDGET` values)."""
     f = a.shape[1]
     size = 1 << (2 * f - 1).bit_length()
-    spectrum = torch.fft.rfft(a, n=size, dim=1)
-    corr = torch.fft.irfft(spectrum * spectrum.conj(), n=size, dim=1)[:, :lags].sum(-1)
+    rows = max(1, FFT_BUDGET // (3 * size))
+    out = []
+    for r0 in range(0, a.shape[0], rows):
+        spectrum = torch.fft.rfft(a[r0:r0 + rows], n=size, dim=1)
+        out.append(torch.fft.irfft(spectrum * spectrum.conj(), n=size, dim=1)[:, :lags].sum(-1))
+    corr = torch.cat(out) if out else a.new_zeros(0, lags)
     return corr / torch.arange(f, f - lags, -1, device=a.device, dtype=a.dtype)
 
 
