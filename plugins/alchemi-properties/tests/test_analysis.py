@@ -227,6 +227,24 @@ def test_vacf_integral_and_spectrum_agree_with_the_msd(free_langevin: Trajectory
     assert float(result.power_spectrum()[1][0]) < float(spectrum[0])  # the Hann window damps the tail
 
 
+def test_from_store_takes_the_last_stage_without_quarantined_or_repeated_records() -> None:
+    """Records of one structure at stage steps 10, 20, 30, then (a later stage) 5, 8 (quarantined),
+    10 and 10 again (its final record): the frames are those at 5 and 10, the first of the two."""
+    from alchemi_zarr import ZarrData
+
+    sink = ZarrData("memory://analysis-stages")
+    for k, (step, status) in enumerate([(10, 0), (20, 0), (30, 0), (5, 0), (8, -1), (10, 0), (10, 1)]):
+        batch = Batch.from_atoms([bulk("Cu", cubic=True)], dtype=torch.float64)
+        batch.positions += k  # tells the records apart
+        batch.set_field("stage_steps", torch.tensor([step]), "system")
+        batch.set_field("status", torch.tensor([status]), "system")
+        batch.set_field("system_id", torch.tensor([4]), "system")
+        sink.write(batch)
+    traj = Trajectory.from_store("memory://analysis-stages", dt=2.0)
+    assert traj.times.tolist() == [10.0, 20.0]
+    assert traj.positions[:, 0, 0].tolist() == [3.0, 5.0]
+
+
 def test_bad_input_is_refused_clearly(tmp_path) -> None:
     from alchemi_zarr import ZarrData
 

@@ -60,7 +60,8 @@ def _tensor(value: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
 
 @attrs.frozen
 class Trajectory:
-    """The frames of one structure: ``F`` frames of ``N`` atoms, in time order at even spacing.
+    """The frames of one structure: ``F`` frames of ``N`` atoms, in time order (evenly spaced for
+    :func:`msd` and :func:`vacf`).
 
     Build one with :meth:`from_arrays`, :meth:`from_frames` or :meth:`from_store`.
 
@@ -100,7 +101,7 @@ class Trajectory:
         for name in ("positions", "cell", "times", "velocities"):
             value = getattr(self, name)
             if value is not None and not bool(torch.isfinite(value).all()):
-                raise InvalidDataError(f"trajectory {name} hold non-finite values (NaN or inf)")
+                raise InvalidDataError(f"trajectory {name} holds non-finite values (NaN or inf)")
         if f > 1 and not bool((self.times.diff() > 0).all()):
             raise InvalidDataError("trajectory times must increase from frame to frame; sort the frames, or "
                                    "give times")
@@ -215,15 +216,13 @@ class Trajectory:
         records = np.nonzero(keep)[0]
         if len(records) == 0:
             raise InvalidDataError(f"{reader.where} has no (unquarantined) records of system_id {system_id}")
-        if "stage_steps" in reader.fields:
-            steps = np.asarray(reader.column("stage_steps")).reshape(-1)[records]
-            back = np.nonzero(np.diff(steps) < 0)[0]
-            start = int(back[-1]) + 1 if len(back) else 0
-            records, steps = records[start:], steps[start:]
-            fresh = np.concatenate(([True], np.diff(steps) > 0))
-            records, times = records[fresh], steps[fresh] * float(dt)
-        else:
-            times = np.arange(len(records)) * float(dt)
+        steps = (np.asarray(reader.column("stage_steps")).reshape(-1)[records] if "stage_steps" in reader.fields
+                 else np.arange(len(records)))
+        back = np.nonzero(np.diff(steps) < 0)[0]
+        start = int(back[-1]) + 1 if len(back) else 0
+        records, steps = records[start:], steps[start:]
+        fresh = np.concatenate(([True], np.diff(steps) > 0))
+        records, times = records[fresh], steps[fresh] * float(dt)
         return cls.from_frames([reader[int(i)] for i in records], times=times, device=device, dtype=dtype)
 
 
