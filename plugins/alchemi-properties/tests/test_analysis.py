@@ -18,7 +18,7 @@ from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models import BaseModel, ModelCard
-from alchemi_properties.analysis import Trajectory, msd, rdf, unwrap, vacf
+from alchemi_properties.analysis import Trajectory, msd, plot_store, rdf, unwrap, vacf
 
 KB_T_300 = units.kB * 300.0
 MASS_AR = 39.948
@@ -83,14 +83,15 @@ def numpy_rdf(frames: list[Atoms], r_max: float, bins: int, shifts: int = 0) -> 
 
 @pytest.fixture(scope="module")
 def lj_liquid(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A store of frames of a hot Ar/Kr Lennard-Jones mixture (256 atoms) from a Langevin run."""
+    """A store of 20 frames of a hot Ar/Kr Lennard-Jones mixture (256 atoms) from a Langevin run that
+    starts from an fcc lattice and melts within the first half."""
     atoms = bulk("Ar", "fcc", a=5.8, cubic=True).repeat(4)
     atoms.numbers[np.random.default_rng(0).permutation(len(atoms))[:96]] = 36
     lj = registry.build("model:lennard-jones", epsilon={18: 0.0104, 36: 0.014}, sigma={18: 3.405, 36: 3.65},
                         cutoff=8.5)
     store = str(tmp_path_factory.mktemp("lj") / "liquid.zarr")
-    store_run("integrator:langevin", atoms, 300, 30, store, model=lj, dt=5.0, temperature=250.0,
-              initial_temperature=250.0, friction=0.01)
+    store_run("integrator:langevin", atoms, 600, 30, store, model=lj, dt=5.0, temperature=250.0,
+              initial_temperature=250.0, friction=0.002)
     return store
 
 
@@ -98,9 +99,10 @@ def test_rdf_of_an_lj_liquid_equals_a_numpy_histogram(lj_liquid: str) -> None:
     from alchemi_zarr import AtomicDataZarrReader
 
     traj = Trajectory.from_store(lj_liquid, dt=5.0)
-    assert traj.num_frames == 10 and traj.times[1] - traj.times[0] == 150.0
-    result = rdf(traj, r_max=11.0, bins=110)
-    frames = [rec.to_atoms() for rec in AtomicDataZarrReader(lj_liquid)]
+    assert traj.num_frames == 20 and traj.times[1] - traj.times[0] == 150.0
+    result = rdf(traj, r_max=11.0, bins=110, frames=slice(10, None))  # the liquid half
+    frames = [rec.to_atoms() for rec in AtomicDataZarrReader(lj_liquid)][10:]
+    assert result.frames == 10
     ref = numpy_rdf(frames, 11.0, 110)
     assert sorted(result.g) == [(18, 18), (18, 36), (36, 36)]
     for key, g in result.g.items():
@@ -116,6 +118,22 @@ def test_rdf_of_an_lj_liquid_equals_a_numpy_histogram(lj_liquid: str) -> None:
     parts = displacement.by_element()
     torch.testing.assert_close((160 * parts[18] + 96 * parts[36]) / 256, displacement.mean)
     torch.testing.assert_close(displacement.of(36), parts[36])
+
+
+def test_plots_of_a_store_holding_md(lj_liquid: str, tmp_path) -> None:
+    """rdf.png and msd.png are real pictures; a store of single frames has nothing to draw."""
+    import matplotlib.image
+    from alchemi_zarr import ZarrData
+
+    paths = plot_store(lj_liquid, tmp_path / "plots", dt=5.0)
+    assert [p.name for p in paths] == ["rdf.png", "msd.png"]
+    for p in paths:
+        image = matplotlib.image.imread(p)
+        assert image.shape[:2] == (400, 640) and image[..., :3].std() > 0.05  # lines and text, not blank
+    ZarrData(tmp_path / "relaxed.zarr").write(Batch.from_atoms([bulk("Cu")] * 2))
+    assert plot_store(tmp_path / "relaxed.zarr", tmp_path / "none") == []
+    with pytest.raises(ConfigurationError, match="unknown analysis plot 'vacf'"):
+        plot_store(lj_liquid, tmp_path, kinds=["vacf"])
 
 
 def test_rdf_in_a_skewed_cell_beyond_half_its_width_counts_every_image() -> None:

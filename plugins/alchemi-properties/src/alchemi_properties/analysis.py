@@ -32,7 +32,9 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -260,14 +262,19 @@ class RDF:
     frames: int
 
 
+def _widths(cell: torch.Tensor) -> torch.Tensor:
+    """``[F, 3]``: each frame's width across each axis (the distance between opposite faces)."""
+    volume = torch.linalg.det(cell).abs()
+    cross = torch.stack([torch.linalg.cross(cell[:, (a + 1) % 3], cell[:, (a + 2) % 3]) for a in range(3)], dim=1)
+    return volume[:, None] / torch.linalg.vector_norm(cross, dim=-1)
+
+
 def _image_shifts(cell: torch.Tensor, pbc: torch.Tensor, r_max: float) -> torch.Tensor:
     """Integer shifts ``[K, 3]`` of every periodic image that can hold a pair within ``r_max`` once
     fractional displacements are rounded to [-1/2, 1/2]: along axis a, ``|k| < r_max / w_a + 1/2``
     (``w_a`` the cell's width across axis a, smallest over frames). Below half the smallest width
     only ``(0, 0, 0)``: the minimum image, exact in any cell."""
-    volume = torch.linalg.det(cell).abs()
-    cross = torch.stack([torch.linalg.cross(cell[:, (a + 1) % 3], cell[:, (a + 2) % 3]) for a in range(3)], dim=1)
-    widths = (volume[:, None] / torch.linalg.vector_norm(cross, dim=-1)).min(0).values.cpu()
+    widths = _widths(cell).min(0).values.cpu()
     reach = [int(math.ceil(r_max / float(w) + 0.5)) - 1 if bool(p) else 0 for w, p in zip(widths, pbc.cpu(), strict=True)]
     ranges = [torch.arange(-k, k + 1) for k in reach]
     return torch.cartesian_prod(*ranges).reshape(-1, 3).to(cell.device, cell.dtype)
@@ -571,3 +578,78 @@ def vacf(trajectory: Trajectory, max_lag: int | None = None) -> VACF:
     lag_times = torch.arange(lags, device=v.device, dtype=torch.float64) * dt
     dtype = trajectory.velocities.dtype
     return VACF(lag_times=lag_times.to(dtype), per_atom=per_atom.to(dtype), atomic_numbers=trajectory.atomic_numbers)
+
+
+# ------------------------------------------------------------------------------------- plots
+
+#: What :func:`plot_store` draws.
+ANALYSIS_PLOTS = ("rdf", "msd")
+#: Structures :func:`plot_store` draws at most (the first by ``system_id``).
+PLOTTED_STRUCTURES = 6
+
+
+def plot_store(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] = ANALYSIS_PLOTS,
+               dt: float | None = None) -> list[Path]:
+    """``rdf.png`` and ``msd.png`` of the MD trajectories in a results store (frames written by
+    ``SnapshotHook``): one line per structure with at least two frames, the first
+    :data:`PLOTTED_STRUCTURES` by ``system_id``. The RDF runs to just below half the smallest
+    cell width (periodic structures only); MSD lags are in fs given ``dt`` (the run's time step),
+    in MD steps otherwise.
+
+    Returns:
+        The files written: none where no structure has two frames.
+
+    Raises:
+        ConfigurationError: An unknown kind.
+        MissingDependencyError: matplotlib is not installed.
+    """
+    from alchemi_core.errors import MissingDependencyError
+    from alchemi_core.workflow.results import open_store
+
+    for kind in kinds:
+        if kind not in ANALYSIS_PLOTS:
+            raise ConfigurationError(f"unknown analysis plot {kind!r}; choose from {list(ANALYSIS_PLOTS)}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("plots need matplotlib: pip install matplotlib") from None
+    reader = open_store(store)
+    trajectories = []
+    for sid in np.unique(reader.get_all_system_ids()).tolist():
+        traj = Trajectory.from_store(reader, int(sid), dt=1.0 if dt is None else dt)
+        if traj.num_frames >= 2:
+            trajectories.append((int(sid), traj))
+        if len(trajectories) == PLOTTED_STRUCTURES:
+            break
+    outdir = Path(outdir)
+    written: list[Path] = []
+    for kind in kinds:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        drawn = False
+        for sid, traj in trajectories:
+            if kind == "rdf" and bool(traj.pbc.all()):
+                g = rdf(traj, r_max=0.499 * float(_widths(traj.cell).min()))
+                ax.plot(g.r.cpu(), g.total.cpu(), label=f"system {sid}")
+                drawn = True
+            elif kind == "msd":
+                result = msd(traj)
+                ax.plot(result.lag_times.cpu(), result.mean.cpu(), label=f"system {sid}")
+                drawn = True
+        if not drawn:
+            plt.close(fig)
+            continue
+        if kind == "rdf":
+            ax.set(xlabel="r (Å)", ylabel="g(r), all atoms", title="radial distribution function")
+        else:
+            ax.set(xlabel="lag time (fs)" if dt is not None else "lag (MD steps)", ylabel="MSD (Å²)",
+                   title="mean-squared displacement")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        outdir.mkdir(parents=True, exist_ok=True)
+        fig.savefig(outdir / f"{kind}.png")
+        plt.close(fig)
+        written.append(outdir / f"{kind}.png")
+    return written
