@@ -301,4 +301,5 @@ def test_analysis_on_the_gpu_equals_the_cpu(free_langevin: Trajectory) -> None:
     gpu = free_langevin.to("cuda")
     torch.testing.assert_close(msd(gpu).per_atom.cpu(), msd(free_langevin).per_atom)
     torch.testing.assert_close(vacf(gpu).per_atom.cpu(), vacf(free_langevin).per_atom)
-    torch.testing.assert_close(rdf(gpu, 8.0).total.cpu(), rdf(free_langevin, 8.0).total)
+    some = slice(0, 20)
+    torch.testing.assert_close(rdf(gpu, 8.0, frames=some).total.cpu(), rdf(free_langevin, 8.0, frames=some).total)

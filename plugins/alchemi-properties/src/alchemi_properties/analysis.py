@@ -333,25 +333,26 @@ def rdf(trajectory: Trajectory, r_max: float, bins: int = 200, frames: slice | N
     chunk = max(1, pair_budget // max(1, rows * n * len(shifts)))
     # Sum over frames of V_f * counts_f, per (ordered element pair, bin).
     weighted = torch.zeros(nt * nt * bins, dtype=dt_, device=dev)
+    zero_shift = shifts.abs().sum(-1) == 0  # [K]
     for f0 in range(0, f, chunk):
-        xs, cs, inv_s = x[f0:f0 + chunk], cell[f0:f0 + chunk], inv[f0:f0 + chunk]
-        m = xs.shape[0]
+        cs = cell[f0:f0 + chunk]
+        frac = torch.einsum("fnk,fkl->fnl", x[f0:f0 + chunk], inv[f0:f0 + chunk])  # [m, N, 3]
+        m = frac.shape[0]
+        image_vectors = torch.einsum("sk,fkl->fsl", shifts, cs)[:, None, None, :, :]  # [m, 1, 1, K, 3]
         for i0 in range(0, n, rows):
             i1 = min(n, i0 + rows)
-            d = xs[:, None, :, :] - xs[:, i0:i1, None, :]  # [m, rows, N, 3]: r_j - r_i
-            s = torch.einsum("fijk,fkl->fijl", d, inv_s)
-            d = torch.einsum("fijk,fkl->fijl", s - torch.round(s), cs)
-            images = d[:, :, :, None, :] + torch.einsum("sk,fkl->fsl", shifts, cs)[:, None, None, :, :]
-            r = torch.linalg.vector_norm(images, dim=-1)  # [m, rows, N, K]
-            inside = r < r_max
+            ds = frac[:, None, :, :] - frac[:, i0:i1, None, :]  # [m, rows, N, 3]: s_j - s_i
+            d = torch.einsum("fijk,fkl->fijl", ds - torch.round(ds), cs)
+            r = torch.linalg.vector_norm(d[:, :, :, None, :] + image_vectors, dim=-1)  # [m, rows, N, K]
             # An atom with itself only through a nonzero shift.
             same = torch.arange(i0, i1, device=dev)[:, None] == torch.arange(n, device=dev)[None, :]
-            inside &= ~(same[None, :, :, None] & (shifts.abs().sum(-1) == 0)[None, None, None, :])
-            b = torch.bucketize(r, edges, right=True) - 1
-            pair_type = types[i0:i1, None] * nt + types[None, :]  # [rows, N]: the ordered element pair
-            key = (pair_type[None, :, :, None] * bins + b).expand(m, -1, -1, -1)
-            frame = torch.arange(m, device=dev)[:, None, None, None].expand_as(key)
-            counts = torch.bincount((frame * (nt * nt * bins) + key)[inside], minlength=m * nt * nt * bins)
+            inside = (r < r_max) & ~(same[None, :, :, None] & zero_shift)
+            # Bin only the distances in range; each one's (frame, ordered element pair) from broadcasts.
+            pair_type = types[i0:i1, None] * nt + types[None, :]  # [rows, N]
+            base = (torch.arange(m, device=dev)[:, None, None, None] * (nt * nt)
+                    + pair_type[None, :, :, None]) * bins  # [m, rows, N, 1]
+            key = base.expand_as(r)[inside] + torch.bucketize(r[inside], edges, right=True) - 1
+            counts = torch.bincount(key, minlength=m * nt * nt * bins)
             weighted += (counts.reshape(m, -1).to(dt_) * volume[f0:f0 + chunk, None]).sum(0)
     shell = (4.0 / 3.0) * math.pi * (edges[1:] ** 3 - edges[:-1] ** 3)
     per_pair = weighted.reshape(nt, nt, bins) / (f * shell)
