@@ -123,6 +123,7 @@ def test_rdf_of_an_lj_liquid_equals_a_numpy_histogram(lj_liquid: str) -> None:
 def test_plots_of_a_store_holding_md(lj_liquid: str, tmp_path) -> None:
     """rdf.png and msd.png are real pictures; a store of single frames has nothing to draw."""
     import matplotlib.image
+
     from alchemi_zarr import ZarrData
 
     paths = plot_store(lj_liquid, tmp_path / "plots", dt=5.0)

@@ -618,8 +618,9 @@ def plot_store(store: Any, outdir: str | os.PathLike[str], kinds: Sequence[str] 
     except ImportError:
         raise MissingDependencyError("plots need matplotlib: pip install matplotlib") from None
     reader = open_store(store)
+    ids, records = np.unique(reader.get_all_system_ids(), return_counts=True)  # one read, however large the store
     trajectories = []
-    for sid in np.unique(reader.get_all_system_ids()).tolist():
+    for sid in ids[records >= 2].tolist():
         traj = Trajectory.from_store(reader, int(sid), dt=1.0 if dt is None else dt)
         if traj.num_frames >= 2:
             trajectories.append((int(sid), traj))
