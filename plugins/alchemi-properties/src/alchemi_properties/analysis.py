@@ -244,8 +244,8 @@ class RDF:
     ``g[(a, b)]`` counts the ordered pairs of an atom of element ``a`` and one of ``b`` (every
     periodic image within range, an atom's own images included) at distance r, per frame, over
     the ideal-gas count ``N_a N_b / V`` times the shell volume. So g tends to 1 at large r (to
-    ``1 - 1/N_a`` for ``a = b`` below half the cell width, where an atom's own images are not yet
-    in range).
+    ``1 - 1/N_a`` for ``a = b`` and ``1 - 1/N`` for ``total`` below half the cell width, where an
+    atom's own images are not yet in range).
 
     Attributes:
         edges: ``[bins + 1]`` Å.
