@@ -59,7 +59,7 @@ def block_mean_and_error(series: np.ndarray, blocks: int = 10) -> tuple[float, f
     return float(means.mean()), float(means.std(ddof=1) / math.sqrt(len(means)))
 
 
-@pytest.mark.slow  # 14,000 steps of 2,000 atoms
+@pytest.mark.slow  # 11,000 steps of 2,000 atoms: 1-3 minutes on two CPU cores
 def test_tail_corrected_lj_reproduces_nist_mc_table() -> None:
     a = (4 / RHO) ** (1 / 3) * SIG  # fcc start at the state point's density
     crystal = bulk("Ar", "fcc", a=a, cubic=True).repeat(5)
@@ -74,9 +74,9 @@ def test_tail_corrected_lj_reproduces_nist_mc_table() -> None:
                               friction=0.002, initial_temperature=kelvin, random_seed=7, hooks=hooks)
 
     batch = Batch.from_atoms([crystal] * len(temps), dtype=torch.float64)
-    batch = langevin(4000, []).run(batch)  # melt and equilibrate: ~19 tau
+    batch = langevin(3000, []).run(batch)  # melt and equilibrate: ~14 tau
     record = Record(frequency=10)
-    langevin(10000, [record]).run(batch)  # ~47 tau of production, 1,000 samples
+    langevin(8000, [record]).run(batch)  # ~37 tau of production, 800 samples
 
     n, volume = len(crystal), crystal.get_volume()
     energy = torch.stack(record.energy).numpy() / (n * EPS)
