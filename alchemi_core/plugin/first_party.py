@@ -98,6 +98,13 @@ PLUGINS: tuple[FirstParty, ...] = (
         ("model:ewald", "model:pme", "model:dsf"),
         "`model:ewald`, `model:pme`, `model:dsf`: Coulomb energies of per-atom charges (nvalchemi-toolkit-ops)",
     ),
+    # Python calls over many structures (alchemi_properties.equation_of_state, ...): no component
+    # to register.
+    FirstParty(
+        "alchemi-properties",
+        (),
+        "equations of state, elastic tensors, phonons (phonopy) and trajectory analysis of many structures at once",
+    ),
     # The machine-learned potentials: mace-torch pins e3nn 0.4.4, sevenn needs e3nn >= 0.5, so
     # each installs into an environment of its own.
     FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),
