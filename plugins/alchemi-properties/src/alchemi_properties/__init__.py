@@ -24,6 +24,11 @@ _EXPORTS = {
     "phonons": "alchemi_properties.phonons",
     "PhononResult": "alchemi_properties.phonons",
     "PhononFailure": "alchemi_properties.phonons",
+    "Trajectory": "alchemi_properties.analysis",
+    "rdf": "alchemi_properties.analysis",
+    "msd": "alchemi_properties.analysis",
+    "vacf": "alchemi_properties.analysis",
+    "plot_store": "alchemi_properties.analysis",
 }
 
 __all__ = sorted(_EXPORTS)
