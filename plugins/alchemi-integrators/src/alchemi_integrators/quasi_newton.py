@@ -27,8 +27,9 @@ no coordinate moved by 1e-7 Å or more), and steps by ``dr = -V (V^T g / |w|)`` 
 eigenvalues and eigenvectors. The Hessians are ``[B, D, D]`` with ``D = 3 max_atoms`` (plus 9 with
 a cell filter), systems padded with the identity beyond their atoms; memory and the batched
 eigendecomposition grow as ``D^2`` and ``D^3``, so BFGS suits systems of up to a few hundred
-atoms (L-BFGS has no such limit). ``torch.linalg.eigh`` checks its convergence on the host, the
-one read-back of this step.
+atoms (L-BFGS has no such limit). On a GPU, ``torch.linalg.eigh`` synchronises with the host
+(it checks its convergence there), so BFGS's step reads back once and cannot be captured as a CUDA
+graph (``compile()`` says so); L-BFGS's step reads nothing back.
 
 **Why batched torch and not Warp kernels.** The per-system linear algebra (triangular solves for
 L-BFGS, a symmetric eigendecomposition for BFGS) has no Warp equivalent; what is left around it
@@ -439,6 +440,13 @@ class BFGS(_QuasiNewton):
         eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
         start = eye * self.per_system("alpha", batch).view(-1, 1, 1)
         h.copy_(torch.where(entering.view(-1, 1, 1), start, h))
+
+    def compile(self, **kwargs: Any) -> BFGS:
+        """Not available: the eigendecomposition synchronises with the host (module docstring)."""
+        raise ConfigurationError(
+            f"{self.name}: BFGS's step cannot be captured as a CUDA graph (torch.linalg.eigh synchronises "
+            "with the host); run it without compile(), or use LBFGS, whose step can be captured"
+        )
 
     def _padded(self, batch: Batch, rows: Rows) -> torch.Tensor:
         """``[3R]`` index of each row component in the systems' padded ``[B * D]`` vectors."""
