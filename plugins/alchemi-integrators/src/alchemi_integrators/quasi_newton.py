@@ -341,15 +341,22 @@ class LBFGS(_QuasiNewton):
         # The new pair goes into slot (steps - 1) mod m: the ring keeps the last m pairs, as ASE's lists.
         write_row = wrote.index_select(0, sys).unsqueeze(-1)
         slot_row = slot.index_select(0, sys).view(-1, 1, 1).expand(-1, 1, 3)
-        vectors = torch.stack([y, rows.g, s], dim=-1)  # [R, 3, 3]: every product a step needs at once
+        # Every dot product a step needs in one pass over the history: each slot's s and y with
+        # (y_new, g, s_new), per row, then summed over each system's rows.
+        vectors = torch.stack([y, rows.g, s], dim=-1)  # [R, 3, 3]
+        capacity = batch.node_capacity + (0 if self.cell_filter is None else 3 * batch.system_capacity)
+        products = self.work.get("lbfgs_products", sys.shape[0], capacity, (2 * m, 3), dtype, dev)
         dots = torch.zeros(b, 2 * m, 3, dtype=dtype, device=dev)
         for history, part in self._history(batch):
             for offset, new in ((0, s), (m, y)):
                 idx = slot_row[part] + offset
                 old = history.gather(1, idx).squeeze(1)
                 history.scatter_(1, idx, torch.where(write_row[part], new[part], old).unsqueeze(1))
-            dots.index_add_(0, sys[part], torch.bmm(history, vectors[part]))
-        s_y_new, g_s, y_y_new, g_y, s_new_y = dots[:, :m, 0], dots[:, :m, 1], dots[:, m:, 0], dots[:, m:, 1], dots[:, m:, 2]
+            torch.bmm(history, vectors[part], out=products[part])
+            dots.index_add_(0, sys[part], products[part])
+        s_dots, y_dots = dots[:, :m], dots[:, m:]
+        s_y_new, g_s = s_dots[..., 0], s_dots[..., 1]
+        y_y_new, g_y, s_new_y = y_dots[..., 0], y_dots[..., 1], y_dots[..., 2]
         stamp = getattr(batch, LBFGS_STAMP)
         column = (torch.arange(m, device=dev) == slot.unsqueeze(-1)) & wrote.unsqueeze(-1)
         stamp.copy_(torch.where(column, steps.unsqueeze(-1), stamp))
