@@ -170,6 +170,23 @@ def test_refilled_slots_start_a_fresh_history(cls: type) -> None:
         torch.testing.assert_close(out.positions[_rows(out, row)], alone.positions, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("cls", [LBFGS, BFGS])
+def test_a_second_stage_of_the_same_kind_starts_afresh(cls: type) -> None:
+    """Two stages of one optimiser fused (their state in the same fields): systems take their 6
+    steps in the first, then start a fresh history in the second, while the first keeps stepping
+    the others; each system ends where a 6-step run then a new 10-step run take it."""
+    starts = [_crystal(18, 1.02), _crystal(19, 0.98, repeat=1)]
+    fused = _batch(starts)
+    (cls(ReferenceLJ(), n_steps=6) + cls(ReferenceLJ(), n_steps=10, alpha=40.0)).run(fused)
+    assert fused.status.tolist() == [2, 2]
+    for s, start in enumerate(starts):
+        first = _batch([start])
+        cls(ReferenceLJ(), n_steps=6).run(first)
+        second = _batch(first.to_atoms())  # (running `first` again would continue its history)
+        cls(ReferenceLJ(), n_steps=10, alpha=40.0).run(second)
+        torch.testing.assert_close(fused.positions[_rows(fused, s)], second.positions, rtol=0, atol=1e-10)
+
+
 def test_bfgs_refuses_a_system_larger_than_its_hessians() -> None:
     data = [_data(_crystal(15, repeat=1)), _data(_crystal(16))]
     sampler = SizeAwareSampler(ListDataset(data), max_atoms=40, max_batch_size=1, bin_width=1, shuffle=False)

@@ -183,7 +183,7 @@ class _QuasiNewton(Integrator):
         moving = (active > 0).index_select(0, rows.system).unsqueeze(-1)
         rows.step.copy_(torch.where(moving, rows.step * scale, 0.0))
         getattr(batch, QN_STEPS).add_(active.to(torch.int64))
-        self._keep_previous(batch, rows)
+        self._keep_previous(batch, rows, moving)
         self._move(batch, rows)
 
     def post_update(self, batch: Batch) -> None:
@@ -246,13 +246,17 @@ class _QuasiNewton(Integrator):
         rows.previous_x[n:].copy_(getattr(batch, QN_PREVIOUS_CELL_X).reshape(-1, 3))
         rows.previous_g[n:].copy_(getattr(batch, QN_PREVIOUS_CELL_G).reshape(-1, 3))
 
-    def _keep_previous(self, batch: Batch, rows: Rows) -> None:
+    def _keep_previous(self, batch: Batch, rows: Rows, moving: torch.Tensor) -> None:
+        """This step's coordinates and gradient, for the next step's pair; only for the systems
+        this stage moves (another stage of a fused stage may keep its own in the same fields)."""
+        torch.where(moving, rows.x, rows.previous_x, out=rows.previous_x)
+        torch.where(moving, rows.g, rows.previous_g, out=rows.previous_g)
         n = batch.num_nodes
-        getattr(batch, QN_PREVIOUS_X).copy_(rows.x[:n])
-        getattr(batch, QN_PREVIOUS_G).copy_(rows.g[:n])
+        getattr(batch, QN_PREVIOUS_X).copy_(rows.previous_x[:n])
+        getattr(batch, QN_PREVIOUS_G).copy_(rows.previous_g[:n])
         if self.cell_filter is not None:
-            getattr(batch, QN_PREVIOUS_CELL_X).view(-1, 3).copy_(rows.x[n:])
-            getattr(batch, QN_PREVIOUS_CELL_G).view(-1, 3).copy_(rows.g[n:])
+            getattr(batch, QN_PREVIOUS_CELL_X).view(-1, 3).copy_(rows.previous_x[n:])
+            getattr(batch, QN_PREVIOUS_CELL_G).view(-1, 3).copy_(rows.previous_g[n:])
 
     def _move(self, batch: Batch, rows: Rows) -> None:
         n = batch.num_nodes
