@@ -187,6 +187,12 @@ def test_a_second_stage_of_the_same_kind_starts_afresh(cls: type) -> None:
         torch.testing.assert_close(fused.positions[_rows(fused, s)], second.positions, rtol=0, atol=1e-10)
 
 
+def test_fused_lbfgs_stages_with_different_memories_are_an_error() -> None:
+    fused = LBFGS(ReferenceLJ(), n_steps=2, memory=5) + LBFGS(ReferenceLJ(), n_steps=2, memory=8)
+    with pytest.raises(ConfigurationError, match="give them the same memory"):
+        fused.run(_batch([_crystal(20, repeat=1)]))
+
+
 def test_bfgs_refuses_a_system_larger_than_its_hessians() -> None:
     data = [_data(_crystal(15, repeat=1)), _data(_crystal(16))]
     sampler = SizeAwareSampler(ListDataset(data), max_atoms=40, max_batch_size=1, bin_width=1, shuffle=False)

@@ -327,7 +327,13 @@ class LBFGS(_QuasiNewton):
     def _history(self, batch: Batch) -> list[tuple[torch.Tensor, slice]]:
         """The history's parts with the rows they belong to: the atoms' and the cell's."""
         n = batch.num_nodes
-        parts = [(getattr(batch, LBFGS_HISTORY), slice(0, n))]
+        atoms = getattr(batch, LBFGS_HISTORY)
+        if atoms.shape[1] != 2 * self.memory:  # (shapes are host data: no read-back)
+            raise ConfigurationError(
+                f"{self.name}: the batch's L-BFGS history holds {atoms.shape[1] // 2} pairs, this stage keeps "
+                f"{self.memory}; L-BFGS stages of one fused stage share it: give them the same memory"
+            )
+        parts = [(atoms, slice(0, n))]
         if self.cell_filter is not None:
             parts.append((getattr(batch, LBFGS_CELL_HISTORY).view(-1, 2 * self.memory, 3), slice(n, None)))
         return parts
