@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.timing import synchronize, timed_compiled_or_eager
+
 FMAX = 0.05
 STRAIN = (0.97, 1.03)
 MAX_STEPS = 2000
@@ -54,11 +56,6 @@ def crystals(n: int) -> list[Any]:
         atoms.set_cell(atoms.cell * s, scale_atoms=True)
         out.append(atoms)
     return out
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------- models
@@ -96,25 +93,12 @@ def alchemi_relax(model: Any, atoms: list[Any], device: str, memory: int) -> dic
     from alchemi_integrators.cell_filter import CELL_FILTER_FMAX
     from alchemi_integrators.quasi_newton import QN_STEPS
 
-    graph_error = None
-    for compiled in (True, False):
-        batch = Batch.from_atoms(atoms, dtype=torch.float32).to(device)
-        relax = LBFGS(model, n_steps=MAX_STEPS, memory=memory, cell_filter="frechet",
-                      convergence_hook=ConvergenceHook.from_fmax(FMAX))
-        if compiled:
-            relax = relax.compile()
-        try:
-            sync(device)
-            t0 = time.perf_counter()
-            with relax:
-                relax.run(batch)
-            sync(device)
-            seconds = time.perf_counter() - t0
-            break
-        except Exception as exc:  # noqa: BLE001 - a failed capture is reported; the eager run is measured
-            if not compiled:
-                raise
-            graph_error = f"{type(exc).__name__}: {exc}"
+    def make() -> tuple[Any, Any]:
+        return LBFGS(model, n_steps=MAX_STEPS, memory=memory, cell_filter="frechet",
+                     convergence_hook=ConvergenceHook.from_fmax(FMAX)), \
+            Batch.from_atoms(atoms, dtype=torch.float32).to(device)
+
+    seconds, _, batch, graph_error = timed_compiled_or_eager(make, device)
     steps = getattr(batch, QN_STEPS).cpu().numpy()
     order = np.argsort(batch.system_id.cpu().numpy())  # steps in input order
     return {"seconds": seconds, "steps": steps[order].tolist(), "mean_steps": float(steps.mean()),
@@ -129,20 +113,12 @@ def torchsim_relax(peer: Any, atoms: list[Any], device: str, memory: int, cap_s:
     from torch_sim.optimizers.cell_filters import CellFilter
     from torch_sim.optimizers.lbfgs import lbfgs_init, lbfgs_step
     from torch_sim.runners import generate_force_convergence_fn
-    from torch_sim.state import SimState
 
-    dev = torch.device(device)
-    counts = torch.tensor([len(a) for a in atoms], device=dev)
-    state = SimState(
-        positions=torch.tensor(np.concatenate([a.positions for a in atoms]), dtype=torch.float32, device=dev),
-        masses=torch.tensor(np.concatenate([a.get_masses() for a in atoms]), dtype=torch.float32, device=dev),
-        cell=torch.tensor(np.stack([a.cell.array.T for a in atoms]), dtype=torch.float32, device=dev),
-        pbc=True,
-        atomic_numbers=torch.tensor(np.concatenate([a.numbers for a in atoms]), device=dev),
-        system_idx=torch.arange(len(atoms), device=dev).repeat_interleave(counts),
-    )
+    from benchmarks.w7_mlip import torchsim_state
+
+    state = torchsim_state(atoms, device)
     converged = generate_force_convergence_fn(FMAX, include_cell_forces=True)
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     st = lbfgs_init(state, peer, step_size=1.0, alpha=70.0, cell_filter=CellFilter.frechet)
     steps = 0
@@ -151,7 +127,7 @@ def torchsim_relax(peer: Any, atoms: list[Any], device: str, memory: int, cap_s:
         st = lbfgs_step(st, peer, max_history=memory, max_step=0.2)
         steps += 1
         done = converged(st)
-    sync(device)
+    synchronize(device)
     return {"seconds": time.perf_counter() - t0, "steps": steps, "converged": int(done.sum()),
             "timed_out": not bool(done.all()), "count": {"in": len(atoms), "out": int(st.n_systems)}}
 
