@@ -45,13 +45,15 @@ PLUGINS: tuple[FirstParty, ...] = (
         "alchemi-integrators",
         (
             "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover", "integrator:csvr",
-            "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale", "integrator:nph",
+            "integrator:fire", "integrator:fire2", "integrator:lbfgs", "integrator:bfgs", "integrator:npt-mtk",
+            "integrator:npt-crescale", "integrator:nph",
             *_exports(
                 "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "CSVR", "FIRE", "FIRE2",
-                "NPTMTK", "NPTCRescale", "NPH",
+                "LBFGS", "BFGS", "NPTMTK", "NPTCRescale", "NPH",
             ),
         ),
-        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`",
+        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`, "
+        "`lbfgs`, `bfgs`",
     ),
     FirstParty(
         "alchemi-potentials",
