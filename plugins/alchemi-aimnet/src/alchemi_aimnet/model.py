@@ -87,6 +87,13 @@ def model_file(model: str | os.PathLike[str], download: bool = False) -> tuple[s
     return path, registry.get_registry_model_family(key)
 
 
+def _periodic(batch: Batch) -> torch.Tensor:
+    """``[B]`` bool: the systems periodic in some direction."""
+    if "pbc" not in batch:
+        return torch.zeros(batch.num_graphs, dtype=torch.bool, device=batch.positions.device)
+    return batch.pbc.reshape(batch.num_graphs, 3).any(dim=1)
+
+
 class AIMNet2Model(BaseModel):
     """An AIMNet2 network as an alchemi model (see the module docstring).
 
@@ -108,6 +115,9 @@ class AIMNet2Model(BaseModel):
     """
 
     cuda_graphs: ClassVar[bool] = False
+    #: aimnet's calculators (built by ``_build``): for molecules and for periodic systems.
+    _molecules: Any
+    _cells: Any
     species_hint: ClassVar[str] = "AIMNet2 models cover organic elements; see the model's implemented_species"
 
     def __init__(self, model: str | os.PathLike[str] = "aimnet2", *, download: bool = False,
@@ -134,8 +144,6 @@ class AIMNet2Model(BaseModel):
         self.network = network
         self.path, self.periodic_coulomb = path, periodic_coulomb
         self._device: torch.device | None = None
-        self._molecules: Any = None
-        self._cells: Any = None
         self._build(torch.device("cpu"))
         meta = self._molecules.metadata or {}
         species = meta.get("implemented_species") or None
@@ -152,7 +160,7 @@ class AIMNet2Model(BaseModel):
         self._molecules = AIMNet2Calculator(self.network, device=str(device))
         self._cells = AIMNet2Calculator(self.network, device=str(device))
         if self._cells.external_coulomb is not None:
-            self._cells.set_lrcoulomb_method(self.periodic_coulomb)  # type: ignore[arg-type]
+            self._cells.set_lrcoulomb_method(self.periodic_coulomb)
         self._device = device
 
     def check_batch(self, batch: Batch) -> None:
@@ -170,7 +178,7 @@ class AIMNet2Model(BaseModel):
             InvalidDataError: Systems without a cell or with no periodic direction.
         """
         super().check_stress(batch)
-        open_ = torch.nonzero(~batch.pbc.reshape(batch.num_graphs, 3).any(dim=1)).view(-1).cpu()
+        open_ = torch.nonzero(~_periodic(batch)).view(-1).cpu()
         if len(open_):
             raise InvalidDataError(
                 f"model 'aimnet2': stress was asked of systems {open_[:10].tolist()} that are not periodic "
@@ -181,11 +189,10 @@ class AIMNet2Model(BaseModel):
         """Energies ``[B, 1]``, forces ``[V, 3]``, partial ``charges`` ``[V]`` (e) and, when
         asked, stress ``[B, 3, 3]``, in the positions' dtype."""
         positions = batch.positions
-        if self._device != positions.device:
-            self._build(positions.device)
+        if self._device != positions.device or next(self.network.parameters()).device != positions.device:
+            self._build(positions.device)  # the calculators keep their device; the network moves with them
         n, dtype = batch.num_graphs, positions.dtype
-        periodic = batch.pbc.reshape(n, 3).any(dim=1) if "pbc" in batch else torch.zeros(n, dtype=torch.bool)
-        which = periodic.cpu()  # the calculator reads back anyway; this picks its Coulomb
+        which = _periodic(batch).cpu()  # the calculator reads back anyway; this picks its Coulomb
         out = {"energy": positions.new_zeros(n, 1), "forces": torch.zeros_like(positions),
                "charges": positions.new_zeros(batch.num_nodes)}
         if compute_stress:
