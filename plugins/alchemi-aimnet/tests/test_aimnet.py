@@ -169,3 +169,14 @@ def test_fire_with_a_frechet_cell_filter_lowers_the_energy_of_a_box(aimnet2, wat
     assert torch.isfinite(out.positions).all() and torch.isfinite(out.cell).all()
     assert not torch.equal(out.cell, cell)  # the cell moved with the atoms
     assert float(aimnet2(out.clone())["energy"][0, 0]) < float(start[0, 0])
+
+
+def test_as_an_ase_calculator_it_gives_aimnets_energy_forces_and_charges(aimnet2, model_path, molecules):
+    """The charge travels from atoms.info; the partial charges come back as atoms.get_charges()."""
+    cation = molecules[1].copy()
+    cation.calc = aimnet2.as_ase_calculator(dtype=torch.float32)
+    theirs = molecules[1].copy()
+    theirs.calc = reference(model_path)
+    assert cation.get_potential_energy() == pytest.approx(theirs.get_potential_energy(), abs=ENERGY_TOL)
+    np.testing.assert_allclose(cation.get_forces(), theirs.get_forces(), rtol=0, atol=FORCE_TOL)
+    np.testing.assert_allclose(cation.get_charges(), theirs.get_charges(), rtol=0, atol=CHARGE_TOL)
