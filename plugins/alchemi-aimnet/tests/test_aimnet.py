@@ -180,3 +180,16 @@ def test_as_an_ase_calculator_it_gives_aimnets_energy_forces_and_charges(aimnet2
     assert cation.get_potential_energy() == pytest.approx(theirs.get_potential_energy(), abs=ENERGY_TOL)
     np.testing.assert_allclose(cation.get_forces(), theirs.get_forces(), rtol=0, atol=FORCE_TOL)
     np.testing.assert_allclose(cation.get_charges(), theirs.get_charges(), rtol=0, atol=CHARGE_TOL)
+
+
+def test_a_model_of_a_neutral_only_family_refuses_ions(model_path, molecules, tmp_path):
+    """aimnet's rxn family supports no net charge: a charged structure is refused when it enters."""
+    from alchemi_aimnet import AIMNet2Model
+
+    artifact = torch.load(model_path, weights_only=True)
+    artifact["family"] = "rxn"
+    torch.save(artifact, tmp_path / "rxn.pt")
+    model = AIMNet2Model(str(tmp_path / "rxn.pt"))
+    assert torch.isfinite(model(Batch.from_atoms([molecules[0]], dtype=torch.float32))["energy"]).all()
+    with pytest.raises(InvalidDataError, match="trained on neutral systems only"):
+        model(Batch.from_atoms(molecules[:2], dtype=torch.float32))
