@@ -193,3 +193,34 @@ def test_a_model_of_a_neutral_only_family_refuses_ions(model_path, molecules, tm
     assert torch.isfinite(model(Batch.from_atoms([molecules[0]], dtype=torch.float32))["energy"]).all()
     with pytest.raises(InvalidDataError, match="trained on neutral systems only"):
         model(Batch.from_atoms(molecules[:2], dtype=torch.float32))
+
+
+def test_a_spin_polarised_model_reads_the_spin_multiplicity_as_aimnet_does(molecules, tmp_path):
+    """An NSE network (two charge channels): spin needed, and singlet against triplet water
+    changes the energy as aimnet's calculator says."""
+    from alchemi_aimnet import AIMNet2Model
+    from alchemi_aimnet.random_model import random_aimnet2_file
+
+    path = random_aimnet2_file(tmp_path / "nse.pt", seed=3, spin_polarised=True)
+    model = AIMNet2Model(path)
+    assert model.card.needs_spin
+    water = molecules[0]
+    forms = []
+    for spin in (1, 3):
+        a = water.copy()
+        a.info.update(charge=0, spin=spin)
+        forms.append(a)
+    mine = model(Batch.from_atoms(forms, dtype=torch.float32))
+    calc = reference(path)
+    theirs = []
+    for k, a in enumerate(forms):
+        a.calc = calc
+        theirs.append(a.get_potential_energy())
+        np.testing.assert_allclose(mine["forces"][3 * k:3 * k + 3].numpy(), a.get_forces(), rtol=0, atol=FORCE_TOL)
+    assert float(mine["energy"][0, 0]) == pytest.approx(theirs[0], abs=ENERGY_TOL)
+    assert float(mine["energy"][1, 0]) == pytest.approx(theirs[1], abs=ENERGY_TOL)
+    assert abs(theirs[1] - theirs[0]) > 1e-3  # the spin is read, not ignored
+    bare = water.copy()
+    bare.info.pop("spin")
+    with pytest.raises(InvalidDataError, match="spin multiplicity 2S"):
+        model(Batch.from_atoms([bare], dtype=torch.float32))

@@ -27,7 +27,7 @@ SPECIES: tuple[int, ...] = (1, 6, 7, 8, 9, 16, 17)
 
 
 def random_aimnet2_file(path: str | os.PathLike[str], seed: int = 0, species: Sequence[int] = SPECIES,
-                        config: str = "aimnet2_dftd3_wb97m.yaml") -> str:
+                        config: str = "aimnet2_dftd3_wb97m.yaml", spin_polarised: bool = False) -> str:
     """Build an AIMNet2 network with seeded random weights and save it at ``path`` the way
     ``aimnet export`` does (torch's generator is restored afterwards).
 
@@ -36,6 +36,7 @@ def random_aimnet2_file(path: str | os.PathLike[str], seed: int = 0, species: Se
         seed: Seed of the weights and of the per-element energy shifts.
         species: Atomic numbers with parameters (others are NaN, as in aimnet's exports).
         config: One of aimnet's model configurations (``aimnet/models/*.yaml``).
+        spin_polarised: Two charge channels (aimnet's NSE models: they read the spin multiplicity).
 
     Returns:
         ``path`` as a string.
@@ -49,6 +50,8 @@ def random_aimnet2_file(path: str | os.PathLike[str], seed: int = 0, species: Se
 
     with open(os.path.join(os.path.dirname(aimnet.__file__), "models", config)) as f:
         full_config = yaml.safe_load(f)
+    if spin_polarised:
+        full_config["kwargs"]["num_charge_channels"] = 2
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
