@@ -34,7 +34,8 @@ import torch
 from alchemi_core.data import register_field
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError, InvalidDataError
-from alchemi_integrators.fire import FIRE, reading_fmax_from
+from alchemi_integrators.cell_filter import reading_fmax_from
+from alchemi_integrators.fire import FIRE
 from alchemi_integrators.neb_kernels import neb_forces
 from alchemi_integrators.parameters import ParameterValue
 
