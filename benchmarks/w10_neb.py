@@ -74,7 +74,7 @@ def _ase_barrier(images: list[Any]) -> float:
 
 # ---------------------------------------------------------------------------------- alchemi
 def alchemi_run(paths: list[list[Any]], device: str, max_images: int | None) -> dict[str, Any]:
-    from alchemi_integrators.neb_bands import neb
+    from alchemi_integrators.neb import neb
     from alchemi_potentials import LennardJones
 
     model = LennardJones(spec.EPSILON, spec.SIGMA, spec.CUTOFF, skin=spec.SKIN, shift_energy=True)  # ASE's energies

@@ -233,7 +233,7 @@ def execute(
     max_atoms = opts.pop("max_atoms", None)  # None: planned from the model and the memory
     stages = plan.stages
     first = stages[0]
-    sizes = {"max_atoms": max_atoms, "max_batch_size": opts.pop("max_batch_size", None),
+    sizes: dict[str, Any] = {"max_atoms": max_atoms, "max_batch_size": opts.pop("max_batch_size", None),
              "bin_width": opts.pop("bin_width", 16), "workers": opts.pop("workers", 0)}
     if any(hasattr(s, "make_sampler") for s in stages[1:]):
         raise ConfigurationError(

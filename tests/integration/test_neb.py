@@ -19,8 +19,8 @@ from ase.optimize import FIRE as AseFIRE  # noqa: E402
 
 from alchemi_core.dynamics import DynamicsStage, Hook, HostMemory  # noqa: E402
 from alchemi_core.errors import ConfigurationError, InvalidDataError  # noqa: E402
-from alchemi_integrators.neb import NEB  # noqa: E402
-from alchemi_integrators.neb_bands import BandSampler, band_data, band_results, neb  # noqa: E402
+from alchemi_integrators.neb import NEB, neb  # noqa: E402
+from alchemi_integrators.neb_bands import BandSampler, band_data, band_results  # noqa: E402
 from alchemi_integrators.neb_paths import interpolate  # noqa: E402
 from alchemi_potentials import AseCalculatorModel, LennardJones  # noqa: E402
 

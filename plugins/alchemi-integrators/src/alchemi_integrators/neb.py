@@ -17,40 +17,53 @@ those forces.
 A band converges when its largest NEB force on an atom (``neb_fmax``, every image of the band
 carries the band's value, ASE's criterion) is at most ``fmax``: all its images leave together, and
 under a :class:`~alchemi_integrators.neb_bands.BandSampler` a whole new band takes their slots.
-Everything is computed on the device, with no host synchronisation in a step.
+Everything is computed on the device, with no host synchronisation in a step. :func:`neb` relaxes
+a list of bands (one batch, or inflight with ``max_images``) and gives each band's images,
+energies and barrier.
 
 Example:
-    >>> from alchemi_integrators.neb import NEB
-    >>> stage = NEB(model, k=0.1, climb=True, fmax=0.05, dt=2.0, n_steps=500)  # doctest: +SKIP
-    >>> stage.run(band_batch)  # doctest: +SKIP
+    >>> from ase.build import bulk
+    >>> from alchemi_integrators.neb import neb
+    >>> from alchemi_integrators.neb_paths import interpolate
+    >>> from alchemi_potentials import LennardJones
+    >>> initial = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    >>> vacancy = initial.positions[0].copy()
+    >>> del initial[0]
+    >>> final = initial.copy()
+    >>> final.positions[0] = vacancy
+    >>> band = interpolate(initial, final, 5, method="idpp")
+    >>> model = LennardJones(0.0104, 3.405, 8.0, shift_energy=True)
+    >>> [result] = neb([band], model, climb=True, fmax=0.01, dt=10.0, dt_max=100.0)
+    >>> result.converged, round(result.barrier, 3)
+    (True, 0.068)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alchemi_core.data import register_field
+from alchemi_core.data import Batch
 from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_integrators.cell_filter import reading_fmax_from
 from alchemi_integrators.fire import FIRE
+from alchemi_integrators.neb_bands import (
+    NEB_BAND,
+    NEB_FMAX,
+    NEB_IMAGE,
+    BandResult,
+    BandSampler,
+    band_data,
+    band_results,
+)
 from alchemi_integrators.neb_kernels import neb_forces
 from alchemi_integrators.parameters import ParameterValue
 
 if TYPE_CHECKING:
-    from alchemi_core.data import Batch
-
-#: ``[B]`` int64: the band a system (image) belongs to; distinct per band.
-NEB_BAND = "neb_band"
-#: ``[B]`` int64: the image's place along its band, 0 (initial end point) to N-1 (final).
-NEB_IMAGE = "neb_image"
-#: ``[B]`` float state: the largest NEB force on an atom of the system's band (eV/Å).
-NEB_FMAX = "neb_fmax"
-
-register_field(NEB_BAND, "system")
-register_field(NEB_IMAGE, "system")
+    import ase
 
 #: Images per band at most (the sort key of a band's images is ``band * MAX_IMAGES + image``).
 MAX_IMAGES = 1 << 20
@@ -114,8 +127,6 @@ class NEB(FIRE):
         """The sampler a workflow gives this stage when it comes first: whole bands of ``dataset``'s
         images (:meth:`~alchemi_integrators.neb_bands.BandSampler.from_images`; ``kwargs``:
         ``max_atoms``, ``max_batch_size``, ``bin_width``)."""
-        from alchemi_integrators.neb_bands import BandSampler
-
         if kwargs.pop("workers", 0):
             raise ConfigurationError("NEB: a band sampler builds no structures in worker processes; drop workers")
         return BandSampler.from_images(dataset, device, **kwargs)
@@ -224,4 +235,43 @@ def check_bands(batch: Batch) -> None:
                 )
 
 
-__all__ = ["MAX_IMAGES", "NEB", "NEB_BAND", "NEB_FMAX", "NEB_IMAGE", "check_bands"]
+def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, climb: bool = False,
+        fmax: float = 0.05, n_steps: int = 1000, max_images: int | None = None, max_atoms: int | None = None,
+        dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
+        **fire: Any) -> list[BandResult]:
+    """Relax nudged elastic bands (:class:`~alchemi_integrators.neb.NEB`) and return one
+    :class:`BandResult` per band, in the order given.
+
+    Args:
+        bands: Each a list of ``ase.Atoms`` images, end points first and last (e.g. from
+            :func:`~alchemi_integrators.neb_paths.interpolate`).
+        model: An alchemi model.
+        k: Spring constant (eV/Å²).
+        climb: Climbing image.
+        fmax: Convergence of a band: its largest NEB force (eV/Å).
+        n_steps: Most steps of each band.
+        max_images: Images in the batch at once (None: every band at once); fewer than all bands'
+            runs inflight: converged bands leave, the next take their slots.
+        max_atoms: Atoms in the batch at once (inflight; None: ``max_images`` of the largest image).
+        dtype: Precision of positions.
+        device: Where to run (None: the CPU).
+        **fire: FIRE's arguments (``dt``, ``dt_max``, ``maxstep``, ...).
+    """
+    data, first = [], 0
+    for b, images in enumerate(bands):
+        data.append(band_data(images, b, first, dtype))
+        first += len(images)
+    stage_kwargs: dict[str, Any] = {"k": k, "climb": climb, "fmax": fmax, "n_steps": n_steps, **fire}
+    if max_images is None:
+        batch = Batch.from_data_list([d for band in data for d in band], device=device)
+        NEB(model, **stage_kwargs).run(batch)
+    else:
+        largest = max(d.num_nodes for band in data for d in band)
+        sampler = BandSampler(data, device, max_batch_size=max_images, max_atoms=max_atoms or max_images * largest)
+        out = NEB(model, sampler=sampler, **stage_kwargs).run()
+        assert out is not None
+        batch = out
+    return band_results(batch, len(bands), fmax)
+
+
+__all__ = ["MAX_IMAGES", "NEB", "NEB_BAND", "NEB_FMAX", "NEB_IMAGE", "check_bands", "neb"]

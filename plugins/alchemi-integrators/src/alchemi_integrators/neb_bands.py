@@ -1,26 +1,15 @@
-"""Bands as data, and the one call that relaxes many of them: :func:`neb`.
-
-:func:`band_data` turns a band's images into systems that :class:`~alchemi_integrators.neb.NEB`
-steps (each with its ``neb_band`` and ``neb_image``). :class:`BandSampler` hands out whole bands
-for inflight batching: a band that converges leaves the batch with all its images and the next
-band that fits takes their slots. :func:`neb` runs a list of bands (one batch, or inflight with
-``max_images``) and gives each band's images, energies and barrier.
+"""Bands as data: :func:`band_data` turns a band's images into systems that
+:class:`~alchemi_integrators.neb.NEB` steps (each with its ``neb_band`` and ``neb_image``);
+:class:`BandSampler` hands out whole bands for inflight batching (a band that converges leaves the
+batch with all its images and the next band that fits takes their slots); :func:`band_results`
+reads each band's images, energies and barrier from a finished batch.
 
 Example:
     >>> from ase.build import bulk
-    >>> from alchemi_integrators.neb_bands import neb
-    >>> from alchemi_integrators.neb_paths import interpolate
-    >>> from alchemi_potentials import LennardJones
-    >>> initial = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
-    >>> vacancy = initial.positions[0].copy()
-    >>> del initial[0]
-    >>> final = initial.copy()
-    >>> final.positions[0] = vacancy
-    >>> band = interpolate(initial, final, 5, method="idpp")
-    >>> model = LennardJones(0.0104, 3.405, 8.0, shift_energy=True)
-    >>> [result] = neb([band], model, climb=True, fmax=0.01, dt=10.0, dt_max=100.0)
-    >>> result.converged, round(result.barrier, 3)
-    (True, 0.068)
+    >>> from alchemi_integrators.neb_bands import band_data
+    >>> cell = bulk("Ar", "fcc", a=5.26, cubic=True)
+    >>> [int(d.neb_image) for d in band_data([cell, cell, cell], band=0)]
+    [0, 1, 2]
 """
 
 from __future__ import annotations
@@ -32,14 +21,24 @@ import attrs
 import numpy as np
 import torch
 
-from alchemi_core.data import AtomicData, Batch
+from alchemi_core.data import AtomicData, Batch, register_field
 from alchemi_core.data.datapipes import as_atomic_data
 from alchemi_core.dynamics import SizeAwareSampler
 from alchemi_core.errors import ConfigurationError, InvalidDataError
-from alchemi_integrators.neb import NEB, NEB_BAND, NEB_FMAX, NEB_IMAGE
 
 if TYPE_CHECKING:
     import ase
+
+
+#: ``[B]`` int64: the band a system (image) belongs to; distinct per band.
+NEB_BAND = "neb_band"
+#: ``[B]`` int64: the image's place along its band, 0 (initial end point) to N-1 (final).
+NEB_IMAGE = "neb_image"
+#: ``[B]`` float state: the largest NEB force on an atom of the system's band (eV/Å).
+NEB_FMAX = "neb_fmax"
+
+register_field(NEB_BAND, "system")
+register_field(NEB_IMAGE, "system")
 
 
 def band_data(images: Sequence[ase.Atoms | AtomicData], band: int, first_system_id: int | None = 0,
@@ -201,45 +200,6 @@ class BandResult:
     converged: bool
 
 
-def neb(bands: Sequence[Sequence[ase.Atoms]], model: Any, *, k: float = 0.1, climb: bool = False,
-        fmax: float = 0.05, n_steps: int = 1000, max_images: int | None = None, max_atoms: int | None = None,
-        dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
-        **fire: Any) -> list[BandResult]:
-    """Relax nudged elastic bands (:class:`~alchemi_integrators.neb.NEB`) and return one
-    :class:`BandResult` per band, in the order given.
-
-    Args:
-        bands: Each a list of ``ase.Atoms`` images, end points first and last (e.g. from
-            :func:`~alchemi_integrators.neb_paths.interpolate`).
-        model: An alchemi model.
-        k: Spring constant (eV/Å²).
-        climb: Climbing image.
-        fmax: Convergence of a band: its largest NEB force (eV/Å).
-        n_steps: Most steps of each band.
-        max_images: Images in the batch at once (None: every band at once); fewer than all bands'
-            runs inflight: converged bands leave, the next take their slots.
-        max_atoms: Atoms in the batch at once (inflight; None: ``max_images`` of the largest image).
-        dtype: Precision of positions.
-        device: Where to run (None: the CPU).
-        **fire: FIRE's arguments (``dt``, ``dt_max``, ``maxstep``, ...).
-    """
-    data, first = [], 0
-    for b, images in enumerate(bands):
-        data.append(band_data(images, b, first, dtype))
-        first += len(images)
-    stage_kwargs: dict[str, Any] = {"k": k, "climb": climb, "fmax": fmax, "n_steps": n_steps, **fire}
-    if max_images is None:
-        batch = Batch.from_data_list([d for band in data for d in band], device=device)
-        NEB(model, **stage_kwargs).run(batch)
-    else:
-        largest = max(d.num_nodes for band in data for d in band)
-        sampler = BandSampler(data, device, max_batch_size=max_images, max_atoms=max_atoms or max_images * largest)
-        out = NEB(model, sampler=sampler, **stage_kwargs).run()
-        assert out is not None
-        batch = out
-    return band_results(batch, len(bands), fmax)
-
-
 def band_results(batch: Batch, n_bands: int, fmax: float) -> list[BandResult]:
     """Each band of ``batch`` (bands ``0..n_bands-1``, images in any order) as a :class:`BandResult`."""
     atoms = batch.to_atoms()
@@ -262,4 +222,5 @@ def band_results(batch: Batch, n_bands: int, fmax: float) -> list[BandResult]:
     return results
 
 
-__all__ = ["NEB_BAND", "NEB_IMAGE", "BandDataset", "BandResult", "BandSampler", "band_data", "band_results", "neb"]
+__all__ = ["NEB_BAND", "NEB_FMAX", "NEB_IMAGE", "BandDataset", "BandResult", "BandSampler", "band_data",
+           "band_results"]
