@@ -3,7 +3,7 @@ MACE network with random weights for MACE's TorchSim wrapper (mace-torch ships n
 it is a test dependency of this package).
 
 Example:
-    >>> round(lennard_jones().cutoff.item(), 4)
+    >>> round(float(lennard_jones().cutoff), 4)
     8.5125
 """
 
