@@ -86,7 +86,7 @@ def test_float32_positions_run_the_float64_model_and_come_back_in_float32():
 
 def test_a_class_named_by_import_path_builds_like_the_object():
     by_path = registry.build("model:torchsim", model="torch_sim.models.lennard_jones:LennardJonesModel",
-                             model_kwargs={**ARGON, "compute_stress": True})
+                             model_kwargs={**ARGON, "compute_stress": True}, trust_import=True)
     assert by_path.card.name == "torchsim:LennardJonesModel" and by_path.card.stress
     assert by_path.card.cutoff == pytest.approx(ARGON["cutoff"])
     batch = Batch.from_atoms(argon_systems(), dtype=torch.float64)
@@ -96,12 +96,26 @@ def test_a_class_named_by_import_path_builds_like_the_object():
 def test_what_is_no_usable_torchsim_model_is_refused_saying_why():
     with pytest.raises(ConfigurationError, match="expected a TorchSim model.*got Linear"):
         TorchSimModel(torch.nn.Linear(3, 1))
+    lj = "torch_sim.models.lennard_jones:LennardJonesModel"
     with pytest.raises(ConfigurationError, match="compute_forces=False.*build it with compute_forces=True"):
-        TorchSimModel("torch_sim.models.lennard_jones:LennardJonesModel", model_kwargs={"compute_forces": False})
+        TorchSimModel(lj, model_kwargs={"compute_forces": False}, trust_import=True)
     with pytest.raises(ConfigurationError, match="'package.module:Class'"):
-        TorchSimModel("LennardJonesModel")
+        TorchSimModel("LennardJonesModel", trust_import=True)
     with pytest.raises(ConfigurationError, match="cannot import 'torch_sim.models.nothing:X'"):
-        TorchSimModel("torch_sim.models.nothing:X")
+        TorchSimModel("torch_sim.models.nothing:X", trust_import=True)
+
+
+def test_an_import_path_needs_trust_and_must_name_a_torchsim_model_class(monkeypatch):
+    """A workflow file runs no code unasked: nothing is imported without trust_import=True, and
+    what is imported is called only if it is a TorchSim model class."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch_sim.models.soft_sphere", raising=False)
+    with pytest.raises(ConfigurationError, match="imports 'torch_sim.models.soft_sphere'.*trust_import=True"):
+        TorchSimModel("torch_sim.models.soft_sphere:SoftSphereModel")
+    assert "torch_sim.models.soft_sphere" not in sys.modules
+    with pytest.raises(ConfigurationError, match="'subprocess:run' is not a TorchSim model class"):
+        TorchSimModel("subprocess:run", model_kwargs={"args": ["false"]}, trust_import=True)
     with pytest.raises(ConfigurationError, match="model_kwargs go with an import path"):
         TorchSimModel(lennard_jones(), model_kwargs={"sigma": 1.0})
 
@@ -138,3 +152,19 @@ def test_fire_then_langevin_fused_with_a_sampler_and_a_zarr_sink(tmp_path):
         torch.testing.assert_close(out.energy[k].view(()), ref["energy"][0], rtol=0, atol=1e-9)
         start = through_torchsim(lennard_jones(), structures[int(out.system_id[k])].to_atoms())
         assert float(ref["energy"][0]) < float(start["energy"][0])  # relaxed below its rattled start
+
+
+def test_alchemi_run_of_a_workflow_file_naming_the_model_class(tmp_path):
+    from alchemi_core.testing.workflow_run import run_workflow_cli
+    from alchemi_zarr import AtomicDataZarrReader
+
+    kwargs = ", ".join(f"{k} = {v}" for k, v in ARGON.items())
+    model = ('component = "model:torchsim"\nmodel = "torch_sim.models.lennard_jones:LennardJonesModel"\n'
+             f"model_kwargs = {{ {kwargs} }}\ntrust_import = true")
+    summary, store = run_workflow_cli(tmp_path, model, dtype="float64")
+    assert summary["structures_in"] == summary["structures_out"] == 2 and summary["every_structure_once"]
+    batch = AtomicDataZarrReader(store).read_batch()
+    assert batch.status.tolist() == [2, 2]
+    for k, atoms in enumerate(batch.to_atoms()):
+        ref = through_torchsim(lennard_jones(), atoms)
+        torch.testing.assert_close(batch.energy[k].view(()), ref["energy"][0], rtol=0, atol=1e-9)

@@ -61,18 +61,27 @@ def import_torch_sim() -> Any:
     return torch_sim
 
 
-def build_target(target: str, kwargs: Mapping[str, Any]) -> Any:
-    """``target`` (``"package.module:Class"``) called with ``kwargs``: how a workflow file names
-    a TorchSim model.
+def build_target(target: str, kwargs: Mapping[str, Any], trust_import: bool) -> Any:
+    """The TorchSim model class ``target`` (``"package.module:Class"``) names, built with
+    ``kwargs``: how a workflow file names one. Importing a module runs its code, so this needs
+    ``trust_import=True``; the class must be a ``ModelInterface`` before it is called.
 
     Raises:
-        ConfigurationError: ``target`` is not ``module:attribute`` or cannot be imported.
+        ConfigurationError: ``trust_import`` is not True, ``target`` is not ``module:Class``,
+            cannot be imported, or is not a TorchSim model class.
     """
+    from torch_sim.models.interface import ModelInterface
+
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(
             f"model:torchsim: model={target!r} must name a class as 'package.module:Class' "
             "(e.g. 'torch_sim.models.lennard_jones:LennardJonesModel'), or be a TorchSim model object"
+        )
+    if trust_import is not True:
+        raise ConfigurationError(
+            f"model:torchsim: model={target!r} imports {module_name!r}, which runs its code; pass "
+            "trust_import=True (in a workflow file: trust_import = true) if you trust it, or pass the model object"
         )
     try:
         obj: Any = importlib.import_module(module_name)
@@ -80,6 +89,8 @@ def build_target(target: str, kwargs: Mapping[str, Any]) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"model:torchsim: cannot import {target!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, ModelInterface)):
+        raise ConfigurationError(f"model:torchsim: {target!r} is not a TorchSim model class (a ModelInterface)")
     return obj(**dict(kwargs))
 
 
@@ -112,24 +123,27 @@ class TorchSimModel(BaseModel):
             to build with ``model_kwargs`` (for workflow files). It must compute forces; it
             gives stress when it was built with ``compute_stress=True``.
         model_kwargs: Arguments of the class ``model`` names (only with an import path).
+        trust_import: Confirms that the module an import path names may be imported (which
+            runs its code).
         species: Atomic numbers the model has parameters for (None: any; TorchSim models do not
             say). Systems with others are refused when they enter a run.
         cutoff: Interaction range in Å for the card (None: the model's ``cutoff`` or ``r_max``).
 
     Raises:
-        ConfigurationError: ``model`` is not a TorchSim model, computes no forces, or an import
-            path that cannot be built.
+        ConfigurationError: ``model`` is not a TorchSim model, computes no forces, or is an
+            import path without ``trust_import=True`` or that cannot be built.
         MissingDependencyError: torch-sim-atomistic is not installed.
     """
 
     def __init__(self, model: ModelInterface | str, *, model_kwargs: Mapping[str, Any] | None = None,
-                 species: Sequence[int] | None = None, cutoff: float | None = None) -> None:
+                 trust_import: bool = False, species: Sequence[int] | None = None,
+                 cutoff: float | None = None) -> None:
         super().__init__()
         import_torch_sim()
         from torch_sim.models.interface import ModelInterface
 
         if isinstance(model, str):
-            model = build_target(model, model_kwargs or {})
+            model = build_target(model, model_kwargs or {}, trust_import)
         elif model_kwargs:
             raise ConfigurationError("model:torchsim: model_kwargs go with an import path as model=, not an object")
         if not isinstance(model, ModelInterface):
