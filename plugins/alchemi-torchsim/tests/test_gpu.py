@@ -62,3 +62,10 @@ def test_a_model_on_the_cpu_refuses_a_batch_on_the_gpu():
     batch = Batch.from_atoms(_crystals("Ar", 5.26)[:1], dtype=torch.float64, device="cuda")
     with pytest.raises(InvalidDataError, match=r"batch is on cuda.*built on cpu.*device='cuda"):
         TorchSimModel(_lennard_jones(torch.device("cpu")))(batch)
+
+
+def test_the_memory_per_atom_is_measured_on_the_gpu_and_planned_with():
+    batch = Batch.from_atoms(_crystals("Cu", 3.61), dtype=torch.float64, device="cuda")
+    model = TorchSimModel(_mace(CUDA))
+    measured = model.measure_bytes_per_atom(batch)
+    assert measured > 8192 and model.bytes_per_atom() == measured  # a network's activations: more than the guess

@@ -168,3 +168,14 @@ def test_alchemi_run_of_a_workflow_file_naming_the_model_class(tmp_path):
     for k, atoms in enumerate(batch.to_atoms()):
         ref = through_torchsim(lennard_jones(), atoms)
         torch.testing.assert_close(batch.energy[k].view(()), ref["energy"][0], rtol=0, atol=1e-9)
+
+
+def test_a_sampler_plans_its_batches_from_the_memory_per_atom_given():
+    from alchemi_core.errors import InvalidDataError
+
+    structures = [AtomicData.from_atoms(argon_systems()[0], dtype=torch.float64)]
+    assert TorchSimModel(lennard_jones()).bytes_per_atom() == 8192  # the sampler's generic estimate
+    model = TorchSimModel(lennard_jones(), memory_per_atom=1e13)  # 10 TB an atom: no batch fits
+    assert model.bytes_per_atom() == 1e13
+    with pytest.raises(InvalidDataError, match=r"32 atoms.*'torchsim:LennardJonesModel' needs about 10000.0 GB"):
+        FIRE(model, n_steps=2, sampler=SizeAwareSampler(ListDataset(structures), max_atoms=None)).run()

@@ -128,6 +128,9 @@ class TorchSimModel(BaseModel):
         species: Atomic numbers the model has parameters for (None: any; TorchSim models do not
             say). Systems with others are refused when they enter a run.
         cutoff: Interaction range in Å for the card (None: the model's ``cutoff`` or ``r_max``).
+        memory_per_atom: Device bytes one atom needs in a step, for a sampler that plans its
+            batches from memory (None: the sampler's generic estimate, far below an MLIP's;
+            :meth:`measure_bytes_per_atom` measures it on a GPU).
 
     Raises:
         ConfigurationError: ``model`` is not a TorchSim model, computes no forces, or is an
@@ -137,7 +140,7 @@ class TorchSimModel(BaseModel):
 
     def __init__(self, model: ModelInterface | str, *, model_kwargs: Mapping[str, Any] | None = None,
                  trust_import: bool = False, species: Sequence[int] | None = None,
-                 cutoff: float | None = None) -> None:
+                 cutoff: float | None = None, memory_per_atom: float | None = None) -> None:
         super().__init__()
         import_torch_sim()
         from torch_sim.models.interface import ModelInterface
@@ -164,6 +167,7 @@ class TorchSimModel(BaseModel):
             stress=bool(model.compute_stress),
             species=tuple(int(z) for z in species) if species is not None else None,
         )
+        self.memory_per_atom = memory_per_atom
         # The SimStates of the batch (and set of systems) last seen; rebuilt when either changes.
         self._groups: list[_Group] = []
         self._batch: weakref.ref[Batch] | None = None
@@ -178,6 +182,33 @@ class TorchSimModel(BaseModel):
     def device(self) -> torch.device:
         """Where the TorchSim model runs (fixed when it was built)."""
         return torch.device(self.model.device)
+
+    def bytes_per_atom(self) -> float:
+        """Device bytes one atom needs in a step: ``memory_per_atom`` or a measurement
+        (:meth:`measure_bytes_per_atom`), else the sampler's generic estimate."""
+        from alchemi_core.dynamics.device_memory import BYTES_PER_ATOM_ESTIMATE
+
+        return float(self.memory_per_atom if self.memory_per_atom is not None else BYTES_PER_ATOM_ESTIMATE)
+
+    def measure_bytes_per_atom(self, batch: Batch, headroom: float = 1.25) -> float:
+        """Measure the peak device memory per atom (with ``headroom``) of a step on ``batch``'s
+        GPU; :meth:`bytes_per_atom` returns it from then on (on a CPU: nothing is measured).
+
+        Example:
+            >>> model.measure_bytes_per_atom(batch.to("cuda"))   # doctest: +SKIP
+            2.9e5
+        """
+        device = batch.positions.device
+        if device.type != "cuda" or batch.num_nodes == 0:
+            return self.bytes_per_atom()
+        self(batch, compute_stress=self.card.stress)  # warm: the SimState, caches, kernels
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self(batch, compute_stress=self.card.stress)
+        torch.cuda.synchronize(device)
+        self.memory_per_atom = headroom * (torch.cuda.max_memory_allocated(device) - base) / batch.num_nodes
+        return self.memory_per_atom
 
     def check_batch(self, batch: Batch) -> None:
         """Besides species and cells: the batch lives on the model's device.
