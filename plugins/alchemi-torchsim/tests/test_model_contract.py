@@ -12,12 +12,15 @@ from alchemi_torchsim.testing import lennard_jones, mace_torchsim
 
 
 class TestTorchSimLennardJones(ModelContract):
+    fd_atoms = 2  # TorchSim's neighbour list is the slow part on a CPU
+
     def make_model(self):
         return TorchSimModel(lennard_jones())
 
 
 class TestTorchSimMace(ModelContract):
     dtypes = (torch.float64,)
+    fd_atoms = 2
 
     def make_model(self):
         return TorchSimModel(mace_torchsim(), species=range(1, 31))

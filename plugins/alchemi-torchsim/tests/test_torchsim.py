@@ -134,11 +134,16 @@ def test_systems_entering_rebuild_the_state_and_steps_reuse_it():
     assert model._groups[0].state is not state and len(model._groups) == 2
 
 
-def test_fire_then_langevin_fused_with_a_sampler_and_a_zarr_sink(tmp_path):
-    structures = [AtomicData.from_atoms(a, dtype=torch.float64) for a in argon_systems() if a.pbc.all()] * 2
-    sampler = SizeAwareSampler(ListDataset(structures), max_atoms=80, max_batch_size=3, bin_width=1)
-    model = TorchSimModel(lennard_jones())
-    relax = FIRE(model, n_steps=300, dt=5.0, sampler=sampler, refill_frequency=5,
+@pytest.mark.parametrize(("make", "systems", "relax_steps", "max_atoms"),
+                         [(lennard_jones, argon_systems, 300, 80), (mace_torchsim, copper_systems, 20, 20)],
+                         ids=["lennard-jones", "mace"])
+def test_fire_then_langevin_fused_with_a_sampler_and_a_zarr_sink(tmp_path, make, systems, relax_steps, max_atoms):
+    """Periodic systems, each twice, through a batch that refills as they graduate."""
+    structures = [AtomicData.from_atoms(a, dtype=torch.float64) for a in systems() if a.pbc.all()] * 2
+    sampler = SizeAwareSampler(ListDataset(structures), max_atoms=max_atoms, max_batch_size=3, bin_width=1)
+    ts_model = make()
+    model = TorchSimModel(ts_model)
+    relax = FIRE(model, n_steps=relax_steps, dt=5.0, sampler=sampler, refill_frequency=5,
                  convergence_hook=ConvergenceHook.from_fmax(0.02))
     md = Langevin(model, n_steps=20, dt=2.0, temperature=40.0, friction=0.02, initial_temperature=40.0,
                   random_seed=1)
@@ -148,9 +153,9 @@ def test_fire_then_langevin_fused_with_a_sampler_and_a_zarr_sink(tmp_path):
     assert sorted(out.system_id.tolist()) == list(range(len(structures)))
     assert out.status.tolist() == [2] * len(structures)  # relaxed, then their MD steps
     for k, atoms in enumerate(out.to_atoms()):
-        ref = through_torchsim(lennard_jones(), atoms)
+        ref = through_torchsim(ts_model, atoms)
         torch.testing.assert_close(out.energy[k].view(()), ref["energy"][0], rtol=0, atol=1e-9)
-        start = through_torchsim(lennard_jones(), structures[int(out.system_id[k])].to_atoms())
+        start = through_torchsim(ts_model, structures[int(out.system_id[k])].to_atoms())
         assert float(ref["energy"][0]) < float(start["energy"][0])  # relaxed below its rattled start
 
 
