@@ -273,13 +273,12 @@ class TorchSimModel(BaseModel):
             groups = [_Group(self._state(batch, None, pbc[0] if n else pbc.new_zeros(3)), None, None)]
         else:  # a SimState holds one pbc: one state per periodicity, systems in batch order
             groups = []
-            system_of = batch.batch_idx.cpu()
+            system_of, on = batch.batch_idx.cpu(), batch.positions.device
             for kind in kinds:
                 systems = torch.nonzero((rows == torch.tensor(kind)).all(dim=1)).view(-1)
-                atoms = torch.nonzero(torch.isin(system_of, systems)).view(-1)
-                on = batch.positions.device
-                groups.append(_Group(self._state(batch, (atoms.to(on), systems.to(on)), torch.tensor(kind)),
-                                     atoms.to(on), systems.to(on)))
+                atoms = torch.nonzero(torch.isin(system_of, systems)).view(-1).to(on)
+                systems = systems.to(on)
+                groups.append(_Group(self._state(batch, (atoms, systems), torch.tensor(kind)), atoms, systems))
         self._groups, self._batch, self._version = groups, weakref.ref(batch), batch.version
         return groups
 
