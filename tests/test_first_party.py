@@ -34,6 +34,17 @@ def test_the_list_runs_without_alchemi_installed():
     assert out.stdout.split() == first_party.in_env("main")
 
 
+def test_an_environment_says_which_python_it_is_made_with():
+    """scripts/dev makes .venv-torchsim with Python 3.12 (torch-sim-atomistic needs it)."""
+    path = ROOT / "alchemi_core" / "plugin" / "first_party.py"
+    for env in first_party.other_envs():
+        out = subprocess.run([sys.executable, "-S", "-I", str(path), "--python", env], capture_output=True, text=True,
+                             check=True)
+        assert out.stdout.strip() == first_party.python_of(env)
+    assert first_party.python_of("torchsim") == "3.12" and first_party.python_of("mace") == ""
+    assert '"$first_party" --python' in (ROOT / "scripts" / "dev").read_text()
+
+
 def test_scripts_dev_takes_its_plugins_from_the_list():
     text = (ROOT / "scripts" / "dev").read_text()
     assert 'first_party="alchemi_core/plugin/first_party.py"' in text

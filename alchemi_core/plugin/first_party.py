@@ -28,12 +28,15 @@ class FirstParty:
         summary: What the README's table says it provides.
         env: The environment it installs into: ``"main"`` (scripts/dev, tox's plugin envs and
             ``all``) or the name of its own (dependencies that conflict with the main one).
+        python: The Python (``"3.12"``) its own environment is made with, where its dependencies
+            need a newer one than the main environment's ("": whichever ``python3`` is).
     """
 
     distribution: str
     provides: tuple[str, ...]
     summary: str
     env: str = "main"
+    python: str = ""
 
 
 def _exports(module: str, *names: str) -> tuple[str, ...]:
@@ -117,6 +120,9 @@ PLUGINS: tuple[FirstParty, ...] = (
     # each installs into an environment of its own.
     FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),
     FirstParty("alchemi-sevennet", ("model:sevennet",), "`model:sevennet` (`7net-0` or a checkpoint)", env="sevennet"),
+    # torch-sim-atomistic 0.6 needs Python >= 3.12.
+    FirstParty("alchemi-torchsim", ("model:torchsim",), "`model:torchsim`: any TorchSim model (a torch-sim `ModelInterface`)",
+               env="torchsim", python="3.12"),
 )
 
 
@@ -140,8 +146,18 @@ def other_envs() -> list[str]:
     return list(dict.fromkeys(p.env for p in PLUGINS if p.env != "main"))
 
 
+def python_of(env: str) -> str:
+    """The Python version environment ``env`` is made with ("": whichever ``python3`` is)."""
+    versions = [p.python for p in PLUGINS if p.env == env and p.python]
+    return max(versions, key=lambda v: tuple(int(x) for x in v.split(".")), default="")
+
+
 if __name__ == "__main__":
     # ``python3 alchemi_core/plugin/first_party.py ENV``: the distributions of ENV, one a line;
-    # ``--envs``: the environments besides main (scripts/dev reads both before any exists).
+    # ``--envs``: the environments besides main; ``--python ENV``: the Python ENV is made with
+    # (scripts/dev reads them before any environment exists).
     arg = sys.argv[1] if len(sys.argv) > 1 else "main"
-    print("\n".join(other_envs() if arg == "--envs" else in_env(arg)))
+    if arg == "--python":
+        print(python_of(sys.argv[2]))
+    else:
+        print("\n".join(other_envs() if arg == "--envs" else in_env(arg)))
