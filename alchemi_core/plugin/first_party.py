@@ -28,12 +28,15 @@ class FirstParty:
         summary: What the README's table says it provides.
         env: The environment it installs into: ``"main"`` (scripts/dev, tox's plugin envs and
             ``all``) or the name of its own (dependencies that conflict with the main one).
+        python: The Python ``major.minor`` its environment needs where ``python3`` may be older
+            (None: any that alchemi supports).
     """
 
     distribution: str
     provides: tuple[str, ...]
     summary: str
     env: str = "main"
+    python: str | None = None
 
 
 def _exports(module: str, *names: str) -> tuple[str, ...]:
@@ -102,6 +105,9 @@ PLUGINS: tuple[FirstParty, ...] = (
     # each installs into an environment of its own.
     FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),
     FirstParty("alchemi-sevennet", ("model:sevennet",), "`model:sevennet` (`7net-0` or a checkpoint)", env="sevennet"),
+    # orb-models 0.7 needs Python >= 3.12 and nvalchemi-toolkit-ops < 0.4.
+    FirstParty("alchemi-orb", ("model:orb",), "`model:orb` (orb-v3 conservative and direct, by name or weights file)",
+               env="orb", python="3.12"),
 )
 
 
@@ -120,6 +126,11 @@ def in_env(env: str = "main") -> list[str]:
     return [p.distribution for p in PLUGINS if p.env == env]
 
 
+def python_of(env: str) -> str:
+    """The Python ``major.minor`` environment ``env`` needs ("" where any will do)."""
+    return max((p.python for p in PLUGINS if p.env == env and p.python), default="")
+
+
 def other_envs() -> list[str]:
     """The environments besides ``main``, in list order."""
     return list(dict.fromkeys(p.env for p in PLUGINS if p.env != "main"))
@@ -127,6 +138,10 @@ def other_envs() -> list[str]:
 
 if __name__ == "__main__":
     # ``python3 alchemi_core/plugin/first_party.py ENV``: the distributions of ENV, one a line;
-    # ``--envs``: the environments besides main (scripts/dev reads both before any exists).
+    # ``--envs``: the environments besides main; ``--python ENV``: the Python ENV needs, if any
+    # (scripts/dev reads them before any environment exists).
     arg = sys.argv[1] if len(sys.argv) > 1 else "main"
-    print("\n".join(other_envs() if arg == "--envs" else in_env(arg)))
+    if arg == "--python":
+        print(python_of(sys.argv[2]))
+    else:
+        print("\n".join(other_envs() if arg == "--envs" else in_env(arg)))

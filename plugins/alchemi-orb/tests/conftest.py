@@ -22,6 +22,12 @@ def direct(tmp_path_factory):
     return saved_and_loaded("direct", tmp_path_factory.mktemp("orb"), seed=1)
 
 
+@pytest.fixture(scope="session")
+def conservative64(tmp_path_factory):
+    """``(network, adapter)``: a small orb-v3 conservative network, float64."""
+    return saved_and_loaded("conservative", tmp_path_factory.mktemp("orb"), seed=3, dtype=torch.float64)
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
