@@ -88,3 +88,23 @@ def test_species_beyond_orbs_embedding_are_refused(conservative):
     batch.atomic_numbers[0] = 118
     with pytest.raises(InvalidDataError, match=r"no parameters for atomic numbers \[118\]"):
         model(batch)
+
+
+def test_charge_and_spin_condition_the_network_as_in_orb(tmp_path):
+    """An OrbMol-like network (charge and spin conditioning) reads each system's charge and spin."""
+    network, adapter = saved_and_loaded("conservative", tmp_path, seed=4, has_charge_spin_cond=True)
+    model = OrbModel(network, atoms_adapter=adapter)
+    assert model.card.needs_charge and model.card.needs_spin
+    structures = mixed_structures()
+    for i, atoms in enumerate(structures):
+        atoms.info.update(charge=i % 2, spin=1 + i % 3)
+    compare_with_calculator(model, _calculator(network, adapter), structures, torch.float32,
+                            energy_tol=1e-4, force_tol=1e-5, stress_tol=1e-6)
+    batch = Batch.from_atoms(structures, dtype=torch.float32)
+    recharged = Batch.from_atoms(structures, dtype=torch.float32)
+    recharged.charge[0] += 1
+    assert (model(recharged)["energy"][0] - model(batch)["energy"][0]).abs().item() > 1e-4
+    for atoms in structures:
+        del atoms.info["charge"]
+    with pytest.raises(InvalidDataError, match="needs each structure's total charge"):
+        model(Batch.from_atoms(structures, dtype=torch.float32))

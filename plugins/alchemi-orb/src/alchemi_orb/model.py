@@ -166,7 +166,7 @@ class OrbModel(BaseModel):
             InvalidDataError: Names the partly periodic systems and the fix.
         """
         super().check_batch(batch)
-        pbc = batch.pbc.view(-1, 3)
+        pbc = periodic_axes(batch)
         index = torch.nonzero(pbc.any(1) & ~pbc.all(1)).view(-1).cpu()
         if len(index):
             raise InvalidDataError(
@@ -184,6 +184,11 @@ class OrbModel(BaseModel):
         from orb_models.forcefield.models.forcefield_utils import torch_voigt_6_to_full_3x3_stress
 
         out_dtype = batch.positions.dtype
+        if batch.num_nodes == 0:  # ORB's neighbour search needs atoms
+            out = {"energy": batch.positions.new_zeros((batch.num_graphs, 1)), "forces": batch.positions.new_zeros((0, 3))}
+            if compute_stress:
+                out["stress"] = batch.positions.new_zeros((batch.num_graphs, 3, 3))
+            return out
         if next(self.network.parameters()).device != batch.positions.device:
             self.network.to(batch.positions.device)
         graph = atom_graphs(batch, self.radius, self.max_num_neighbors, self.dtype, self.card.needs_charge)
@@ -202,13 +207,20 @@ class OrbModel(BaseModel):
         return f"{kind}, radius={self.radius}, max_num_neighbors={self.max_num_neighbors}, dtype={self.dtype}"
 
 
+def periodic_axes(batch: Batch) -> torch.Tensor:
+    """``[B, 3]`` bool: the periodic axes of each system (none where the batch has no pbc)."""
+    if "pbc" in batch:
+        return batch.pbc.view(-1, 3).bool()
+    return torch.zeros((batch.num_graphs, 3), dtype=torch.bool, device=batch.positions.device)
+
+
 def wrapped_positions(batch: Batch, cell: torch.Tensor) -> torch.Tensor:
     """``[V, 3]`` positions in float64 with fractional coordinates along periodic axes brought
     into ``[0, 1)`` (as ORB's calculator does before its neighbour search); open axes and
     systems stay as they are."""
     pos = batch.positions.detach().double()
     idx = batch.batch_idx
-    pbc = batch.pbc.view(-1, 3)
+    pbc = periodic_axes(batch)
     cell = cell.double()
     # open systems may have no cell: the identity keeps the solve regular (their result is unused)
     solvable = torch.where(pbc.any(1).view(-1, 1, 1), cell, torch.eye(3, dtype=cell.dtype, device=cell.device))
@@ -229,7 +241,7 @@ def atom_graphs(batch: Batch, radius: float, max_num_neighbors: int, dtype: torc
     n_node = batch.node_counts.long()
     cell = batch.cell.detach().view(-1, 3, 3).to(dtype) if "cell" in batch else \
         torch.zeros((batch.num_graphs, 3, 3), dtype=dtype, device=device)
-    pbc = batch.pbc.view(-1, 3).bool()
+    pbc = periodic_axes(batch)
     positions = wrapped_positions(batch, cell).to(dtype)
     cap = torch.full_like(n_node, max_num_neighbors)
     edge_index, vectors, unit_shifts, n_edge = graph_featurization.batch_compute_pbc_radius_graph(

@@ -17,20 +17,22 @@ SMALL = {"latent_dim": 32, "base_mlp_hidden_dim": 64, "head_mlp_hidden_dim": 32,
 
 
 def saved_and_loaded(kind: str, directory: str | os.PathLike[str], seed: int, dtype: torch.dtype = torch.float32,
-                     **shape: int) -> tuple[Any, Any]:
+                     **shape: Any) -> tuple[Any, Any]:
     """An orb-v3 ``kind`` ("conservative" or "direct") network with random weights (``seed``),
     saved as a state dict in ``directory`` and read back by orb-models' ``load_model``, with the
-    adapter of its published models (6 Å, 120 neighbours)."""
+    adapter of its published models (6 Å, 120 neighbours). ``shape`` overrides :data:`SMALL`'s
+    arguments of the architecture function (or adds others: ``has_charge_spin_cond=True``)."""
     from orb_models.forcefield import pretrained
     from orb_models.forcefield.forcefield_adapter import ForcefieldAtomsAdapter
 
     architecture = getattr(pretrained, f"orb_v3_{kind}_architecture")
     torch.manual_seed(seed)
     path = os.path.join(directory, f"orb-{kind}-{seed}.ckpt")
-    torch.save(architecture(device="cpu", **(shape or SMALL)).state_dict(), path)
+    shape = {**SMALL, **shape}
+    torch.save(architecture(device="cpu", **shape).state_dict(), path)
     default, matmul = torch.get_default_dtype(), torch.get_float32_matmul_precision()
     try:
-        network = pretrained.load_model(architecture(device="cpu", **(shape or SMALL)), path, device="cpu",
+        network = pretrained.load_model(architecture(device="cpu", **shape), path, device="cpu",
                                         precision="float64" if dtype == torch.float64 else "float32-highest",
                                         compile=False)
     finally:  # orb-models' loader sets both for the whole process
