@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     found |= w7_figures(run_module(env, harness, work / f"{label}-{suite}-{rnd}.json", "w7_mlip",
                                                    ["--model", model, "--sizes", "1" if args.quick else "64",
                                                     *(["--quick"] if args.quick else [])]))
+            print(f"[{label}, round {rnd + 1}] {json.dumps(found)}", flush=True)  # kept if the run is cut short
             for case, value in found.items():
                 seen[label].setdefault(case, []).append(value)
     rows = compare(seen["base"], seen["new"])

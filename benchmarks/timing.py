@@ -43,6 +43,29 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
+def timed_compiled_or_eager(make: Callable[[], tuple[Any, Any]], device: str) -> tuple[float, Any, Any, str | None]:
+    """Seconds of ``stage.run(batch)`` for a fresh ``(stage, batch) = make()``, its step captured
+    as a CUDA graph (``stage.compile()``) where that works, else eager from a fresh start:
+    ``(seconds, stage, batch, why the capture failed or None)``."""
+    graph_error = None
+    for compiled in (True, False):
+        stage, batch = make()
+        if compiled:
+            stage = stage.compile()
+
+        def go(stage: Any = stage, batch: Any = batch) -> None:
+            with stage:
+                stage.run(batch)
+
+        try:
+            return timed(go, device), stage, batch, graph_error
+        except Exception as exc:  # noqa: BLE001 - a failed capture is reported; the eager run is measured
+            if not compiled:
+                raise
+            graph_error = f"{type(exc).__name__}: {exc}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def timed_until_deadline(fn: Callable[[], Any], device: str) -> tuple[float, bool]:
     """Like :func:`timed`, but a :class:`DeadlineExceeded` inside ``fn`` ends the clock instead
     of the caller: returns ``(seconds, completed)``, so what was done in time can be reported."""

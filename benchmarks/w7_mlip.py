@@ -252,21 +252,27 @@ def seconds_per_call(once: Any, device: str, repeats: int) -> float:
 
 
 # ---------------------------------------------------------------------------------- TorchSim
-def torchsim_run(peer: Any, atoms: list[Any], steps: int, device: str) -> float:
-    """Steady seconds per step of ``steps`` TorchSim Langevin steps (the first ones left out)."""
-    from torch_sim.integrators.nvt import nvt_langevin_init, nvt_langevin_step
+def torchsim_state(atoms: list[Any], device: str) -> Any:
+    """ASE structures as one float32 TorchSim ``SimState`` (its cells are column vectors)."""
     from torch_sim.state import SimState
 
     dev = torch.device(device)
-    n = len(atoms[0])
-    state = SimState(
+    counts = torch.tensor([len(a) for a in atoms], device=dev)
+    return SimState(
         positions=torch.tensor(np.concatenate([a.positions for a in atoms]), dtype=torch.float32, device=dev),
         masses=torch.tensor(np.concatenate([a.get_masses() for a in atoms]), dtype=torch.float32, device=dev),
         cell=torch.tensor(np.stack([a.cell.array.T for a in atoms]), dtype=torch.float32, device=dev),
         pbc=True,
         atomic_numbers=torch.tensor(np.concatenate([a.numbers for a in atoms]), device=dev),
-        system_idx=torch.arange(len(atoms), device=dev).repeat_interleave(n),
+        system_idx=torch.arange(len(atoms), device=dev).repeat_interleave(counts),
     )
+
+
+def torchsim_run(peer: Any, atoms: list[Any], steps: int, device: str) -> float:
+    """Steady seconds per step of ``steps`` TorchSim Langevin steps (the first ones left out)."""
+    from torch_sim.integrators.nvt import nvt_langevin_init, nvt_langevin_step
+
+    state = torchsim_state(atoms, device)
     state.rng = 0
     kt = KB * 300.0
     md = nvt_langevin_init(state, peer, kT=kt)

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks import spec
 from benchmarks.structures import ArgonCells, Systems, replicated_crystal
-from benchmarks.timing import median, synchronize
+from benchmarks.timing import median, synchronize, timed_compiled_or_eager
 
 FMAX = 0.05
 STRAIN = (0.97, 1.03)
@@ -75,26 +75,14 @@ def alchemi_relax(systems: Systems, device: str) -> dict[str, Any]:
     from benchmarks.adapters.alchemi import CHECK_EVERY_RELAX, to_batch
 
     f = spec.FIRE
-    graph_error = None
-    for compiled in (True, False):
-        batch = to_batch(systems, device)
-        fire = FIRE(_alchemi_model(), n_steps=MAX_STEPS, dt=f.dt_fs, dt_max=f.dt_max_fs, maxstep=f.maxstep,
+
+    def make() -> tuple[Any, Any]:
+        return FIRE(_alchemi_model(), n_steps=MAX_STEPS, dt=f.dt_fs, dt_max=f.dt_max_fs, maxstep=f.maxstep,
                     maxstep_scope="system", cell_filter="frechet",
-                    convergence_hook=ConvergenceHook.from_fmax(FMAX, frequency=CHECK_EVERY_RELAX))
-        if compiled:
-            fire = fire.compile()
-        try:
-            synchronize(device)
-            t0 = time.perf_counter()
-            with fire:
-                fire.run(batch)
-            synchronize(device)
-            seconds = time.perf_counter() - t0
-            break
-        except Exception as exc:  # noqa: BLE001 - a failed capture is reported; the eager run is measured
-            if not compiled:
-                raise
-            graph_error = f"{type(exc).__name__}: {exc}"
+                    convergence_hook=ConvergenceHook.from_fmax(FMAX, frequency=CHECK_EVERY_RELAX)), \
+            to_batch(systems, device)
+
+    seconds, fire, batch, graph_error = timed_compiled_or_eager(make, device)
     done = int((batch.status >= 1).sum())
     fmax = float(getattr(batch, CELL_FILTER_FMAX).max())
     return {"seconds": seconds, "steps": fire.step_count, "max_fmax": fmax, "converged": done,

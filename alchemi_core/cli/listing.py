@@ -65,12 +65,17 @@ def list_plugins(as_json: bool, verbose: bool, kind: str | None, strict: bool, s
 @click.command("list-components")
 @click.argument("kind", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON object instead of a table.")
-def list_components(kind: str | None, as_json: bool) -> None:
+@click.option("--models", "models", is_flag=True,
+              help="List the published models each installed model family resolves by name, and which are here.")
+def list_components(kind: str | None, as_json: bool, models: bool) -> None:
     """List registered components (optionally of one KIND), with the plugin providing each."""
     import difflib
 
     from alchemi_core import registry
 
+    if models:
+        _list_models(as_json)
+        return
     recs = registry.available(kind)
     pm = registry.manager()
     if kind is not None and not recs:
@@ -93,3 +98,35 @@ def list_components(kind: str | None, as_json: bool) -> None:
         click.echo("No components registered (alchemi list-plugins shows what is installed).")
         return
     click.echo(render_table(["Component", "Plugin", "Summary"], rows))
+
+
+def _list_models(as_json: bool) -> None:
+    """``list-components --models``: every name each ``model:`` family's ``known_models()`` gives
+    (a family whose package is not installed is listed with the reason)."""
+    from alchemi_core import registry
+    from alchemi_core.models.base import MODEL_DIR_VARIABLE, KnownModel
+
+    found: list[tuple[str, KnownModel]] = []
+    unavailable: dict[str, str] = {}
+    for rec in registry.available("model"):
+        try:
+            listing = getattr(registry.resolve(rec.spec), "known_models", None)
+            names = listing() if listing is not None else []
+        except Exception as exc:  # noqa: BLE001 - a family that cannot load is shown with its reason
+            unavailable[rec.spec] = f"{type(exc).__name__}: {exc}"
+            continue
+        found.extend((rec.spec, known) for known in names)
+    if as_json:
+        click.echo(json.dumps({
+            "schema_version": JSON_SCHEMA_VERSION,
+            "models": [{"component": spec, "name": k.name, "file": k.file, "path": k.path} for spec, k in found],
+            "unavailable": unavailable,
+        }, indent=2))
+        return
+    rows = [[spec, k.name, k.path or f"missing: place {k.file} in ${MODEL_DIR_VARIABLE}"] for spec, k in found]
+    if rows:
+        click.echo(render_table(["Component", "Name", "On this machine"], rows))
+    for spec, why in unavailable.items():
+        click.echo(f"{spec}: cannot list its models ({why})", err=True)
+    if not rows and not unavailable:
+        click.echo("No installed model family resolves published models by name.")

@@ -9,6 +9,6 @@ Example:
 
 from __future__ import annotations
 
-from alchemi_core.models.base import BaseModel, Model, ModelCard, check_input, model_card
+from alchemi_core.models.base import BaseModel, KnownModel, Model, ModelCard, check_input, model_card
 
-__all__ = ["BaseModel", "Model", "ModelCard", "check_input", "model_card"]
+__all__ = ["BaseModel", "KnownModel", "Model", "ModelCard", "check_input", "model_card"]

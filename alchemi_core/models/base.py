@@ -66,6 +66,36 @@ class ModelCard:
     needs_spin: bool = False
 
 
+#: The directory of model files that model names resolve from first.
+MODEL_DIR_VARIABLE = "ALCHEMI_MODEL_DIR"
+
+
+@attrs.frozen
+class KnownModel:
+    """A published model that a family resolves by name (``alchemi list-components --models``).
+
+    A model class lists its names with a ``known_models()`` classmethod returning these.
+
+    Attributes:
+        name: The name users pass (``"mace-mp-0-small"``).
+        file: The file the name stands for, as published (what to place in ``$ALCHEMI_MODEL_DIR``).
+        path: Where the file is on this machine; None when it is not here.
+
+    Example:
+        >>> KnownModel("7net-0", "checkpoint_sevennet_0.pth", None).present
+        False
+    """
+
+    name: str
+    file: str
+    path: str | None
+
+    @property
+    def present(self) -> bool:
+        """The file is on this machine."""
+        return self.path is not None
+
+
 @runtime_checkable
 class Model(Protocol):
     """Anything the engine can call for energies and forces."""

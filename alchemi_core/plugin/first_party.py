@@ -48,13 +48,15 @@ PLUGINS: tuple[FirstParty, ...] = (
         "alchemi-integrators",
         (
             "integrator:velocity-verlet", "integrator:langevin", "integrator:nose-hoover", "integrator:csvr",
-            "integrator:fire", "integrator:fire2", "integrator:npt-mtk", "integrator:npt-crescale", "integrator:nph",
+            "integrator:fire", "integrator:fire2", "integrator:lbfgs", "integrator:bfgs", "integrator:npt-mtk",
+            "integrator:npt-crescale", "integrator:nph",
             *_exports(
                 "alchemi_core.dynamics", "VelocityVerlet", "Langevin", "NoseHooverChain", "CSVR", "FIRE", "FIRE2",
-                "NPTMTK", "NPTCRescale", "NPH",
+                "LBFGS", "BFGS", "NPTMTK", "NPTCRescale", "NPH",
             ),
         ),
-        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`",
+        "`integrator:velocity-verlet`, `langevin` (BAOAB), `nose-hoover` (chains), `csvr`, `fire`, `fire2`, "
+        "`lbfgs`, `bfgs`",
     ),
     FirstParty(
         "alchemi-potentials",
@@ -100,6 +102,13 @@ PLUGINS: tuple[FirstParty, ...] = (
         "alchemi-electrostatics",
         ("model:ewald", "model:pme", "model:dsf"),
         "`model:ewald`, `model:pme`, `model:dsf`: Coulomb energies of per-atom charges (nvalchemi-toolkit-ops)",
+    ),
+    # Python calls over many structures (alchemi_properties.equation_of_state, ...): no component
+    # to register.
+    FirstParty(
+        "alchemi-properties",
+        (),
+        "equations of state, elastic tensors, phonons (phonopy) and trajectory analysis of many structures at once",
     ),
     # The machine-learned potentials: mace-torch pins e3nn 0.4.4, sevenn needs e3nn >= 0.5, so
     # each installs into an environment of its own.

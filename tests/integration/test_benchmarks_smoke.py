@@ -428,6 +428,21 @@ def test_w8_quick_relaxes_every_strained_cell_and_runs_npt(tmp_path) -> None:
         assert out["npt"][f"alchemi-{kind}"]["steps_per_s"] > 0
 
 
+@pytest.mark.slow
+def test_w11_quick_relaxes_every_strained_cell_in_ases_steps(tmp_path) -> None:
+    """W11 at tiny size on the CPU (ASE's EMT on both sides): every strained, rattled Cu cell
+    converges under L-BFGS with the Frechet filter, in no more steps than ASE's LBFGS + 10 %."""
+    import json
+
+    from benchmarks import w11_lbfgs
+
+    path = tmp_path / "w11.json"
+    out = w11_lbfgs.main(["--quick", "--model", "emt", "--device", "cpu", "--json", str(path)])
+    assert json.loads(path.read_text())["met"] == out["met"]
+    assert out["met"]["every_structure_converged"] and out["met"]["steps_over_ase"]
+    assert out["alchemi"]["count"] == {"in": 4, "out": 4}
+
+
 def test_the_phase_timer_counts_each_call_once_and_puts_the_methods_back():
     from alchemi_core.dynamics import DemoDynamics
     from alchemi_core.dynamics.checks import Checks

@@ -11,9 +11,11 @@ from alchemi_core.data import Batch
 from alchemi_core.dynamics import DynamicsStage
 from alchemi_core.testing.contracts import IntegratorContract
 from alchemi_integrators import (
+    BFGS,
     CSVR,
     FIRE,
     FIRE2,
+    LBFGS,
     NPH,
     NPTMTK,
     Langevin,
@@ -81,6 +83,16 @@ class TestFIRE2(_Contract):
         return FIRE2(model=model, n_steps=n_steps, dt=0.5, **kwargs)
 
 
+class TestLBFGS(_Contract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> LBFGS:
+        return LBFGS(model=model, n_steps=n_steps, memory=5, **kwargs)
+
+
+class TestBFGS(_Contract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> BFGS:
+        return BFGS(model=model, n_steps=n_steps, **kwargs)
+
+
 # The same suites on a GPU; skipped without CUDA (conftest.py).
 @pytest.mark.gpu
 class TestVelocityVerletGpu(TestVelocityVerlet):
@@ -112,6 +124,16 @@ class TestFIRE2Gpu(TestFIRE2):
     device = "cuda"
 
 
+@pytest.mark.gpu
+class TestLBFGSGpu(TestLBFGS):
+    device = "cuda"
+
+
+@pytest.mark.gpu
+class TestBFGSGpu(TestBFGS):
+    device = "cuda"
+
+
 # Integrators that move cells: periodic argon cells and a model that gives stress.
 class _CellContract(IntegratorContract):
     def model(self) -> Any:
@@ -134,6 +156,16 @@ class TestFIRECellFilter(_CellContract):
 class TestFIRE2UnitCellFilter(_CellContract):
     def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> FIRE2:
         return FIRE2(model=model, n_steps=n_steps, dt=2.0, cell_filter="unit", hydrostatic_strain=True, **kwargs)
+
+
+class TestLBFGSCellFilter(_CellContract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> LBFGS:
+        return LBFGS(model=model, n_steps=n_steps, cell_filter="frechet", **kwargs)
+
+
+class TestBFGSUnitCellFilter(_CellContract):
+    def make_integrator(self, model: Any, n_steps: int, **kwargs: Any) -> BFGS:
+        return BFGS(model=model, n_steps=n_steps, cell_filter="unit", **kwargs)
 
 
 class TestNPTMTK(_CellContract):
@@ -182,7 +214,8 @@ def test_langevin_keeps_a_slabs_fixed_atoms(fix_com: bool) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("contract", [TestFIRECellFilter, TestFIRE2UnitCellFilter, TestNPTMTK, TestNPTMTKAnisotropic,
+@pytest.mark.parametrize("contract", [TestFIRECellFilter, TestFIRE2UnitCellFilter, TestLBFGSCellFilter,
+                                      TestBFGSUnitCellFilter, TestNPTMTK, TestNPTMTKAnisotropic,
                                       TestNPH, TestNPTCRescale])
 def test_held_coordinates_follow_the_cell_on_gpu(contract: type) -> None:
     """Cell filters and barostats with held atoms and components on a GPU."""

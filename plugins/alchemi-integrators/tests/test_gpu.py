@@ -19,7 +19,7 @@ from integrators_testkit.recording import Record, integrated_autocorrelation_tim
 from alchemi_core.data import Batch
 from alchemi_core.testing.gpu import no_host_sync
 from alchemi_core.units import KB
-from alchemi_integrators import CSVR, FIRE, FIRE2, Langevin, NoseHooverChain, VelocityVerlet
+from alchemi_integrators import CSVR, FIRE, FIRE2, LBFGS, Langevin, NoseHooverChain, VelocityVerlet
 from alchemi_integrators.thermo import degrees_of_freedom, initialize_velocities, kinetic_energy
 
 pytestmark = pytest.mark.gpu
@@ -88,7 +88,8 @@ class Springs:
 
 
 #: Every MD and relaxation integrator (30 steps: ``run()`` ends on its own); the second Langevin
-#: reads its temperature from the system field ``target`` (:func:`_start` gives it).
+#: reads its temperature from the system field ``target`` (:func:`_start` gives it). Not BFGS, whose
+#: eigendecomposition synchronises with the host (test_quasi_newton.py checks it refuses capture).
 STEPPERS = [
     lambda m: VelocityVerlet(m, n_steps=30, dt=1.0),
     lambda m: Langevin(m, n_steps=30, dt=1.0, temperature=300.0),
@@ -97,6 +98,7 @@ STEPPERS = [
     lambda m: CSVR(m, n_steps=30, dt=1.0, temperature="target", tau=20.0),
     lambda m: FIRE(m, n_steps=30, dt=1.0),
     lambda m: FIRE2(m, n_steps=30, dt=1.0, maxstep_scope="system"),
+    lambda m: LBFGS(m, n_steps=30, memory=10),
 ]
 
 

@@ -12,9 +12,11 @@ from alchemi_core import registry
 from alchemi_core.data import Batch
 from alchemi_core.data.fields import ENGINE_STATE_FIELDS
 from alchemi_integrators import (
+    BFGS,
     CSVR,
     FIRE,
     FIRE2,
+    LBFGS,
     NPH,
     NPTMTK,
     Langevin,
@@ -31,6 +33,8 @@ STAGES = {
     "csvr": lambda m: CSVR(m, dt=2.0, temperature=50.0, tau=50.0),
     "fire": lambda m: FIRE(m, dt=1.0, cell_filter="frechet"),
     "fire2": lambda m: FIRE2(m, dt=1.0, cell_filter="unit"),
+    "lbfgs": lambda m: LBFGS(m, cell_filter="frechet"),
+    "bfgs": lambda m: BFGS(m, cell_filter="unit"),
     "npt-mtk": lambda m: NPTMTK(m, dt=2.0, temperature=50.0, pressure=0.0),
     "npt-crescale": lambda m: NPTCRescale(m, dt=2.0, temperature=50.0, pressure=0.0),
     "nph": lambda m: NPH(m, dt=2.0, temperature=50.0, pressure=0.0),

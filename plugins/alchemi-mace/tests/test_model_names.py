@@ -4,6 +4,7 @@ download that fails (no network) says so, not a raw ``URLError``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from urllib.error import URLError
@@ -101,3 +102,26 @@ def test_a_path_is_still_a_path(mp_small_file):
 
     assert model_file(mp_small_file) == mp_small_file
     assert model_file("no/such/file.model") == "no/such/file.model"  # load_model_file names it
+
+
+def test_list_components_models_shows_each_name_and_whether_its_file_is_here(offline, monkeypatch, tmp_path):
+    from alchemi_mace.names import FOUNDATION_NAMES
+    from click.testing import CliRunner
+
+    from alchemi_core.cli import main
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(main, ["list-components", "--models", "--json"]).output)
+    mace = {m["name"]: m for m in listed["models"] if m["component"] == "model:mace"}
+    assert set(mace) == set(FOUNDATION_NAMES)
+    assert mace["mace-mp-0-small"] == {"component": "model:mace", "name": "mace-mp-0-small", "file": SMALL_FILE,
+                                       "path": None}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / SMALL_FILE).write_bytes(b"x")
+    monkeypatch.setenv("ALCHEMI_MODEL_DIR", str(tmp_path / "models"))
+    table = runner.invoke(main, ["list-components", "--models"]).output
+    small = next(line for line in table.splitlines() if " mace-mp-0-small " in line)
+    assert str(tmp_path / "models" / SMALL_FILE) in small
+    medium = next(line for line in table.splitlines() if " mace-mp-0-medium " in line)
+    assert "missing: place 2023-12-03-mace-128-L1_epoch-199.model in $ALCHEMI_MODEL_DIR" in medium
+    assert offline == []  # listing never downloads

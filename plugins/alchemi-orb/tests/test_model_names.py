@@ -4,6 +4,7 @@ keeps its downloads); a missing one is one error that says which file to place w
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -110,3 +111,18 @@ def test_a_name_resolves_from_the_model_directory_and_loads_its_architecture(off
         torch.testing.assert_close(out["forces"], torch.tensor(methane.get_forces(), dtype=torch.float32),
                                    rtol=0, atol=1e-5)
     assert offline == []
+
+
+def test_list_components_models_shows_every_name_and_the_placed_file(offline, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from alchemi_core.cli import main
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / FILE).write_bytes(b"x")
+    monkeypatch.setenv("ALCHEMI_MODEL_DIR", str(tmp_path / "models"))
+    listed = json.loads(CliRunner().invoke(main, ["list-components", "--models", "--json"]).output)
+    orb = {m["name"]: (m["file"], m["path"]) for m in listed["models"] if m["component"] == "model:orb"}
+    assert orb[NAME] == (FILE, str(tmp_path / "models" / FILE))
+    assert orb["orb-v3-direct-20-omat"] == ("orb-v3-direct-20-omat-20250404.ckpt", None)
+    assert {"orb-v3-conservative-20-omat", "orb-v3-direct-inf-mpa", "orb-v2", "orbmol-v2"} <= set(orb)

@@ -4,6 +4,7 @@ download that fails (no network) says so, not a raw ``ConnectionError``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -91,3 +92,21 @@ def test_every_name_sevenn_downloads_has_a_place():
     assert {os.path.basename(p): (os.path.relpath(os.path.dirname(p), prefix), url)
             for p, url in sevenn._const.CHECKPOINT_DOWNLOAD_LINKS.items()} == DOWNLOADS
     assert _download_place("7net-0") is None and _download_place("my.pth") is None
+
+
+def test_list_components_models_shows_shipped_and_placed_checkpoints(no_cache, monkeypatch, tmp_path):
+    import sevenn.util
+    from click.testing import CliRunner
+
+    from alchemi_core.cli import main
+
+    monkeypatch.setattr(sevenn.util, "download_checkpoint", _refuse_download)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "checkpoint_sevennet_omat.pth").write_bytes(b"x")
+    monkeypatch.setenv("ALCHEMI_MODEL_DIR", str(tmp_path / "models"))
+    listed = json.loads(CliRunner().invoke(main, ["list-components", "--models", "--json"]).output)
+    seven = {m["name"]: m["path"] for m in listed["models"] if m["component"] == "model:sevennet"}
+    assert seven["7net-0"] == str(sevenn.util.pretrained_name_to_path("7net-0"))  # ships with sevenn
+    assert seven["7net-omat"] == str(tmp_path / "models" / "checkpoint_sevennet_omat.pth")
+    assert seven["7net-omni"] is None
+    assert {"7net-mf-ompa", "7net-omni-i8", "7net-omni-i12"} <= set(seven)

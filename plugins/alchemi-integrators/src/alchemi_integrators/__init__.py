@@ -1,9 +1,9 @@
-"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, CSVR (Bussi), FIRE and
-FIRE2 (with cell filters), NPT (MTK and C-rescale) and NPH (MTK).
+"""alchemi-integrators: velocity Verlet, Langevin (BAOAB), Nose-Hoover chains, CSVR (Bussi), FIRE,
+FIRE2, L-BFGS and BFGS (with cell filters), NPT (MTK and C-rescale) and NPH (MTK).
 
 Every integrator is a ``BaseDynamics`` found by name (``integrator:velocity-verlet``,
 ``integrator:langevin``, ``integrator:nose-hoover``, ``integrator:csvr``, ``integrator:fire``,
-``integrator:fire2``, ``integrator:npt-mtk``, ``integrator:npt-crescale``, ``integrator:nph``)
+``integrator:fire2``, ``integrator:lbfgs``, ``integrator:bfgs``, ``integrator:npt-mtk``, ``integrator:npt-crescale``, ``integrator:nph``)
 and imported from here or from ``alchemi_core.dynamics``. Parameters take a number, one value per
 system, or a batch field's name (:mod:`alchemi_integrators.parameters`); :mod:`.thermo` has the
 per-system kinetic energy, temperature and Maxwell-Boltzmann velocities.
@@ -25,6 +25,8 @@ _LAZY = {
     "CSVR": "alchemi_integrators.csvr",
     "FIRE": "alchemi_integrators.fire",
     "FIRE2": "alchemi_integrators.fire",
+    "LBFGS": "alchemi_integrators.quasi_newton",
+    "BFGS": "alchemi_integrators.quasi_newton",
     "NPTMTK": "alchemi_integrators.npt",
     "NPTCRescale": "alchemi_integrators.npt",
     "NPH": "alchemi_integrators.npt",

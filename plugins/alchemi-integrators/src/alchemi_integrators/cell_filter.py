@@ -34,15 +34,19 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
+from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError
 from alchemi_integrators.cell_math import det3, expm, expm_frechet_adjoint, inv3, logm_near_identity
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
+    from alchemi_integrators.base import Integrator
+    from alchemi_integrators.parameters import ParameterValue
 
 CELL_FILTERS = ("frechet", "unit")
 
@@ -242,6 +246,52 @@ class CellFilter:
         x.copy_(moved)
         batch.cell.copy_(new_cell.to(batch.cell.dtype))
         dof.copy_(new_dof)
+
+
+def attach_cell_filter(
+    dyn: Integrator,
+    kind: str | None,
+    scalar_pressure: ParameterValue | None,
+    **options: Any,
+) -> CellFilter | None:
+    """The cell filter an optimiser's arguments ask for (None: the cell stays), with what it
+    implies for ``dyn``: the ``scalar_pressure`` parameter, the model's stress, cells that move and
+    an ``fmax`` criterion that counts the cell's forces (:func:`count_cell_forces`).
+
+    Args:
+        dyn: The optimiser (FIRE, L-BFGS, BFGS).
+        kind: ``"frechet"``, ``"unit"`` or None.
+        scalar_pressure: Target pressure in eV/Å³ (number, ``[B]`` tensor or field name).
+        **options: :class:`CellFilter`'s options; False and None mean "not given".
+
+    Raises:
+        ConfigurationError: A filter option without a filter, or an unknown filter.
+    """
+    given = {k: v for k, v in options.items() if v is not None and v is not False}
+    if kind is None:
+        if given or scalar_pressure is not None:
+            raise ConfigurationError(
+                f"{sorted(given) or ['scalar_pressure']} only apply with a cell filter: "
+                "pass cell_filter='frechet' or 'unit'"
+            )
+        return None
+    cell_filter = CellFilter(kind, **given)
+    dyn.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
+    dyn.needs_stress = dyn.moves_cell = True
+    if dyn.convergence_hook is not None:
+        dyn.convergence_hook = count_cell_forces(dyn.convergence_hook)
+    return cell_filter
+
+
+def count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
+    """A copy of ``hook`` whose ``fmax`` criteria read the cell filter's fmax (atoms and cell)."""
+    criteria = [attrs.evolve(c, key=CELL_FILTER_FMAX) if c.key == "fmax" else c for c in hook.criteria]
+    if all(c.key != CELL_FILTER_FMAX for c in criteria):
+        return hook
+    return ConvergenceHook(
+        criteria=criteria, source_status=hook.source_status, target_status=hook.target_status,
+        frequency=hook.frequency,
+    )
 
 
 def _trace(m: torch.Tensor) -> torch.Tensor:

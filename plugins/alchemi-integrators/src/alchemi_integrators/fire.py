@@ -61,10 +61,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import attrs
 import torch
 
-from alchemi_core.dynamics.convergence import ConvergenceHook
 from alchemi_core.errors import ConfigurationError
 from alchemi_core.units import ACCELERATION
 from alchemi_integrators import warp_kernels
@@ -75,6 +73,7 @@ from alchemi_integrators.cell_filter import (
     CELL_REFERENCE,
     CELL_VELOCITY,
     CellFilter,
+    attach_cell_filter,
 )
 from alchemi_integrators.parameters import ParameterValue
 
@@ -145,9 +144,6 @@ class _FireBase(Integrator):
         # The cell filter's options are parameters of the signature (not taken from **kwargs)
         # so that a workflow file's stage is checked against them like every other parameter.
         values = {name: kwargs.pop(name) for name, _ in self._FIRE_PARAMETERS}
-        given = {"hydrostatic_strain": hydrostatic_strain, "constant_volume": constant_volume, "mask": mask,
-                 "cell_factor": cell_factor}
-        filter_options: dict[str, Any] = {k: v for k, v in given.items() if v is not None and v is not False}
         super().__init__(model, n_steps=n_steps, dt=dt, **kwargs)
         for name, rules in self._FIRE_PARAMETERS:
             self.declare(name, values[name], **rules)
@@ -156,19 +152,10 @@ class _FireBase(Integrator):
         self.maxstep_scope = maxstep_scope
         self._check_step_bounds()
         #: The cell filter (None: the cell stays as it is).
-        self.cell_filter: CellFilter | None = None
-        if cell_filter is None:
-            if filter_options or scalar_pressure is not None:
-                raise ConfigurationError(
-                    f"{sorted(filter_options) or ['scalar_pressure']} only apply with a cell filter: "
-                    "pass cell_filter='frechet' or 'unit'"
-                )
-            return
-        self.cell_filter = CellFilter(cell_filter, **filter_options)
-        self.declare("scalar_pressure", 0.0 if scalar_pressure is None else scalar_pressure, unit="eV/Å³")
-        self.needs_stress = self.moves_cell = True
-        if self.convergence_hook is not None:
-            self.convergence_hook = _count_cell_forces(self.convergence_hook)
+        self.cell_filter: CellFilter | None = attach_cell_filter(
+            self, cell_filter, scalar_pressure, hydrostatic_strain=hydrostatic_strain,
+            constant_volume=constant_volume, mask=mask, cell_factor=cell_factor,
+        )
 
     def _check_step_bounds(self) -> None:
         """``dt_min <= dt <= dt_max`` where the values are known now (numbers or tensors)."""
@@ -405,17 +392,6 @@ class FIRE2(_FireBase):
         )
         self.initial_delay = bool(initial_delay)
         self.half_step_back = bool(half_step_back)
-
-def _count_cell_forces(hook: ConvergenceHook) -> ConvergenceHook:
-    """A copy of ``hook`` whose ``fmax`` criteria read the cell filter's fmax (atoms and cell)."""
-    criteria = [attrs.evolve(c, key=CELL_FILTER_FMAX) if c.key == "fmax" else c for c in hook.criteria]
-    if all(c.key != CELL_FILTER_FMAX for c in criteria):
-        return hook
-    return ConvergenceHook(
-        criteria=criteria, source_status=hook.source_status, target_status=hook.target_status,
-        frequency=hook.frequency,
-    )
-
 
 def _known_values(param: Any) -> torch.Tensor | None:
     """A parameter's values as a float64 tensor, or None when they come from a field."""

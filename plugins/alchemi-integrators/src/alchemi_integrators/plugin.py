@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 #: fields it creates against these.
 _FIRE_STATE = ("fire_dt", "fire_alpha", "fire_positive_steps", "fire_steps",
                "cell_filter_reference", "cell_filter_dof", "cell_filter_velocity")
+_QN_STATE = ("qn_steps", "qn_previous_x", "qn_previous_gradient", "qn_previous_cell_x", "qn_previous_cell_gradient",
+             "cell_filter_reference", "cell_filter_dof", "cell_filter_velocity")
 _MTK_STATE = ("npt_strain_rate", "npt_thermostat_positions", "npt_thermostat_velocities",
               "npt_barostat_chain_positions", "npt_barostat_chain_velocities")
 STATE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -24,6 +26,8 @@ STATE_FIELDS: dict[str, tuple[str, ...]] = {
     "nose-hoover": ("nhc_positions", "nhc_velocities"),
     "fire": _FIRE_STATE,
     "fire2": _FIRE_STATE,
+    "lbfgs": (*_QN_STATE, "lbfgs_history", "lbfgs_cell_history", "lbfgs_sy", "lbfgs_yy", "lbfgs_stamp"),
+    "bfgs": (*_QN_STATE, "bfgs_hessian"),
     "npt-mtk": _MTK_STATE,
     "nph": _MTK_STATE,
     "npt-crescale": (),
@@ -36,6 +40,8 @@ _INTEGRATORS = (
     ("csvr", "csvr:CSVR", "NVT stochastic velocity rescaling (Bussi-Donadio-Parrinello 2007)"),
     ("fire", "fire:FIRE", "FIRE geometry optimiser (ASE's variant, per-system state)"),
     ("fire2", "fire:FIRE2", "FIRE 2.0 geometry optimiser (Guenole et al. 2020)"),
+    ("lbfgs", "quasi_newton:LBFGS", "L-BFGS geometry optimiser (ASE's, per-system history, no line search)"),
+    ("bfgs", "quasi_newton:BFGS", "BFGS geometry optimiser (ASE's, a dense Hessian per system)"),
     ("npt-mtk", "npt:NPTMTK", "NPT Martyna-Tobias-Klein with Nose-Hoover chains (isotropic or anisotropic)"),
     ("nph", "npt:NPH", "NPH: Martyna-Tobias-Klein without thermostats, with a conserved enthalpy"),
     ("npt-crescale", "npt:NPTCRescale", "NPT stochastic cell rescaling (Bernetti-Bussi 2020) with velocity rescaling"),

@@ -30,6 +30,7 @@ from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
 
 if TYPE_CHECKING:
+    from alchemi_core.models import KnownModel
     from alchemi_potentials.edge_model import Systems
     from alchemi_potentials.neighbors.edges import Edges
 
@@ -136,6 +137,14 @@ class MaceModel(EdgeModel):
 
     #: Per-atom device bytes of a step in float32 (the MACE-MP-0-small shape's peak on W7, + 25 %).
     BYTES_PER_ATOM: ClassVar[float] = 3.4e6
+
+    @staticmethod
+    def known_models() -> list[KnownModel]:
+        """The foundation models by name, and which are on this machine (``list-components --models``)."""
+        import_mace()
+        from alchemi_mace.names import known_models
+
+        return known_models()
     #: The same on cuEquivariance's kernels.
     BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.2e6
     _kernels: KernelChoice

@@ -12,8 +12,10 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
-from alchemi_potentials.model_files import local_file
+from alchemi_core.models import KnownModel
+from alchemi_potentials.model_files import find_file, local_file
 
 #: alchemi's name of each published MACE foundation model -> (family, mace-torch's key):
 #: ``mace_mp(model=key)`` for "mp", ``mace_off(model=key)`` for "off".
@@ -53,6 +55,21 @@ def model_file(name: str | os.PathLike[str], download: bool = False) -> str | os
     key = os.fspath(name)
     if key not in FOUNDATION_NAMES or os.path.isfile(key):
         return name
+    file, url, cache, fetch = _where(key)
+    return local_file("model:mace", key, file, url, [cache], fetch, download)
+
+
+def known_models() -> list[KnownModel]:
+    """Every foundation name, with its file and where it is on this machine (if it is)."""
+    known = []
+    for key in FOUNDATION_NAMES:
+        file, _, cache, _ = _where(key)
+        known.append(KnownModel(key, file, find_file(file, [cache])))
+    return known
+
+
+def _where(key: str) -> tuple[str, str, str, Callable[[], str] | None]:
+    """``(file, url, mace-torch's cache path, its download or None)`` of foundation name ``key``."""
     family, mace_key = FOUNDATION_NAMES[key]
     from mace.calculators import foundations_models as fm
 
@@ -62,4 +79,4 @@ def model_file(name: str | os.PathLike[str], download: bool = False) -> str | os
     cached = "".join(c for c in file if c.isalnum() or c == "_") if family == "mp" else file
     cache = os.path.join(str(fm.get_cache_dir()), cached)
     fetch = (lambda: str(fm.download_mace_mp_checkpoint(mace_key))) if family == "mp" else None
-    return local_file("model:mace", key, file, url, [cache], fetch, download)
+    return file, url, cache, fetch

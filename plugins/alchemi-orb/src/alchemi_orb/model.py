@@ -33,7 +33,7 @@ import torch
 
 from alchemi_core.errors import ConfigurationError, InvalidDataError
 from alchemi_core.models.base import BaseModel, ModelCard
-from alchemi_orb.names import loader, model_names, pretrained, weights_file
+from alchemi_orb.names import known_models, loader, model_names, pretrained, weights_file
 
 if TYPE_CHECKING:
     from alchemi_core.data import Batch
@@ -89,6 +89,8 @@ class OrbModel(BaseModel):
     #: doubled for the backward's own peak; to be replaced by a GPU measurement.
     BYTES_PER_ATOM: ClassVar[float] = 1.2e7
     species_hint: ClassVar[str] = "ORB embeds atomic numbers 1 to 117"
+    #: The published names, their files and where they are here (``alchemi list-components --models``).
+    known_models = staticmethod(known_models)
 
     def __init__(self, model: str | os.PathLike[str] | torch.nn.Module = "orb-v3-conservative-inf-omat", *,
                  architecture: str | None = None, atoms_adapter: Any = None, download: bool = False,

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from alchemi_core.errors import MissingDependencyError
-from alchemi_potentials.model_files import local_file
+from alchemi_core.models.base import KnownModel
+from alchemi_potentials.model_files import find_file, local_file
 
 
 def pretrained() -> Any:
@@ -51,6 +52,21 @@ def loader(name: str) -> Callable[..., Any]:
     return pretrained().ORB_PRETRAINED_MODELS[name]
 
 
+def known_models() -> list[KnownModel]:
+    """Every published name with weights, its file and where it is on this machine (if it is):
+    what ``alchemi list-components --models`` shows."""
+    return [KnownModel(name, os.path.basename(url), find_file(os.path.basename(url), [_cache_place(url)]))
+            for name, url in model_names().items()]
+
+
+def _cache_place(url: str) -> str:
+    """Where cached-path keeps ``url``'s download: its newest copy, else the name it would find."""
+    from cached_path import find_latest_cached, get_cache_dir, resource_to_filename
+
+    cached = find_latest_cached(url)
+    return str(cached) if cached is not None else os.path.join(str(get_cache_dir()), resource_to_filename(url))
+
+
 def weights_file(name: str, download: bool = False) -> str:
     """The local weights file of the published model ``name``: ``$ALCHEMI_MODEL_DIR/<file>``,
     else cached-path's copy, else (with ``download=True``) what cached-path downloads.
@@ -59,10 +75,8 @@ def weights_file(name: str, download: bool = False) -> str:
         ModelNotAvailableError: The file is not here (which file to place where, or
             ``download=True``), or its download failed (no network).
     """
-    from cached_path import cached_path, find_latest_cached, get_cache_dir, resource_to_filename
+    from cached_path import cached_path
 
     url = model_names()[name]
-    cached = find_latest_cached(url)
-    place = str(cached) if cached is not None else os.path.join(str(get_cache_dir()), resource_to_filename(url))
-    return local_file("model:orb", name, os.path.basename(url), url, [place], lambda: str(cached_path(url)),
-                      download)
+    return local_file("model:orb", name, os.path.basename(url), url, [_cache_place(url)],
+                      lambda: str(cached_path(url)), download)

@@ -21,9 +21,17 @@ import os
 from collections.abc import Callable, Sequence
 
 from alchemi_core.errors import ModelNotAvailableError
+from alchemi_core.models.base import MODEL_DIR_VARIABLE
 
-#: The directory of model files that names resolve from first.
-MODEL_DIR_VARIABLE = "ALCHEMI_MODEL_DIR"
+
+def find_file(file: str, package_places: Sequence[str]) -> str | None:
+    """The first of ``$ALCHEMI_MODEL_DIR/<file>`` and ``package_places`` that exists, or None."""
+    return next((p for p in _places(file, package_places) if os.path.isfile(p)), None)
+
+
+def _places(file: str, package_places: Sequence[str]) -> list[str]:
+    own = os.environ.get(MODEL_DIR_VARIABLE)
+    return [*([os.path.join(own, file)] if own else []), *package_places]
 
 
 def local_file(who: str, name: str, file: str, url: str, package_places: Sequence[str],
@@ -43,11 +51,11 @@ def local_file(who: str, name: str, file: str, url: str, package_places: Sequenc
         ModelNotAvailableError: The file is not here (which file to place where, or
             ``download=True``), or the download failed (no network).
     """
+    found = find_file(file, package_places)
+    if found is not None:
+        return found
     own = os.environ.get(MODEL_DIR_VARIABLE)
-    places = [*([os.path.join(own, file)] if own else []), *package_places]
-    for path in places:
-        if os.path.isfile(path):
-            return path
+    places = _places(file, package_places)
     put = f"place {file} (from {url}) " + (
         f"in {own} (${MODEL_DIR_VARIABLE})" if own else f"at {places[-1]}, or in the directory ${MODEL_DIR_VARIABLE} names"
     )

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from alchemi_core.errors import ConfigurationError, MissingDependencyError
+from alchemi_core.models import KnownModel
 from alchemi_potentials.cueq import KernelChoice, missing_cueq, runs_on_cueq
 from alchemi_potentials.edge_model import EdgeModel
-from alchemi_potentials.model_files import local_file
+from alchemi_potentials.model_files import find_file, local_file
 
 if TYPE_CHECKING:
     from alchemi_potentials.edge_model import Systems
@@ -88,6 +89,28 @@ DOWNLOADS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The names of the checkpoints that ship inside sevenn's wheel.
+SHIPPED = ("7net-0", "7net-0_22may2024", "7net-l3i5", "7net-mf-0")
+
+
+def known_models() -> list[KnownModel]:
+    """Every checkpoint name sevenn knows, with its file and where it is on this machine (if it is)."""
+    sevenn = _sevenn()
+    known = []
+    for name in SHIPPED:
+        try:  # shipped: sevenn's loader finds it in its package (it has no URL to download from)
+            path: str | None = str(sevenn.util.pretrained_name_to_path(name))
+        except (FileNotFoundError, ValueError):
+            path = None
+        known.append(KnownModel(name, os.path.basename(path) if path else f"(inside sevenn's wheel: {name})", path))
+    for file in DOWNLOADS:
+        name = "7net-" + file[len("checkpoint_sevennet_"):-len(".pth")].replace("_", "-")
+        place = _download_place(name)
+        assert place is not None, name
+        known.append(KnownModel(name, file, find_file(file, place[2])))
+    return known
+
+
 def _download_place(name: str) -> tuple[str, str, list[str]] | None:
     """``(file, url, paths)`` of a name sevenn downloads, ``paths`` where sevenn looks for it (its
     package, then its cache); None for any other name."""
@@ -132,6 +155,8 @@ class SevenNetModel(EdgeModel):
 
     #: Per-atom device bytes of a step in float32 (7net-0's peak on W7, + 25 %).
     BYTES_PER_ATOM: ClassVar[float] = 7.2e6
+    #: The checkpoints by name, and which are on this machine (``list-components --models``).
+    known_models = staticmethod(known_models)
     #: The same on cuEquivariance's kernels.
     BYTES_PER_ATOM_CUEQ: ClassVar[float] = 1.5e6
     _kernels: KernelChoice
