@@ -110,6 +110,12 @@ PLUGINS: tuple[FirstParty, ...] = (
         (),
         "equations of state, elastic tensors, phonons (phonopy) and trajectory analysis of many structures at once",
     ),
+    # aimnet's dependencies (nvalchemi-toolkit-ops, warp-lang) are the main environment's already.
+    FirstParty(
+        "alchemi-aimnet",
+        ("model:aimnet2",),
+        "`model:aimnet2` (AIMNet2: total charge in, partial charges out; molecules and periodic cells)",
+    ),
     # The machine-learned potentials: mace-torch pins e3nn 0.4.4, sevenn needs e3nn >= 0.5, so
     # each installs into an environment of its own.
     FirstParty("alchemi-mace", ("model:mace",), "`model:mace` (any MACE model or `.model` file)", env="mace"),
