@@ -108,3 +108,20 @@ def test_charge_and_spin_condition_the_network_as_in_orb(tmp_path):
         del atoms.info["charge"]
     with pytest.raises(InvalidDataError, match="needs each structure's total charge"):
         model(Batch.from_atoms(structures, dtype=torch.float32))
+
+
+def test_the_same_as_orbs_torchsim_wrapper(conservative):
+    """model:orb gives what orb-models' OrbTorchSimModel gives on the same network (W7 compares
+    the two): energies, forces and stress of the periodic structures in one batch."""
+    ts = pytest.importorskip("torch_sim")
+    from orb_models.forcefield.inference.orb_torchsim import OrbTorchSimModel
+
+    network, adapter = conservative
+    periodic = [a for a in mixed_structures() if a.pbc.all()]  # a TorchSim state has one pbc
+    theirs = OrbTorchSimModel(network, adapter, device="cpu", dtype=torch.float32)(
+        ts.io.atoms_to_state(periodic, torch.device("cpu"), torch.float32))
+    ours = OrbModel(network, atoms_adapter=adapter)(Batch.from_atoms(periodic, dtype=torch.float32),
+                                                    compute_stress=True)
+    torch.testing.assert_close(ours["energy"].view(-1), theirs["energy"].view(-1).float(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(ours["forces"], theirs["forces"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours["stress"], theirs["stress"], rtol=0, atol=1e-6)
