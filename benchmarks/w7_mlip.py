@@ -8,7 +8,10 @@ model per run (MACE and SevenNet need different e3nn versions, so different envi
   network object for alchemi (``model:mace``, step captured as a CUDA graph) and TorchSim
   (``MaceTorchSimModel``);
 * ``--model sevennet``: ``7net-0`` for alchemi (``model:sevennet``, eager) and TorchSim
-  (``sevenn.torchsim.SevenNetModel``).
+  (``sevenn.torchsim.SevenNetModel``);
+* ``--model orb``: the orb-v3 conservative architecture (120 neighbours) with random weights
+  (seed 0), the same network for alchemi (``model:orb``, eager: ORB's own graph every call) and
+  TorchSim (orb-models' ``OrbTorchSimModel``; needs ``orb-models[torchsim]``, Python 3.12).
 
 Reported per case: ms/step and steps/s at steady state (timed from the fifth step of a run, so
 warm-up, capture and layout are not counted), peak device bytes per atom (``max_memory_allocated``
@@ -30,6 +33,7 @@ systems (``chunk_atoms=N``), one chunk's activations held at a time.
 
     python -m benchmarks.w7_mlip --model mace --json out/w7_mace.json
     python -m benchmarks.w7_mlip --model sevennet --json out/w7_sevennet.json
+    python -m benchmarks.w7_mlip --model orb --json out/w7_orb.json
     python -m benchmarks.w7_mlip --model mace --chunk-atoms 6912 --json out/w7_mace_chunked.json
     python -m benchmarks.w7_mlip --model mace --device cpu --quick     # does everything run?
 """
@@ -103,6 +107,8 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
             except Exception as exc:  # noqa: BLE001 - a peer that cannot run gets a reason
                 peers[name] = f"unavailable: {type(exc).__name__}: {exc}"
         return ours, peers
+    if kind == "orb":
+        return orb_networks(device, quick, with_peers)
     from alchemi_sevennet import SevenNetModel
 
     kernels = device == "cuda" and cueq_kernels_installed()
@@ -117,6 +123,30 @@ def networks(kind: str, device: str, quick: bool = False, chunk_atoms: int | Non
         except Exception as exc:  # noqa: BLE001
             peers[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return ours, peers
+
+
+def orb_networks(device: str, quick: bool, with_peers: bool) -> tuple[Any, dict[str, Any]]:
+    """model:orb and TorchSim's ``OrbTorchSimModel`` on one orb-v3 conservative network with random
+    weights (seed 0; ``quick``: narrower layers and two message passes)."""
+    from alchemi_orb import OrbModel
+    from orb_models.forcefield import pretrained
+    from orb_models.forcefield.forcefield_adapter import ForcefieldAtomsAdapter
+
+    torch.manual_seed(0)
+    shape = {"latent_dim": 32, "base_mlp_hidden_dim": 64, "num_message_passing_steps": 2} if quick else {}
+    net = pretrained.orb_v3_conservative_architecture(device="cpu", **shape)
+    adapter = ForcefieldAtomsAdapter(radius=6.0, max_num_neighbors=120)
+    pristine = copy.deepcopy(net)
+    peers: dict[str, Any] = {}
+    if with_peers:
+        try:
+            from orb_models.forcefield.inference.orb_torchsim import OrbTorchSimModel
+
+            pristine.prepare_for_inference()
+            peers["torchsim"] = OrbTorchSimModel(pristine, adapter, device=device, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run gets a reason
+            peers["torchsim"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return OrbModel(net, atoms_adapter=adapter), peers
 
 
 # ---------------------------------------------------------------------------------- alchemi
@@ -174,6 +204,8 @@ def fixed_graph_seconds(model: Any, atoms: list[Any], device: str, repeats: int)
     from alchemi_core.data import Batch
 
     batch = Batch.from_atoms(atoms, dtype=torch.float32, device=device)
+    if not hasattr(model, "edge_list"):  # model:orb: its network's predict on ORB's graph, built once
+        return seconds_per_call(orb_fixed_graph(model, batch), device, repeats)
     edges = model.edge_list.update(batch)
     cell = batch.cell
     chunking = model.chunking
@@ -189,6 +221,26 @@ def fixed_graph_seconds(model: Any, atoms: list[Any], device: str, repeats: int)
             e = model.energies(systems, at, part_cell, part_edges)
             torch.autograd.grad(e.sum(), [x])
 
+    return seconds_per_call(once, device, repeats)
+
+
+def orb_fixed_graph(model: Any, batch: Any) -> Any:
+    """A call of model:orb's network (forward, forces and stress by its autograd) on one graph of
+    ``batch``: its step less the graph's construction."""
+    from alchemi_orb.model import atom_graphs
+
+    model(batch)  # the network on the device
+    graph = atom_graphs(batch, model.radius, model.max_num_neighbors, model.dtype, model.card.needs_charge)
+
+    def once() -> None:
+        with torch.enable_grad():
+            model.network.predict(graph)
+
+    return once
+
+
+def seconds_per_call(once: Any, device: str, repeats: int) -> float:
+    """Seconds per call of ``once()`` (after three warm calls)."""
     for _ in range(3):
         once()
     sync(device)
@@ -341,10 +393,10 @@ def largest_in_subprocess(model: str, framework: str, device: str, chunk_atoms: 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=("mace", "sevennet"), required=True)
+    p.add_argument("--model", choices=("mace", "sevennet", "orb"), required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--quick", action="store_true", help="1 cell, a small MACE, few steps (a smoke test)")
+    p.add_argument("--quick", action="store_true", help="1 cell, a small MACE or ORB, few steps (a smoke test)")
     p.add_argument("--budget-s", type=float, default=8.0, help="seconds of stepping per case and framework")
     p.add_argument("--largest", choices=("alchemi", "torchsim"), default=None,
                    help="only search the largest batch of one framework (what the full run starts in subprocesses)")

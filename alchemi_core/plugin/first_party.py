@@ -123,6 +123,9 @@ PLUGINS: tuple[FirstParty, ...] = (
     # torch-sim-atomistic 0.6 needs Python >= 3.12.
     FirstParty("alchemi-torchsim", ("model:torchsim",), "`model:torchsim`: any TorchSim model (a torch-sim `ModelInterface`)",
                env="torchsim", python="3.12"),
+    # orb-models 0.7 needs Python >= 3.12 and nvalchemi-toolkit-ops < 0.4.
+    FirstParty("alchemi-orb", ("model:orb",), "`model:orb` (orb-v3 conservative and direct, by name or weights file)",
+               env="orb", python="3.12"),
 )
 
 

@@ -84,8 +84,11 @@ def compare_with_calculator(model: Any, calculator: Any, structures: Sequence[An
 
 def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, inflight: bool,
                   fire_steps: int = 30, md_steps: int = 20, fmax: float = 0.05, device: str = "cpu",
-                  compiled: bool = False, extra_check: Callable[[Any], None] | None = None) -> Any:
+                  compiled: bool = False, extra_check: Callable[[Any], None] | None = None,
+                  cell_filter: str | None = None) -> Any:
     """FIRE then Langevin (300 K, 1 fs) in one fused stage; returns the result batch.
+
+    ``cell_filter`` (``"frechet"``, ``"unit"``) relaxes the cells too (periodic structures only).
 
     With ``inflight``, the structures stream through a ``SizeAwareSampler`` that holds fewer
     atoms than they have together, so finished systems make room for new ones mid-run.
@@ -102,7 +105,7 @@ def relax_then_md(model: Any, structures: Sequence[Any], dtype: torch.dtype, *, 
         sampler = SizeAwareSampler(ListDataset(data), max_atoms=most + min(len(a) for a in structures),
                                    max_batch_size=None, bin_width=1)
     relax = registry.build("integrator:fire", model=model, n_steps=fire_steps, dt=0.5, dt_max=2.0,
-                           convergence_hook=ConvergenceHook.from_fmax(fmax), sampler=sampler)
+                           convergence_hook=ConvergenceHook.from_fmax(fmax), sampler=sampler, cell_filter=cell_filter)
     md = registry.build("integrator:langevin", model=model, n_steps=md_steps, dt=1.0, temperature=300.0,
                         friction=0.01, initial_temperature=300.0, random_seed=0)
     fused = relax + md
